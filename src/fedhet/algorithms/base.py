@@ -1,0 +1,168 @@
+"""The algorithm contract (DESIGN.md): client and server halves talk only through `Message`s.
+
+An algorithm is a subclass of `Algorithm` registered in `ALGORITHMS`. Its server half is
+`init`, `configure` (the downlink message for one client), `aggregate` (replies → new state and
+diagnostics) and `eval_params`; its client half is `client_init` and `client_update`, which sees
+only the message it was sent, its own `ClientContext` (its data, the shared trainer, its step
+count) and its own state. Nothing crosses except messages, so the same code runs in-process
+and over a network, and `Message.nbytes` is an honest communication count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from fedhet.registry import NoParams, Registry
+from fedhet.training.flat import Layer
+from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
+
+SCALAR_BYTES = 8
+
+
+@dataclass
+class Message:
+    """Named tensors plus scalars: all that travels between a client and the server."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    scalars: dict[str, float] = field(default_factory=dict)
+
+    def nbytes(self) -> int:
+        tensor_bytes = sum(t.numel() * t.element_size() for t in self.tensors.values())
+        return tensor_bytes + SCALAR_BYTES * len(self.scalars)
+
+
+@dataclass
+class Reply:
+    client_id: int
+    message: Message
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What the server half knows about the run when it is built (no client data)."""
+
+    num_clients: int
+    rounds: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    seed: int
+    dim: int
+    layers: tuple[Layer, ...]
+
+
+@dataclass
+class ClientContext:
+    """What one client has locally in one round."""
+
+    client_id: int
+    round: int
+    indices: torch.Tensor
+    trainer: LocalTrainer
+    tau: int
+    """Engine-assigned local step count for this round (`⌊E·D_i/B⌋` or as configured)."""
+    batch_size: int
+    sgd: SGDConfig
+    seed: int
+    batch_order: str = "reshuffle"
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.indices)
+
+    def rng(self, purpose: int = 0) -> np.random.Generator:
+        """The client's random stream for this round, fixed by (seed, round, client, purpose)."""
+        return stream_seed(self.seed, self.round, self.client_id, purpose)
+
+    def batches(self, steps: int, order: str | None = None) -> Iterator[torch.Tensor]:
+        """`steps` mini-batches of this client's data. `order="fixed"` repeats one permutation,
+        drawn once per client for the whole run, in every epoch and round (non-RR)."""
+        order = order or self.batch_order
+        rng = stream_seed(self.seed, -1, self.client_id, 7) if order == "fixed" else self.rng()
+        return self.trainer.batches(self.indices, self.batch_size, steps, rng, order)
+
+
+class Algorithm:
+    """Base class: FedAvg's messages and defaults; subclasses override what differs."""
+
+    name: ClassVar[str] = ""
+    topology: ClassVar[str] = "star"
+    centralized: ClassVar[bool] = False
+
+    def __init__(self, params: Any, run: RunInfo) -> None:
+        self.params = params
+        self.run = run
+
+    # -- server half ----------------------------------------------------------------------
+    def init(self, w0: torch.Tensor) -> dict[str, Any]:
+        return {"w": w0.clone()}
+
+    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
+        return Message({"w": state["w"]})
+
+    def aggregate(
+        self, state: dict[str, Any], round: int, replies: Sequence[Reply]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        raise NotImplementedError
+
+    def eval_params(self, state: dict[str, Any]) -> torch.Tensor:
+        return state["w"]
+
+    def extra_eval_params(self, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Further models to evaluate each round, by metric suffix (FedNNNN's plain average)."""
+        return {}
+
+    # -- client half ----------------------------------------------------------------------
+    def client_init(self, client_id: int) -> Any:
+        return None
+
+    def client_update(
+        self, message: Message, ctx: ClientContext, state: Any
+    ) -> tuple[Message, Any]:
+        raise NotImplementedError
+
+
+ALGORITHMS: Registry[type[Algorithm]] = Registry(
+    "algorithm",
+    tuple(
+        f"fedhet.algorithms.{m}"
+        for m in (
+            "fedavg", "central", "fedprox", "scaffold", "fednova", "fedveca", "fednnnn",
+            "bherd", "grab", "hierarchical", "moon",
+        )
+    ),
+)
+
+
+def sample_weights(replies: Sequence[Reply], weighting: str = "samples") -> torch.Tensor:
+    """`p_i` over the replying clients: `D_i / Σ D_j` (`samples`) or `1/m` (`uniform`)."""
+    if weighting == "uniform":
+        return torch.full((len(replies),), 1.0 / len(replies), dtype=torch.float64)
+    sizes = torch.tensor([r.message.scalars["num_samples"] for r in replies], dtype=torch.float64)
+    return sizes / sizes.sum()
+
+
+def weighted_sum(weights: torch.Tensor, vectors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """`Σ_i p_i v_i` accumulated in float64, returned as float32."""
+    acc = torch.zeros(vectors[0].shape, dtype=torch.float64)
+    for p, v in zip(weights.tolist(), vectors, strict=True):
+        acc.add_(v.to(torch.float64), alpha=p)
+    return acc.to(torch.float32)
+
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "ClientContext",
+    "Message",
+    "NoParams",
+    "Reply",
+    "RunInfo",
+    "sample_weights",
+    "weighted_sum",
+]

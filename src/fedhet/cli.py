@@ -1,0 +1,177 @@
+"""`fedhet` command line: parse, validate, hand over to the layers below. Nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from fedhet.errors import FedhetError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        raise FedhetError(f"{message} (see `{self.prog} --help`)")
+
+
+def _parse_sets(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise FedhetError(f"--set expects key=value, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise FedhetError(f"config file {path} not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise FedhetError(f"config file {path} is not valid TOML: {e}") from None
+
+
+def _run_values(args: argparse.Namespace) -> dict[str, Any]:
+    from fedhet.engine.config import apply_settings
+
+    values: dict[str, Any] = {}
+    if args.config:
+        values = apply_settings(values, _read_toml(args.config), args.config)
+    flags = {
+        k: getattr(args, k)
+        for k in ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed")
+        if getattr(args, k) is not None
+    }
+    if args.data_dir:
+        flags["data_dir"] = args.data_dir
+    values = apply_settings(values, flags, "command line")
+    return apply_settings(values, _parse_sets(args.set), "--set")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from fedhet.experiments.single import execute
+
+    if args.resume:
+        target = args.resume if isinstance(args.resume, str) else args.out
+        if not target:
+            raise FedhetError("--resume needs the run directory: --resume DIR")
+        out, values = Path(target), None
+    else:
+        if not args.out:
+            raise FedhetError("--out DIR is required (where metrics and checkpoints go)")
+        out, values = Path(args.out), _run_values(args)
+    show = sys.stderr.isatty() and not args.quiet
+    summary = execute(values, out, resume=bool(args.resume), force=args.force, progress=show)
+    print(
+        f"{summary['algorithm']} on {summary['dataset']}/{summary['partition']}: final accuracy "
+        f"{summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f} "
+        f"(round {summary['best_round']}), {summary['total_time_s']:.1f} s; results in {out}"
+    )
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from fedhet.algorithms.base import ALGORITHMS
+    from fedhet.data.partition import PARTITIONS
+    from fedhet.data.registry import DATASETS
+    from fedhet.models.registry import MODELS
+
+    for title, registry in (
+        ("algorithms", ALGORITHMS), ("datasets", DATASETS),
+        ("partitions", PARTITIONS), ("models", MODELS),
+    ):
+        print(f"{title}:")
+        for entry in registry:
+            fields = dataclasses.fields(entry.params)
+            ps = ", ".join(f"{f.name}={_default(f)}" for f in fields)
+            print(f"  {entry.name:<16} {entry.doc}")
+            if ps:
+                print(f"  {'':<16} params: {ps}")
+    return 0
+
+
+def _default(f: Any) -> Any:
+    import dataclasses
+
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return "?"
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    from fedhet.data.partition import describe_partition
+
+    values = _run_values(args)
+    describe_partition(values, heatmap=args.heatmap)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from fedhet.experiments.demo import run_demo
+
+    run_demo(Path(args.out), rounds=args.rounds, force=args.force)
+    return 0
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--algorithm", "-a")
+    p.add_argument("--dataset", "-d")
+    p.add_argument("--partition", "-p")
+    p.add_argument("--model", "-m")
+    p.add_argument("--clients", "-n", type=int)
+    p.add_argument("--rounds", "-r", type=int)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--data-dir", help="where dataset files are read from (default: data)")
+    p.add_argument("--config", help="TOML file with run settings")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other setting, e.g. lr=0.1 or algorithm.mu=0.01 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedhet", description="Federated learning on non-IID data.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser("run", help="run one experiment")
+    _add_run_flags(run)
+    run.add_argument("--out", "-o", help="run directory for config, metrics and checkpoints")
+    run.add_argument("--resume", nargs="?", const=True, metavar="DIR",
+                     help="continue the run in DIR (or --out) from its last checkpoint")
+    run.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+    ls = sub.add_parser("list", help="algorithms, datasets, partitions and models")
+    ls.set_defaults(func=cmd_list)
+    part = sub.add_parser("partition", help="per-client sizes and label counts of a partition")
+    _add_run_flags(part)
+    part.add_argument("--heatmap", help="save a clients × labels heatmap PNG here")
+    part.set_defaults(func=cmd_partition)
+    demo = sub.add_parser("demo", help="FedAvg vs FedNova on digits, Dirichlet 0.5 (embedded)")
+    demo.add_argument("--out", default="runs/demo")
+    demo.add_argument("--rounds", type=int, default=30)
+    demo.add_argument("--force", action="store_true")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except FedhetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; continue with `fedhet run --resume DIR`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

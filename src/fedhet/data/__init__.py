@@ -1,0 +1,1 @@
+"""Datasets, generators and partitioners."""

@@ -1,0 +1,57 @@
+"""Paper presets for `fedhet reproduce PAPER --scale smoke|small|paper`.
+
+A preset is a function `scale -> Preset`. A `Preset` lists its runs in stages: each stage is a
+callable that gets the preset's output directory (so it can read what earlier stages
+produced, e.g. FedVeca's `τ_all` for the fair baselines of §IV-A1) and returns `RunSpec`s.
+`published` holds the paper's own numbers for the report to put beside ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhet.registry import Registry
+
+SCALES = ("smoke", "small", "paper")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a preset or grid: a unique directory name, a group label, and settings.
+
+    `settings` uses the names of `fedhet run --set` (`"algorithm": "fedprox"`,
+    `"algorithm.mu": 0.01`, `"partition.xi": 2`, `"lr": 0.01`, ...). `group` names the
+    setting the run belongs to in tables (e.g. `"MNIST non-IID B"`); `label` the method.
+    """
+
+    name: str
+    group: str
+    label: str
+    settings: dict[str, Any]
+
+
+Stage = Callable[[Path], list[RunSpec]]
+
+
+@dataclass
+class Preset:
+    paper: str
+    scale: str
+    stages: list[Stage]
+    published: list[dict[str, Any]] = field(default_factory=list)
+    """Rows `{"group", "label", "metric", "value", "source"}` quoted from the paper."""
+    target_accuracy: float | None = None
+    notes: str = ""
+
+
+PresetFactory = Callable[[str], Preset]
+PRESETS: Registry[PresetFactory] = Registry(
+    "paper",
+    tuple(
+        f"fedhet.experiments.presets.{m}"
+        for m in ("fedveca", "fednnnn", "bherd", "fedsr", "fednova")
+    ),
+)

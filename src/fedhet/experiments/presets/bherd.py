@@ -1,0 +1,1 @@
+"""Placeholder: the bherd preset is added in a later commit."""

@@ -1,0 +1,1 @@
+"""Placeholder: the fednnnn preset is added in a later commit."""

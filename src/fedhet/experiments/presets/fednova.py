@@ -1,0 +1,1 @@
+"""Placeholder: the fednova preset is added in a later commit."""

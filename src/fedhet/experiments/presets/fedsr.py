@@ -1,0 +1,1 @@
+"""Placeholder: the fedsr preset is added in a later commit."""

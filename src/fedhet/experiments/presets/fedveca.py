@@ -1,0 +1,1 @@
+"""Placeholder: the fedveca preset is added in a later commit."""

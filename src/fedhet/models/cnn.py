@@ -1,0 +1,1 @@
+"""Convolutional models of the seed papers. Added in a later commit."""

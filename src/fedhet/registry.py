@@ -1,0 +1,172 @@
+"""Named components with typed, validated parameters.
+
+Datasets, partitioners, models and algorithms are each a `Registry` of `Entry`s. An entry's
+parameters are a dataclass: its fields are the names a user may set (`--set algorithm.mu=0.1`),
+its defaults are the papers' defaults, and an optional `validate()` method rejects impossible
+values with a `FedhetError` before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import types
+import typing
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from fedhet.errors import FedhetError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """For components without parameters."""
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    name: str
+    factory: T
+    params: type = NoParams
+    doc: str = ""
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Turn `value` (from TOML or a `key=value` string) into the type `hint` names."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        errors = []
+        for arg in args:
+            try:
+                return _coerce(value, arg, where)
+            except FedhetError as e:
+                errors.append(str(e))
+        raise FedhetError(errors[0])
+    if origin is typing.Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise FedhetError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        return value
+    if origin in (tuple, list):
+        if isinstance(value, str):
+            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+        if not isinstance(value, list | tuple):
+            raise FedhetError(f"{where} must be a list, got {value!r}")
+        (item,) = typing.get_args(hint)[:1] or (Any,)
+        items = [_coerce(v, item, where) for v in value]
+        return tuple(items) if origin is tuple else items
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+            return False
+        raise FedhetError(f"{where} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool):
+            raise FedhetError(f"{where} must be an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        try:
+            return int(str(value))
+        except ValueError:
+            raise FedhetError(f"{where} must be an integer, got {value!r}") from None
+    if hint is float:
+        if isinstance(value, bool):
+            raise FedhetError(f"{where} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise FedhetError(f"{where} must be a number, got {value!r}") from None
+    if hint is str:
+        if not isinstance(value, str | int | float):
+            raise FedhetError(f"{where} must be a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def build_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    """Instantiate parameter dataclass `cls` from user `values`, checking names and types."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in names:
+            valid = ", ".join(names) if names else "none"
+            raise FedhetError(f"unknown parameter {where}.{key}; valid parameters: {valid}")
+        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+    params = cls(**kwargs)
+    validate = getattr(params, "validate", None)
+    if validate is not None:
+        validate()
+    return params
+
+
+def params_dict(params: Any) -> dict[str, Any]:
+    """The parameter dataclass as plain JSON-able values."""
+    out = {}
+    for f in dataclasses.fields(params):
+        v = getattr(params, f.name)
+        out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+class Registry(Generic[T]):
+    """A name → `Entry` table whose lookups fail with the list of valid names."""
+
+    def __init__(self, kind: str, modules: tuple[str, ...] = ()) -> None:
+        self.kind = kind
+        self._modules = modules
+        self._loaded = not modules
+        self._entries: dict[str, Entry[T]] = {}
+
+    def _load(self) -> None:
+        """Import the modules whose entries register themselves here (once, lazily)."""
+        if not self._loaded:
+            self._loaded = True
+            for module in self._modules:
+                importlib.import_module(module)
+
+    def register(
+        self, name: str, params: type = NoParams, doc: str = "", tags: tuple[str, ...] = ()
+    ) -> Callable[[T], T]:
+        def deco(factory: T) -> T:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} {name!r} registered twice")
+            text = doc or (getattr(factory, "__doc__", "") or "").strip().split("\n")[0]
+            self._entries[name] = Entry(name, factory, params, text, tags)
+            return factory
+
+        return deco
+
+    def get(self, name: str) -> Entry[T]:
+        self._load()
+        if name not in self._entries:
+            raise FedhetError(
+                f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self._entries))}"
+            )
+        return self._entries[name]
+
+    def params(self, name: str, values: Mapping[str, Any] | None = None) -> Any:
+        return build_params(self.get(name).params, values or {}, self.kind)
+
+    def names(self) -> list[str]:
+        self._load()
+        return sorted(self._entries)
+
+    def __iter__(self) -> Iterator[Entry[T]]:
+        return iter(self._entries[n] for n in self.names())
+
+    def __contains__(self, name: str) -> bool:
+        self._load()
+        return name in self._entries

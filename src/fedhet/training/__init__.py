@@ -1,0 +1,1 @@
+"""Local training: the flat-vector model, mini-batch streams, SGD and evaluation."""

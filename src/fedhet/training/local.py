@@ -1,0 +1,156 @@
+"""Local computation on one client: mini-batch streams, gradients, SGD, full gradients.
+
+`LocalTrainer` is built once per worker around one `FlatModel` and the dataset tensors; a
+client is only an index array into those tensors (DESIGN.md). The SGD loop follows SPEC.md:
+`w^(λ+1) = w^λ − η g^λ` with `g^λ` the mini-batch gradient at the current local model, plus
+optional weight decay and heavy-ball momentum (PyTorch's convention:
+`v ← ρ v + (g + wd·w)`, `w ← w − η v`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from fedhet.models.registry import objective, predictions
+from fedhet.training.flat import FlatModel
+
+GradTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""`(g, w, step) -> g'`: modifies the raw mini-batch gradient before the SGD step
+(FedProx's proximal term, SCAFFOLD's correction). May work in place on `g`."""
+
+StepHook = Callable[[int, torch.Tensor, torch.Tensor, float], None]
+"""`(step, w, g, loss)`: sees the local model and the (transformed) gradient of each step,
+before the step is taken. `w` and `g` are live buffers: clone what you keep."""
+
+
+def stream_seed(*keys: int) -> np.random.Generator:
+    """A random stream determined by `keys` alone (seed, round, client, purpose)."""
+    return np.random.default_rng(np.random.SeedSequence([int(k) for k in keys]))
+
+
+@dataclass
+class SGDConfig:
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+
+class LocalTrainer:
+    """Trains the shared `FlatModel` on index subsets of `(x, y)`."""
+
+    def __init__(self, model: FlatModel, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.model = model
+        self.x = x
+        self.y = y
+
+    # -- data -----------------------------------------------------------------------------
+    def batches(
+        self, indices: torch.Tensor, batch_size: int, steps: int, rng: np.random.Generator,
+        order: str = "reshuffle",
+    ) -> Iterator[torch.Tensor]:
+        """`steps` mini-batches of `min(batch_size, n)` indices, walking epochs of `indices`.
+
+        `order="reshuffle"` draws a new permutation each epoch; `"fixed"` draws one and repeats
+        it every epoch (the non-RR protocol of BHerd §2.8). A trailing partial batch is dropped,
+        matching `τ = ⌊E·D_i/B⌋`.
+        """
+        n = len(indices)
+        b = min(batch_size, n)
+        per_epoch = n // b
+        perm = torch.from_numpy(rng.permutation(n))
+        made = 0
+        while made < steps:
+            for j in range(min(per_epoch, steps - made)):
+                yield indices[perm[j * b : (j + 1) * b]]
+            made += min(per_epoch, steps - made)
+            if order == "reshuffle":
+                perm = torch.from_numpy(rng.permutation(n))
+
+    # -- gradients ------------------------------------------------------------------------
+    def gradient(self, batch: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """Gradient at the model's current parameters, written into `model.grad` (live)."""
+        module = self.model.module
+        self.model.grad.zero_()
+        out = module(self.x[batch])
+        loss = objective(module, out, self.y[batch])
+        loss.backward()
+        return self.model.grad, float(loss.detach())
+
+    def full_gradient(
+        self, params: torch.Tensor, indices: torch.Tensor, chunk: int = 1024,
+        max_batches: int = 0,
+    ) -> torch.Tensor:
+        """`∇F_i(w) = (1/D_i) Σ_j ∇f(w; x_j)` over `indices` in chunks (exact, sample-weighted).
+
+        `max_batches > 0` stops after that many chunks (a subsampled estimate). BatchNorm runs
+        in eval mode so the pass leaves the running statistics alone.
+        """
+        model = self.model
+        saved = model.params.clone()
+        model.params.copy_(params)
+        was_training = model.module.training
+        model.module.eval()
+        total = torch.zeros_like(model.params)
+        seen = 0
+        for j, start in enumerate(range(0, len(indices), chunk)):
+            if max_batches and j >= max_batches:
+                break
+            batch = indices[start : start + chunk]
+            g, _ = self.gradient(batch)
+            total.add_(g, alpha=len(batch))
+            seen += len(batch)
+        model.module.train(was_training)
+        model.params.copy_(saved)
+        return total.div_(max(seen, 1))
+
+    # -- SGD ------------------------------------------------------------------------------
+    def sgd(
+        self, w0: torch.Tensor, batches: Iterable[torch.Tensor], cfg: SGDConfig,
+        transform: GradTransform | None = None, on_step: StepHook | None = None,
+    ) -> tuple[torch.Tensor, int, float]:
+        """Run SGD from `w0` over `batches`; return `(w_final, steps, mean_loss)`."""
+        model = self.model
+        model.params.copy_(w0)
+        model.module.train()
+        w = model.params
+        buf = torch.zeros_like(w) if cfg.momentum else None
+        steps, loss_sum = 0, 0.0
+        for batch in batches:
+            g, loss = self.gradient(batch)
+            if cfg.weight_decay:
+                g.add_(w, alpha=cfg.weight_decay)
+            if transform is not None:
+                g = transform(g, w, steps)
+            if on_step is not None:
+                on_step(steps, w, g, loss)
+            if buf is not None:
+                buf.mul_(cfg.momentum).add_(g)
+                w.add_(buf, alpha=-cfg.lr)
+            else:
+                w.add_(g, alpha=-cfg.lr)
+            steps += 1
+            loss_sum += loss
+        return w.clone(), steps, loss_sum / max(steps, 1)
+
+
+@torch.no_grad()
+def evaluate(
+    model: FlatModel, params: torch.Tensor, buffers: torch.Tensor | None,
+    x: torch.Tensor, y: torch.Tensor, batch: int = 4096,
+) -> tuple[float, float]:
+    """Mean loss and accuracy of `params` on `(x, y)`, BatchNorm in eval mode."""
+    model.load(params, buffers)
+    module = model.module
+    module.eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(y), batch):
+        xb, yb = x[start : start + batch], y[start : start + batch]
+        out = module(xb)
+        loss_sum += float(objective(module, out, yb)) * len(yb)
+        correct += int((predictions(module, out) == yb).sum())
+    module.train()
+    return loss_sum / len(y), correct / len(y)
