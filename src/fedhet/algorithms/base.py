@@ -79,11 +79,15 @@ class ClientContext:
         """The client's random stream for this round, fixed by (seed, round, client, purpose)."""
         return stream_seed(self.seed, self.round, self.client_id, purpose)
 
-    def batches(self, steps: int, order: str | None = None) -> Iterator[torch.Tensor]:
+    def batches(
+        self, steps: int, order: str | None = None, purpose: int = 0
+    ) -> Iterator[torch.Tensor]:
         """`steps` mini-batches of this client's data. `order="fixed"` repeats one permutation,
-        drawn once per client for the whole run, in every epoch and round (non-RR)."""
+        drawn once per client for the whole run, in every epoch and round (non-RR).
+        `purpose` picks another reshuffling stream for a second visit in the same round
+        (a later ring pass or edge iteration)."""
         order = order or self.batch_order
-        rng = stream_seed(self.seed, -1, self.client_id, 7) if order == "fixed" else self.rng()
+        rng = stream_seed(self.seed, -1, self.client_id, 7) if order == "fixed" else self.rng(purpose)
         return self.trainer.batches(self.indices, self.batch_size, steps, rng, order)
 
 

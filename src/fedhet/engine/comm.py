@@ -2,7 +2,10 @@
 
 Link kinds follow SPEC.md: `device-cloud` (star), `device-edge`, `edge-cloud`, and
 `device-device` (ring hops). A direction is `up` (towards the cloud) or `down`; device-to-device
-hops are `peer`. A "transfer" is one message that carries a model-sized tensor.
+hops are `peer`. A "transfer" is one message that carries a model-sized tensor; a message with
+scalars only (a sample count) adds bytes but no transfer. Per link kind the metrics carry the
+round's figures (`device_edge_transfers`, `device_edge_bytes`) and the running totals
+(`cum_device_edge_transfers`, `cum_device_edge_bytes`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ class CommLedger:
                 key = link.replace("-", "_")
                 row[f"{key}_transfers"] = self.round_transfers.get(link, 0)
                 row[f"{key}_bytes"] = sum(v for (lk, _), v in self.round_bytes.items() if lk == link)
+                row[f"cum_{key}_transfers"] = self.total_transfers.get(link, 0)
+                row[f"cum_{key}_bytes"] = sum(
+                    v for (lk, _), v in self.total_bytes.items() if lk == link
+                )
         self.round_bytes = defaultdict(int)
         self.round_transfers = defaultdict(int)
         return row

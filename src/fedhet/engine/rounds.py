@@ -4,6 +4,21 @@ A runner is `(round_ctx, state, round, clients) -> (state, diagnostics)`. It cal
 algorithm's server half, hands each downlink message to `round_ctx.client_update` (which runs
 the client half where the client's data lives) and records every message in `round_ctx.comm`.
 The star runner is FedAvg's protocol; hierarchical and ring topologies add their own runners.
+
+Topologies (an algorithm names one in its `topology` ClassVar):
+- `star`: cloud ↔ each sampled device (`device-cloud` links).
+- `ring` (ring-optimization, FedSR eqs. 8–9): the sampled devices form one ring; each hop is a
+  `device-device` message, the reply of device j being the downlink of device j+1. The hop into
+  the first device (from the previous round's last device, or the initialiser in round 0) is
+  counted too, so a round costs one transfer per device. The last reply goes to `aggregate`.
+- `edge-ring` (FedSR, Algorithm 1): cloud → edge (`edge-cloud`), edge → first device of its ring
+  (`device-edge`), `R` passes around the ring (`device-device`, `R·Q − 1` hops for `Q`
+  devices), last device → edge (`device-edge`), `edge_aggregate`, edge → cloud (`edge-cloud`),
+  then the cloud's `aggregate` over the edges' reports.
+- `edge-star` (HierFAVG): cloud → edge; `κ2` times: edge → each device and back
+  (`device-edge`), `edge_aggregate`; edge → cloud; cloud `aggregate`.
+The edge role (`edge_groups`, `edge_init`, `edge_configure`, `edge_aggregate`, `edge_report`)
+has the server half's shape; see `fedhet.algorithms.hierarchical.EdgeRole`.
 """
 
 from __future__ import annotations
@@ -12,6 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from fedhet.algorithms.base import Algorithm, Message, Reply
+from fedhet.algorithms.hierarchical import EdgeRole
 from fedhet.engine.comm import CommLedger
 
 
@@ -45,4 +61,86 @@ def star_round(
     return rc.algorithm.aggregate(state, round, replies)
 
 
-ROUND_RUNNERS: dict[str, RoundRunner] = {"star": star_round}
+def _edge_role(rc: RoundContext) -> EdgeRole:
+    algorithm = rc.algorithm
+    if not isinstance(algorithm, EdgeRole):
+        raise TypeError(f"{type(algorithm).__name__} has no edge role for topology {algorithm.topology}")
+    return algorithm
+
+
+def run_ring(rc: RoundContext, message: Message, ring: Sequence[int], passes: int, round: int) -> Message:
+    """`passes` trips around `ring` starting with `message` at `ring[0]`; returns the last reply.
+
+    Every hop after the first is a `device-device` message: the reply of one device is the
+    downlink of the next (the caller counts the message that enters the ring)."""
+    for hop in range(passes * len(ring)):
+        if hop:
+            rc.comm.send("device-device", "peer", message)
+        message = rc.client_update(ring[hop % len(ring)], message, round)
+    return message
+
+
+def ring_round(
+    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One ring of all sampled devices (ring-optimization, eqs. 8–9)."""
+    role = _edge_role(rc)
+    ((_, ring),) = role.edge_groups(clients, round)
+    down = rc.configure(state, ring[0], round)
+    rc.comm.send("device-device", "peer", down)
+    last = run_ring(rc, down, ring, 1, round)
+    return rc.algorithm.aggregate(state, round, [Reply(ring[-1], last)])
+
+
+def edge_ring_round(
+    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cloud → edges → one ring per edge (`R` passes) → edges → cloud (FedSR, Algorithm 1)."""
+    role = _edge_role(rc)
+    reports = []
+    for edge_id, ring in role.edge_groups(clients, round):
+        down = rc.configure(state, edge_id, round)
+        rc.comm.send("edge-cloud", "down", down)
+        edge = role.edge_init(down, edge_id, ring, round)
+        first = role.edge_configure(edge, ring[0], round, 0)
+        rc.comm.send("device-edge", "down", first)
+        last = run_ring(rc, first, ring, role.ring_passes(), round)
+        rc.comm.send("device-edge", "up", last)
+        edge = role.edge_aggregate(edge, round, [Reply(ring[-1], last)])
+        up = role.edge_report(edge)
+        rc.comm.send("edge-cloud", "up", up)
+        reports.append(Reply(edge_id, up))
+    return rc.algorithm.aggregate(state, round, reports)
+
+
+def edge_star_round(
+    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Cloud → edges; `κ2` edge aggregations of their devices; edges → cloud (HierFAVG)."""
+    role = _edge_role(rc)
+    reports = []
+    for edge_id, members in role.edge_groups(clients, round):
+        down = rc.configure(state, edge_id, round)
+        rc.comm.send("edge-cloud", "down", down)
+        edge = role.edge_init(down, edge_id, members, round)
+        for iteration in range(role.edge_iterations()):
+            replies = []
+            for client_id in members:
+                message = role.edge_configure(edge, client_id, round, iteration)
+                rc.comm.send("device-edge", "down", message)
+                reply = rc.client_update(client_id, message, round)
+                rc.comm.send("device-edge", "up", reply)
+                replies.append(Reply(client_id, reply))
+            edge = role.edge_aggregate(edge, round, replies)
+        up = role.edge_report(edge)
+        rc.comm.send("edge-cloud", "up", up)
+        reports.append(Reply(edge_id, up))
+    return rc.algorithm.aggregate(state, round, reports)
+
+
+ROUND_RUNNERS: dict[str, RoundRunner] = {
+    "star": star_round,
+    "ring": ring_round,
+    "edge-ring": edge_ring_round,
+    "edge-star": edge_star_round,
+}

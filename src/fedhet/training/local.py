@@ -22,6 +22,10 @@ GradTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 """`(g, w, step) -> g'`: modifies the raw mini-batch gradient before the SGD step
 (FedProx's proximal term, SCAFFOLD's correction). May work in place on `g`."""
 
+LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+"""`(module, x, y) -> loss`: replaces `objective(module, module(x), y)` for one mini-batch
+(MOON's `CE + μ ℓ_con`). Must return a scalar that can be back-propagated."""
+
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, float], None]
 """`(step, w, g, loss)`: sees the local model and the (transformed) gradient of each step,
 before the step is taken. `w` and `g` are live buffers: clone what you keep."""
@@ -71,12 +75,18 @@ class LocalTrainer:
                 perm = torch.from_numpy(rng.permutation(n))
 
     # -- gradients ------------------------------------------------------------------------
-    def gradient(self, batch: torch.Tensor) -> tuple[torch.Tensor, float]:
-        """Gradient at the model's current parameters, written into `model.grad` (live)."""
+    def gradient(
+        self, batch: torch.Tensor, loss_fn: LossFn | None = None
+    ) -> tuple[torch.Tensor, float]:
+        """Gradient at the model's current parameters, written into `model.grad` (live).
+
+        `loss_fn(module, x, y)` replaces the model's own objective when given."""
         module = self.model.module
         self.model.grad.zero_()
-        out = module(self.x[batch])
-        loss = objective(module, out, self.y[batch])
+        if loss_fn is not None:
+            loss = loss_fn(module, self.x[batch], self.y[batch])
+        else:
+            loss = objective(module, module(self.x[batch]), self.y[batch])
         loss.backward()
         return self.model.grad, float(loss.detach())
 
@@ -111,8 +121,11 @@ class LocalTrainer:
     def sgd(
         self, w0: torch.Tensor, batches: Iterable[torch.Tensor], cfg: SGDConfig,
         transform: GradTransform | None = None, on_step: StepHook | None = None,
+        loss_fn: LossFn | None = None,
     ) -> tuple[torch.Tensor, int, float]:
-        """Run SGD from `w0` over `batches`; return `(w_final, steps, mean_loss)`."""
+        """Run SGD from `w0` over `batches`; return `(w_final, steps, mean_loss)`.
+
+        `loss_fn` (optional) replaces the model's objective on every mini-batch."""
         model = self.model
         model.params.copy_(w0)
         model.module.train()
@@ -120,7 +133,7 @@ class LocalTrainer:
         buf = torch.zeros_like(w) if cfg.momentum else None
         steps, loss_sum = 0, 0.0
         for batch in batches:
-            g, loss = self.gradient(batch)
+            g, loss = self.gradient(batch, loss_fn)
             if cfg.weight_decay:
                 g.add_(w, alpha=cfg.weight_decay)
             if transform is not None:
