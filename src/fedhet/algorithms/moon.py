@@ -1,1 +1,101 @@
-"""Placeholder: implemented in a later commit."""
+"""MOON: model-contrastive federated learning (SPEC.md "MOON"; a FedSR baseline).
+
+The model is `encoder → projection head → classifier` (`moon-mlp`, `moon-cnn`), with `z` the
+projection. Each local step minimises `CE + μ ℓ_con` with
+`ℓ_con = −log( e^(cos(z, z_glob)/τ) / (e^(cos(z, z_glob)/τ) + e^(cos(z, z_prev)/τ)) )`,
+`z_glob` from the received global model and `z_prev` from the client's own model at the end of
+its previous round (both frozen; `z_prev` is client state, kept and checkpointed by the engine).
+In a client's first round there is no previous model and the term is absent **[choice]** (which
+is the same as `ℓ_con = 0`). Aggregation is FedAvg's. `μ = 0` reproduces FedAvg.
+
+The contrastive loss reaches the trainer through `LocalTrainer.sgd(..., loss_fn=)`, which
+replaces the model's objective on each mini-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch.func import functional_call
+from torch.nn import functional as F
+
+from fedhet.algorithms.base import ALGORITHMS, ClientContext, Message, RunInfo
+from fedhet.algorithms.fedavg import FedAvg
+from fedhet.errors import FedhetError
+from fedhet.models.registry import objective
+from fedhet.training.flat import Layer
+
+
+@dataclass(frozen=True)
+class MoonParams:
+    mu: float = 1.0
+    temperature: float = 0.5
+    weighting: Literal["samples", "uniform"] = "samples"
+
+    def validate(self) -> None:
+        if self.mu < 0:
+            raise FedhetError(f"algorithm.mu must be ≥ 0, got {self.mu}")
+        if not self.temperature > 0:
+            raise FedhetError(f"algorithm.temperature must be > 0, got {self.temperature}")
+
+
+def contrastive_loss(
+    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
+    """`ℓ_con` averaged over the batch; 0 when there is no previous model."""
+    if z_prev is None:
+        return z.new_zeros(())
+    pos = F.cosine_similarity(z, z_glob, dim=1) / temperature
+    neg = F.cosine_similarity(z, z_prev, dim=1) / temperature
+    logits = torch.stack([pos, neg], dim=1)
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long))
+
+
+def named_params(layers: tuple[Layer, ...], flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A flat parameter vector as the `{name: tensor}` dict `functional_call` takes."""
+    return {layer.name: flat[layer.start : layer.stop].view(layer.shape) for layer in layers}
+
+
+@ALGORITHMS.register("moon", MoonParams, "MOON: local CE + μ model-contrastive loss, FedAvg server")
+class Moon(FedAvg):
+    name = "moon"
+
+    def __init__(self, params: MoonParams, run: RunInfo) -> None:
+        super().__init__(params, run)
+        if not any(layer.name.startswith("projection.") for layer in run.layers):
+            raise FedhetError(
+                "moon needs a model with a projection head; use --model moon-mlp or moon-cnn"
+            )
+
+    def client_init(self, client_id: int) -> Any:
+        return None
+
+    def loss_fn(self, w_glob: torch.Tensor, w_prev: torch.Tensor | None):
+        glob = named_params(self.run.layers, w_glob)
+        prev = None if w_prev is None else named_params(self.run.layers, w_prev)
+        mu, temperature = self.params.mu, self.params.temperature
+
+        def loss(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            out, z = module(x, with_z=True)
+            ce = objective(module, out, y)
+            if prev is None:
+                return ce
+            with torch.no_grad():
+                _, z_glob = functional_call(module, glob, (x,), {"with_z": True})
+                _, z_prev = functional_call(module, prev, (x,), {"with_z": True})
+            return ce + mu * contrastive_loss(z, z_glob, z_prev, temperature)
+
+        return loss
+
+    def client_update(self, message: Message, ctx: ClientContext, state: Any):
+        w0 = message.tensors["w"].clone()
+        tau = int(message.scalars.get("tau", ctx.tau))
+        loss_fn = self.loss_fn(w0, state)
+        w, steps, loss = ctx.trainer.sgd(w0, ctx.batches(tau), ctx.sgd, loss_fn=loss_fn)
+        reply = Message(
+            {"delta": w - w0},
+            {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss},
+        )
+        return reply, w

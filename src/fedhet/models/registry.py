@@ -18,7 +18,7 @@ from fedhet.registry import Registry
 
 ModelFactory = Callable[[tuple[int, ...], int, Any], nn.Module]
 MODELS: Registry[ModelFactory] = Registry(
-    "model", ("fedhet.models.linear", "fedhet.models.mlp", "fedhet.models.cnn")
+    "model", ("fedhet.models.linear", "fedhet.models.mlp", "fedhet.models.cnn", "fedhet.models.moon")
 )
 
 
