@@ -1,0 +1,92 @@
+"""MOON: the contrastive loss against a hand computation, μ = 0 is FedAvg, client state, models."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fedhet.algorithms.moon import contrastive_loss
+from fedhet.engine.simulation import Simulation
+from fedhet.errors import FedhetError
+from fedhet.experiments.single import resolve_settings
+from fedhet.models.moon import MoonParams
+from fedhet.models.registry import build_model, num_parameters
+
+BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "lr": 0.1,
+        "seed": 2, "clients": 4, "model": "moon-mlp", "model.hidden": 32, "model.proj_dim": 16}
+
+
+def simulate(**settings) -> Simulation:
+    cfg, params = resolve_settings({**BASE, **settings}, "test")
+    sim = Simulation(cfg, params, store=None, log=lambda _: None)
+    sim.run()
+    return sim
+
+
+def test_contrastive_loss_matches_hand_computation():
+    z = torch.tensor([[1.0, 0.0], [0.0, 2.0]])
+    z_glob = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+    z_prev = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    t = 0.5
+    # sample 1: cos(z, z_glob) = 1/√2, cos(z, z_prev) = 0; sample 2: 1 and 0
+    def one(pos, neg):
+        return -math.log(math.exp(pos / t) / (math.exp(pos / t) + math.exp(neg / t)))
+
+    expected = (one(1 / math.sqrt(2), 0.0) + one(1.0, 0.0)) / 2
+    assert float(contrastive_loss(z, z_glob, z_prev, t)) == pytest.approx(expected, rel=1e-6)
+    assert float(contrastive_loss(z, z_glob, None, t)) == 0.0
+
+
+def test_moon_with_mu_zero_is_fedavg():
+    moon = simulate(algorithm="moon", rounds=2, **{"algorithm.mu": 0.0})
+    fedavg = simulate(algorithm="fedavg", rounds=2)
+    assert torch.equal(moon.final_state["w"], fedavg.final_state["w"])
+
+
+def test_contrastive_term_starts_in_the_second_round():
+    """No previous local model in round 1, so μ has no effect until round 2."""
+    one = [simulate(algorithm="moon", rounds=1, **{"algorithm.mu": mu}).final_state["w"] for mu in (0.0, 5.0)]
+    assert torch.equal(*one)
+    two = [simulate(algorithm="moon", rounds=2, **{"algorithm.mu": mu}).final_state["w"] for mu in (0.0, 5.0)]
+    assert not torch.allclose(*two)
+
+
+def test_client_keeps_its_previous_local_model():
+    sim = simulate(algorithm="moon", rounds=1)
+    w_global = sim.w0
+    for i in range(4):
+        prev = sim.client_states[i]
+        assert prev.shape == w_global.shape and not torch.equal(prev, w_global)
+    # the server's new model is the sample-weighted average of the clients' models
+    sizes = torch.tensor([len(sim.client_indices[i]) for i in range(4)], dtype=torch.float64)
+    avg = sum((n / sizes.sum()) * sim.client_states[i].double() for i, n in enumerate(sizes))
+    assert torch.allclose(sim.final_state["w"].double(), avg, atol=1e-6)
+
+
+def test_moon_models_and_bad_model():
+    mlp = build_model("moon-mlp", (784,), 10, MoonParams())
+    # encoder 784·200+200 + 200·200+200, projection 200·200+200 + 200·256+256, classifier 256·10+10
+    assert num_parameters(mlp) == (784 * 200 + 200) + (200 * 200 + 200) * 2 + (200 * 256 + 256) + 2570
+    out, z = mlp(torch.zeros(3, 784), with_z=True)
+    assert out.shape == (3, 10) and z.shape == (3, 256)
+    cnn = build_model("moon-cnn", (3, 32, 32), 100, MoonParams(hidden=64))
+    out, z = cnn(torch.zeros(2, 3, 32, 32), with_z=True)
+    assert out.shape == (2, 100) and z.shape == (2, 256)
+    with pytest.raises(FedhetError, match="projection head"):
+        resolve_and_build(algorithm="moon", model="mlp")
+    with pytest.raises(FedhetError, match="temperature"):
+        resolve_and_build(algorithm="moon", **{"algorithm.temperature": 0})
+
+
+def resolve_and_build(**settings) -> Simulation:
+    base = {k: v for k, v in BASE.items() if not k.startswith("model")}
+    cfg, params = resolve_settings({**base, **settings}, "test")
+    return Simulation(cfg, params, store=None, log=lambda _: None)
+
+
+def test_moon_learns_on_digits():
+    sim = simulate(algorithm="moon", rounds=6, lr=0.2, momentum=0.5, local_epochs=2,
+                   **{"model.hidden": 64, "algorithm.mu": 1.0})
+    assert sim.summary([sim._evaluate(sim.final_state, 6, {})], True)["final_accuracy"] > 0.6
