@@ -139,3 +139,25 @@ def test_fedsr_learns_on_digits():
                                     "partition.alpha": 0.3}, "t")
     summary = Simulation(cfg, params, store=None, log=lambda _: None).run()
     assert summary["final_accuracy"] > 0.8
+
+
+def test_fedsr_preset_specs_resolve_and_match_published_rows():
+    from fedhet.algorithms.base import ALGORITHMS
+    from fedhet.data.partition import PARTITIONS
+    from fedhet.experiments.presets import PRESETS
+    from fedhet.models.registry import MODELS
+
+    paper = PRESETS.get("fedsr").factory("paper")
+    specs = paper.stages[0](Path("."))
+    assert len({s.name for s in specs}) == len(specs)
+    cells = {(s.group, s.label) for s in specs}
+    missing = [(p["group"], p["label"]) for p in paper.published if (p["group"], p["label"]) not in cells]
+    assert missing == []
+    smoke = PRESETS.get("fedsr").factory("smoke").stages[0](Path("."))
+    for spec in smoke:
+        st = spec.settings
+        if st["algorithm"] in ALGORITHMS and st["partition"] in PARTITIONS and st["model"] in MODELS:
+            cfg, _ = resolve_settings(st, spec.name)
+            assert cfg.dataset == "digits"
+    fedsr = [s.settings for s in specs if s.label == "FedSR" and s.name.startswith("t2__")]
+    assert all(s["local_epochs"] == 1 and s["algorithm.ring_passes"] == 5 for s in fedsr)

@@ -20,8 +20,9 @@ of 4 regrouped every round), `fig9` (CIFAR-10 IID and `ξ = 4`: FedSR `E ∈ {1,
 and `R ∈ {1, 2, 5}` with `E = 1`), `fig10` (CIFAR-10, 50 devices, rings holding 10–40 % of them).
 
 Scales: `smoke` — digits (embedded), MLP with 64-unit hidden layers, `η = 0.1`, IID / `ξ = 2` /
-`α = 0.1`, 6 rounds, plus one tiny Table IV and Fig. 9 run each (about a minute on two cores); `small` — real MNIST, Tables II/III,
-50 rounds; `paper` — everything, 500 rounds (250 and 500 for Table IV).
+`α = 0.1`, 6 rounds, plus one tiny Table IV and Fig. 9 run each (about a minute on two
+cores); `small` — real MNIST, Tables II/III, 50 rounds; `paper` — everything, 500 rounds
+(250 and 500 for Table IV).
 
 The paper counts "M" (one model's traffic) per transfer; its Table III figures imply 40 per
 round for FedAvg (20 down + 20 up), 20 for ring-optimization, and 110 for FedSR and HierFAVG.
