@@ -68,6 +68,12 @@ def _edge_role(rc: RoundContext) -> EdgeRole:
     return algorithm
 
 
+def _with_groups(result: tuple[dict, dict], groups: list[tuple[int, list[int]]]) -> tuple[dict, dict]:
+    """Record the round's edge groups (in ring order) for diagnostics.jsonl."""
+    state, diag = result
+    return state, {**diag, "rings": [list(g) for _, g in groups], "edge_ids": [m for m, _ in groups]}
+
+
 def run_ring(rc: RoundContext, message: Message, ring: Sequence[int], passes: int, round: int) -> Message:
     """`passes` trips around `ring` starting with `message` at `ring[0]`; returns the last reply.
 
@@ -89,7 +95,8 @@ def ring_round(
     down = rc.configure(state, ring[0], round)
     rc.comm.send("device-device", "peer", down)
     last = run_ring(rc, down, ring, 1, round)
-    return rc.algorithm.aggregate(state, round, [Reply(ring[-1], last)])
+    state, diag = rc.algorithm.aggregate(state, round, [Reply(ring[-1], last)])
+    return state, {**diag, "rings": [list(ring)]}
 
 
 def edge_ring_round(
@@ -98,7 +105,8 @@ def edge_ring_round(
     """Cloud → edges → one ring per edge (`R` passes) → edges → cloud (FedSR, Algorithm 1)."""
     role = _edge_role(rc)
     reports = []
-    for edge_id, ring in role.edge_groups(clients, round):
+    groups = role.edge_groups(clients, round)
+    for edge_id, ring in groups:
         down = rc.configure(state, edge_id, round)
         rc.comm.send("edge-cloud", "down", down)
         edge = role.edge_init(down, edge_id, ring, round)
@@ -110,7 +118,7 @@ def edge_ring_round(
         up = role.edge_report(edge)
         rc.comm.send("edge-cloud", "up", up)
         reports.append(Reply(edge_id, up))
-    return rc.algorithm.aggregate(state, round, reports)
+    return _with_groups(rc.algorithm.aggregate(state, round, reports), groups)
 
 
 def edge_star_round(
@@ -119,7 +127,8 @@ def edge_star_round(
     """Cloud → edges; `κ2` edge aggregations of their devices; edges → cloud (HierFAVG)."""
     role = _edge_role(rc)
     reports = []
-    for edge_id, members in role.edge_groups(clients, round):
+    groups = role.edge_groups(clients, round)
+    for edge_id, members in groups:
         down = rc.configure(state, edge_id, round)
         rc.comm.send("edge-cloud", "down", down)
         edge = role.edge_init(down, edge_id, members, round)
@@ -135,7 +144,7 @@ def edge_star_round(
         up = role.edge_report(edge)
         rc.comm.send("edge-cloud", "up", up)
         reports.append(Reply(edge_id, up))
-    return rc.algorithm.aggregate(state, round, reports)
+    return _with_groups(rc.algorithm.aggregate(state, round, reports), groups)
 
 
 ROUND_RUNNERS: dict[str, RoundRunner] = {
