@@ -90,3 +90,28 @@ def test_moon_learns_on_digits():
     sim = simulate(algorithm="moon", rounds=6, lr=0.2, momentum=0.5, local_epochs=2,
                    **{"model.hidden": 64, "algorithm.mu": 1.0})
     assert sim.summary([sim._evaluate(sim.final_state, 6, {})], True)["final_accuracy"] > 0.6
+
+
+@pytest.mark.parametrize("algorithm", ["moon", "fedsr"])
+def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch, algorithm):
+    """Client state (MOON's previous models) and the ring draws survive a checkpoint."""
+    from fedhet.experiments.single import execute
+
+    settings = {**BASE, "algorithm": algorithm, "rounds": 3, "momentum": 0.5,
+                "algorithm.mu" if algorithm == "moon" else "algorithm.clusters": 2}
+    full = execute(settings, tmp_path / "full", log=lambda _: None)
+    original = Simulation._evaluate
+
+    def interrupt(self, state, round, diag):
+        if round == 3:
+            raise KeyboardInterrupt
+        return original(self, state, round, diag)
+
+    monkeypatch.setattr(Simulation, "_evaluate", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        execute(settings, tmp_path / "cut", log=lambda _: None)
+    monkeypatch.setattr(Simulation, "_evaluate", original)
+    resumed = execute(None, tmp_path / "cut", resume=True, log=lambda _: None)
+    assert resumed["final_accuracy"] == full["final_accuracy"]
+    assert resumed["final_loss"] == full["final_loss"]
+    assert resumed["cum_model_transfers"] == full["cum_model_transfers"]
