@@ -74,6 +74,11 @@ def test_moon_models_and_bad_model():
     cnn = build_model("moon-cnn", (3, 32, 32), 100, MoonParams(hidden=64))
     out, z = cnn(torch.zeros(2, 3, 32, 32), with_z=True)
     assert out.shape == (2, 100) and z.shape == (2, 256)
+    # FedSR CNN body: conv 3·32·9+32, 32·64·9+64, 64·64·9+64, fc 1024·64+64; head 64→64→256→100
+    body = (3 * 32 * 9 + 32) + (32 * 64 * 9 + 64) + (64 * 64 * 9 + 64) + (1024 * 64 + 64)
+    assert num_parameters(cnn) == body + (64 * 64 + 64) + (64 * 256 + 256) + (256 * 100 + 100)
+    with pytest.raises(FedhetError, match="18×18"):
+        build_model("moon-cnn", (64,), 10, MoonParams())
     with pytest.raises(FedhetError, match="projection head"):
         resolve_and_build(algorithm="moon", model="mlp")
     with pytest.raises(FedhetError, match="temperature"):

@@ -58,17 +58,21 @@ def image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 class ConvEncoder(nn.Module):
-    """Three 3×3 conv layers (32, 64, 64 channels, ReLU, 2×2 max-pool) and one fc layer."""
+    """FedSR's CNN body (as `cnn-cifar`): 3×3 conv 32, pool, conv 64, pool, conv 64, then one fc
+    layer to `hidden` (64 in `cnn-cifar`); the classifier moves behind the projection head."""
 
     def __init__(self, shape: tuple[int, int, int], hidden: int) -> None:
         super().__init__()
         self.shape = shape
         c, h, w = shape
-        layers: list[nn.Module] = []
-        for c_in, c_out in ((c, 32), (32, 64), (64, 64)):
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
-            h, w = h // 2, w // 2
-        self.conv = nn.Sequential(*layers)
+        h, w = ((h - 2) // 2 - 2) // 2 - 2, ((w - 2) // 2 - 2) // 2 - 2
+        if min(h, w) < 1:
+            raise FedhetError(f"moon-cnn needs images of at least 18×18 pixels, got {shape}")
+        self.conv = nn.Sequential(
+            nn.Conv2d(c, 32, 3), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(64, 64, 3), nn.ReLU(),
+        )
         self.fc = nn.Sequential(nn.Flatten(), nn.Linear(64 * h * w, hidden), nn.ReLU())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -84,10 +88,7 @@ def moon_mlp(input_shape: tuple[int, ...], num_classes: int, params: MoonParams)
     return ProjectionNet(encoder, h, params.proj_dim, num_classes)
 
 
-@MODELS.register("moon-cnn", MoonParams, "3-conv CNN encoder + MOON projection head (z ∈ R^256)")
+@MODELS.register("moon-cnn", MoonParams, "FedSR CNN body (as cnn-cifar) + MOON projection head (z ∈ R^256)")
 def moon_cnn(input_shape: tuple[int, ...], num_classes: int, params: MoonParams) -> nn.Module:
-    shape = image_shape(input_shape)
-    if min(shape[1:]) < 8:
-        raise FedhetError(f"moon-cnn needs images of at least 8×8 pixels, got {shape}")
-    encoder = ConvEncoder(shape, params.hidden)
+    encoder = ConvEncoder(image_shape(input_shape), params.hidden)
     return ProjectionNet(encoder, params.hidden, params.proj_dim, num_classes)
