@@ -75,7 +75,7 @@ def summary_line(counts: np.ndarray) -> str:
 
 
 def save_heatmap(counts: np.ndarray, path: Path, title: str) -> None:
-    """Clients (x) × labels (y), colour = samples, like FedSR Fig. 8; non-zero counts written in small maps."""
+    """Clients (x) × labels (y), colour = samples, like FedSR Fig. 8; small maps show the counts."""
     import matplotlib
 
     matplotlib.use("Agg")
