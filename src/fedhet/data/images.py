@@ -180,9 +180,13 @@ def read_idx(path: Path, ndim: int) -> np.ndarray:
 
 
 class _ArrayUnpickler(pickle.Unpickler):
-    """Unpickles numpy arrays and plain containers only (the dataset pickles hold nothing else)."""
+    """Unpickles numpy arrays and plain containers only (the dataset pickles hold nothing else).
+
+    `_codecs.encode` is how python 3 writes `bytes` at protocol 2 (files re-pickled by users).
+    """
 
     ALLOWED = {
+        ("_codecs", "encode"),
         ("numpy.core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"),
         ("numpy.core.multiarray", "scalar"),
