@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.data.partition import label_counts, partition_dataset
-from fedhet.data.registry import load_dataset
-from fedhet.engine.config import resolve
+from fedhet.data.partition import PARTITIONS, label_counts, partition_dataset
+from fedhet.data.registry import DATASETS, load_dataset
+from fedhet.engine.config import RunConfig
 from fedhet.errors import FedhetError
+from fedhet.registry import build_params, params_dict
 
 FULL_TABLE_MAX_LABELS = 20
 """Above this many labels the table lists each client's largest labels instead of every column."""
@@ -25,11 +26,11 @@ def describe_partition(
     values: dict[str, Any], heatmap: str | Path | None = None, out: Callable[[str], None] = print
 ) -> np.ndarray:
     """Print the partition that `values` (run settings) describe; returns `counts[client, label]`."""
-    cfg, params = resolve(values)
-    data = load_dataset(cfg.dataset, params["dataset"], cfg.data_dir)
-    parts = partition_dataset(data, cfg.partition, cfg.clients, params["partition"], cfg.seed)
+    cfg, data_params, part_params = resolve_data(values)
+    data = load_dataset(cfg.dataset, data_params, cfg.data_dir)
+    parts = partition_dataset(data, cfg.partition, cfg.clients, part_params, cfg.seed)
     counts = label_counts(data.train_labels, parts, data.num_classes)
-    settings = ", ".join(f"{k}={v}" for k, v in cfg.partition_params.items())
+    settings = ", ".join(f"{k}={v}" for k, v in params_dict(part_params).items())
     out(
         f"{data.name}: {len(data.train_labels)} train samples, {data.num_classes} labels; partition "
         f"{cfg.partition}({settings}), {cfg.clients} clients, seed {cfg.seed}"
@@ -41,6 +42,19 @@ def describe_partition(
         save_heatmap(counts, Path(heatmap), f"{data.name} · {cfg.partition}({settings})")
         out(f"heatmap saved to {heatmap}")
     return counts
+
+
+def resolve_data(values: dict[str, Any]) -> tuple[RunConfig, Any, Any]:
+    """The run config and validated dataset and partition parameters, as `fedhet run` builds them.
+
+    Only the data side is resolved: the model and algorithm (and their parameters) play no part
+    in a partition, so a dataset whose models are not installed can still be inspected.
+    """
+    cfg = RunConfig(**values)
+    cfg.validate()
+    data_params = build_params(DATASETS.get(cfg.dataset).params, cfg.dataset_params, "dataset")
+    part_params = build_params(PARTITIONS.get(cfg.partition).params, cfg.partition_params, "partition")
+    return cfg, data_params, part_params
 
 
 def format_table(counts: np.ndarray) -> list[str]:
