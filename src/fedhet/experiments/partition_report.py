@@ -96,9 +96,9 @@ def save_heatmap(counts: np.ndarray, path: Path, title: str) -> None:
     from matplotlib import pyplot as plt
 
     n_clients, n_labels = counts.shape
-    fig_w = min(24.0, 2.5 + 0.45 * n_clients)
-    fig_h = min(18.0, 1.8 + 0.35 * n_labels)
-    fig, ax = plt.subplots(figsize=(max(fig_w, 5.0), max(fig_h, 3.0)))
+    fig_w = min(14.0, max(5.0, 2.5 + 0.45 * n_clients))
+    fig_h = min(14.0, max(4.0, 1.8 + 0.35 * n_labels))
+    fig, ax = plt.subplots(figsize=(fig_w, fig_h))
     image = ax.imshow(counts.T, aspect="auto", origin="lower", cmap="viridis", interpolation="nearest")
     fig.colorbar(image, ax=ax, label="samples")
     ax.set_xlabel("client")
