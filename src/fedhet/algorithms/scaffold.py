@@ -7,8 +7,15 @@ Server state: model `x` and control variate `c`; client state: its own control v
 - option I: `c_i⁺ = ∇F_i(x)`, an extra exact pass over the local data (plus weight decay, so
   `c_i` estimates the gradient the local steps use);
 and uploads `Δy_i = y − x` and `Δc_i = c_i⁺ − c_i`. The server sets
-`x ← x + η_g Σ_S p_i Δy_i` (data-weighted `p_i` **[choice]**, matching FedAvg; `weighting =
-"uniform"` gives the paper's plain mean) and `c ← c + (|S|/N) · mean_S(Δc_i)`.
+`x ← x + η_g Σ_S p_i Δy_i` and `c ← c + (|S|/N) Σ_S p_i Δc_i`.
+
+Weights **[choice]**: `weighting = "samples"` (default) uses the data weights
+`p_i = D_i / Σ_S D_j` in both means, matching FedAvg; `weighting = "uniform"` uses `1/|S|` in both,
+the paper's Algorithm 1. The two means must use the same weights: with full participation
+`c = Σ_i p_i c_i` at every round, so at a fixed point `c = 0` means `Σ_i p_i ∇F_i(x) = 0`. Mixing
+data-weighted `Δy` with a plain mean of `Δc` (SPEC.md's literal rule) makes SCAFFOLD converge to
+the minimiser of `(1/N) Σ_i F_i` instead of `Σ_i p_i F_i` when client sizes differ (see
+tests/test_quadratic.py).
 
 With `c = c_i = 0` (every client's first round) the local steps are plain SGD, so the first
 round equals FedAvg's; with one client `c = c_1` always holds and SCAFFOLD follows FedAvg.
@@ -44,7 +51,7 @@ class ScaffoldParams:
     server_lr: float = 1.0
     """Global step size `η_g`."""
     weighting: Literal["samples", "uniform"] = "samples"
-    """Weights of the `Δy_i` mean **[choice]**: data-weighted by default."""
+    """Weights of the `Δy_i` and `Δc_i` means **[choice]**: data-weighted by default."""
 
     def validate(self) -> None:
         if not (self.server_lr > 0 and math.isfinite(self.server_lr)):
@@ -75,8 +82,8 @@ class Scaffold(Algorithm):
     def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
         p = sample_weights(replies, self.params.weighting)
         delta_y = weighted_sum(p, [r.message.tensors["delta"] for r in replies])
-        uniform = torch.full((len(replies),), 1.0 / self.run.num_clients, dtype=torch.float64)
-        delta_c = weighted_sum(uniform, [r.message.tensors["delta_c"] for r in replies])
+        share = len(replies) / self.run.num_clients
+        delta_c = weighted_sum(p * share, [r.message.tensors["delta_c"] for r in replies])
         w = state["w"] + self.params.server_lr * delta_y
         c = state["c"] + delta_c
         diag = client_diagnostics(p, replies)

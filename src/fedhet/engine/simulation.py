@@ -119,7 +119,7 @@ class Simulation:
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
         cfg = self.cfg
         indices = self.client_indices[client_id]
-        torch.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
+        torch.default_generator.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
         if BUFFERS in message.tensors:
             self.model.buffers.copy_(message.tensors[BUFFERS])
         ctx = ClientContext(
