@@ -11,7 +11,9 @@ normalised direction `d_i = −Δ_i / (η a_i)` and `a_i = ‖a_i‖₁`, the su
   reference code adds the two counters instead.
 The server sets `τ_eff = Σ_i p_i a_i` and `w_(k+1) = w_k − η τ_eff Σ_i p_i d_i`; with server
 momentum `γ > 0`: `u_(k+1) = γ u_k + τ_eff Σ_i p_i d_i`, `w_(k+1) = w_k − η u_(k+1)`.
-With equal `τ_i` and neither momentum nor `μ`, this is FedAvg (up to rounding).
+The reply also carries the round's `η` as a scalar, so the server's step matches the clients'
+under a learning-rate schedule. With equal `τ_i` and neither momentum nor `μ`, this is FedAvg
+(up to rounding).
 """
 
 from __future__ import annotations

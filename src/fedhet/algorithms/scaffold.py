@@ -17,6 +17,9 @@ data-weighted `Δy` with a plain mean of `Δc` (SPEC.md's literal rule) makes SC
 the minimiser of `(1/N) Σ_i F_i` instead of `Σ_i p_i F_i` when client sizes differ (see
 tests/test_quadratic.py).
 
+Option II reads `(x − y)/(τ_i η)` as the mean corrected gradient, which holds for plain local
+SGD; with local momentum it is only an estimate (the paper uses plain SGD).
+
 With `c = c_i = 0` (every client's first round) the local steps are plain SGD, so the first
 round equals FedAvg's; with one client `c = c_1` always holds and SCAFFOLD follows FedAvg.
 """
