@@ -43,7 +43,10 @@ def learning_rate(cfg: RunConfig, round: int) -> float:
 
 
 def local_steps(cfg: RunConfig, num_samples: int, client_id: int, round: int) -> int:
-    """`τ_(k,i)`: explicit steps, or `⌊E·D_i/B⌋` (at least 1) with `E` fixed or drawn per round."""
+    """`τ_(k,i)`: explicit steps (per client or for all), or `⌊E·D_i/B⌋` (at least 1) with `E`
+    fixed or drawn per round."""
+    if cfg.client_steps and client_id < len(cfg.client_steps):
+        return cfg.client_steps[client_id]
     if cfg.local_steps:
         return cfg.local_steps
     epochs: float = cfg.local_epochs
@@ -116,7 +119,7 @@ class Simulation:
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
         cfg = self.cfg
         indices = self.client_indices[client_id]
-        torch.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
+        torch.default_generator.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
         if BUFFERS in message.tensors:
             self.model.buffers.copy_(message.tensors[BUFFERS])
         ctx = ClientContext(
