@@ -53,6 +53,10 @@ from fedhet.algorithms.fedavg import client_diagnostics
 from fedhet.errors import FedhetError
 from fedhet.training.local import GradTransform
 
+TIE_TOLERANCE = 1e-9
+"""Candidates whose `‖s + z‖²` are within this fraction of `max ‖z‖²` of the best count as tied
+(so rounding does not decide ties, e.g. `z^0 = −z^1` when `τ = 2`); the lowest index wins."""
+
 GRAM_CHUNK_ELEMENTS = 1 << 22
 """Float64 elements converted at once while forming the Gram matrix (32 MB)."""
 
@@ -83,12 +87,13 @@ def herding_order_gram(gram: torch.Tensor) -> torch.Tensor:
     """Algorithm 2 from the Gram matrix of the centred vectors: `O(τ²)`, ties → lowest index."""
     tau = gram.shape[0]
     diag = gram.diagonal().clone()
+    tol = TIE_TOLERANCE * float(diag.max()) if tau else 0.0
     cross = torch.zeros(tau, dtype=gram.dtype)
     used = torch.zeros(tau, dtype=torch.bool)
     order = torch.empty(tau, dtype=torch.long)
     for t in range(tau):
-        score = (2 * cross + diag).masked_fill_(used, float("inf"))
-        j = int(torch.argmin(score))  # the first minimum: ties go to the lowest index
+        score = (2 * cross + diag).masked_fill_(used, float("inf"))  # ‖s + z^j‖² − ‖s‖²
+        j = int(torch.nonzero(score <= score.min() + tol)[0])  # ties → the lowest index
         order[t] = j
         used[j] = True
         cross += gram[j]
@@ -104,13 +109,14 @@ def herding_order_direct(x: torch.Tensor) -> torch.Tensor:
     """Reference Algorithm 2 on the vectors themselves: `O(τ² d)`, `‖s + z^λ‖` per candidate."""
     z = x.to(torch.float64)
     z = z - z.mean(0)
+    tol = TIE_TOLERANCE * float((z * z).sum(1).max()) if len(z) else 0.0
     s = torch.zeros(z.shape[1], dtype=torch.float64)
     left = list(range(z.shape[0]))
     order = []
     while left:
-        norms = [float(torch.linalg.vector_norm(s + z[j])) for j in left]
-        best = min(range(len(left)), key=lambda a: (norms[a], left[a]))
-        j = left.pop(best)
+        sq = [float(torch.linalg.vector_norm(s + z[j])) ** 2 for j in left]
+        best = min(sq) + tol
+        j = left.pop(next(a for a in range(len(left)) if sq[a] <= best))
         order.append(j)
         s += z[j]
     return torch.tensor(order, dtype=torch.long)
