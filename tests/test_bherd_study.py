@@ -1,0 +1,63 @@
+"""The `bherd` preset and the Fig. 4 plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedhet.engine.config import RunConfig, apply_settings
+from fedhet.errors import FedhetError
+from fedhet.experiments import plots_bherd
+from fedhet.experiments.presets import PRESETS
+from fedhet.experiments.presets.bherd import METHODS
+from fedhet.experiments.single import execute
+
+
+def specs(scale: str):
+    preset = PRESETS.get("bherd").factory(scale)
+    return [s for stage in preset.stages for s in stage(Path("unused"))]
+
+
+@pytest.mark.parametrize("scale", ["smoke", "small", "paper"])
+def test_preset_covers_the_paper_grid(scale):
+    runs = specs(scale)
+    assert len({r.name for r in runs}) == len(runs)
+    main = [r for r in runs if r.name.startswith("main-")]
+    n_setups = {"smoke": 1, "small": 1, "paper": 3}[scale]
+    assert len(main) == n_setups * 3 * len(METHODS)
+    assert {r.settings["partition"] for r in main} == {"iid", "label-per-client", "half-iid"}
+    for r in runs:
+        values = apply_settings({}, r.settings, r.name)  # every key is a valid setting
+        assert RunConfig(**values).clients >= 5
+    alphas = {r.settings.get("algorithm.alpha") for r in runs if r.name.startswith("alpha-")}
+    assert alphas == {0.1, 0.3, 0.5, 1.0}
+    epochs = {r.settings["local_epochs"] for r in runs if r.name.startswith("epochs-")}
+    assert epochs == {0.1, 0.5, 1.0, 2.0}
+    orders = {r.settings["algorithm.order"] for r in runs if r.name.startswith("order-")}
+    assert orders == {"fixed", "reshuffle"}
+    if scale == "paper":
+        assert {r.settings["rounds"] for r in runs} == {100}
+        assert {r.settings["model"] for r in main} == {"svm", "cnn-mnist", "cnn-cifar"}
+
+
+def test_plots_from_a_bherd_run(tmp_path):
+    run = tmp_path / "run"
+    settings = {"algorithm": "bherd", "dataset": "digits", "partition": "iid", "clients": 3,
+                "rounds": 3, "lr": 0.1, "batch_size": 64, "algorithm.alpha": 0.3}
+    execute(settings, run, log=lambda m: None)
+    kept = plots_bherd.read_kept(run)
+    grid = plots_bherd.kept_matrix(kept, 0)
+    tau = 449 // 64
+    assert grid.shape[1] == 3 and grid.shape[0] <= tau
+    assert np.all(grid.sum(0) == int(0.3 * tau))
+    for path in (plots_bherd.kept_index_map(run),
+                 plots_bherd.herd_distance([run, run], tmp_path / "d.png"),
+                 plots_bherd.curves({"BHerd": run}, tmp_path / "c.png")):
+        assert path.exists() and path.read_bytes()[:4] == b"\x89PNG"
+    fedavg = tmp_path / "fedavg"
+    plain = {k: v for k, v in settings.items() if not k.startswith("algorithm.")}
+    execute({**plain, "algorithm": "fedavg", "rounds": 1}, fedavg, log=lambda m: None)
+    with pytest.raises(FedhetError, match="BHerd"):
+        plots_bherd.herd_distance([fedavg], tmp_path / "x.png")
