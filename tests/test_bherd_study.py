@@ -39,7 +39,8 @@ def test_preset_covers_the_paper_grid(scale):
     assert orders == {"fixed", "reshuffle"}
     if scale == "paper":
         assert {r.settings["rounds"] for r in runs} == {100}
-        assert {r.settings["model"] for r in main} == {"svm", "cnn-mnist", "cnn-cifar"}
+        assert {r.settings["model"] for r in main} == {"svm", "cnn-mnist"}
+        assert {r.settings["dataset"] for r in main} == {"mnist-even-odd", "mnist", "cifar10"}
 
 
 def test_plots_from_a_bherd_run(tmp_path):

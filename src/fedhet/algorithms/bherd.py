@@ -57,14 +57,15 @@ TIE_TOLERANCE = 1e-9
 """Candidates whose `‖s + z‖²` are within this fraction of `max ‖z‖²` of the best count as tied
 (so rounding does not decide ties, e.g. `z^0 = −z^1` when `τ = 2`); the lowest index wins."""
 
-GRAM_CHUNK_ELEMENTS = 1 << 22
-"""Float64 elements converted at once while forming the Gram matrix (32 MB)."""
+GRAM_CHUNK_ELEMENTS = 1 << 21
+"""Float64 elements converted at once while forming the Gram matrix or a mean (16 MB)."""
 
 
 # -- Algorithm 2: herding order -------------------------------------------------------------
-def row_mean(x: torch.Tensor, rows: torch.Tensor | None = None, chunk: int = 64) -> torch.Tensor:
-    """Mean of the rows of `x` (or of `rows` of it) in float64, `chunk` rows at a time."""
+def row_mean(x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean of the rows of `x` (or of `rows` of it) in float64, a few rows at a time."""
     idx = torch.arange(x.shape[0]) if rows is None else rows
+    chunk = max(1, GRAM_CHUNK_ELEMENTS // max(x.shape[1], 1))
     acc = torch.zeros(x.shape[1], dtype=torch.float64)
     for start in range(0, len(idx), chunk):
         acc.add_(x[idx[start : start + chunk]].to(torch.float64).sum(0))
