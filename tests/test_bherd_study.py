@@ -62,3 +62,27 @@ def test_plots_from_a_bherd_run(tmp_path):
     execute({**plain, "algorithm": "fedavg", "rounds": 1}, fedavg, log=lambda m: None)
     with pytest.raises(FedhetError, match="BHerd"):
         plots_bherd.herd_distance([fedavg], tmp_path / "x.png")
+
+
+def fake_run(path: Path, acc: list[float], kept: list[list[int]]) -> None:
+    from fedhet.engine.store import RunStore
+
+    store = RunStore(path)
+    rows = [{"round": k, "test_loss": 1.0 - a, "test_accuracy": a,
+             **({"herd_dist_0": 0.1 / k} if k else {})} for k, a in enumerate(acc)]
+    store.write_metrics(rows)
+    store.write_diagnostics([{"round": k + 1, "kept_indices": {"0": v}} for k, v in enumerate(kept)])
+
+
+def test_main_report_table_counts_rounds_to_fedavgs_final_accuracy(tmp_path):
+    from fedhet.experiments.presets.bherd import main_runs
+
+    for spec in main_runs("smoke"):
+        acc = [0.1, 0.5, 0.7, 0.8] if spec.label == "BHerd-FedAvg" else [0.1, 0.4, 0.6, 0.7]
+        fake_run(tmp_path / spec.name, acc, [[0, 2], [1, 2], [0, 3]])
+    table, pngs = plots_bherd.main_report(tmp_path, "smoke", "logreg-digits", tmp_path / "rep")
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|")[6].strip()
+            for line in table.splitlines()[2:]}
+    assert rows[("case1", "BHerd-FedAvg")] == "2" and rows[("case3", "FedAvg")] == "3"
+    assert rows[("case2", "Centralized")] == "—"
+    assert len(pngs) == 7 and all(p.exists() for p in pngs)

@@ -3,7 +3,8 @@
 - `kept_index_map`: which local steps each client kept in each round (Fig. 4a–c).
 - `herd_distance`: `‖G_i − mean_λ g^λ‖` per client vs round, one panel per run (Fig. 4d).
 - `curves`: test loss and accuracy vs round for several labelled runs (Figs. 2, 3, 4e).
-Each function writes one PNG and returns its path.
+Each of these writes one PNG and returns its path. `main_report` turns a finished `bherd`
+preset directory into the Fig. 2 table (markdown) and figures for one model/dataset.
 """
 
 from __future__ import annotations
@@ -113,6 +114,49 @@ def curves(runs: Mapping[str, Path], out: Path, title: str = "") -> Path:
         fig.suptitle(title)
     fig.tight_layout()
     return _save(fig, out)
+
+
+def rounds_to_reach(m: dict[str, np.ndarray], target: float) -> int | None:
+    """The first round whose test accuracy is ≥ `target` (None if never)."""
+    hit = np.flatnonzero(m["test_accuracy"] >= target)
+    return int(m["round"][hit[0]]) if len(hit) else None
+
+
+def main_report(root: Path, scale: str = "paper", setup: str = "svm-mnist",
+                out: Path | None = None) -> tuple[str, list[Path]]:
+    """Fig. 2 for one setup from a finished `bherd` preset run in `root` (runs in
+    `root/<spec name>`): a markdown table per case (final and best accuracy, final loss, rounds
+    to reach FedAvg's final accuracy) and loss/accuracy curves, kept-index maps and herding
+    distances for Cases 1–3."""
+    from fedhet.experiments.presets.bherd import CASES, main_runs
+
+    out = Path(out or root / "report")
+    specs = [s for s in main_runs(scale) if s.name.startswith(f"main-{setup}-")]
+    lines = ["| case | method | final acc | best acc | final loss | rounds to FedAvg's final acc |",
+             "|---|---|---|---|---|---|"]
+    pngs: list[Path] = []
+    for case in CASES:
+        runs = {s.label: Path(root) / s.name for s in specs if f"-{case}-" in s.name}
+        metrics = {label: read_metrics(run) for label, run in runs.items()}
+        target = _last(metrics["FedAvg"], "test_accuracy")
+        for label, m in metrics.items():
+            reach = rounds_to_reach(m, target) if not label.startswith("Central") else None
+            lines.append(
+                f"| {case} | {label} | {_last(m, 'test_accuracy'):.4f} | "
+                f"{np.nanmax(m['test_accuracy']):.4f} | {_last(m, 'test_loss'):.4f} | "
+                f"{'—' if reach is None else reach} |"
+            )
+        pngs.append(curves(runs, out / f"{setup}-{case}-curves.png", f"{setup} {case}"))
+        pngs.append(kept_index_map(runs["BHerd-FedAvg"], out / f"{setup}-{case}-kept.png",
+                                   f"BHerd-FedAvg kept steps, {setup} {case}"))
+    herd_runs = [Path(root) / s.name for s in specs if s.label == "BHerd-FedAvg"]
+    pngs.append(herd_distance(herd_runs, out / f"{setup}-herd-distance.png", list(CASES)))
+    return "\n".join(lines) + "\n", pngs
+
+
+def _last(m: dict[str, np.ndarray], key: str) -> float:
+    values = m[key][~np.isnan(m[key])]
+    return float(values[-1])
 
 
 def _save(fig, out: Path) -> Path:
