@@ -97,6 +97,14 @@ def test_alpha_one_is_fedavg(rescale):
     assert torch.allclose(rr.final_state["w"], fedavg_rr.final_state["w"], rtol=1e-5, atol=1e-6)
 
 
+def test_rescale_false_scales_the_step_by_m_over_tau():
+    """Eq. 7: `Σ p_i η τ_i G_i` vs `Σ p_i η m_i G_i`; here every client has τ = 14, m = 7."""
+    w0 = run({"algorithm": "bherd", "rounds": 1}).w0
+    by_tau = run({"algorithm": "bherd", "rounds": 1}).final_state["w"] - w0
+    by_m = run({"algorithm": "bherd", "rounds": 1, "algorithm.rescale": False}).final_state["w"] - w0
+    assert torch.allclose(by_m, 0.5 * by_tau, atol=1e-7)
+
+
 def test_bherd_differs_from_fedavg_below_alpha_one():
     fedavg = run({"algorithm": "fedavg", "batch_order": "fixed", "rounds": 1})
     herd = run({"algorithm": "bherd", "rounds": 1})
