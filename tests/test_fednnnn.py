@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -269,3 +270,57 @@ def test_fednnnn_learns_on_digits(tmp_path) -> None:
     assert float(rows[0]["move"]) == pytest.approx(0.7 * float(rows[0]["E"]), rel=1e-5)  # d_0 = 0
     assert float(rows[-1]["test_accuracy_norm"]) > 0.5
     assert float(rows[-1]["cum_move"]) == pytest.approx(sum(float(r["move"]) for r in rows), rel=1e-6)
+
+
+# -- the preset and the figures -------------------------------------------------------------
+def test_preset_follows_tables_1_2_and_5() -> None:
+    from fedhet.experiments.presets import PRESETS
+
+    smoke = PRESETS.get("fednnnn").factory("smoke")
+    specs = smoke.stages[0](Path("."))
+    assert len(specs) == 20 and len({s.name for s in specs}) == 20
+    paper_specs = PRESETS.get("fednnnn").factory("paper").stages[0](Path("."))
+    paper = {(s.group, s.label): s.settings for s in paper_specs}
+    assert len(paper) == 40
+    ub = paper[("MNIST NonIID-UB", "FedNNNN")]
+    assert (ub["algorithm"], ub["algorithm.beta"], ub["algorithm.gamma"]) == ("fednnnn", 0.7, 0.8)
+    assert ub["algorithm.weighting"] == "uniform" and ub["partition"] == "unbalanced"
+    assert paper[("MNIST NonIID-B", "FedNNNN")]["algorithm.weighting"] == "samples"
+    assert paper[("CIFAR10 IID-UB", "FedProx")]["algorithm.mu"] == 0.005
+    assert paper[("CIFAR10 NonIID-B", "Momentum")]["algorithm.gamma"] == 0.9
+    cifar = paper[("CIFAR10 IID-B", "FedAvg")]
+    assert (cifar["rounds"], cifar["weight_decay"], cifar["model"]) == (250, 5e-4, "cnn-fednnnn-cifar")
+    mnist = paper[("MNIST IID-B", "Norm-Norm")]
+    assert (mnist["clients"], mnist["batch_size"], mnist["local_epochs"], mnist["lr"]) == (100, 50, 5, 0.05)
+    published = {(r["group"], r["label"]): r["value"] for r in smoke.published}
+    assert published[("MNIST NonIID-UB", "FedNNNN")] == 0.989
+    assert published[("CIFAR10 NonIID-UB", "Momentum")] == 0.62
+    assert set(published) == set(paper)
+
+
+def test_preset_settings_are_valid() -> None:
+    from fedhet.algorithms.base import ALGORITHMS
+    from fedhet.data.partition import PARTITIONS
+    from fedhet.experiments.presets.fednnnn import run_specs
+    from fedhet.experiments.single import resolve_settings
+
+    missing = [n for n in ("shards", "unbalanced") if n not in PARTITIONS]
+    missing += [n for n in ("fedprox",) if n not in ALGORITHMS]
+    if missing:
+        pytest.skip(f"not merged yet: {', '.join(missing)}")
+    for spec in run_specs("smoke"):
+        cfg, params = resolve_settings(spec.settings)
+        assert cfg.algorithm_params.get("nwda", True)
+
+
+def test_plots_render(tmp_path) -> None:
+    from fedhet.experiments.plots_fednnnn import plot_study
+
+    base = {"dataset": "digits", "partition": "iid", "clients": 4, "rounds": 3, "lr": 0.1,
+            "model.hidden": 16}
+    for algo in ("fedavg", "fednnnn"):
+        execute({**base, "algorithm": algo, "algorithm.nwda": True}, tmp_path / algo, log=lambda _: None)
+    made = plot_study(tmp_path)
+    names = sorted(p.name for p in made)
+    assert names == ["digits_iid-b_accuracy.png", "digits_iid-b_cumulative.png", "digits_iid-b_norms_fc.png"]
+    assert all(p.stat().st_size > 5000 for p in made)
