@@ -122,6 +122,12 @@ def run_specs(
     return specs
 
 
+def cli_command(spec: RunSpec, root: str = "runs/fednnnn") -> str:
+    """The `fedhet run` command line of one run (for running a subset by hand)."""
+    sets = " ".join(f"--set {k}={v}" for k, v in spec.settings.items())
+    return f"fedhet run --out {root}/{spec.name} {sets}"
+
+
 def published_rows() -> list[dict[str, Any]]:
     """Table 2 as `{"group", "label", "metric", "value", "source"}` rows (accuracy in [0, 1])."""
     return [
@@ -145,4 +151,4 @@ def fednnnn_preset(scale: str) -> Preset:
     return Preset("fednnnn", scale, [stage], published=published_rows(), notes=notes)
 
 
-__all__ = ["METHODS", "SCENARIOS", "TABLE2", "TABLE5", "fednnnn_preset", "run_specs"]
+__all__ = ["METHODS", "SCENARIOS", "TABLE2", "TABLE5", "cli_command", "fednnnn_preset", "run_specs"]
