@@ -44,6 +44,7 @@ from fedhet.algorithms.base import (
     ClientContext,
     Message,
     Reply,
+    RunInfo,
     sample_weights,
     weighted_sum,
 )
@@ -210,7 +211,7 @@ class FedNNNN(Algorithm):
 
     name = "fednnnn"
 
-    def __init__(self, params: Any, run: Any) -> None:
+    def __init__(self, params: FedNNNNParams, run: RunInfo) -> None:
         super().__init__(params, run)
         self.index = LayerIndex(run.layers, run.dim)
         self.groups = [self.index.all] if params.scope == "model" else self.index.modules
