@@ -38,6 +38,8 @@ class FedProxParams:
     mu: float = 0.01
     """Proximal coefficient `μ`."""
     weighting: Literal["samples", "uniform"] = "samples"
+    nwda: bool = False
+    """Log FedNNNN's NWDA diagnostics (N, E per layer kind) each round."""
 
     def validate(self) -> None:
         if not (self.mu >= 0 and math.isfinite(self.mu)):
