@@ -222,3 +222,44 @@ def collect(
     write_results_csv(out / "results.csv", rows)
     write_summary_md(out / "summary.md", title, rows, target)
     return rows
+
+
+METRIC_ALIASES = {
+    "accuracy": "final_accuracy", "test_accuracy": "final_accuracy",
+    "rounds": "rounds_to_target", "transfers": "transfers_to_target",
+    "communication": "transfers_to_target", "bytes": "bytes_to_target",
+}
+
+
+def compare_published(rows: list[dict[str, Any]], published: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The paper's numbers beside ours: one entry per published row.
+
+    A published row is `{"group", "label", "metric", "value", "source"}`; `metric` is a
+    results.csv column (`final_accuracy`, `best_accuracy`, `rounds_to_target`,
+    `transfers_to_target`, ...) or an alias (`accuracy`, `rounds`, `transfers`). Accuracies
+    above 1 are taken as percentages and ours is shown in percent too.
+    """
+    out = []
+    for p in published:
+        metric = METRIC_ALIASES.get(str(p.get("metric", "")), str(p.get("metric", "")))
+        runs = [r for r in rows if r["group"] == p.get("group") and r["label"] == p.get("label")]
+        value = p.get("value")
+        percent = "accuracy" in metric and _finite(value) and abs(float(value)) > 1
+        scale = 100.0 if percent else 1.0
+        vals = [float(r[metric]) * scale for r in runs if _finite(r.get(metric))]
+        fmt = "{:.2f}" if "accuracy" in metric else "{:.4g}"
+        ours = _cell(vals, len(runs), fmt) if runs else "no such run"
+        out.append({
+            "group": p.get("group", ""), "label": p.get("label", ""), "metric": metric,
+            "paper": value, "ours": ours, "source": p.get("source", ""),
+        })
+    return out
+
+
+def published_markdown(comparison: list[dict[str, Any]]) -> str:
+    lines = ["| setting | method | metric | paper | ours | source |", "|---|---|---|---|---|---|"]
+    lines += [
+        f"| {c['group']} | {c['label']} | {c['metric']} | {c['paper']} | {c['ours']} | {c['source']} |"
+        for c in comparison
+    ]
+    return "\n".join(lines) + "\n"
