@@ -184,6 +184,10 @@ class Simulation:
         if bar is not None:
             bar.close()
         self.final_state = state
+        if start >= cfg.rounds and self.store is not None:
+            # killed after the last checkpoint but before the final summary was written
+            self.store.write_metrics(rows)
+            self.store.write_summary(self.summary(rows, finished=True))
         return self.summary(rows, finished=True)
 
     def _average_buffers(self) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedhet.engine.store import TIME_COLUMNS
 from fedhet.errors import FedhetError
 from fedhet.experiments.grid import read_manifest
 from fedhet.experiments.presets import RunSpec
@@ -41,7 +42,7 @@ EXTRA_PLOTTERS: dict[str, str | Callable[..., list[tuple[str, Path]]]] = {}
 STANDARD = {
     "round", "test_loss", "test_accuracy", "lr", "uplink_bytes", "downlink_bytes", "peer_bytes",
     "cum_bytes", "model_transfers", "cum_model_transfers", "round_time_s", "wall_time_s",
-    "train_loss", "train_accuracy",
+    "train_loss", "train_accuracy", *TIME_COLUMNS,
 }
 MAX_PANELS = 24
 MAX_HEATMAPS = 12

@@ -57,7 +57,7 @@ def fednova_preset(scale: str) -> Preset:
         return runs(scale)
 
     return Preset(
-        paper="fednova", scale=scale, stages=[stage], published=[], target_accuracy=0.6,
+        paper="fednova", scale=scale, stages=[stage], published=[], target_accuracy=0.75,
         notes=(
             "FedNova's synthetic experiment: Synthetic(1,1), natural partition, logistic "
             "regression, E_i ~ U[2,5] local epochs per client and round. The paper reports "
