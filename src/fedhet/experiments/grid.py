@@ -104,6 +104,8 @@ class _Locator:
 
     def where(self, section: str, key: str = "") -> str:
         n = self.line(section, key) if key else None
+        if n is None and not section and key:  # a top-level table: its [header] line
+            n = self.lines.get(key, {}).get("") or self.lines.get(f"{key}#0", {}).get("")
         if n is None and section:
             n = self.lines.get(section, {}).get("")
         return f"{self.path}:{n}" if n else str(self.path)

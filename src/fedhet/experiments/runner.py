@@ -1,8 +1,8 @@
 """Runs many `RunSpec`s in parallel processes: skips finished runs, resumes partial ones.
 
 Each run lives in `out/runs/<name>/` and is a normal run directory (`fedhet run --resume` and
-`fedhet report` work on it). Workers are spawned processes with one torch thread each when
-more than one job runs. Progress: a live status line (runs done, running accuracies, ETA) when
+`fedhet report` work on it). Workers are fresh processes (forkserver, else spawn) with one
+torch thread each. Progress: a live status line (runs done, running accuracies, ETA) when
 stderr is a terminal, otherwise one line per finished run.
 """
 
@@ -214,8 +214,7 @@ def run_specs(
             _record(result, errors)
             progress.finish(job.name, result, time.monotonic() - t0)
         return errors
-    ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_limit_threads)
+    pool = ProcessPoolExecutor(max_workers=n, mp_context=_context(), initializer=_limit_threads)
     try:
         started = time.monotonic()
         pending: dict[Future, Job] = {pool.submit(run_job, job): job for job in todo}
@@ -238,6 +237,20 @@ def run_specs(
         pool.shutdown(wait=True, cancel_futures=True)
     progress.close()
     return errors
+
+
+PRELOAD = ["fedhet.experiments.runner", "fedhet.engine.simulation", "sklearn.datasets"]
+
+
+def _context() -> multiprocessing.context.BaseContext:
+    """Fresh workers that never inherit the parent's torch thread pools: `forkserver` (a clean
+    server imports torch and the data libraries once, then forks each worker) where the
+    platform has it, else `spawn`."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        return ctx
+    return multiprocessing.get_context("spawn")
 
 
 def _record(result: dict[str, Any], errors: dict[str, str]) -> None:

@@ -31,11 +31,14 @@ class TensorBoardLogger:
 
     def __init__(self, run_dir: Path) -> None:
         require_tensorboard()
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        self.log_dir = Path(run_dir) / "tensorboard"
+        self.writer: Any = None
 
     def __call__(self, row: dict[str, Any]) -> None:
+        if self.writer is None:  # created at the first round: the run directory exists by then
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=str(self.log_dir))
         step = int(row["round"])
         for key, value in row.items():
             if key in SKIP or isinstance(value, bool) or not isinstance(value, int | float):
@@ -45,4 +48,5 @@ class TensorBoardLogger:
         self.writer.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
