@@ -108,7 +108,8 @@ def test_unknown_algorithm_parameter_in_variant_names_its_line(tmp_path):
         algorithm = "fedavgm"
         "algorithm.mu" = 0.1
     """)
-    with pytest.raises(FedhetError, match=r"grid.toml:7: unknown parameter algorithm.mu; valid parameters: gamma"):
+    expected = r"grid.toml:7: unknown parameter algorithm.mu; valid parameters: gamma"
+    with pytest.raises(FedhetError, match=expected):
         load_grid(path)
 
 
