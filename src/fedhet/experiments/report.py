@@ -409,16 +409,17 @@ def _partition_section(runs: list[RunData], out: Path, warn: Callable[[str], Non
                                               "partition_params", "clients")], sort_keys=True)
         if key in seen or len(seen) >= MAX_HEATMAPS:
             continue
-        seen.add(key)
         try:
             got = partition_counts(c)
         except Exception as e:  # noqa: BLE001  (missing data files: say so, draw the rest)
+            seen.add(key)
             msg = f"partition of {run.name} not drawn: {e}"
             warn(f"warning: {msg}")
             parts.append(f'<p class="warn">{html.escape(msg)}</p>')
             continue
-        if got is None:
+        if got is None:  # centralised: no partition, but a federated run may share the key
             continue
+        seen.add(key)
         name = f"fig_partition_{len(seen)}.png"
         plot_partition(*got, out / name)
         parts.append(_figure(name, f"{got[1]}: samples per client and label (run {run.name})"))
