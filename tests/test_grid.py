@@ -256,9 +256,11 @@ def test_progress_on_a_terminal_shows_runs_accuracy_and_eta(tmp_path):
     job = Job("a", {"rounds": 10}, str(run), resume=False)
     stream = FakeTTY()
     progress = Progress(3, 1, [job], stream)
-    (run / "summary.json").write_text(json.dumps({"rounds_done": 5, "final_accuracy": 0.625}))
-    progress.tick()
-    line = stream.getvalue()
+    for done in (3, 5):  # the rate is measured between observed rounds
+        (run / "summary.json").write_text(json.dumps({"rounds_done": done, "final_accuracy": 0.625}))
+        progress.last = 0.0
+        progress.tick()
+    line = stream.getvalue().split("\r")[-1]
     assert "[1/3 runs]" in line and "a r5 0.625" in line and "ETA" in line and "ETA ?" not in line
 
 

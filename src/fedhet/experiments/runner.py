@@ -123,6 +123,7 @@ class Progress:
         self.t0 = time.monotonic()
         self.start_rounds = sum(self._status(j)[0] for j in jobs)
         self.finished: set[str] = set()
+        self.first: tuple[float, int] | None = None
         self.last = 0.0
 
     def _status(self, job: Job) -> tuple[int, float]:
@@ -141,10 +142,15 @@ class Progress:
             r, acc = self._status(job)
             rounds_done += self.rounds[name] if name in self.finished else r
             if name not in self.finished and r > 0:
-                running.append(f"{name} r{r} {acc:.3f}")
+                running.append(f"{_short(name)} r{r} {acc:.3f}")
+        if self.first is None and rounds_done > self.start_rounds:
+            # the rate is measured from the first finished round on, not from worker start-up
+            self.first = (time.monotonic(), rounds_done)
         left = sum(self.rounds.values()) - rounds_done
-        rate = (rounds_done - self.start_rounds) / max(time.monotonic() - self.t0, 1e-9)
-        eta = _clock(left / rate) if rate > 0 else "?"
+        eta = "?"
+        if self.first is not None and rounds_done > self.first[1]:
+            rate = (rounds_done - self.first[1]) / max(time.monotonic() - self.first[0], 1e-9)
+            eta = _clock(left / rate)
         line = f"[{self.done}/{self.total} runs] ETA {eta} | " + " | ".join(running[:4])
         width = _width()
         self.stream.write("\r\x1b[K" + line[: width - 1])
@@ -180,6 +186,10 @@ def _rounds(job: Job) -> int:
         except (OSError, ValueError, KeyError):
             return 1
     return int(job.settings.get("rounds", 30))
+
+
+def _short(name: str, width: int = 32) -> str:
+    return name if len(name) <= width else name[: width - 11] + "…" + name[-10:]
 
 
 def _width() -> int:
