@@ -139,9 +139,11 @@ def test_extra_plotters_are_called_and_their_failures_reported(runs_dir, tmp_pat
 
     monkeypatch.setitem(report.EXTRA_PLOTTERS, "fedavg", fedavg_plot)
     monkeypatch.setitem(report.EXTRA_PLOTTERS, "fedavgm", broken)
+    monkeypatch.setitem(report.EXTRA_PLOTTERS, "central", "json:dumps")  # "module:function", lazily
+    _, runs = report.discover(runs_dir)
     warnings: list[str] = []
-    page = report.write_report(runs_dir, tmp_path / "page", warn=warnings.append)
-    check_page(page)
-    text = page.read_text()
-    assert "paper figure for fedavg" in text and "fedavgm plots failed: RuntimeError: boom" in text
-    assert warnings
+    section = report._extra_section(runs, tmp_path, warnings.append)
+    assert '<img src="fig_extra_fedavg.png"' in section and "paper figure for fedavg" in section
+    assert "fedavgm plots failed: RuntimeError: boom" in section
+    assert "central plots failed: TypeError" in section  # json.dumps is no plotter: reported
+    assert len(warnings) == 2
