@@ -212,6 +212,13 @@ def load_grid(path: str | Path) -> Grid:
     columns = doc.get("columns")
     if columns is not None and not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
         raise loc.fail("", "columns", "columns must be a list of setting names, e.g. [\"partition\"]")
+    if columns is not None:
+        used = {k for _, settings in runs for k in settings}
+        for c in columns:
+            if canonical(c) not in used:
+                raise loc.fail("", "columns", f"columns names {c!r}, which no run sets; "
+                               f"choose from: {', '.join(sorted(used))}")
+        columns = [canonical(c) for c in columns]
     specs = _to_specs(runs, methods, axes, columns, loc)
     return Grid(path, str(title), specs, float(target) if target is not None else None, loc.lines)
 

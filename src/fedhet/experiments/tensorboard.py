@@ -35,11 +35,12 @@ class TensorBoardLogger:
         self.writer: Any = None
 
     def __call__(self, row: dict[str, Any]) -> None:
+        step = int(row["round"])
         if self.writer is None:  # created at the first round: the run directory exists by then
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(self.log_dir))
-        step = int(row["round"])
+            # a resumed run drops what a killed one logged after its last checkpoint
+            self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)
         for key, value in row.items():
             if key in SKIP or isinstance(value, bool) or not isinstance(value, int | float):
                 continue
