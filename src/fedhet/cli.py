@@ -156,7 +156,7 @@ def _default(f: Any) -> Any:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    from fedhet.data.partition import describe_partition
+    from fedhet.experiments.partition_report import describe_partition
 
     values = _run_values(args)
     describe_partition(values, heatmap=args.heatmap)

@@ -113,6 +113,10 @@ class Algorithm:
     def eval_params(self, state: dict[str, Any]) -> torch.Tensor:
         return state["w"]
 
+    def check_local_steps(self, steps: Sequence[int]) -> None:
+        """Reject the run before training when the planned `⌊E·D_i/B⌋` (unclamped, one per
+        client) does not suit the algorithm (BHerd needs ≥ 1 gradient). Default: accept."""
+
     def extra_eval_params(self, state: dict[str, Any]) -> dict[str, torch.Tensor]:
         """Further models to evaluate each round, by metric suffix (FedNNNN's plain average)."""
         return {}

@@ -62,6 +62,8 @@ def client_diagnostics(weights: torch.Tensor, replies: Sequence[Reply]) -> dict[
 @dataclass(frozen=True)
 class FedAvgParams:
     weighting: Literal["samples", "uniform"] = "samples"
+    nwda: bool = False
+    """Log FedNNNN's NWDA columns (N, E per layer kind, server movement; `fednnnn.py`)."""
 
 
 @ALGORITHMS.register("fedavg", FedAvgParams, "FedAvg: w ← w + Σ p_i Δ_i")
@@ -78,13 +80,27 @@ class FedAvg(Algorithm):
 
     def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
         p, delta = self.average_delta(replies)
-        return {**state, "w": state["w"] + delta}, client_diagnostics(p, replies)
+        new = {**state, "w": state["w"] + delta}
+        return self.with_nwda(state, new, p, replies, client_diagnostics(p, replies))
+
+    def with_nwda(self, old: dict[str, Any], new: dict[str, Any], p: torch.Tensor,
+                  replies: Sequence[Reply], diag: dict[str, Any]) -> tuple[dict, dict]:
+        """Add FedNNNN's NWDA diagnostics when the params ask for them (`nwda=true`)."""
+        if not getattr(self.params, "nwda", False):
+            return new, diag
+        from fedhet.algorithms.fednnnn import LayerIndex, nwda_record
+
+        if not hasattr(self, "_layer_index"):
+            self._layer_index = LayerIndex(self.run.layers, self.run.dim)
+        new, extra = nwda_record(old, new, p, replies, self._layer_index)
+        return new, {**diag, **extra}
 
 
 @dataclass(frozen=True)
 class FedAvgMParams:
     gamma: float = 0.9
     weighting: Literal["samples", "uniform"] = "samples"
+    nwda: bool = False
 
     def validate(self) -> None:
         if not 0.0 <= self.gamma < 1.0:
@@ -101,4 +117,5 @@ class FedAvgM(FedAvg):
     def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
         p, delta = self.average_delta(replies)
         d = self.params.gamma * state["d"] + delta
-        return {**state, "w": state["w"] + d, "d": d}, client_diagnostics(p, replies)
+        new = {**state, "w": state["w"] + d, "d": d}
+        return self.with_nwda(state, new, p, replies, client_diagnostics(p, replies))

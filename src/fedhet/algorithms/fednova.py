@@ -1,1 +1,112 @@
-"""Placeholder: implemented in a later commit."""
+"""FedNova (Wang et al., NeurIPS 2020, eq. 8; SPEC.md "FedNova"; reference code JYWa/FedNova).
+
+Client `i` runs `τ_i` local steps (SGD with the run's learning rate `η`, local momentum `ρ` and
+weight decay, plus an optional proximal term `μ (w − w_k)` as in FedProx) and returns its
+normalised direction `d_i = −Δ_i / (η a_i)` and `a_i = ‖a_i‖₁`, the sum of the weights its
+`τ_i` gradients carry in `Δ_i`:
+- plain SGD: `a_i = τ_i`;
+- local momentum `ρ`: `a_i = Σ_(t=1..τ_i) (1 − ρ^t)/(1 − ρ)`;
+- proximal `μ`: `a_i = Σ_(t=0..τ_i−1) (1 − ημ)^t`;
+- both **[choice]**: the same sum for the combined linear recursion (`normaliser`), where the
+  reference code adds the two counters instead.
+The server sets `τ_eff = Σ_i p_i a_i` and `w_(k+1) = w_k − η τ_eff Σ_i p_i d_i`; with server
+momentum `γ > 0`: `u_(k+1) = γ u_k + τ_eff Σ_i p_i d_i`, `w_(k+1) = w_k − η u_(k+1)`.
+The reply also carries the round's `η` as a scalar, so the server's step matches the clients'
+under a learning-rate schedule. With equal `τ_i` and neither momentum nor `μ`, this is FedAvg
+(up to rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from fedhet.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    ClientContext,
+    Message,
+    Reply,
+    sample_weights,
+    weighted_sum,
+)
+from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update
+from fedhet.algorithms.fedprox import proximal
+from fedhet.errors import FedhetError
+
+
+def normaliser(tau: int, lr: float = 0.0, rho: float = 0.0, mu: float = 0.0) -> float:
+    """`a_i = ‖a_i‖₁` for `tau` local steps with momentum `rho` and proximal `mu` (module doc).
+
+    The general case runs the scalar recursion `v ← ρ v + 1 + μ x`, `x ← x − η v` (unit
+    gradients, `x = w − w_k`) and returns `−x_τ / η`; the closed forms are its special cases.
+    """
+    if rho == 0 and mu * lr == 0:
+        return float(tau)
+    if mu * lr == 0:
+        return sum((1 - rho**t) / (1 - rho) for t in range(1, tau + 1))
+    if rho == 0:
+        return sum((1 - lr * mu) ** t for t in range(tau))
+    x = v = 0.0
+    for _ in range(tau):
+        v = rho * v + 1.0 + mu * x
+        x -= lr * v
+    return -x / lr
+
+
+@dataclass(frozen=True)
+class FedNovaParams:
+    mu: float = 0.0
+    """Proximal coefficient of the local objective (FedNova + FedProx); 0 disables it."""
+    server_momentum: float = 0.0
+    """Server momentum `γ` (the reference code's `gmf`); 0 disables it."""
+    weighting: Literal["samples", "uniform"] = "samples"
+
+    def validate(self) -> None:
+        if not (self.mu >= 0 and math.isfinite(self.mu)):
+            raise FedhetError(f"algorithm.mu must be a number ≥ 0, got {self.mu}")
+        if not 0.0 <= self.server_momentum < 1.0:
+            raise FedhetError(f"algorithm.server_momentum must be in [0, 1), got {self.server_momentum}")
+
+
+@ALGORITHMS.register("fednova", FedNovaParams, "FedNova: w ← w − η τ_eff Σ p_i d_i, d_i = −Δ_i/(η a_i)")
+class FedNova(Algorithm):
+    name = "fednova"
+
+    # -- server half ----------------------------------------------------------------------
+    def init(self, w0: torch.Tensor) -> dict[str, Any]:
+        state: dict[str, Any] = {"w": w0.clone()}
+        if self.params.server_momentum:
+            state["u"] = torch.zeros_like(w0)
+        return state
+
+    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
+        p = sample_weights(replies, self.params.weighting)
+        a = [r.message.scalars["a"] for r in replies]
+        tau_eff = sum(pi * ai for pi, ai in zip(p.tolist(), a, strict=True))
+        lr = replies[0].message.scalars["lr"]
+        step = weighted_sum(p, [r.message.tensors["d"] for r in replies]).mul_(tau_eff)
+        new = dict(state)
+        if self.params.server_momentum:
+            step = state["u"].mul(self.params.server_momentum).add_(step)
+            new["u"] = step
+        new["w"] = state["w"] - lr * step
+        diag: dict[str, Any] = client_diagnostics(p, replies)
+        diag["tau_eff"] = tau_eff
+        diag["a"] = {r.client_id: ai for r, ai in zip(replies, a, strict=True)}
+        return new, diag
+
+    # -- client half ----------------------------------------------------------------------
+    def client_update(self, message: Message, ctx: ClientContext, state: Any):
+        w0 = message.tensors["w"]
+        _, _, reply = local_sgd_update(message, ctx, proximal(self.params.mu, w0))
+        lr = ctx.sgd.lr
+        a = normaliser(int(reply.scalars["steps"]), lr, ctx.sgd.momentum, self.params.mu)
+        d = reply.tensors.pop("delta").div_(-lr * a)
+        reply.tensors["d"] = d
+        reply.scalars.update({"a": a, "lr": lr})
+        return reply, state

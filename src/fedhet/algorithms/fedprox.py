@@ -1,1 +1,56 @@
-"""Placeholder: implemented in a later commit."""
+"""FedProx (Li et al., MLSys 2020; SPEC.md "FedProx").
+
+Client `i` minimises `F_i(w) + (μ/2)‖w − w_k‖²` with `τ_i` local SGD steps: each step uses the
+gradient `g + μ (w − w_k)` (the proximal term's gradient at the current local model). The server
+aggregates as FedAvg, `w_(k+1) = w_k + Σ_i p_i Δ_i`.
+
+With `μ = 0` no term is added at all (the local loop runs without a gradient transform), so
+FedProx reproduces FedAvg bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from fedhet.algorithms.base import ALGORITHMS, ClientContext, Message
+from fedhet.algorithms.fedavg import FedAvg, local_sgd_update
+from fedhet.errors import FedhetError
+from fedhet.training.local import GradTransform
+
+
+def proximal(mu: float, w0: torch.Tensor) -> GradTransform | None:
+    """`g ← g + μ (w − w0)`; `None` when `μ = 0`, so nothing touches the gradient."""
+    if mu == 0:
+        return None
+
+    def transform(g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
+        return g.add_(w - w0, alpha=mu)
+
+    return transform
+
+
+@dataclass(frozen=True)
+class FedProxParams:
+    mu: float = 0.01
+    """Proximal coefficient `μ`."""
+    weighting: Literal["samples", "uniform"] = "samples"
+    nwda: bool = False
+    """Log FedNNNN's NWDA diagnostics (N, E per layer kind) each round."""
+
+    def validate(self) -> None:
+        if not (self.mu >= 0 and math.isfinite(self.mu)):
+            raise FedhetError(f"algorithm.mu must be a number ≥ 0, got {self.mu}")
+
+
+@ALGORITHMS.register("fedprox", FedProxParams, "FedProx: local steps on F_i + (μ/2)‖w − w_k‖²")
+class FedProx(FedAvg):
+    name = "fedprox"
+
+    def client_update(self, message: Message, ctx: ClientContext, state: Any):
+        w0 = message.tensors["w"]
+        _, _, reply = local_sgd_update(message, ctx, proximal(self.params.mu, w0))
+        return reply, state

@@ -7,9 +7,10 @@ Impossible requests raise `FedhetError` with what to change.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -74,6 +75,171 @@ def dirichlet(labels: np.ndarray, n_clients: int, params: DirichletParams, rng: 
         f"Dirichlet α={params.alpha} gave a client with fewer than {params.min_size} samples "
         f"in {params.max_tries} draws; raise partition.alpha or lower partition.min_size"
     )
+
+
+def _classes(labels: np.ndarray) -> np.ndarray:
+    return np.unique(labels)
+
+
+def _label_sets(classes: np.ndarray, n_clients: int) -> list[np.ndarray]:
+    """Case 2's labels per client.
+
+    **[choice]** With at least as many clients as labels, client i holds label `i mod C`;
+    with fewer, the labels are cut into `n_clients` contiguous groups (sizes differ by ≤ 1) and
+    client i holds group i, so the samples of every label are still assigned.
+    """
+    if n_clients >= len(classes):
+        return [classes[[i % len(classes)]] for i in range(n_clients)]
+    return list(np.array_split(classes, n_clients))
+
+
+def _deal_by_label(
+    labels: np.ndarray, pool: np.ndarray, label_sets: list[np.ndarray], rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Give each client the samples in `pool` of its labels; a label held by k clients is split
+    into k shuffled, near-equal parts."""
+    parts: list[list[np.ndarray]] = [[] for _ in label_sets]
+    for c in _classes(labels[pool]):
+        owners = [i for i, s in enumerate(label_sets) if c in s]
+        idx = rng.permutation(pool[labels[pool] == c])
+        if len(idx) < len(owners):
+            raise FedhetError(
+                f"label {c} has {len(idx)} samples for {len(owners)} clients; use fewer clients"
+            )
+        for i, piece in zip(owners, np.array_split(idx, len(owners)), strict=True):
+            parts[i].append(piece)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
+@PARTITIONS.register("label-per-client", NoParams, "Case 2: every client holds a single label")
+def label_per_client(labels: np.ndarray, n_clients: int, params: Any, rng: np.random.Generator):
+    """FedVeca/BHerd Case 2: all samples of a client share one label (`_label_sets` when N < C)."""
+    _check_clients(labels, n_clients)
+    sets = _label_sets(_classes(labels), n_clients)
+    return _deal_by_label(labels, np.arange(len(labels)), sets, rng)
+
+
+@PARTITIONS.register("half-iid", NoParams, "Case 3: first half of labels IID on the first half of clients")
+def half_iid(labels: np.ndarray, n_clients: int, params: Any, rng: np.random.Generator):
+    """FedVeca/BHerd Case 3: the samples of the first half of the labels go IID to the first half
+    of the clients; the other samples go to the other clients as in Case 2.
+
+    **[choice]** "Half" rounds up for both: the first `⌈N/2⌉` clients share the first `⌈C/2⌉`
+    labels (BHerd §5: with 5 clients, clients 1–3 are IID and clients 4–5 are not).
+    """
+    _check_clients(labels, n_clients)
+    classes = _classes(labels)
+    if n_clients < 2 or len(classes) < 2:
+        raise FedhetError("half-iid needs at least 2 clients and 2 labels; use --partition iid")
+    n_iid, c_iid = -(-n_clients // 2), -(-len(classes) // 2)
+    first = np.isin(labels, classes[:c_iid])
+    iid_pool = rng.permutation(np.flatnonzero(first))
+    if len(iid_pool) < n_iid:
+        raise FedhetError(f"the first {c_iid} labels have fewer than {n_iid} samples; use fewer clients")
+    head = [np.sort(p) for p in np.array_split(iid_pool, n_iid)]
+    sets = _label_sets(classes[c_iid:], n_clients - n_iid)
+    return head + _deal_by_label(labels, np.flatnonzero(~first), sets, rng)
+
+
+@dataclass(frozen=True)
+class ShardsParams:
+    xi: int = 2
+    """Shards (hence at most ξ labels when shards do not straddle labels) per client."""
+
+    def validate(self) -> None:
+        if self.xi < 1:
+            raise FedhetError(f"partition.xi must be ≥ 1, got {self.xi}")
+
+
+def _check_xi(labels: np.ndarray, xi: int) -> None:
+    n_classes = len(_classes(labels))
+    if xi > n_classes:
+        raise FedhetError(f"partition.xi={xi} exceeds the {n_classes} classes; choose xi ≤ {n_classes}")
+
+
+def _label_sorted(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """All indices sorted by label, in random order within each label."""
+    perm = rng.permutation(len(labels))
+    return perm[np.argsort(labels[perm], kind="stable")]
+
+
+@PARTITIONS.register("shards", ShardsParams, "pathological ξ: each client takes ξ label-sorted shards")
+def shards(labels: np.ndarray, n_clients: int, params: ShardsParams, rng: np.random.Generator):
+    """FedSR §V (pathological ξ): sort by label, cut into `N ξ` equal shards (sizes differ by ≤ 1),
+    each client takes ξ random shards. A shard can straddle two labels when class sizes are not
+    multiples of the shard size, so "most" clients hold ξ labels, none more than 2ξ."""
+    _check_clients(labels, n_clients)
+    _check_xi(labels, params.xi)
+    n_shards = n_clients * params.xi
+    if n_shards > len(labels):
+        raise FedhetError(
+            f"{n_clients} clients × xi={params.xi} = {n_shards} shards but only {len(labels)} "
+            "samples; use fewer clients or a smaller partition.xi"
+        )
+    pieces = np.array_split(_label_sorted(labels, rng), n_shards)
+    owners = rng.permutation(n_shards).reshape(n_clients, params.xi)
+    return [np.sort(np.concatenate([pieces[j] for j in row])) for row in owners]
+
+
+@dataclass(frozen=True)
+class UnbalancedParams:
+    exponent: float = 1.0
+    """Client sizes ∝ `r^(−exponent)` for size rank r = 1..N (0: equal sizes)."""
+    labels: Literal["iid", "shards"] = "iid"
+    """How labels are spread: IID, or ξ label-sorted shards per client (FedNNNN UB non-IID)."""
+    xi: int = 2
+    min_size: int = 10
+
+    def validate(self) -> None:
+        if not (self.exponent >= 0 and math.isfinite(self.exponent)):
+            raise FedhetError(f"partition.exponent must be a finite number ≥ 0, got {self.exponent}")
+        if self.xi < 1:
+            raise FedhetError(f"partition.xi must be ≥ 1, got {self.xi}")
+        if self.min_size < 1:
+            raise FedhetError("partition.min_size must be ≥ 1")
+
+
+def power_law_sizes(n_samples: int, n_clients: int, exponent: float, min_size: int) -> np.ndarray:
+    """Sizes by rank: `min_size + ⌊(n − N·min_size) r^(−exponent) / Σ_s s^(−exponent)⌋`, the
+    rounding remainder going one sample each to the largest fractional parts; sums to `n`."""
+    extra = n_samples - n_clients * min_size
+    if extra < 0:
+        raise FedhetError(
+            f"partition.min_size={min_size} × {n_clients} clients exceeds the {n_samples} samples; "
+            "lower partition.min_size or use fewer clients"
+        )
+    w = np.arange(1, n_clients + 1, dtype=np.float64) ** -exponent
+    share = extra * w / w.sum()
+    sizes = np.floor(share).astype(np.int64)
+    rest = extra - int(sizes.sum())
+    sizes[np.argsort(-(share - sizes), kind="stable")[:rest]] += 1
+    return sizes + min_size
+
+
+@PARTITIONS.register("unbalanced", UnbalancedParams, "power-law client sizes; labels IID or shards")
+def unbalanced(labels: np.ndarray, n_clients: int, params: UnbalancedParams, rng: np.random.Generator):
+    """FedNNNN's unbalanced (UB) setting: a few clients hold most samples.
+
+    Sizes follow `power_law_sizes`, given to clients in random order. `labels="iid"`: a random
+    permutation cut at those sizes. `labels="shards"`: each client's size is cut into ξ near-equal
+    shards; all shards, in random order, are laid along the label-sorted samples, so a small
+    client holds ≤ ξ labels (plus straddles) while a large client's shards span more labels.
+    """
+    _check_clients(labels, n_clients)
+    sizes = rng.permutation(power_law_sizes(len(labels), n_clients, params.exponent, params.min_size))
+    if params.labels == "iid":
+        return [np.sort(p) for p in np.split(rng.permutation(len(labels)), np.cumsum(sizes)[:-1])]
+    _check_xi(labels, params.xi)
+    xi = params.xi
+    shard_sizes = np.stack([s // xi + (np.arange(xi) < s % xi) for s in sizes])
+    owner = np.repeat(np.arange(n_clients), xi)
+    order = rng.permutation(n_clients * xi)
+    flat_sizes = shard_sizes.reshape(-1)[order]
+    pieces = np.split(_label_sorted(labels, rng), np.cumsum(flat_sizes)[:-1])
+    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
+    for k, piece in zip(order, pieces, strict=True):
+        parts[owner[k]].append(piece)
+    return [np.sort(np.concatenate(p)) for p in parts]
 
 
 @PARTITIONS.register("natural", NoParams, "the dataset's own users (Synthetic): one per client")

@@ -47,6 +47,9 @@ class RunConfig:
     local_epochs: float = 1.0
     local_steps: int = 0
     """Explicit τ for every client (overrides `local_epochs` when > 0)."""
+    client_steps: list[int] = field(default_factory=list)
+    """Explicit τ_i per client, one entry per client (overrides `local_steps` and epochs):
+    heterogeneous local work as in FedNova's objective-inconsistency example."""
     epochs_min: int = 0
     epochs_max: int = 0
     """When `epochs_max > 0`: each client draws `E_i ~ U{epochs_min..epochs_max}` each round
@@ -74,6 +77,11 @@ class RunConfig:
             (self.batch_size >= 1, "batch_size must be ≥ 1"),
             (self.local_epochs > 0, f"local_epochs must be > 0, got {self.local_epochs}"),
             (self.local_steps >= 0, "local_steps must be ≥ 0"),
+            (
+                not self.client_steps or len(self.client_steps) == self.clients,
+                f"client_steps needs one entry per client ({self.clients}), got {len(self.client_steps)}",
+            ),
+            (all(s >= 1 for s in self.client_steps), "every entry of client_steps must be ≥ 1"),
             (
                 self.epochs_max == 0 or 1 <= self.epochs_min <= self.epochs_max,
                 "random local epochs need 1 ≤ epochs_min ≤ epochs_max",

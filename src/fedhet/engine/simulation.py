@@ -42,15 +42,21 @@ def learning_rate(cfg: RunConfig, round: int) -> float:
     return cfg.lr_min + (cfg.lr - cfg.lr_min) * 0.5 * (1 + math.cos(math.pi * round / cfg.rounds))
 
 
-def local_steps(cfg: RunConfig, num_samples: int, client_id: int, round: int) -> int:
-    """`τ_(k,i)`: explicit steps, or `⌊E·D_i/B⌋` (at least 1) with `E` fixed or drawn per round."""
+def local_steps(
+    cfg: RunConfig, num_samples: int, client_id: int, round: int, clamp: bool = True
+) -> int:
+    """`τ_(k,i)`: explicit steps (per client or for all), or `⌊E·D_i/B⌋` (at least 1 unless
+    `clamp=False`) with `E` fixed or drawn per round."""
+    if cfg.client_steps and client_id < len(cfg.client_steps):
+        return cfg.client_steps[client_id]
     if cfg.local_steps:
         return cfg.local_steps
     epochs: float = cfg.local_epochs
     if cfg.epochs_max:
         rng = stream_seed(cfg.seed, round, client_id, 3)
         epochs = int(rng.integers(cfg.epochs_min, cfg.epochs_max + 1))
-    return max(1, math.floor(epochs * num_samples / min(cfg.batch_size, num_samples)))
+    steps = math.floor(epochs * num_samples / min(cfg.batch_size, num_samples))
+    return max(1, steps) if clamp else steps
 
 
 def sample_clients(cfg: RunConfig, num_clients: int, round: int) -> list[int]:
@@ -98,6 +104,9 @@ class Simulation:
             layers=self.model.layers,
         )
         self.algorithm: Algorithm = algo_cls(params["algorithm"], self.run_info)
+        self.algorithm.check_local_steps(
+            [local_steps(cfg, len(ix), i, 0, clamp=False) for i, ix in enumerate(self.client_indices)]
+        )
         runner = ROUND_RUNNERS.get(algo_cls.topology)
         if runner is None:
             raise FedhetError(f"algorithm {cfg.algorithm} needs topology {algo_cls.topology!r}")
@@ -119,7 +128,7 @@ class Simulation:
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
         cfg = self.cfg
         indices = self.client_indices[client_id]
-        torch.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
+        torch.default_generator.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
         if BUFFERS in message.tensors:
             self.model.buffers.copy_(message.tensors[BUFFERS])
         ctx = ClientContext(

@@ -30,10 +30,11 @@ before the step is taken. `w` and `g` are live buffers: clone what you keep."""
 def stream_seed(*keys: int) -> np.random.Generator:
     """A random stream determined by `keys` alone (seed, round, client, purpose).
 
-    Negative keys (-1 for "whole run", -2 for "server") map to distinct large values.
-    """
-    words = [int(k) if int(k) >= 0 else 2**40 + int(k) for k in keys]
-    return np.random.default_rng(np.random.SeedSequence(words))
+    Negative keys (the "whole run" round `-1`, the sampler's `-2`) map to their 64-bit two's
+    complement, which `SeedSequence` accepts and no non-negative key below `2**63` can equal."""
+    return np.random.default_rng(
+        np.random.SeedSequence([int(k) if k >= 0 else (1 << 64) + int(k) for k in keys])
+    )
 
 
 @dataclass

@@ -1,0 +1,92 @@
+"""FedNova's objective-inconsistency example as a dataset and a model the engine can run.
+
+Client `i` holds `n_i` copies of the vector `e_i`; the model is one parameter vector `x` whose
+loss on a batch is `½ mean ‖x − e‖²`, so client `i`'s local objective is `F_i(x) = ½‖x − e_i‖²`
+and every mini-batch gradient is the exact local gradient `x − e_i`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedhet.data.base import Dataset
+from fedhet.engine.config import resolve
+from fedhet.engine.simulation import Simulation
+from fedhet.models.registry import MODELS
+from fedhet.registry import NoParams
+
+MODEL = "quadratic-test"
+
+
+class Quadratic(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.x = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, e: torch.Tensor) -> torch.Tensor:
+        return self.x - e
+
+    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 0.5 * out.pow(2).sum(1).mean()
+
+    def predict(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(out.shape[0], dtype=torch.long)
+
+
+if MODEL not in MODELS:
+    MODELS.register(MODEL, NoParams, "test only: ½‖x − e‖²")(
+        lambda input_shape, num_classes, params: Quadratic(input_shape[0])
+    )
+
+
+def quadratic_data(e: torch.Tensor, sizes: list[int]) -> Dataset:
+    """Client `i` holds `sizes[i]` copies of row `e[i]` (its natural partition)."""
+    x = torch.cat([e[i].repeat(n, 1) for i, n in enumerate(sizes)]).float()
+    y = torch.zeros(len(x), dtype=torch.long)
+    bounds = np.cumsum([0, *sizes])
+    parts = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
+    return Dataset("quadratic", x, y, x[:1], y[:1], num_classes=1, natural_partition=parts)
+
+
+def run_quadratic(
+    algorithm: str, e: torch.Tensor, sizes: list[int], steps: list[int], lr: float, rounds: int,
+    model: str = MODEL, **settings,
+) -> Simulation:
+    """Run `rounds` rounds through the real engine; returns the finished `Simulation`."""
+    values = {
+        "algorithm": algorithm, "dataset": "digits", "partition": "natural", "model": model,
+        "clients": len(sizes), "rounds": rounds, "lr": lr, "batch_size": max(sizes),
+        "client_steps": list(steps), "eval_every": rounds, **settings,
+    }
+    cfg, params = resolve(values)
+    sim = Simulation(cfg, params, store=None, data=quadratic_data(e, sizes), log=lambda _: None)
+    sim.run()
+    return sim
+
+
+LINEAR_MODEL = "linear-test"
+
+
+class Linear(nn.Module):
+    """Loss `mean_batch eᵀx`: every gradient on client `i` is the constant `e_i`."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.x = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, e: torch.Tensor) -> torch.Tensor:
+        return e @ self.x
+
+    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return out.mean()
+
+    def predict(self, out: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(out.shape[0], dtype=torch.long)
+
+
+if LINEAR_MODEL not in MODELS:
+    MODELS.register(LINEAR_MODEL, NoParams, "test only: eᵀx")(
+        lambda input_shape, num_classes, params: Linear(input_shape[0])
+    )

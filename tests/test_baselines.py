@@ -1,0 +1,252 @@
+"""Baseline algorithms: FedProx, SCAFFOLD, FedNova, FedAvgM against FedAvg and hand derivations.
+
+Engine runs use scikit-learn digits (embedded), a small MLP and a few rounds; server rules are
+also checked directly on hand-made replies.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from quadratic import LINEAR_MODEL, run_quadratic
+
+from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo
+from fedhet.algorithms.fednova import normaliser
+from fedhet.algorithms.fedprox import proximal
+from fedhet.engine.config import resolve
+from fedhet.engine.simulation import Simulation
+from fedhet.errors import FedhetError
+from fedhet.training.flat import FlatModel
+from fedhet.training.local import LocalTrainer, SGDConfig
+
+BASE = {
+    "dataset": "digits", "partition": "dirichlet", "clients": 5, "rounds": 3, "lr": 0.1,
+    "local_steps": 4, "batch_size": 16, "model": "mlp", "model_params": {"hidden": 16},
+}
+
+
+def simulate(algorithm: str, **settings) -> Simulation:
+    cfg, params = resolve({**BASE, "algorithm": algorithm, **settings})
+    sim = Simulation(cfg, params, store=None, log=lambda _: None)
+    sim.run()
+    return sim
+
+
+def final(algorithm: str, **settings) -> torch.Tensor:
+    return simulate(algorithm, **settings).final_state["w"]
+
+
+def server(name: str, num_clients: int = 2, **params):
+    entry = ALGORITHMS.get(name)
+    run = RunInfo(num_clients, 1, 0.1, 0.0, 0.0, 0, 3, ())
+    return entry.factory(ALGORITHMS.params(name, params), run)
+
+
+# -- FedProx ------------------------------------------------------------------------------
+def test_fedprox_mu_zero_equals_fedavg_bit_for_bit():
+    settings = {"momentum": 0.5, "weight_decay": 1e-3}
+    fedavg = final("fedavg", **settings)
+    fedprox = final("fedprox", algorithm_params={"mu": 0.0}, **settings)
+    assert torch.equal(fedavg, fedprox)
+
+
+def test_fedprox_mu_positive_differs_and_stays_closer_to_the_start():
+    """The proximal term shrinks each client's drift, so the round-0 update is shorter."""
+    w0 = simulate("fedavg", rounds=1).w0
+    avg = final("fedavg", rounds=1)
+    prox = final("fedprox", rounds=1, algorithm_params={"mu": 1.0})
+    assert not torch.equal(avg, prox)
+    assert (prox - w0).norm() < (avg - w0).norm()
+
+
+def test_proximal_transform_adds_mu_times_distance():
+    w0 = torch.tensor([1.0, 2.0, 3.0])
+    w = torch.tensor([2.0, 0.0, 3.0])
+    g = torch.tensor([0.5, 0.5, 0.5])
+    out = proximal(0.1, w0)(g.clone(), w, 0)
+    assert torch.allclose(out, torch.tensor([0.6, 0.3, 0.5]))
+    assert proximal(0.0, w0) is None
+
+
+def test_fedprox_rejects_negative_mu():
+    with pytest.raises(FedhetError, match="mu"):
+        resolve({**BASE, "algorithm": "fedprox", "algorithm_params": {"mu": -1}})
+
+
+# -- SCAFFOLD -----------------------------------------------------------------------------
+@pytest.mark.parametrize("option", ["I", "II"])
+def test_scaffold_first_round_equals_fedavg(option):
+    """Round 0 has c = c_i = 0, so the corrected step g − c_i + c is plain SGD."""
+    settings = {"rounds": 1, "momentum": 0.5}
+    fedavg = final("fedavg", **settings)
+    scaffold = final("scaffold", algorithm_params={"option": option}, **settings)
+    assert torch.equal(fedavg, scaffold)
+
+
+def test_scaffold_correction_changes_later_rounds():
+    assert not torch.allclose(final("fedavg"), final("scaffold"), atol=1e-6)
+
+
+def test_scaffold_option_two_control_variates_after_round_zero():
+    """c_i⁺ = (x − y_i)/(τ_i η) from c = c_i = 0, and c = Σ_i p_i c_i (full participation)."""
+    sim = simulate("scaffold", rounds=1, client_steps=[2, 3, 4, 5, 6])
+    fedavg = simulate("fedavg", rounds=1, client_steps=[2, 3, 4, 5, 6])
+    x0 = sim.w0
+    sizes = torch.tensor([len(ix) for ix in sim.client_indices], dtype=torch.float64)
+    p = sizes / sizes.sum()
+    c = torch.zeros_like(x0, dtype=torch.float64)
+    for i, tau in enumerate([2, 3, 4, 5, 6]):
+        y_i = _client_model(fedavg, i)
+        expected = (x0 - y_i) / (tau * 0.1)
+        assert torch.allclose(sim.client_states[i], expected, atol=1e-5)
+        c += p[i] * sim.client_states[i].double()
+    assert torch.allclose(sim.final_state["c"].double(), c, atol=1e-6)
+
+
+def _client_model(sim: Simulation, client_id: int) -> torch.Tensor:
+    """Re-run client `client_id`'s round-0 local SGD from `w0` (same random stream)."""
+    message = sim.configure(sim.algorithm.init(sim.w0), client_id, 0)
+    return sim.w0 + sim.client_update(client_id, message, 0).tensors["delta"]
+
+
+def test_scaffold_option_one_control_variates_are_full_gradients():
+    """Option I: c_i = ∇F_i(x); with full participation c = Σ p_i ∇F_i(x) = ∇F(x)."""
+    sim = simulate("scaffold", rounds=1, algorithm_params={"option": "I"})
+    trainer = sim.trainer
+    for i, indices in enumerate(sim.client_indices):
+        assert torch.allclose(sim.client_states[i], trainer.full_gradient(sim.w0, indices), atol=1e-6)
+    everyone = torch.cat(list(sim.client_indices))
+    assert torch.allclose(sim.final_state["c"], trainer.full_gradient(sim.w0, everyone), atol=1e-5)
+
+
+def test_scaffold_single_client_follows_fedavg_and_c_is_last_mean_gradient():
+    """One client, option II: c = c_1 holds after every round, so the correction c − c_1
+    vanishes and SCAFFOLD takes FedAvg's steps; c after round K is (x_(K−1) − x_K)/(τη)."""
+    settings = {"clients": 1, "partition": "iid", "rounds": 3}
+    sim = simulate("scaffold", **settings)
+    x_last = final("fedavg", **settings)
+    x_before = final("fedavg", **{**settings, "rounds": 2})
+    assert torch.allclose(sim.final_state["w"], x_last, atol=1e-6)
+    assert torch.allclose(sim.final_state["c"], sim.client_states[0], atol=1e-6)
+    expected_c = (x_before - x_last) / (BASE["local_steps"] * BASE["lr"])
+    assert torch.allclose(sim.final_state["c"], expected_c, atol=1e-4)
+
+
+def test_scaffold_partial_participation_scales_the_c_update():
+    alg = server("scaffold", num_clients=4)
+    state = alg.init(torch.zeros(3))
+    replies = [
+        Reply(0, Message({"delta": torch.zeros(3), "delta_c": torch.tensor([1.0, 0, 0])},
+                         {"num_samples": 1.0})),
+        Reply(2, Message({"delta": torch.zeros(3), "delta_c": torch.tensor([0, 2.0, 0])},
+                         {"num_samples": 3.0})),
+    ]
+    state, diag = alg.aggregate(state, 0, replies)
+    # c ← c + (|S|/N) Σ_S p_i Δc_i with p = (1/4, 3/4), |S|/N = 1/2
+    assert torch.allclose(state["c"], torch.tensor([0.125, 0.75, 0.0]))
+    assert diag["c_norm"] == pytest.approx(float(state["c"].norm()))
+
+
+# -- FedNova ------------------------------------------------------------------------------
+def test_fednova_normalisers_match_hand_values():
+    assert normaliser(4) == 4.0
+    # momentum ρ = 0.5, τ = 3: Σ_(t=1..3) (1 − ρ^t)/(1 − ρ) = 1 + 1.5 + 1.75
+    assert normaliser(3, lr=0.1, rho=0.5) == pytest.approx(4.25)
+    # proximal η μ = 0.1, τ = 3: Σ_(t=0..2) 0.9^t = 1 + 0.9 + 0.81
+    assert normaliser(3, lr=0.1, mu=1.0) == pytest.approx(2.71)
+    # both (ρ = 0.5, ημ = 0.1), by hand from v ← ρv + 1 + μx, x ← x − ηv:
+    # v = 1, x = −0.1; v = 0.5 + 1 − 0.1 = 1.4, x = −0.24; v = 0.7 + 1 − 0.24 = 1.46,
+    # x = −0.386  ⇒  a = 3.86
+    assert normaliser(3, lr=0.1, rho=0.5, mu=1.0) == pytest.approx(3.86)
+
+
+@pytest.mark.parametrize(("rho", "mu"), [(0.0, 0.0), (0.9, 0.0), (0.0, 0.5), (0.9, 0.5)])
+def test_fednova_normaliser_is_the_weight_sum_of_real_local_sgd(rho, mu):
+    """On a linear loss every gradient is the same `g`, so local SGD moves by exactly
+    `Δ = −η a g`: the normaliser must match what the trainer actually does."""
+    from quadratic import Linear
+
+    model = FlatModel(Linear(3))
+    e = torch.tensor([[1.0, -2.0, 0.5]])
+    trainer = LocalTrainer(model, e.repeat(4, 1), torch.zeros(4, dtype=torch.long))
+    w0 = torch.tensor([0.3, 0.1, -0.2])
+    lr, tau = 0.05, 7
+    w, _, _ = trainer.sgd(w0, [torch.arange(4)] * tau, SGDConfig(lr, rho), proximal(mu, w0))
+    expected = -lr * normaliser(tau, lr, rho, mu) * e[0]
+    assert torch.allclose(w - w0, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_fednova_one_round_on_linear_losses_matches_hand_derivation(momentum):
+    """Client i's gradient is the constant e_i, so d_i = e_i and
+    w_1 = w_0 − η τ_eff Σ p_i e_i with τ_eff = Σ p_i a_i(τ_i, ρ)."""
+    e = torch.tensor([[1.0, 0.0], [0.0, -2.0], [3.0, 1.0]])
+    sizes, steps, lr = [10, 30, 60], [2, 5, 3], 0.05
+    sim = run_quadratic("fednova", e, sizes, steps, lr, 1, model=LINEAR_MODEL, momentum=momentum)
+    p = torch.tensor(sizes, dtype=torch.float64) / sum(sizes)
+    a = torch.tensor([normaliser(t, lr, momentum) for t in steps], dtype=torch.float64)
+    tau_eff = float(p @ a)
+    expected = -lr * tau_eff * (p @ e.double())
+    assert torch.allclose(sim.final_state["w"].double(), expected, atol=1e-6)
+
+
+def test_fednova_with_equal_steps_equals_fedavg():
+    """Equal τ, no momentum or μ: τ_eff = τ and −η τ Σ p_i d_i = Σ p_i Δ_i."""
+    fedavg = final("fedavg", rounds=4)
+    fednova = final("fednova", rounds=4)
+    assert torch.allclose(fedavg, fednova, atol=1e-6)
+
+
+def test_fednova_with_heterogeneous_steps_differs_from_fedavg():
+    settings = {"rounds": 2, "client_steps": [1, 2, 4, 8, 16]}
+    assert not torch.allclose(final("fedavg", **settings), final("fednova", **settings), atol=1e-4)
+
+
+def test_fednova_server_rule_and_momentum_on_hand_replies():
+    alg = server("fednova", server_momentum=0.5)
+    state = alg.init(torch.zeros(3))
+
+    def reply(cid, d, a, n):
+        return Reply(cid, Message({"d": torch.tensor(d)}, {"a": a, "lr": 0.1, "num_samples": n}))
+
+    replies = [reply(0, [1.0, 0.0, 0.0], 2.0, 1.0), reply(1, [0.0, 1.0, 0.0], 6.0, 3.0)]
+    state, diag = alg.aggregate(state, 0, replies)
+    # p = (1/4, 3/4); τ_eff = 0.5 + 4.5 = 5; step = τ_eff Σ p_i d_i = (1.25, 3.75, 0)
+    assert diag["tau_eff"] == pytest.approx(5.0)
+    assert diag["a"] == {0: 2.0, 1: 6.0}
+    assert torch.allclose(state["w"], torch.tensor([-0.125, -0.375, 0.0]))
+    state, _ = alg.aggregate(state, 1, replies)
+    # u = 0.5 u + step = (1.875, 5.625, 0); w = w − 0.1 u
+    assert torch.allclose(state["w"], torch.tensor([-0.3125, -0.9375, 0.0]))
+
+
+# -- FedAvgM ------------------------------------------------------------------------------
+def test_fedavgm_accumulates_momentum():
+    """d_(k+1) = γ d_k + Δ̄, w_(k+1) = w_k + d_(k+1), d_0 = 0."""
+    alg = server("fedavgm", gamma=0.5)
+    state = alg.init(torch.zeros(2))
+    deltas = [torch.tensor([1.0, 0.0]), torch.tensor([0.0, 2.0]), torch.tensor([4.0, 0.0])]
+    expected_d = [(1.0, 0.0), (0.5, 2.0), (4.25, 1.0)]
+    expected_w = [(1.0, 0.0), (1.5, 2.0), (5.75, 3.0)]
+    for k, delta in enumerate(deltas):
+        replies = [
+            Reply(0, Message({"delta": delta * 2}, {"num_samples": 1.0})),
+            Reply(1, Message({"delta": torch.zeros(2)}, {"num_samples": 1.0})),
+        ]
+        state, _ = alg.aggregate(state, k, replies)
+        assert torch.allclose(state["d"], torch.tensor(expected_d[k]))
+        assert torch.allclose(state["w"], torch.tensor(expected_w[k]))
+
+
+def test_fedavgm_gamma_zero_equals_fedavg_bit_for_bit():
+    assert torch.equal(final("fedavg"), final("fedavgm", algorithm_params={"gamma": 0.0}))
+
+
+# -- all baselines learn --------------------------------------------------------------------
+@pytest.mark.parametrize("algorithm", ["fedprox", "scaffold", "fednova"])
+def test_baselines_learn_on_digits(algorithm):
+    """Five Dirichlet(0.5) clients, one local epoch, 10 rounds: FedAvg reaches about 0.89."""
+    settings = {"rounds": 10, "local_steps": 0, "local_epochs": 1, "model_params": {"hidden": 64}}
+    cfg, params = resolve({**BASE, "algorithm": algorithm, **settings})
+    summary = Simulation(cfg, params, store=None, log=lambda _: None).run()
+    assert summary["final_accuracy"] > 0.8

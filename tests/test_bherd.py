@@ -1,0 +1,184 @@
+"""BHerd: Algorithm 2 (herding order), selection, eq. 7, variants, diagnostics, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from fedhet.algorithms import bherd
+from fedhet.algorithms.bherd import (
+    centred_gram,
+    herd_select,
+    herding_order,
+    herding_order_direct,
+    kept_count,
+)
+from fedhet.engine.simulation import Simulation
+from fedhet.engine.store import RunStore
+from fedhet.errors import FedhetError
+from fedhet.experiments.single import resolve_settings
+
+
+def prefix_norms(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    z = x.double() - x.double().mean(0)
+    return torch.linalg.vector_norm(torch.cumsum(z[order], 0), dim=1)
+
+
+def test_hand_example_with_ties():
+    # mean 1, z = (2, −1, −2, 1): s=0 → tie |−1| = |1| → index 1; s=−1 → z_3 gives 0;
+    # s=0 → tie |2| = |−2| → index 0; then 2.
+    x = torch.tensor([[3.0], [0.0], [-1.0], [2.0]])
+    assert herding_order(x).tolist() == [1, 3, 0, 2]
+    assert herding_order_direct(x).tolist() == [1, 3, 0, 2]
+
+
+@pytest.mark.parametrize("tau,d,seed", [(1, 4, 0), (2, 3, 1), (7, 5, 2), (16, 40, 3), (33, 8, 4)])
+def test_gram_greedy_equals_the_direct_reference(tau, d, seed):
+    x = torch.randn(tau, d, generator=torch.Generator().manual_seed(seed))
+    fast, ref = herding_order(x), herding_order_direct(x)
+    assert fast.tolist() == ref.tolist()
+    assert torch.allclose(prefix_norms(x, fast), prefix_norms(x, ref), atol=1e-9)
+    # the greedy property itself: each choice minimises ‖s + z‖ among those left
+    z = x.double() - x.double().mean(0)
+    s = torch.zeros(d, dtype=torch.float64)
+    left = set(range(tau))
+    for j in fast.tolist():
+        best = min(float(torch.linalg.vector_norm(s + z[k])) for k in left)
+        assert float(torch.linalg.vector_norm(s + z[j])) <= best + 1e-6
+        left.remove(j)
+        s += z[j]
+
+
+def test_herding_beats_the_identity_order_on_prefix_sums():
+    x = torch.randn(64, 6, generator=torch.Generator().manual_seed(5)) + 3.0
+    assert prefix_norms(x, herding_order(x)).max() < 0.5 * prefix_norms(x, torch.arange(64)).max()
+
+
+def test_chunked_centred_gram(monkeypatch):
+    x = torch.randn(9, 31, generator=torch.Generator().manual_seed(6))
+    monkeypatch.setattr(bherd, "GRAM_CHUNK_ELEMENTS", 20)  # 2 columns per chunk
+    z = x.double() - x.double().mean(0)
+    assert torch.allclose(centred_gram(x), z @ z.T, atol=1e-10)
+
+
+@pytest.mark.parametrize("alpha,tau,m", [(0.5, 10, 5), (0.3, 10, 3), (0.1, 5, 1), (1.0, 7, 7)])
+def test_selection_mean_and_distance(alpha, tau, m):
+    x = torch.randn(tau, 12, generator=torch.Generator().manual_seed(tau))
+    sel = herd_select(x, alpha)
+    assert kept_count(alpha, tau) == m and sel.kept.tolist() == sel.order[:m].tolist()
+    g = x[sel.kept].double().mean(0)
+    assert torch.allclose(sel.mean_kept.double(), g, atol=1e-6)
+    assert sel.distance == pytest.approx(float((g - x.double().mean(0)).norm()), abs=1e-9)
+    if m == tau:
+        assert sel.distance < 1e-9
+
+
+# -- through the engine -------------------------------------------------------------------------
+BASE = {"dataset": "digits", "partition": "iid", "clients": 3, "rounds": 2, "lr": 0.1,
+        "batch_size": 32}
+
+
+def run(settings: dict, store: RunStore | None = None) -> Simulation:
+    cfg, params = resolve_settings({**BASE, **settings})
+    sim = Simulation(cfg, params, store=store, log=lambda s: None)
+    sim.summary_ = sim.run()
+    return sim
+
+
+@pytest.mark.parametrize("rescale", [True, False])
+def test_alpha_one_is_fedavg(rescale):
+    fedavg = run({"algorithm": "fedavg", "batch_order": "fixed"})
+    herd = run({"algorithm": "bherd", "algorithm.alpha": 1.0, "algorithm.rescale": rescale})
+    assert torch.allclose(herd.final_state["w"], fedavg.final_state["w"], rtol=1e-5, atol=1e-6)
+
+
+def test_alpha_one_with_reshuffling_is_fedavg_with_reshuffling():
+    rr = run({"algorithm": "bherd", "algorithm.alpha": 1.0, "algorithm.order": "reshuffle"})
+    fedavg_rr = run({"algorithm": "fedavg"})
+    assert torch.allclose(rr.final_state["w"], fedavg_rr.final_state["w"], rtol=1e-5, atol=1e-6)
+
+
+def test_rescale_false_scales_the_step_by_m_over_tau():
+    """Eq. 7: `Σ p_i η τ_i G_i` vs `Σ p_i η m_i G_i`; here every client has τ = 14, m = 7."""
+    w0 = run({"algorithm": "bherd", "rounds": 1}).w0
+    by_tau = run({"algorithm": "bherd", "rounds": 1}).final_state["w"] - w0
+    by_m = run({"algorithm": "bherd", "rounds": 1, "algorithm.rescale": False}).final_state["w"] - w0
+    assert torch.allclose(by_m, 0.5 * by_tau, atol=1e-7)
+
+
+def test_bherd_differs_from_fedavg_below_alpha_one():
+    fedavg = run({"algorithm": "fedavg", "batch_order": "fixed", "rounds": 1})
+    herd = run({"algorithm": "bherd", "rounds": 1})
+    assert not torch.allclose(herd.final_state["w"], fedavg.final_state["w"], atol=1e-4)
+
+
+def test_bherd_scaffold_with_zero_control_variates_is_bherd():
+    plain = run({"algorithm": "bherd", "rounds": 1})
+    scaf = run({"algorithm": "bherd-scaffold", "rounds": 1})
+    assert torch.allclose(scaf.final_state["w"], plain.final_state["w"], rtol=1e-6, atol=1e-7)
+    # full participation from c = c_i = 0: the server's c is the mean of the clients' c_i
+    cs = torch.stack([s["c"] for s in scaf.client_states.values()])
+    assert torch.allclose(scaf.final_state["c"], cs.mean(0), atol=1e-6)
+    assert float(cs.norm()) > 0
+
+
+def test_bherd_fednova_equals_bherd_when_steps_are_equal():
+    same = {"local_steps": 5, "rounds": 2}
+    a = run({"algorithm": "bherd", **same})
+    b = run({"algorithm": "bherd-fednova", **same})
+    assert torch.allclose(a.final_state["w"], b.final_state["w"], rtol=1e-5, atol=1e-6)
+
+
+def test_fixed_order_walks_on_through_the_data_across_rounds():
+    sim = run({"algorithm": "bherd", "local_epochs": 0.5, "rounds": 1})
+    per_epoch = len(sim.client_indices[0]) // 32
+    assert sim.client_states[0]["cursor"] == per_epoch // 2
+
+
+def test_diagnostics_and_learning(tmp_path):
+    store = RunStore(tmp_path)
+    sim = run({"algorithm": "bherd", "rounds": 4}, store)
+    assert sim.summary_["final_accuracy"] > 0.6
+    records = [json.loads(line) for line in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in records] == [1, 2, 3, 4]
+    tau = len(sim.client_indices[0]) // 32
+    kept = records[0]["kept_indices"]["0"]
+    assert len(kept) == tau // 2 and len(set(kept)) == len(kept) and max(kept) < tau
+    header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"herd_dist_0", "herd_dist_1", "herd_dist_2", "tau_0", "kept_0"} <= set(header)
+
+
+@pytest.mark.parametrize("alpha", [0.0, -0.1, 1.5])
+def test_alpha_outside_unit_interval_is_rejected(alpha):
+    with pytest.raises(FedhetError, match="alpha"):
+        resolve_settings({**BASE, "algorithm": "bherd", "algorithm.alpha": alpha})
+
+
+@pytest.mark.parametrize("algorithm", ["bherd", "bherd-fednova", "bherd-scaffold"])
+def test_zero_local_steps_is_rejected_before_training(algorithm):
+    cfg, params = resolve_settings({**BASE, "algorithm": algorithm, "local_epochs": 0.05})
+    with pytest.raises(FedhetError, match="0 local steps"):
+        Simulation(cfg, params, store=None, log=lambda s: None)
+
+
+def test_local_momentum_is_rejected():
+    cfg, params = resolve_settings({**BASE, "algorithm": "bherd", "momentum": 0.9})
+    with pytest.raises(FedhetError, match="momentum"):
+        Simulation(cfg, params, store=None, log=lambda s: None)
+
+
+@pytest.mark.parametrize("algorithm", ["bherd-scaffold", "grab-fedavg"])
+def test_resume_from_a_checkpoint_continues_exactly(tmp_path, algorithm):
+    """Client state (cursor, c_i, GraB's order and sums) survives a checkpoint round trip."""
+    from fedhet.experiments.single import execute
+
+    settings = {**BASE, "algorithm": algorithm, "rounds": 3, "local_epochs": 0.5}
+    execute(settings, tmp_path, log=lambda m: None)
+    final = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["server"]["w"]
+    (tmp_path / "checkpoint.prev.pt").replace(tmp_path / "checkpoint.pt")  # back to round 2
+    (tmp_path / "summary.json").unlink()
+    execute(None, tmp_path, resume=True, log=lambda m: None)
+    again = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["server"]["w"]
+    assert torch.equal(final, again)

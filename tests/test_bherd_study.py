@@ -1,0 +1,88 @@
+"""The `bherd` preset and the Fig. 4 plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedhet.engine.config import RunConfig, apply_settings
+from fedhet.errors import FedhetError
+from fedhet.experiments import plots_bherd
+from fedhet.experiments.presets import PRESETS
+from fedhet.experiments.presets.bherd import METHODS
+from fedhet.experiments.single import execute
+
+
+def specs(scale: str):
+    preset = PRESETS.get("bherd").factory(scale)
+    return [s for stage in preset.stages for s in stage(Path("unused"))]
+
+
+@pytest.mark.parametrize("scale", ["smoke", "small", "paper"])
+def test_preset_covers_the_paper_grid(scale):
+    runs = specs(scale)
+    assert len({r.name for r in runs}) == len(runs)
+    main = [r for r in runs if r.name.startswith("main-")]
+    n_setups = {"smoke": 1, "small": 1, "paper": 3}[scale]
+    assert len(main) == n_setups * 3 * len(METHODS)
+    assert {r.settings["partition"] for r in main} == {"iid", "label-per-client", "half-iid"}
+    for r in runs:
+        values = apply_settings({}, r.settings, r.name)  # every key is a valid setting
+        assert RunConfig(**values).clients >= 5
+    alphas = {r.settings.get("algorithm.alpha") for r in runs if r.name.startswith("alpha-")}
+    assert alphas == {0.1, 0.3, 0.5, 1.0}
+    epochs = {r.settings["local_epochs"] for r in runs if r.name.startswith("epochs-")}
+    assert epochs == {0.1, 0.5, 1.0, 2.0}
+    orders = {r.settings["algorithm.order"] for r in runs if r.name.startswith("order-")}
+    assert orders == {"fixed", "reshuffle"}
+    if scale == "paper":
+        assert {r.settings["rounds"] for r in runs} == {100}
+        assert {r.settings["model"] for r in main} == {"svm", "cnn-mnist"}
+        assert {r.settings["dataset"] for r in main} == {"mnist-even-odd", "mnist", "cifar10"}
+
+
+def test_plots_from_a_bherd_run(tmp_path):
+    run = tmp_path / "run"
+    settings = {"algorithm": "bherd", "dataset": "digits", "partition": "iid", "clients": 3,
+                "rounds": 3, "lr": 0.1, "batch_size": 64, "algorithm.alpha": 0.3}
+    execute(settings, run, log=lambda m: None)
+    kept = plots_bherd.read_kept(run)
+    grid = plots_bherd.kept_matrix(kept, 0)
+    tau = 449 // 64
+    assert grid.shape[1] == 3 and grid.shape[0] <= tau
+    assert np.all(grid.sum(0) == int(0.3 * tau))
+    for path in (plots_bherd.kept_index_map(run),
+                 plots_bherd.herd_distance([run, run], tmp_path / "d.png"),
+                 plots_bherd.curves({"BHerd": run}, tmp_path / "c.png")):
+        assert path.exists() and path.read_bytes()[:4] == b"\x89PNG"
+    fedavg = tmp_path / "fedavg"
+    plain = {k: v for k, v in settings.items() if not k.startswith("algorithm.")}
+    execute({**plain, "algorithm": "fedavg", "rounds": 1}, fedavg, log=lambda m: None)
+    with pytest.raises(FedhetError, match="BHerd"):
+        plots_bherd.herd_distance([fedavg], tmp_path / "x.png")
+
+
+def fake_run(path: Path, acc: list[float], kept: list[list[int]]) -> None:
+    from fedhet.engine.store import RunStore
+
+    store = RunStore(path)
+    rows = [{"round": k, "test_loss": 1.0 - a, "test_accuracy": a,
+             **({"herd_dist_0": 0.1 / k} if k else {})} for k, a in enumerate(acc)]
+    store.write_metrics(rows)
+    store.write_diagnostics([{"round": k + 1, "kept_indices": {"0": v}} for k, v in enumerate(kept)])
+
+
+def test_main_report_table_counts_rounds_to_fedavgs_final_accuracy(tmp_path):
+    from fedhet.experiments.presets.bherd import main_runs
+
+    for spec in main_runs("smoke"):
+        acc = [0.1, 0.5, 0.7, 0.8] if spec.label == "BHerd-FedAvg" else [0.1, 0.4, 0.6, 0.7]
+        fake_run(tmp_path / spec.name, acc, [[0, 2], [1, 2], [0, 3]])
+    table, pngs = plots_bherd.main_report(tmp_path, "smoke", "logreg-digits", tmp_path / "rep")
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|")[6].strip()
+            for line in table.splitlines()[2:]}
+    assert rows[("case1", "BHerd-FedAvg")] == "2" and rows[("case3", "FedAvg")] == "3"
+    assert rows[("case2", "Centralized")] == "—"
+    assert len(pngs) == 7 and all(p.exists() for p in pngs)
