@@ -58,6 +58,21 @@ def runs_dir(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.mark.slow  # ~12 runs and their figures: about 10 s
+def test_report_renders_every_registered_algorithms_outputs(tmp_path):
+    """Each algorithm's own diagnostics (and its paper plotter, if any) go through the report."""
+    from fedhet.algorithms.base import ALGORITHMS
+
+    names = [e.name for e in ALGORITHMS if e.factory.topology == "star"]
+    for name in names:
+        execute({**BASE, "algorithm": name}, tmp_path / "runs" / name, log=lambda _: None)
+    warnings: list[str] = []
+    page = report.write_report(tmp_path / "runs", tmp_path / "page", warn=warnings.append)
+    check_page(page)
+    assert not warnings, warnings
+    assert all(name in page.read_text() for name in names)
+
+
 def test_report_renders_each_algorithms_outputs(runs_dir, tmp_path):
     page = report.write_report(runs_dir, tmp_path / "page")
     parser = check_page(page)

@@ -36,7 +36,11 @@ from fedhet.experiments.results import (
     tables_html,
 )
 
-EXTRA_PLOTTERS: dict[str, str | Callable[..., list[tuple[str, Path]]]] = {}
+EXTRA_PLOTTERS: dict[str, str | Callable[..., list[tuple[str, Path]]]] = {
+    **dict.fromkeys(("bherd", "bherd-fednova", "bherd-scaffold"),
+                    "fedhet.experiments.report:bherd_figures"),
+    **dict.fromkeys(("fednnnn", "norm-norm"), "fedhet.experiments.report:fednnnn_figures"),
+}
 """Algorithm name → `"module:function"` (or the function); see the module docstring."""
 
 STANDARD = {
@@ -166,7 +170,7 @@ def plot_curves(runs: list[RunData], path: Path, title: str, colors: dict[str, A
     if handles:
         axes[0, 0].legend(fontsize=8, loc="lower right")
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
@@ -223,7 +227,7 @@ def plot_diagnostics(run: RunData, path: Path) -> bool:
     for ax in list(axes.flat)[len(items):]:
         ax.set_visible(False)
     fig.suptitle(f"diagnostics: {run.label} [{run.group or run.name}]", fontsize=11)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return True
@@ -442,3 +446,38 @@ def _extra_section(runs: list[RunData], out: Path, warn: Callable[[str], None]) 
         for caption, path in figures:
             parts.append(_figure(str(Path(path).relative_to(out)), caption))
     return "<h2>Paper figures</h2>\n" + "\n".join(parts) if parts else ""
+
+
+# -- adapters to the papers' plot modules ----------------------------------------------------------
+def bherd_figures(runs: list[RunData], out: Path) -> list[tuple[str, Path]]:
+    """BHerd Fig. 4: kept local-step indices (first run of each setting) and herding distances."""
+    from fedhet.experiments import plots_bherd
+
+    firsts = list({(r.group, r.label): r for r in reversed(runs)}.values())[::-1][:4]
+    figures = []
+    for run in firsts:
+        if (run.dir / "diagnostics.jsonl").exists():
+            path = out / f"fig_bherd_kept_{_slug(run.name)}.png"
+            plots_bherd.kept_index_map(run.dir, path)
+            figures.append((f"kept local gradients per client and round (BHerd Fig. 4a–c): {run.name}", path))
+    with_dist = [r for r in firsts if any(c.startswith("herd_dist_") for c in r.metrics)]
+    if with_dist:
+        path = out / "fig_bherd_herd_distance.png"
+        plots_bherd.herd_distance([r.dir for r in with_dist], path, [r.name for r in with_dist])
+        figures.append(("‖G_i − mean g‖ per client (BHerd Fig. 4d)", path))
+    return figures
+
+
+def fednnnn_figures(runs: list[RunData], out: Path) -> list[tuple[str, Path]]:
+    """FedNNNN Figs. 3, 11–33: N and E per round, whole model and by layer kind."""
+    from fedhet.experiments import plots_fednnnn
+
+    figures = []
+    for kind in ("all", "conv", "fc"):
+        suffix = "" if kind == "all" else f"_{kind}"
+        if not any(f"E{suffix}" in r.metrics for r in runs):
+            continue
+        path = out / f"fig_fednnnn_norms_{kind}.png"
+        plots_fednnnn.plot_norms([r.dir for r in runs], path, kind=kind)
+        figures.append((f"N and E per round ({kind})", path))
+    return figures
