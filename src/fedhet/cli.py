@@ -66,13 +66,61 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise FedhetError("--out DIR is required (where metrics and checkpoints go)")
         out, values = Path(args.out), _run_values(args)
     show = sys.stderr.isatty() and not args.quiet
-    summary = execute(values, out, resume=bool(args.resume), force=args.force, progress=show)
+    logger = None
+    if args.tensorboard:
+        from fedhet.experiments.tensorboard import TensorBoardLogger, require_tensorboard
+
+        require_tensorboard()
+    try:
+        if args.tensorboard:
+            logger = TensorBoardLogger(out)
+        summary = execute(
+            values, out, resume=bool(args.resume), force=args.force, progress=show, on_round=logger
+        )
+    finally:
+        if logger is not None:
+            logger.close()
     print(
         f"{summary['algorithm']} on {summary['dataset']}/{summary['partition']}: final accuracy "
         f"{summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f} "
         f"(round {summary['best_round']}), {summary['total_time_s']:.1f} s; results in {out}"
     )
     return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from fedhet.experiments.compare import compare
+
+    rows = compare(args.config, args.out, args.jobs, args.force, args.tensorboard)
+    print(f"{len(rows)} runs; results in {args.out}/results.csv and {args.out}/summary.md")
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from fedhet.experiments.reproduce import reproduce
+
+    out = Path(args.out or f"runs/{args.paper}-{args.scale}")
+    reproduce(args.paper, args.scale, out, args.jobs, args.force, args.tensorboard)
+    print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedhet.experiments.report import write_report
+
+    page = write_report(Path(args.dir), Path(args.out) if args.out else None)
+    print(f"report: {page}")
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise FedhetError(f"--jobs must be a whole number ≥ 1, got {text!r}")
+    return value
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -136,6 +184,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="any other setting, e.g. lr=0.1 or algorithm.mu=0.01 (repeatable)")
 
 
+def _add_pool_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", "-j", type=_positive, help="parallel runs (default: number of cores)")
+    p.add_argument("--force", action="store_true", help="start every run again from scratch")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="log each run's metrics for TensorBoard (needs tensorboard)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedhet", description="Federated learning on non-IID data.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -146,7 +201,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="continue the run in DIR (or --out) from its last checkpoint")
     run.add_argument("--force", action="store_true", help="replace a non-empty --out")
     run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    run.add_argument("--tensorboard", action="store_true",
+                     help="also log metrics for TensorBoard into DIR/tensorboard (needs tensorboard)")
     run.set_defaults(func=cmd_run)
+    cmp = sub.add_parser("compare", help="run a grid of experiments (docs/grids.md) and tabulate it")
+    cmp.add_argument("--config", "-c", required=True, help="grid TOML file")
+    cmp.add_argument("--out", "-o", required=True, help="grid directory (runs/, results.csv, summary.md)")
+    _add_pool_flags(cmp)
+    cmp.set_defaults(func=cmd_compare)
+    rep = sub.add_parser("reproduce", help="re-run a seed paper's experiment (a preset)")
+    rep.add_argument("paper", help="fedveca, fednnnn, bherd, fedsr or fednova")
+    rep.add_argument("--scale", choices=("smoke", "small", "paper"), default="smoke")
+    rep.add_argument("--out", "-o", help="output directory (default runs/PAPER-SCALE)")
+    _add_pool_flags(rep)
+    rep.set_defaults(func=cmd_reproduce)
+    report = sub.add_parser("report", help="HTML report with plots of a run or grid directory")
+    report.add_argument("dir", help="a run directory or a compare/reproduce directory")
+    report.add_argument("--out", help="where report.html and the PNGs go (default: DIR)")
+    report.set_defaults(func=cmd_report)
     ls = sub.add_parser("list", help="algorithms, datasets, partitions and models")
     ls.set_defaults(func=cmd_list)
     part = sub.add_parser("partition", help="per-client sizes and label counts of a partition")

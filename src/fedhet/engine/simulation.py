@@ -77,10 +77,13 @@ class Simulation:
     def __init__(
         self, cfg: RunConfig, params: dict[str, Any], store: RunStore | None = None,
         data: Dataset | None = None, log: Callable[[str], None] = print,
+        on_round: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
         self.log = log
+        self.on_round = on_round
+        """Called with each round's metrics row once it is saved (TensorBoard, live views)."""
         self.data = data or DATASETS.get(cfg.dataset).factory(params["dataset"], Path(cfg.data_dir))
         torch.manual_seed(cfg.seed)
         module = build_model(cfg.model, self.data.input_shape, self.data.num_classes, params["model"])
@@ -182,12 +185,18 @@ class Simulation:
             if structured:
                 records.append({"round": k + 1, **structured})
             self._save(k + 1, state, rows, records, row["wall_time_s"])
+            if self.on_round is not None:
+                self.on_round(row)
             if bar is not None:
                 bar.set_postfix(acc=f"{row['test_accuracy']:.4f}", loss=f"{row['test_loss']:.4f}")
                 bar.update(1)
         if bar is not None:
             bar.close()
         self.final_state = state
+        if start >= cfg.rounds and self.store is not None:
+            # killed after the last checkpoint but before the final summary was written
+            self.store.write_metrics(rows)
+            self.store.write_summary(self.summary(rows, finished=True))
         return self.summary(rows, finished=True)
 
     def _average_buffers(self) -> None:

@@ -21,6 +21,9 @@ import torch
 
 from fedhet.errors import FedhetError
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
 TIME_COLUMNS = ("wall_time_s", "round_time_s", "eval_time_s")
 
 
@@ -32,6 +35,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes files 0600; give them the usual mode
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

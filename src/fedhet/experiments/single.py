@@ -45,6 +45,7 @@ def is_finished(out: Path) -> bool:
 def execute(
     settings: dict[str, Any] | None, out: Path, *, resume: bool = False, force: bool = False,
     progress: bool = False, log: Callable[[str], None] = print,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run (or continue, with `resume`) one experiment into `out`; returns its summary.
 
@@ -60,7 +61,7 @@ def execute(
     else:
         check_out(out, force)
         cfg, params = resolve_settings(settings or {})
-    sim = Simulation(cfg, params, store, log=log)
+    sim = Simulation(cfg, params, store, log=log, on_round=on_round)
     if not resume:
         prepare_out(out, force)
         store.write_config(cfg.to_dict())

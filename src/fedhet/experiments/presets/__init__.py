@@ -42,7 +42,12 @@ class Preset:
     scale: str
     stages: list[Stage]
     published: list[dict[str, Any]] = field(default_factory=list)
-    """Rows `{"group", "label", "metric", "value", "source"}` quoted from the paper."""
+    """Rows `{"group", "label", "metric", "value", "source"}` quoted from the paper.
+
+    `group` and `label` must equal those of the preset's `RunSpec`s they compare with;
+    `metric` is a results.csv column (`final_accuracy`, `best_accuracy`, `rounds_to_target`,
+    `transfers_to_target`, `bytes_to_target`) or an alias (`accuracy`, `rounds`, `transfers`);
+    an accuracy `value` above 1 is read as a percentage (see `results.compare_published`)."""
     target_accuracy: float | None = None
     notes: str = ""
 

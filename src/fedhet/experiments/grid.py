@@ -1,0 +1,341 @@
+"""`fedhet compare`: a grid TOML file expanded into `RunSpec`s (format: docs/grids.md).
+
+A grid has `[base]` settings shared by every run, `[axes]` whose lists are crossed, and
+optional `[[variant]]` tables, each one method (an algorithm with its own settings; lists in a
+variant expand within it). `axes.algorithm` lists plain methods. Every expanded run is resolved
+with `fedhet.engine.config.resolve` before anything runs; an error names the grid file and the
+line of the offending key.
+
+This module imports no torch at import time, so pool workers can limit threads first.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhet.errors import FedhetError
+from fedhet.experiments.presets import RunSpec
+
+TOP_KEYS = ("title", "target_accuracy", "columns", "base", "axes", "variant")
+METHOD_PREFIX = "algorithm"
+
+
+@dataclass
+class Grid:
+    path: Path
+    title: str
+    specs: list[RunSpec]
+    target_accuracy: float | None = None
+    lines: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+# -- locating keys in the TOML text --------------------------------------------------------
+_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"""^\s*("(?:[^"\\]|\\.)*"|'[^']*'|[A-Za-z0-9_.\-]+)\s*=""")
+
+
+def _unquote(key: str) -> str:
+    parts = re.findall(r'"(?:[^"\\]|\\.)*"|\'[^\']*\'|[^.\s]+', key)
+    return ".".join(p[1:-1] if p[:1] in "\"'" else p for p in parts)
+
+
+def key_lines(text: str) -> dict[str, dict[str, int]]:
+    """`{section: {flat key: line}}`; sections are `""`, `base`, `axes`, `variant#0`, ...
+
+    Sub-tables (`[base.algorithm_params]`) fold into their section with a dotted key prefix.
+    """
+    out: dict[str, dict[str, int]] = {"": {}}
+    section, prefix, variants = "", "", 0
+    for lineno, line in enumerate(text.splitlines(), 1):
+        m = _HEADER.match(line)
+        if m and not _KEY.match(line):
+            name = _unquote(m.group(2))
+            head, _, rest = name.partition(".")
+            if m.group(1) == "[[" and head == "variant":
+                section, variants = f"variant#{variants}", variants + 1
+            else:
+                section = head
+            prefix = f"{rest}." if rest else ""
+            out.setdefault(section, {}).setdefault(rest, lineno)
+            continue
+        k = _KEY.match(line)
+        if k:
+            out.setdefault(section, {}).setdefault(prefix + _unquote(k.group(1)), lineno)
+    return out
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested TOML tables → dotted keys (`{"algorithm_params": {"mu": 1}}` → `algorithm_params.mu`)."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def canonical(key: str) -> str:
+    """`algorithm_params.mu` → `algorithm.mu` (the `--set` spelling)."""
+    head, dot, rest = key.partition(".")
+    return f"{head.removesuffix('_params')}{dot}{rest}" if rest else key
+
+
+# -- parsing and expansion -----------------------------------------------------------------
+class _Locator:
+    def __init__(self, path: Path, lines: dict[str, dict[str, int]]) -> None:
+        self.path, self.lines = path, lines
+
+    def line(self, section: str, key: str) -> int | None:
+        table = self.lines.get(section, {})
+        for k in (key, canonical(key)):
+            if k in table:
+                return table[k]
+        for k, n in table.items():
+            if canonical(k) == canonical(key):
+                return n
+        return None
+
+    def where(self, section: str, key: str = "") -> str:
+        n = self.line(section, key) if key else None
+        if n is None and not section and key:  # a top-level table: its [header] line
+            n = self.lines.get(key, {}).get("") or self.lines.get(f"{key}#0", {}).get("")
+        if n is None and section:
+            n = self.lines.get(section, {}).get("")
+        return f"{self.path}:{n}" if n else str(self.path)
+
+    def fail(self, section: str, key: str, message: str) -> FedhetError:
+        return FedhetError(f"{self.where(section, key)}: {message}")
+
+
+@dataclass
+class _Setting:
+    value: Any
+    section: str
+    key: str
+
+
+def _methods(doc: dict[str, Any], axes: dict[str, Any], loc: _Locator) -> list[dict[str, Any]]:
+    """Each method: `{"label": str | None, "settings": {key: _Setting}, "axes": {key: [...]}}`."""
+    variants = doc.get("variant", [])
+    if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
+        raise loc.fail("", "variant", "variants are written as [[variant]] tables")
+    methods = []
+    named = set()
+    for i, variant in enumerate(variants):
+        section = f"variant#{i}"
+        flat = _flatten(variant)
+        label = flat.pop("label", None)
+        if label is not None and not isinstance(label, str):
+            raise loc.fail(section, "label", f"label must be a string, got {label!r}")
+        fixed = {k: _Setting(v, section, k) for k, v in flat.items() if not isinstance(v, list)}
+        lists = {k: (v, section) for k, v in flat.items() if isinstance(v, list)}
+        for k, (v, _) in lists.items():
+            if not v:
+                raise loc.fail(section, k, f"{k} is an empty list; give at least one value")
+        if "algorithm" in fixed:
+            named.add(fixed["algorithm"].value)
+        methods.append({"label": label, "settings": fixed, "axes": lists})
+    for name in axes.pop("algorithm", ([], "axes"))[0]:
+        if name not in named:
+            methods.append({
+                "label": None, "settings": {"algorithm": _Setting(name, "axes", "algorithm")},
+                "axes": {},
+            })
+    return methods or [{"label": None, "settings": {}, "axes": {}}]
+
+
+def _product(axes: dict[str, tuple[list[Any], str]]) -> list[dict[str, _Setting]]:
+    """Every combination; an axis value that is a table sets several keys together."""
+    keys = list(axes)
+    out = []
+    for combo in itertools.product(*(axes[k][0] for k in keys)):
+        settings: dict[str, _Setting] = {}
+        for k, v in zip(keys, combo, strict=True):
+            bundle = _flatten(v) if isinstance(v, dict) else {k: v}
+            settings.update({canonical(kk): _Setting(vv, axes[k][1], k) for kk, vv in bundle.items()})
+        out.append(settings)
+    return out
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_") or "run"
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Parse, expand and validate a grid file; raises `FedhetError` naming the line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FedhetError(f"grid file {path} not found") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise FedhetError(f"{path}: not valid TOML: {e}") from None
+    loc = _Locator(path, key_lines(text))
+    for key in doc:
+        if key not in TOP_KEYS:
+            raise loc.fail("", key, f"unknown grid key {key!r}; valid keys: {', '.join(TOP_KEYS)}")
+    base_raw = doc.get("base", {})
+    axes_raw = doc.get("axes", {})
+    for name, table in (("base", base_raw), ("axes", axes_raw)):
+        if not isinstance(table, dict):
+            raise loc.fail("", name, f"{name} must be a table: [{name}]")
+    base = {k: _Setting(v, "base", k) for k, v in _flatten(base_raw).items()}
+    axes: dict[str, tuple[list[Any], str]] = {}
+    for key, values in _flatten(axes_raw).items():
+        if not isinstance(values, list) or not values:
+            raise loc.fail(
+                "axes", key, f"axes.{key} must be a non-empty list of values, e.g. {key} = [a, b]"
+            )
+        axes[canonical(key)] = (values, "axes")
+    target = doc.get("target_accuracy")
+    if target is not None and (
+        isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1
+    ):
+        raise loc.fail("", "target_accuracy", f"target_accuracy must be a fraction in (0, 1], got {target!r}")
+    title = doc.get("title", path.stem)
+    _check_keys(base, axes, loc)
+    methods = _methods(doc, axes, loc)
+    runs = _expand(base, axes, methods, loc)
+    columns = doc.get("columns")
+    if columns is not None and not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
+        raise loc.fail("", "columns", "columns must be a list of setting names, e.g. [\"partition\"]")
+    if columns is not None:
+        used = {k for _, settings in runs for k in settings}
+        for c in columns:
+            if canonical(c) not in used:
+                raise loc.fail("", "columns", f"columns names {c!r}, which no run sets; "
+                               f"choose from: {', '.join(sorted(used))}")
+        columns = [canonical(c) for c in columns]
+    specs = _to_specs(runs, methods, axes, columns, loc)
+    return Grid(path, str(title), specs, float(target) if target is not None else None, loc.lines)
+
+
+def _check_keys(base: dict[str, _Setting], axes: dict[str, tuple[list[Any], str]], loc: _Locator) -> None:
+    """Each setting name and (top-level) value type on its own, so the error has its line."""
+    from fedhet.engine.config import apply_settings
+
+    for key, s in base.items():
+        apply_settings({}, {key: s.value}, loc.where(s.section, key))
+    for key, (values, section) in axes.items():
+        for v in values:
+            apply_settings({}, _flatten(v) if isinstance(v, dict) else {key: v}, loc.where(section, key))
+
+
+def _expand(base, axes, methods, loc) -> list[tuple[int, dict[str, _Setting]]]:
+    """`(method index, settings)` for every run: base ← method ← method axes ← grid axes."""
+    runs = []
+    for m, method in enumerate(methods):
+        _check_keys(method["settings"], method["axes"], loc)
+        for inner in _product(method["axes"]):
+            for outer in _product(axes):
+                settings = {canonical(k): s for k, s in base.items()}
+                settings.update({canonical(k): s for k, s in method["settings"].items()})
+                settings.update({canonical(k): s for k, s in inner.items()})
+                settings.update(outer)
+                runs.append((m, settings))
+    for _, settings in runs:
+        _validate_run(settings, loc)
+    return runs
+
+
+def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> None:
+    from fedhet.experiments.single import resolve_settings
+
+    try:
+        resolve_settings({k: s.value for k, s in settings.items()}, "grid")
+    except FedhetError as e:
+        message = str(e).removeprefix("grid: ")
+        culprit = _culprit(message, settings)
+        if culprit is None:
+            raise FedhetError(f"{loc.path}: {message}") from None
+        raise loc.fail(culprit.section, culprit.key, message) from None
+
+
+def _culprit(message: str, settings: dict[str, _Setting]) -> _Setting | None:
+    """The setting an error message is about: the longest key named in it, else a value."""
+    named = [k for k in settings if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", message)]
+    if named:
+        return settings[max(named, key=len)]
+    for s in settings.values():
+        if isinstance(s.value, str) and repr(s.value) in message:
+            return s
+    return None
+
+
+def _to_specs(runs, methods, axes, columns, loc) -> list[RunSpec]:
+    varying = _varying_keys([s for _, s in runs])
+    method_keys = {k for m in methods for k in (*m["settings"], *m["axes"])}
+    if columns is None:
+        columns = [
+            k for k in varying
+            if k != "seed" and not k.startswith(METHOD_PREFIX) and k not in method_keys
+        ]
+    specs, seen = [], set()
+    for m, settings in runs:
+        values = {k: s.value for k, s in settings.items()}
+        given = methods[m]["label"]
+        label = (
+            _auto_label(values, [canonical(k) for k in methods[m]["axes"]], columns, given)
+            if given else _auto_label(values, varying, columns)
+        )
+        group = ", ".join(f"{k}={_fmt(values[k])}" for k in columns if k in values) or "all"
+        name = _slug(label) + ("" if group == "all" else "__" + _slug(group.replace(", ", "__")))
+        name += f"__seed{values.get('seed', 0)}"
+        unique, n = name, 1
+        while unique in seen:
+            n += 1
+            unique = f"{name}-{n}"
+        seen.add(unique)
+        specs.append(RunSpec(unique, group, label, values))
+    return specs
+
+
+def _varying_keys(runs: list[dict[str, _Setting]]) -> list[str]:
+    keys: list[str] = []
+    for settings in runs:
+        keys.extend(k for k in settings if k not in keys)
+    def values(k: str) -> set[str]:
+        return {json.dumps(r[k].value if k in r else None, sort_keys=True) for r in runs}
+    return [k for k in keys if len(values(k)) > 1]
+
+
+def _auto_label(values: dict[str, Any], varying: list[str], columns: list[str], name: str = "") -> str:
+    name = name or str(values.get("algorithm", "fedavg"))
+    extra = [
+        f"{k.removeprefix('algorithm.')}={_fmt(values[k])}"
+        for k in varying if k in values and k not in columns and k not in ("seed", "algorithm")
+    ]
+    return f"{name} ({', '.join(extra)})" if extra else name
+
+
+def write_manifest(out: Path, title: str, specs: list[RunSpec], target: float | None, **extra: Any) -> None:
+    """`DIR/grid.json`: what `report` and re-runs need to rebuild the tables."""
+    from fedhet.engine.store import atomic_write_text, to_json
+
+    atomic_write_text(out / "grid.json", to_json({
+        "title": title, "target_accuracy": target, **extra,
+        "runs": [{"name": s.name, "group": s.group, "label": s.label, "settings": s.settings} for s in specs],
+    }))
+
+
+def read_manifest(out: Path) -> dict[str, Any] | None:
+    path = out / "grid.json"
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise FedhetError(f"{path} is corrupt ({e}); run the grid again") from None

@@ -1,0 +1,53 @@
+"""Optional TensorBoard logging (`--tensorboard`): each round's metrics as scalars.
+
+Needs the `tensorboard` package (`pip install 'fedhet[tensorboard]'`); the rest of fedhet never
+imports it. Events go to `<run dir>/tensorboard/`; point `tensorboard --logdir` at a run or grid
+directory to watch runs live.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from typing import Any
+
+from fedhet.errors import FedhetError
+
+SKIP = ("round",)
+
+
+def require_tensorboard() -> None:
+    """Fail early, before any run starts, when the flag is used without the package."""
+    if importlib.util.find_spec("tensorboard") is None:
+        raise FedhetError(
+            "--tensorboard needs the tensorboard package: pip install 'fedhet[tensorboard]' "
+            "(or drop --tensorboard)"
+        )
+
+
+class TensorBoardLogger:
+    """`on_round` callback for `Simulation`: writes every finite numeric column of a row."""
+
+    def __init__(self, run_dir: Path) -> None:
+        require_tensorboard()
+        self.log_dir = Path(run_dir) / "tensorboard"
+        self.writer: Any = None
+
+    def __call__(self, row: dict[str, Any]) -> None:
+        step = int(row["round"])
+        if self.writer is None:  # created at the first round: the run directory exists by then
+            from torch.utils.tensorboard import SummaryWriter
+
+            # a resumed run drops what a killed one logged after its last checkpoint
+            self.writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=step)
+        for key, value in row.items():
+            if key in SKIP or isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            if math.isfinite(value):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

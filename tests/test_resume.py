@@ -1,0 +1,149 @@
+"""Resume: a run killed with SIGKILL continues to the same metrics; checkpoints are atomic and a
+corrupt or truncated checkpoint falls back to the previous good one."""
+
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from fedhet.cli import main
+from fedhet.engine.store import TIME_COLUMNS, RunStore, atomic_write_bytes
+from fedhet.errors import FedhetError
+from fedhet.experiments.single import execute
+
+SETTINGS = {
+    "algorithm": "fedavgm", "dataset": "digits", "partition": "dirichlet", "clients": 8,
+    "rounds": 6, "lr": 0.1, "local_epochs": 2, "epochs_min": 1, "epochs_max": 3,
+}
+
+
+def metrics_without_time(path: Path) -> list[dict[str, str]]:
+    with open(path) as f:
+        return [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in csv.DictReader(f)]
+
+
+def _child(out: str) -> None:
+    execute(SETTINGS, Path(out), log=lambda _: None)
+
+
+def rounds_done(out: Path) -> int:
+    try:
+        return json.loads((out / "summary.json").read_text())["rounds_done"]
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> tuple[Path, Path]:
+    """(a run killed with SIGKILL after ≥ 2 rounds, the same run uninterrupted)."""
+    import sklearn.datasets  # noqa: F401  (imported once here, not in the child and again after)
+
+    root = tmp_path_factory.mktemp("resume")
+    killed = root / "killed"
+    proc = multiprocessing.get_context("fork").Process(target=_child, args=(str(killed),))
+    proc.start()
+    deadline = time.monotonic() + 60
+    while rounds_done(killed) < 2 and proc.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join()
+    assert proc.exitcode == -signal.SIGKILL
+    assert 2 <= rounds_done(killed) < SETTINGS["rounds"], "the run was not killed mid-way"
+    reference = root / "reference"
+    execute(SETTINGS, reference, log=lambda _: None)
+    return killed, reference
+
+
+def test_resume_after_sigkill_gives_identical_metrics(runs, tmp_path, capsys):
+    killed, reference = runs
+    work = tmp_path / "run"
+    shutil.copytree(killed, work)
+    assert main(["run", "--resume", str(work)]) == 0
+    assert json.loads((work / "summary.json").read_text())["finished"] is True
+    got = metrics_without_time(work / "metrics.csv")
+    assert len(got) == SETTINGS["rounds"] + 1
+    assert got == metrics_without_time(reference / "metrics.csv")
+
+
+def test_truncated_checkpoint_falls_back_to_previous(runs, tmp_path):
+    killed, reference = runs
+    work = tmp_path / "run"
+    shutil.copytree(killed, work)
+    ckpt = work / "checkpoint.pt"
+    assert (work / "checkpoint.prev.pt").exists()
+    ckpt.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    messages: list[str] = []
+    execute(None, work, resume=True, log=messages.append)
+    warning = " ".join(messages)
+    assert "checkpoint.pt is unreadable" in warning and "resuming from checkpoint.prev.pt" in warning
+    assert metrics_without_time(work / "metrics.csv") == metrics_without_time(reference / "metrics.csv")
+
+
+def test_garbage_checkpoint_falls_back_and_both_bad_is_a_clear_error(runs, tmp_path):
+    killed, _ = runs
+    work = tmp_path / "run"
+    shutil.copytree(killed, work)
+    (work / "checkpoint.pt").write_bytes(b"not a checkpoint at all")
+    store = RunStore(work)
+    warnings: list[str] = []
+    payload = store.load_checkpoint(warn=warnings.append)
+    assert payload is not None and payload["round"] >= 1 and warnings
+    (work / "checkpoint.prev.pt").write_bytes(b"")
+    with pytest.raises(FedhetError, match="no usable checkpoint.*--force"):
+        store.load_checkpoint(warn=warnings.append)
+
+
+def test_checkpoints_rotate_and_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):
+    store = RunStore(tmp_path)
+    store.save_checkpoint({"round": 1})
+    store.save_checkpoint({"round": 2})
+    assert store.load_checkpoint()["round"] == 2
+    ckpt_before = (tmp_path / "checkpoint.pt").read_bytes()
+
+    def crash(fd: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(OSError):
+        atomic_write_bytes(tmp_path / "checkpoint.pt", b"half-written")
+    assert (tmp_path / "checkpoint.pt").read_bytes() == ckpt_before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
+
+
+def test_resuming_a_finished_run_changes_nothing(runs, tmp_path):
+    _, reference = runs
+    work = tmp_path / "run"
+    shutil.copytree(reference, work)
+    before = (work / "metrics.csv").read_text()
+    execute(None, work, resume=True, log=lambda _: None)
+    assert (work / "metrics.csv").read_text() == before
+
+
+def test_killed_between_last_checkpoint_and_summary_finishes_on_resume(runs, tmp_path):
+    _, reference = runs
+    work = tmp_path / "run"
+    shutil.copytree(reference, work)
+    summary = json.loads((work / "summary.json").read_text())
+    (work / "summary.json").write_text(json.dumps({**summary, "finished": False}))
+    execute(None, work, resume=True, log=lambda _: None)
+    assert json.loads((work / "summary.json").read_text())["finished"] is True
+    assert metrics_without_time(work / "metrics.csv") == metrics_without_time(reference / "metrics.csv")
+
+
+def test_run_files_get_the_usual_permissions(runs):
+    _, reference = runs
+    assert (reference / "metrics.csv").stat().st_mode & 0o044 == 0o044 & ~_umask()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
