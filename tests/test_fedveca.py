@@ -386,3 +386,17 @@ def test_preset_settings_resolve_where_components_exist():
                 resolve_settings(protocol.fedveca_settings(g.settings_of(run)))
             for method in g.baselines:
                 resolve_settings(protocol.baseline_settings(g.settings_of(g.fair_from), budget, method))
+
+
+def test_fedveca_compare_cli(tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["fedveca-compare", "-a", "fedavg", "--out", str(out)]) == 2
+    assert "drop --algorithm" in capsys.readouterr().err
+    code = main(["fedveca-compare", "-d", "digits", "-m", "logreg", "-p", "iid", "-r", "2",
+                 "--baselines", "fedavg", "--set", "algorithm.alpha=0.9", "-q", "--out", str(out)])
+    assert code == 0
+    assert "FedVeca" in capsys.readouterr().out
+    veca = json.loads((out / "fedveca" / "config.json").read_text())
+    assert veca["algorithm_params"]["alpha"] == 0.9 and veca["lr"] == 0.01 and veca["clients"] == 5
+    assert json.loads((out / "fedavg" / "config.json").read_text())["algorithm_params"] == {
+        "weighting": "samples"}

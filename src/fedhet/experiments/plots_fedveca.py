@@ -66,13 +66,14 @@ def run_labels(runs: list[Path]) -> dict[Path, str]:
             "N": cfg.get("clients"), "seed": cfg.get("seed"),
         }
 
+    known = {r: facts(c) for r, c in configs.items()}
+    varying = [
+        k for k in ("α", "N", "seed")
+        if len({str(f[k]) for f in known.values() if f[k] is not None}) > 1
+    ]
     labels = {}
     for run, cfg in configs.items():
-        same = [r for r, c in configs.items() if c["algorithm"] == cfg["algorithm"]]
-        varying = [
-            k for k in ("α", "N", "seed") if len({str(facts(configs[r])[k]) for r in same}) > 1
-        ]
-        extra = ", ".join(f"{k}={facts(cfg)[k]}" for k in varying if facts(cfg)[k] is not None)
+        extra = ", ".join(f"{k}={known[run][k]}" for k in varying if known[run][k] is not None)
         base = LABELS.get(cfg["algorithm"], cfg["algorithm"])
         labels[run] = f"{base} ({extra})" if extra else base
     return labels
@@ -115,7 +116,7 @@ def plot_eta_tau_L(runs: dict[str, Path], out_path: Path) -> Path:
     ax.axhline(1.0, color="black", ls="--", lw=1, label="η τ_k L = 1")
     ax.set_xlabel("round k")
     ax.set_ylabel("η τ_k L")
-    ax.set_yscale("log")
+    _log_if_wide(ax, np.concatenate([line.get_ydata() for line in ax.get_lines()] or [[1.0]]), 30)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax.set_title("Theorem 1 premise: η τ_k L ≥ 1")
@@ -134,14 +135,18 @@ def plot_client_traces(run_dir: Path, out_path: Path, max_rounds: int = TRACE_RO
         ("tau", "τ_(k,i)", False), ("beta", "β_(k,i)", True), ("delta", "δ_(k,i)", True),
         ("A", "A_(k,i)", True),
     ]
+    colors = _client_colors(plt, len(clients))
     for ax, (name, ylabel, logy) in zip(axes.flat, panels, strict=False):
-        for i in clients:
+        for i, color in zip(clients, colors, strict=True):
             y = c[f"{name}_{i}"][keep]
-            ax.plot(k[keep], y, lw=1.1, marker=".", ms=3, label=f"client {i + 1}")
+            ax.plot(k[keep], y, lw=1.1, marker=".", ms=3, color=color, label=f"client {i + 1}")
         ax.set_ylabel(ylabel)
         if logy:
             _log_if_wide(ax, np.concatenate([c[f"{name}_{i}"][keep] for i in clients]))
-    axes[0, 0].legend(fontsize=7, ncol=2)
+    if len(clients) <= 10:
+        axes[0, 0].legend(fontsize=7, ncol=2)
+    else:
+        axes[0, 0].set_title(f"{len(clients)} clients, colour = client index", fontsize=9)
     axes[1, 1].plot(k[keep], c["tau_k"][keep], color="black", lw=1.3)
     axes[1, 1].set_ylabel("τ_k = Σ p_i τ_(k,i)")
     axes[1, 2].plot(k[keep], c["L_k"][keep], color="black", lw=1.3, marker=".", ms=3)
@@ -153,9 +158,18 @@ def plot_client_traces(run_dir: Path, out_path: Path, max_rounds: int = TRACE_RO
     return _save(fig, out_path)
 
 
-def _log_if_wide(ax: Any, values: np.ndarray) -> None:
+def _client_colors(plt: Any, n: int) -> list[Any]:
+    if n <= 10:
+        return [plt.get_cmap("tab10")(i) for i in range(n)]
+    if n <= 20:
+        return [plt.get_cmap("tab20")(i) for i in range(n)]
+    return [plt.get_cmap("viridis")(i / (n - 1)) for i in range(n)]
+
+
+def _log_if_wide(ax: Any, values: np.ndarray, ratio: float = 50) -> None:
+    values = np.asarray(values, dtype=float)
     pos = values[np.isfinite(values) & (values > 0)]
-    if len(pos) and pos.max() / pos.min() > 50:
+    if len(pos) and pos.max() / pos.min() > ratio:
         ax.set_yscale("log")
 
 
