@@ -400,3 +400,36 @@ def test_fedveca_compare_cli(tmp_path, capsys):
     assert veca["algorithm_params"]["alpha"] == 0.9 and veca["lr"] == 0.01 and veca["clients"] == 5
     assert json.loads((out / "fedavg" / "config.json").read_text())["algorithm_params"] == {
         "weighting": "samples"}
+
+
+def test_resumed_run_matches_uninterrupted(tmp_path):
+    from fedhet.engine.simulation import Simulation
+    from fedhet.engine.store import RunStore
+
+    settings = {**DIGITS, "algorithm": "fedveca", "rounds": 6}
+    execute(settings, tmp_path / "full", log=lambda *_: None)
+    out = tmp_path / "cut"
+    cfg, params = resolve_settings(settings)
+    store = RunStore(out)
+    store.write_config(cfg.to_dict())
+    sim = Simulation(cfg, params, store, log=lambda *_: None)
+    aggregate = sim.algorithm.aggregate
+
+    def stop_at_four(state, round, replies):
+        if round == 4:
+            raise KeyboardInterrupt
+        return aggregate(state, round, replies)
+
+    sim.algorithm.aggregate = stop_at_four
+    with pytest.raises(KeyboardInterrupt):
+        sim.run()
+    execute(None, out, resume=True, log=lambda *_: None)
+
+    def strip(path: Path) -> list[dict[str, float]]:
+        return [{k: v for k, v in r.items() if not k.endswith("time_s")} for r in protocol.read_metrics(path)]
+
+    full, resumed = strip(tmp_path / "full"), strip(out)
+    assert len(resumed) == 7
+    for a, b in zip(full, resumed, strict=True):
+        assert a.keys() == b.keys()
+        assert all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)

@@ -109,9 +109,17 @@ def client_sizes(settings: dict[str, Any]) -> tuple[int, ...]:
     from fedhet.experiments.single import resolve_settings
 
     cfg, params = resolve_settings(settings)
-    data = DATASETS.get(cfg.dataset).factory(params["dataset"], Path(cfg.data_dir))
-    parts = partition_dataset(data, cfg.partition, cfg.clients, params["partition"], cfg.seed)
-    return tuple(len(p) for p in parts)
+    fields = ("dataset", "dataset_params", "partition", "partition_params", "clients", "seed", "data_dir")
+    key = json.dumps({f: getattr(cfg, f) for f in fields}, sort_keys=True, default=str)
+    if key not in _SIZES:
+        data = DATASETS.get(cfg.dataset).factory(params["dataset"], Path(cfg.data_dir))
+        parts = partition_dataset(data, cfg.partition, cfg.clients, params["partition"], cfg.seed)
+        _SIZES[key] = tuple(len(p) for p in parts)
+    return _SIZES[key]
+
+
+_SIZES: dict[str, tuple[int, ...]] = {}
+"""Partition sizes by data settings: a preset asks for the same partition several times."""
 
 
 # -- reading runs ----------------------------------------------------------------------------
