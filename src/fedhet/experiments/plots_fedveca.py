@@ -107,7 +107,7 @@ def plot_loss_accuracy(group_dir: Path, out_path: Path, title: str | None = None
 def plot_eta_tau_L(runs: dict[str, Path], out_path: Path) -> Path:
     """Fig. 4: `η τ_k L` per round for FedVeca runs; round 0 is blank (L is one round late)."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(9, 4))
     for label, run in runs.items():
         c = columns(run)
         k = c["round"] - 1
@@ -118,7 +118,7 @@ def plot_eta_tau_L(runs: dict[str, Path], out_path: Path) -> Path:
     ax.set_ylabel("η τ_k L")
     _log_if_wide(ax, np.concatenate([line.get_ydata() for line in ax.get_lines()] or [[1.0]]), 30)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Theorem 1 premise: η τ_k L ≥ 1")
     return _save(fig, out_path)
 
@@ -209,7 +209,8 @@ def plot_fedveca(path: Path, out_dir: Path) -> list[Path]:
         made.append(plot_loss_accuracy(group, out_dir / f"{stem}_loss_accuracy.png", stem))
         for run in _runs_in(group):
             if is_fedveca_run(run):
-                fedveca_runs[f"{stem}/{run.name}"] = run
+                if run.name == FEDVECA:  # the comparison groups' runs, not the α/N studies
+                    fedveca_runs[stem] = run
                 made.append(plot_client_traces(run, out_dir / f"{stem}_{run.name}_traces.png"))
     if fedveca_runs:
         made.append(plot_eta_tau_L(fedveca_runs, out_dir / "eta_tau_L.png"))
