@@ -95,6 +95,7 @@ def plot_loss_accuracy(group_dir: Path, out_path: Path, title: str | None = None
                 ax.axhline(c[key][ok][-1], color="black", ls="--", lw=1.2, label=labels[run])
             else:
                 ax.plot(c["round"][ok], c[key][ok], lw=1.4, label=labels[run])
+    _log_if_wide(axes[0], np.concatenate([line.get_ydata() for line in axes[0].get_lines()]), 20)
     for ax, name in zip(axes, ("loss", "accuracy"), strict=True):
         ax.set_xlabel("round k")
         ax.set_ylabel(f"test {name}")
