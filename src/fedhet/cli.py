@@ -170,6 +170,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fedveca_compare(args: argparse.Namespace) -> int:
+    from fedhet.engine.config import apply_settings
+    from fedhet.experiments.fedveca_protocol import PAPER_DEFAULTS, compare
+
+    if args.algorithm:
+        raise FedhetError("fedveca-compare runs fedveca, central and the baselines; drop --algorithm")
+    if not args.out:
+        raise FedhetError("--out DIR is required (one run directory per method goes there)")
+    values = apply_settings(apply_settings({}, PAPER_DEFAULTS, "defaults"), _run_values(args), "")
+    settings = {k: v for k, v in values.items() if not k.endswith("_params")}
+    settings.update({f"{k[:-7]}.{p}": v for k, t in values.items() if k.endswith("_params")
+                     for p, v in t.items()})
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+    show = sys.stderr.isatty() and not args.quiet
+    table = compare(settings, Path(args.out), baselines, force=args.force, progress=show)
+    for row in table:
+        reach = row.get("rounds_to_central_accuracy", "-")
+        print(f"{row['method']:<16} final accuracy {row['final_accuracy']:.4f}  final loss "
+              f"{row['final_loss']:.4f}  rounds to centralized accuracy: {reach or 'not reached'}")
+    print(f"table in {Path(args.out) / 'comparison.md'}")
+    return 0
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", "-a")
     p.add_argument("--dataset", "-d")
@@ -230,6 +253,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rounds", type=int, default=30)
     demo.add_argument("--force", action="store_true")
     demo.set_defaults(func=cmd_demo)
+    fv = sub.add_parser(
+        "fedveca-compare",
+        help="FedVeca's fair comparison (§IV-A1): FedVeca, then centralized SGD and fixed-τ "
+        "baselines with its total local steps",
+        description="Runs FedVeca, reads τ_all from its metrics, then centralized SGD (τ_all/K "
+        "steps per round) and each baseline with local_epochs = E_avg = τ_all/K × B/D. Defaults "
+        "follow the paper: 5 clients, 100 rounds, lr 0.01. algorithm.* settings go to FedVeca.",
+    )
+    _add_run_flags(fv)
+    fv.add_argument("--out", "-o", help="group directory: one run directory per method")
+    fv.add_argument("--baselines", default="fedavg,fednova",
+                    help="comma-separated fixed-τ baselines (default: fedavg,fednova)")
+    fv.add_argument("--force", action="store_true", help="rerun methods already in --out")
+    fv.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    fv.set_defaults(func=cmd_fedveca_compare)
     return parser
 
 

@@ -1,1 +1,290 @@
-"""Placeholder: implemented in a later commit."""
+"""FedVeca: federated vectorized averaging with adaptive bi-directional step sizes.
+
+Seed: `fedveca.txt`, Algorithms 1 (server) and 2 (client); SPEC.md "FedVeca".
+
+Client `i` in round `k` runs `τ_(k,i)` plain local SGD steps from `w_k` (eq. 1) and returns
+
+- the averaged bi-directional vector `G_(k,i) = (1/τ_(k,i)) Σ_λ g_(k,i)^λ` (eq. 5, FedNova's
+  normalised direction with `a_i = τ_(k,i)`),
+- `∇F_i(w_k)`, its gradient at the received model over its local data (Algorithm 2 line 9)
+  **[choice]** exact, over all local samples in chunks; `grad_batches > 0` estimates it from
+  that many random mini-batches of size `B` instead,
+- from round 1 on, `β_(k,i)` and `δ_(k,i)` (Algorithm 2 lines 15–18), estimated from what the
+  client really has: its per-step mini-batch gradients `g^λ` at `w^λ` **[choice]** (standing in
+  for `∇F_i(w^λ)`), its own `∇F_i(w_k)`, and the server's `∇F(w_(k−1))` from the downlink:
+  `β = max_λ ‖∇F_i(w_k) − g^λ‖ / ‖w_k − w^λ‖` and
+  `δ = max_λ ‖Σ_(s≤λ) g^s‖² / ((λ+1) ‖∇F(w_(k−1))‖²)`, both over `λ ∈ [1, τ−1]`
+  (`λ = 0` has `w^0 = w_k`, a zero denominator).
+
+The server (Algorithm 1) forms `∇F(w_k) = Σ p_i ∇F_i(w_k)` (eq. 8), updates
+`w_(k+1) = w_k − η τ_k d_k` with `τ_k = Σ p_i τ_(k,i)`, `d_k = Σ p_i G_(k,i)` (eq. 5), estimates
+`L_(k−1)` one round late (lines 11–16; `‖∇F(w_0)‖/‖w_0‖` at `k = 1`), keeps `L = max` so far,
+and predicts the next step counts by eq. 15,
+`τ_(k+1,i) = ⌊A_(k,i) / (A_(k,i) − α_k min_j A_(k,j))⌋` with `A = η β² δ`, reset to 2 when
+`≤ 1` and capped at `τ_max` (§IV-A4). Guards **[choice]** (SPEC.md): a non-finite or missing
+estimate keeps the previous `τ`; `A ≤ 0` or a denominator `≤ 0` gives `τ_max`; the minimum runs
+over the clients with a finite positive `A`. The floor allows a 1e-9 slack so that
+`⌊1/(1 − 0.95)⌋` is 20 as in exact arithmetic, not 19.
+
+Round 0 and 1 use `τ_(0,i)` (line 25). **[choice]** The server does not know `D_i` before the
+first round, so in round 0 it sends no `tau`: the client takes the engine's step count (with the
+default `local_epochs = 1` that is `⌊E·D_i/B⌋`, `E = 1`), clips it to `[2, τ_max]`, runs it and
+reports it as `steps`; the server copies it to round 1. From then on every downlink carries the
+server's `tau` decision. A client that was not sampled yet gets no `tau` and starts the same way.
+
+Per round the diagnostics hold, for every client `i`, `tau_i` (the `τ_(k,i)` it ran; NaN when
+not sampled), `beta_i`, `delta_i`, `A_i` (NaN in round 0), and `tau_k`, `tau_sum`
+(`Σ_i τ_(k,i)`, whose total over rounds is `τ_all` of §IV-A1), `L_k` (this round's estimate
+`L_(k−1)`), `L_max` and `eta_tau_L = η τ_k L` (Theorem 1's premise `≥ 1`, Fig. 4).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedhet.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    ClientContext,
+    Message,
+    Reply,
+    RunInfo,
+    sample_weights,
+    weighted_sum,
+)
+from fedhet.algorithms.fedavg import client_diagnostics
+from fedhet.errors import FedhetError
+
+TAU_RESET = 2
+"""`τ ≤ 1` is reset to 2 (Algorithm 1 lines 19–21): the analysis needs `τ > 1`."""
+FLOOR_SLACK = 1e-9
+GRAD_STREAM = 11
+"""Random-stream purpose for the `grad_batches` subsample (SGD batches use purpose 0)."""
+
+
+@dataclass(frozen=True)
+class FedVecaParams:
+    alpha: float = 0.95
+    """Constant `α_k` of eq. 15 (§IV-A4)."""
+    alpha_schedule: tuple[float, ...] = ()
+    """Per-round `α_k` (`α_0 … α_(K−1)`; `α_0` is unused); overrides `alpha` when given."""
+    tau_max: int = 50
+    """Cap on `τ_(k,i)` (§IV-A4)."""
+    grad_batches: int = 0
+    """0: exact `∇F_i(w_k)` over all local data; `> 0`: from that many random mini-batches."""
+
+    def validate(self) -> None:
+        for a in (self.alpha, *self.alpha_schedule):
+            if not 0.0 < a < 1.0:
+                raise FedhetError(f"algorithm.alpha (α_k) must be in (0, 1), got {a}")
+        if self.tau_max < TAU_RESET:
+            raise FedhetError(f"algorithm.tau_max must be ≥ {TAU_RESET}, got {self.tau_max}")
+        if self.grad_batches < 0:
+            raise FedhetError(f"algorithm.grad_batches must be ≥ 0, got {self.grad_batches}")
+
+    def alpha_at(self, round: int) -> float:
+        return self.alpha_schedule[round] if self.alpha_schedule else self.alpha
+
+
+# -- the pieces, as functions of what each side holds -----------------------------------------
+def initial_tau(default_steps: int, tau_max: int) -> int:
+    """`τ_(0,i)`: the engine's `⌊E·D_i/B⌋` clipped to `[2, τ_max]`."""
+    return int(min(max(default_steps, TAU_RESET), tau_max))
+
+
+def predict_tau(
+    A: Sequence[float], alpha: float, tau_max: int, tau_prev: Sequence[int]
+) -> list[int]:
+    """Eq. 15 with the reset to 2, the cap `τ_max` and the SPEC guards (module docstring)."""
+    usable = [a for a in A if math.isfinite(a) and a > 0]
+    a_min = min(usable) if usable else math.nan
+    out = []
+    for a, prev in zip(A, tau_prev, strict=True):
+        if not math.isfinite(a):
+            out.append(int(prev))
+            continue
+        denominator = a - alpha * a_min
+        if a <= 0 or denominator <= 0:
+            out.append(tau_max)
+            continue
+        ratio = a / denominator
+        if not math.isfinite(ratio):
+            out.append(int(prev))
+            continue
+        tau = math.floor(ratio + FLOOR_SLACK)
+        out.append(min(TAU_RESET if tau <= 1 else tau, tau_max))
+    return out
+
+
+def smoothness(
+    grad: torch.Tensor, w: torch.Tensor, grad_prev: torch.Tensor | None, w_prev: torch.Tensor | None
+) -> float:
+    """`L_(k−1)` (Algorithm 1 lines 11–14): `‖∇F(w_(k−1)) − ∇F(w_(k−2))‖ / ‖w_(k−1) − w_(k−2)‖`,
+    or `‖∇F(w_0)‖ / ‖w_0‖` when there is no earlier model (`k = 1`). NaN when undefined."""
+    if grad_prev is None or w_prev is None:
+        num, den = _norm(grad), _norm(w)
+    else:
+        num, den = _norm(grad - grad_prev), _norm(w - w_prev)
+    return num / den if den > 0 else math.nan
+
+
+def _norm(v: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(v.to(torch.float64)))
+
+
+class LocalEstimates:
+    """An `on_step` hook: accumulates `Σ g^λ` for `G` and the running maxima of `β^λ`, `δ^λ`.
+
+    Works online (nothing per step is kept), so `τ = 50` costs no memory on a large model.
+    `grad_local` is `∇F_i(w_k)`; `grad_global_prev` is the server's `∇F(w_(k−1))` (None in
+    round 0, when neither estimate is made).
+    """
+
+    def __init__(
+        self, w0: torch.Tensor, grad_local: torch.Tensor, grad_global_prev: torch.Tensor | None
+    ) -> None:
+        self.w0 = w0.to(torch.float64)
+        self.grad_local = grad_local.to(torch.float64)
+        self.g_sum = torch.zeros_like(self.w0)
+        self.prev_sq = None if grad_global_prev is None else _norm(grad_global_prev) ** 2
+        self.steps = 0
+        self.beta = math.nan
+        self.delta = math.nan
+
+    def __call__(self, step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
+        g64 = g.to(torch.float64)
+        self.g_sum.add_(g64)
+        self.steps = step + 1
+        if self.prev_sq is None or step == 0:
+            return
+        dist = _norm(self.w0 - w.to(torch.float64))
+        if dist > 0:
+            self.beta = _nanmax(self.beta, _norm(self.grad_local - g64) / dist)
+        if self.prev_sq > 0:
+            self.delta = _nanmax(self.delta, _norm(self.g_sum) ** 2 / ((step + 1) * self.prev_sq))
+        else:
+            self.delta = math.inf
+
+    def direction(self) -> torch.Tensor:
+        """`G_(k,i) = (1/τ) Σ_λ g^λ` (eq. 5)."""
+        return (self.g_sum / max(self.steps, 1)).to(torch.float32)
+
+
+def _nanmax(a: float, b: float) -> float:
+    return b if math.isnan(a) else max(a, b)
+
+
+# -- the algorithm --------------------------------------------------------------------------
+@ALGORITHMS.register("fedveca", FedVecaParams, "FedVeca: FedNova update with adaptive τ_(k,i) (eq. 15)")
+class FedVeca(Algorithm):
+    name = "fedveca"
+
+    def __init__(self, params: FedVecaParams, run: RunInfo) -> None:
+        super().__init__(params, run)
+        if params.alpha_schedule and len(params.alpha_schedule) < run.rounds:
+            raise FedhetError(
+                f"algorithm.alpha_schedule has {len(params.alpha_schedule)} values but the run has "
+                f"{run.rounds} rounds; give one α_k per round (α_0 … α_{run.rounds - 1})"
+            )
+        if run.momentum:
+            raise FedhetError(
+                "FedVeca is defined for plain local SGD (eq. 1); set momentum=0 for it"
+            )
+
+    # -- server half ----------------------------------------------------------------------
+    def init(self, w0: torch.Tensor) -> dict[str, Any]:
+        return {
+            "w": w0.clone(), "tau": [None] * self.run.num_clients, "L": math.nan,
+            "grad_last": None, "w_last": None, "grad_last2": None, "w_last2": None,
+        }
+
+    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
+        message = Message({"w": state["w"]})
+        tau = state["tau"][client_id]
+        if tau is not None:
+            message.scalars["tau"] = float(tau)
+        if state["grad_last"] is not None:
+            message.tensors["grad_prev"] = state["grad_last"]
+        return message
+
+    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
+        eta = self.run.lr
+        p = sample_weights(replies)
+        taus = [int(r.message.scalars["steps"]) for r in replies]
+        tau_k = float(sum(pi * t for pi, t in zip(p.tolist(), taus, strict=True)))
+        d_k = weighted_sum(p, [r.message.tensors["G"] for r in replies])
+        grad_k = weighted_sum(p, [r.message.tensors["grad"] for r in replies])  # eq. 8
+        w_k = state["w"]
+        new = {
+            **state, "w": w_k - eta * tau_k * d_k,
+            "grad_last": grad_k, "w_last": w_k,
+            "grad_last2": state["grad_last"], "w_last2": state["w_last"],
+        }
+        A = [math.nan] * len(replies)
+        L_k = math.nan
+        if round >= 1 and state["grad_last"] is not None:
+            L_k = smoothness(state["grad_last"], state["w_last"], state["grad_last2"], state["w_last2"])
+            if math.isfinite(L_k):
+                new["L"] = _nanmax(state["L"], L_k)
+            A = [eta * _scalar(r, "beta") ** 2 * _scalar(r, "delta") for r in replies]
+            next_taus = predict_tau(A, self.params.alpha_at(round), self.params.tau_max, taus)
+        else:
+            next_taus = taus  # Algorithm 1 line 25: τ_(1,i) = τ_(0,i)
+        tau_table = list(state["tau"])
+        for r, t in zip(replies, next_taus, strict=True):
+            tau_table[r.client_id] = int(t)
+        new["tau"] = tau_table
+        diag = self._diagnostics(replies, taus, A, p)
+        diag.update(
+            tau_k=tau_k, tau_sum=float(sum(taus)), L_k=L_k, L_max=new["L"],
+            eta_tau_L=eta * tau_k * new["L"],
+        )
+        return new, diag
+
+    def _diagnostics(
+        self, replies: Sequence[Reply], taus: list[int], A: list[float], p: torch.Tensor
+    ) -> dict[str, float]:
+        cols = {"tau": [math.nan] * self.run.num_clients}
+        for name in ("beta", "delta", "A"):
+            cols[name] = [math.nan] * self.run.num_clients
+        for r, t, a in zip(replies, taus, A, strict=True):
+            i = r.client_id
+            cols["tau"][i], cols["A"][i] = float(t), a
+            cols["beta"][i], cols["delta"][i] = _scalar(r, "beta"), _scalar(r, "delta")
+        diag = {f"{name}_{i}": v for name, vs in cols.items() for i, v in enumerate(vs)}
+        diag.update(client_diagnostics(p, replies))
+        return diag
+
+    # -- client half ----------------------------------------------------------------------
+    def client_update(self, message: Message, ctx: ClientContext, state: Any):
+        w0 = message.tensors["w"]
+        if "tau" in message.scalars:
+            tau = int(message.scalars["tau"])
+        else:
+            tau = initial_tau(ctx.tau, self.params.tau_max)
+        grad_local = self.local_gradient(w0, ctx)
+        est = LocalEstimates(w0, grad_local, message.tensors.get("grad_prev"))
+        _, steps, loss = ctx.trainer.sgd(w0, ctx.batches(tau), ctx.sgd, on_step=est)
+        scalars = {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss}
+        if "grad_prev" in message.tensors:
+            scalars.update(beta=est.beta, delta=est.delta)
+        return Message({"G": est.direction(), "grad": grad_local}, scalars), state
+
+    def local_gradient(self, w: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
+        """`∇F_i(w_k)` (Algorithm 2 line 9): exact, or from `grad_batches` random mini-batches."""
+        indices = ctx.indices
+        if self.params.grad_batches:
+            n = min(len(indices), self.params.grad_batches * ctx.batch_size)
+            pick = np.sort(ctx.rng(GRAD_STREAM).permutation(len(indices))[:n])
+            indices = indices[torch.from_numpy(pick)]
+        return ctx.trainer.full_gradient(w, indices)
+
+
+def _scalar(reply: Reply, name: str) -> float:
+    return float(reply.message.scalars.get(name, math.nan))
