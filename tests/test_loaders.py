@@ -167,6 +167,21 @@ def test_mnist_even_odd_labels(tmp_path, no_network):
     assert torch.equal(data.x_train, load("mnist", tmp_path).x_train)
 
 
+def test_mnist_even_odd_is_partitioned_by_digit(tmp_path, no_network):
+    """Cases 2 and 3 split on the digit: one digit per client, not one parity per client."""
+    from fedhet.data.partition import PARTITIONS, partition_dataset
+
+    arrays = mnist_arrays(4)
+    write_idx_set(tmp_path / "mnist", arrays)
+    data = load("mnist-even-odd", tmp_path, limit_train=150)
+    digits = data.split_labels
+    np.testing.assert_array_equal(data.y_train.numpy(), (digits % 2 == 0).astype(np.int64))
+    assert data.split_classes == int(arrays[1].max()) + 1
+    parts = partition_dataset(data, "label-per-client", 10, PARTITIONS.params("label-per-client"), 0)
+    assert all(len(np.unique(digits[p])) == 1 for p in parts)
+    assert len({int(digits[p][0]) for p in parts}) == 10
+
+
 def test_fashion_mnist_reads_its_own_folder(tmp_path, no_network):
     arrays = mnist_arrays(5)
     write_idx_set(tmp_path / "fashion-mnist", arrays)

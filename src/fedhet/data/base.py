@@ -30,6 +30,10 @@ class Dataset:
     num_classes: int
     natural_partition: list[np.ndarray] | None = None
     meta: dict = field(default_factory=dict)
+    partition_labels: np.ndarray | None = None
+    """Train labels the partitioners split on, when they differ from the targets: MNIST
+    even/odd is partitioned by digit, so FedVeca/BHerd's Cases 2 and 3 give each client one
+    digit (Case 2) and half the digits IID (Case 3) **[choice]**."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -38,6 +42,15 @@ class Dataset:
     @property
     def train_labels(self) -> np.ndarray:
         return self.y_train.numpy()
+
+    @property
+    def split_labels(self) -> np.ndarray:
+        """The labels partitioners use (`partition_labels`, else the train targets)."""
+        return self.partition_labels if self.partition_labels is not None else self.train_labels
+
+    @property
+    def split_classes(self) -> int:
+        return int(self.split_labels.max()) + 1 if self.partition_labels is not None else self.num_classes
 
     def __post_init__(self) -> None:
         if self.x_train.shape[0] != self.y_train.shape[0]:

@@ -373,8 +373,10 @@ def to_tensor(x: np.ndarray, mean: Sequence[float], std: Sequence[float], normal
 
 def build_dataset(
     name: str, arrays: Arrays, num_classes: int, mean: Sequence[float], std: Sequence[float],
-    params: ImageParams, meta: dict,
+    params: ImageParams, meta: dict, split_labels: np.ndarray | None = None,
 ) -> Dataset:
+    """Check, subsample and normalise `arrays`; `split_labels` (per train sample) are what the
+    partitioners split on when they are not the targets (see `Dataset.partition_labels`)."""
     x_tr, y_tr, x_te, y_te = arrays
     for y, what in ((y_tr, "train"), (y_te, "test")):
         if len(y) and (y.min() < 0 or y.max() >= num_classes):
@@ -383,6 +385,7 @@ def build_dataset(
     keep_te = _subsample(len(y_te), params.limit_test, params.subsample_seed, 1)
     if keep_tr is not None:
         x_tr, y_tr = x_tr[keep_tr], y_tr[keep_tr]
+        split_labels = None if split_labels is None else split_labels[keep_tr]
     if keep_te is not None:
         x_te, y_te = x_te[keep_te], y_te[keep_te]
     if x_tr.ndim == 3:
@@ -396,6 +399,7 @@ def build_dataset(
         torch.from_numpy(np.asarray(y_te, np.int64)),
         num_classes=num_classes,
         meta=meta,
+        partition_labels=None if split_labels is None else np.asarray(split_labels, np.int64),
     )
 
 
@@ -413,7 +417,9 @@ def load_mnist_even_odd(params: MnistParams, data_dir: Path) -> Dataset:
         raise FedhetError("mnist-even-odd: labels above 9; the files are not MNIST")
     even = lambda y: (np.asarray(y) % 2 == 0).astype(np.int64)  # noqa: E731
     arrays = (x_tr, even(y_tr), x_te, even(y_te))
-    return build_dataset("mnist-even-odd", arrays, 2, MNIST.mean, MNIST.std, params, {"files": read})
+    return build_dataset(
+        "mnist-even-odd", arrays, 2, MNIST.mean, MNIST.std, params, {"files": read}, split_labels=y_tr
+    )
 
 
 @DATASETS.register("fashion-mnist", ImageParams, "Fashion-MNIST, 28×28 clothing, 10 classes (IDX files)")

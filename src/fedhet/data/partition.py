@@ -264,7 +264,7 @@ def partition_dataset(
             )
         return [np.asarray(p) for p in data.natural_partition]
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A27]))
-    return entry.factory(data.train_labels, n_clients, params, rng)
+    return entry.factory(data.split_labels, n_clients, params, rng)
 
 
 def label_counts(labels: np.ndarray, parts: list[np.ndarray], num_classes: int) -> np.ndarray:

@@ -29,10 +29,10 @@ def describe_partition(
     cfg, data_params, part_params = resolve_data(values)
     data = load_dataset(cfg.dataset, data_params, cfg.data_dir)
     parts = partition_dataset(data, cfg.partition, cfg.clients, part_params, cfg.seed)
-    counts = label_counts(data.train_labels, parts, data.num_classes)
+    counts = label_counts(data.split_labels, parts, data.split_classes)
     settings = ", ".join(f"{k}={v}" for k, v in params_dict(part_params).items())
     out(
-        f"{data.name}: {len(data.train_labels)} train samples, {data.num_classes} labels; partition "
+        f"{data.name}: {len(data.train_labels)} train samples, {data.split_classes} labels; partition "
         f"{cfg.partition}({settings}), {cfg.clients} clients, seed {cfg.seed}"
     )
     for line in format_table(counts):

@@ -251,7 +251,7 @@ def partition_counts(config: dict[str, Any]):
         _DATA_CACHE[key] = DATASETS.get(cfg.dataset).factory(params["dataset"], Path(cfg.data_dir))
     data = _DATA_CACHE[key]
     parts = partition_dataset(data, cfg.partition, cfg.clients, params["partition"], cfg.seed)
-    counts = label_counts(data.train_labels, parts, data.num_classes)
+    counts = label_counts(data.split_labels, parts, data.split_classes)
     extra = ", ".join(f"{k}={v}" for k, v in cfg.partition_params.items())
     title = f"{cfg.dataset} / {cfg.partition}" + (f" ({extra})" if extra else "") + f", seed {cfg.seed}"
     return counts, title
