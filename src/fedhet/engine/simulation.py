@@ -159,13 +159,15 @@ class Simulation:
             clients = sample_clients(cfg, self.run_info.num_clients, k)
             state, diag = self.runner(self, state, k, clients)
             self._average_buffers()
+            train_time = time.perf_counter() - t0
             scalars = {
                 n: float(v) for n, v in diag.items() if isinstance(v, int | float | np.floating)
             }
             structured = {n: v for n, v in diag.items() if n not in scalars}
             row = self._evaluate(state, k + 1, scalars)
             row.update(self.comm.close_round())
-            row["round_time_s"] = time.perf_counter() - t0
+            row["round_time_s"] = train_time
+            row["eval_time_s"] = time.perf_counter() - t0 - train_time
             row["wall_time_s"] = time.perf_counter() - t_start
             rows.append(row)
             if structured:

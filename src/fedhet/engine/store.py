@@ -21,7 +21,7 @@ import torch
 
 from fedhet.errors import FedhetError
 
-TIME_COLUMNS = ("wall_time_s", "round_time_s")
+TIME_COLUMNS = ("wall_time_s", "round_time_s", "eval_time_s")
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

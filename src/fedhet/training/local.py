@@ -28,8 +28,12 @@ before the step is taken. `w` and `g` are live buffers: clone what you keep."""
 
 
 def stream_seed(*keys: int) -> np.random.Generator:
-    """A random stream determined by `keys` alone (seed, round, client, purpose)."""
-    return np.random.default_rng(np.random.SeedSequence([int(k) for k in keys]))
+    """A random stream determined by `keys` alone (seed, round, client, purpose).
+
+    Negative keys (-1 for "whole run", -2 for "server") map to distinct large values.
+    """
+    words = [int(k) if int(k) >= 0 else 2**40 + int(k) for k in keys]
+    return np.random.default_rng(np.random.SeedSequence(words))
 
 
 @dataclass
