@@ -10,6 +10,7 @@ with TLS across machines.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -69,14 +70,10 @@ def stop_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     pids = [proc.pid, *_children(proc.pid)] if proc.poll() is None else _children(proc.pid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(_alive(p) for p in pids):
             time.sleep(0.1)
@@ -165,10 +162,8 @@ class LocalFederation:
         """Stop one SuperNode (and its ClientApp processes) without notice: SIGKILL."""
         proc = self.nodes.pop(partition_id)
         for pid in [proc.pid, *_children(proc.pid)]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         proc.wait(timeout=10)
 
     def processes(self) -> list[subprocess.Popen]:

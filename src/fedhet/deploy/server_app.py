@@ -172,6 +172,8 @@ class FlowerRoundContext(Simulation):
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
         """Send one downlink to the client's node and return its reply; a topology that is
         not star cannot go on without it, so a missing reply is an error."""
+        if not self.available(client_id):
+            self.roster.refresh(self.round_timeout)
         replies = self.client_updates({client_id: message}, round)
         if client_id not in replies:
             raise FedhetError(
@@ -217,8 +219,6 @@ class FlowerRoundContext(Simulation):
 
     def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:
         row = super()._evaluate(state, round, diag)
-        if round > 0:
-            self.roster.refresh(self.round_timeout)
         self.wire["total"] += self.wire["down"] + self.wire["up"]
         row.update({
             "wire_downlink_bytes": self.wire["down"], "wire_uplink_bytes": self.wire["up"],
@@ -233,6 +233,7 @@ def flower_star_round(
     rc: FlowerRoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """`star_round` with the sampled clients' updates in flight at the same time."""
+    rc.roster.refresh(rc.round_timeout)  # a restarted SuperNode re-joins here
     downs = {}
     for client_id in clients:
         if rc.available(client_id):
