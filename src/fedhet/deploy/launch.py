@@ -110,8 +110,12 @@ class LocalFederation:
     """`with LocalFederation(n) as fed: fed.run(app_dir)` — see the module docstring."""
 
     def __init__(self, num_nodes: int, workdir: Path | None = None, start_timeout: float = 60.0,
-                 node_config: dict[int, dict[str, Any]] | None = None) -> None:
+                 node_config: dict[int, dict[str, Any]] | None = None, simulation: bool = False,
+                 cpus_per_node: float = 1.0) -> None:
         self.num_nodes = num_nodes
+        self.simulation = simulation
+        """Use Flower's simulation runtime (Ray): the SuperLink runs the nodes as Ray actors."""
+        self.cpus_per_node = cpus_per_node
         self.start_timeout = start_timeout
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="fedhet-flower-")
         self.workdir = Path(workdir or self._tmp.name)
@@ -141,10 +145,10 @@ class LocalFederation:
         )
         self.superlink = self._spawn("superlink", [
             "flower-superlink", "--insecure", "--host", HOST, "--port", str(self.port),
-            "--disable-runtime-dependency-installation",
+            "--disable-runtime-dependency-installation", *(["--simulation"] * self.simulation),
         ])
         _wait_port(self.port, self.start_timeout, self.superlink, self.logs / "superlink.log")
-        for i in range(self.num_nodes):
+        for i in range(0 if self.simulation else self.num_nodes):
             self.start_node(i)
         return self
 
@@ -196,6 +200,9 @@ class LocalFederation:
         args = ["flwr", "run", str(Path(app_dir).resolve()), CONNECTION, "--stream"]
         for item in run_config or []:
             args += ["--run-config", item]
+        if self.simulation:
+            args += ["--federation-config",
+                     f"num-supernodes={self.num_nodes} client-resources-num-cpus={self.cpus_per_node}"]
         return self._spawn("flwr-run", args)
 
     def run(self, app_dir: Path, out: Path, timeout: float = 3600.0,
