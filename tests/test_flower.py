@@ -334,3 +334,20 @@ def test_superlink_and_three_supernodes_match_the_engine(tmp_path):
 def _metrics_rows(out: Path) -> int:
     path = out / "metrics.csv"
     return len(path.read_text().splitlines()) - 1 if path.exists() else 0
+
+
+def test_deploy_app_command_writes_the_app_and_refuses_bad_settings(tmp_path, capsys):
+    from fedhet.cli import main
+
+    app = tmp_path / "app"
+    rc = main(["deploy", "app", "-a", "fedavgm", "-n", "3", "-r", "2", "--set", "algorithm.gamma=0.5",
+               "--out", str(tmp_path / "out"), "--app-dir", str(app), "--round-timeout", "30"])
+    assert rc == 0 and "partition-id=2 num-partitions=3" in capsys.readouterr().out
+    import tomllib
+
+    config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    cfg, _ = resolve_settings(json.loads(config["fedhet-settings"]))
+    assert (cfg.algorithm, cfg.clients, cfg.algorithm_params["gamma"]) == ("fedavgm", 3, 0.5)
+    bad = tmp_path / "bad"
+    assert main(["deploy", "app", "--set", "lr=-1", "--out", "x", "--app-dir", str(bad)]) == 2
+    assert "lr must be a positive number" in capsys.readouterr().err and not bad.exists()

@@ -133,7 +133,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     check_timeouts(("round-timeout", args.round_timeout), ("node-wait", args.node_wait))
     values, out = _run_values(args), Path(args.out)
     if args.mode == "app":
-        deploy_app(values, out, Path(args.app_dir), args.round_timeout, args.node_wait)
+        deploy_app(values, out, Path(args.app_dir), args.round_timeout, args.node_wait, args.force)
         return 0
     keep = Path(args.keep_logs) if args.keep_logs else None
     summary = deploy_local(values, out, args.round_timeout, args.node_wait, args.timeout,
@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--node-wait", type=float, default=300.0,
                      help="seconds to wait for one SuperNode per client before the first round")
     dep.add_argument("--timeout", type=float, default=24 * 3600.0, help="local: whole-run limit")
-    dep.add_argument("--force", action="store_true", help="local: replace a non-empty --out")
+    dep.add_argument("--force", action="store_true", help="replace a non-empty --out")
     dep.add_argument("--keep-logs", metavar="DIR", help="local: keep Flower's logs and home in DIR")
     dep.set_defaults(func=cmd_deploy)
     demo = sub.add_parser("demo", help="FedAvg vs FedNova on digits, Dirichlet 0.5 (embedded)")

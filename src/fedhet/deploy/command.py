@@ -12,12 +12,13 @@ from fedhet.errors import FedhetError
 
 
 def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: float,
-               node_wait: float) -> Path:
+               node_wait: float, force: bool = False) -> Path:
     """Write the Flower App for this run and print how to start the federation by hand."""
     from fedhet.engine.config import resolve
 
     cfg, _ = resolve(values)  # bad settings fail here, before anything is written
-    path = write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait)
+    path = write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait,
+                     force=force)
     q = shlex.quote
     print(f"wrote {path}\nstart the federation (each in its own terminal; see docs/deploy.md for TLS):")
     print("  export FLWR_TELEMETRY_ENABLED=0")

@@ -4,7 +4,8 @@ The app has no code of its own: its components point at `fedhet.deploy.server_ap
 `fedhet.deploy.client_app:app`, so fedhet (with the `flower` extra) must be installed on the
 SuperLink's and every SuperNode's machine. The run settings travel in the run config as one
 JSON string (`fedhet-settings`, the same flat keys as `fedhet run --set`), next to the server's
-output directory and timeouts; `flwr run APP --run-config 'round-timeout=120'` overrides them.
+output directory, timeouts and `force` (replace a non-empty output directory);
+`flwr run APP --run-config 'round-timeout=120'` overrides them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def _toml_str(s: str) -> str:
 
 def app_pyproject(
     settings: dict[str, Any], out: Path, round_timeout: float = 600.0,
-    node_wait_timeout: float = 300.0,
+    node_wait_timeout: float = 300.0, force: bool = False,
 ) -> str:
     """The text of the Flower App's `pyproject.toml` for one fedhet run."""
     config = {
@@ -33,6 +34,7 @@ def app_pyproject(
         "out": _toml_str(str(Path(out).resolve())),
         "round-timeout": repr(float(round_timeout)),
         "node-wait-timeout": repr(float(node_wait_timeout)),
+        "force": "true" if force else "false",
     }
     lines = [
         "[build-system]",
@@ -59,10 +61,10 @@ def app_pyproject(
     return "\n".join(lines)
 
 
-def write_app(app_dir: Path, settings: dict[str, Any], out: Path, **timeouts: float) -> Path:
+def write_app(app_dir: Path, settings: dict[str, Any], out: Path, **options: Any) -> Path:
     """Write the Flower App project into `app_dir`; returns its `pyproject.toml`."""
     app_dir = Path(app_dir)
     app_dir.mkdir(parents=True, exist_ok=True)
     path = app_dir / "pyproject.toml"
-    path.write_text(app_pyproject(settings, out, **timeouts))
+    path.write_text(app_pyproject(settings, out, **options))
     return path

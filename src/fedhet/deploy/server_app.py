@@ -37,6 +37,7 @@ from fedhet.errors import FedhetError
 OUT_KEY = "out"
 ROUND_TIMEOUT_KEY = "round-timeout"
 NODE_WAIT_KEY = "node-wait-timeout"
+FORCE_KEY = "force"
 POLL_S = 0.1
 UNREACHABLE = "unreachable"
 """Error code reported for a node that did not reply in time (or that the SuperLink gave up on)."""
@@ -265,9 +266,10 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
-    from fedhet.experiments.single import resolve_settings
+    from fedhet.experiments.single import prepare_out, resolve_settings
 
     cfg, params = resolve_settings(json.loads(str(context.run_config[SETTINGS_KEY])), "run config")
+    prepare_out(out, bool(context.run_config.get(FORCE_KEY, False)))
     store = RunStore(out)
     store.write_config(cfg.to_dict())
     rc = FlowerRoundContext(
