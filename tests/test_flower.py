@@ -351,3 +351,37 @@ def test_deploy_app_command_writes_the_app_and_refuses_bad_settings(tmp_path, ca
     bad = tmp_path / "bad"
     assert main(["deploy", "app", "--set", "lr=-1", "--out", "x", "--app-dir", str(bad)]) == 2
     assert "lr must be a positive number" in capsys.readouterr().err and not bad.exists()
+
+
+def _make_certificates(d: Path) -> tuple[Path, Path, Path]:
+    """A CA and a SuperLink certificate for 127.0.0.1, as docs/deploy.md generates them."""
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", "ca.key",
+        "-out", "ca.crt", "-subj", "/CN=fedhet-test-ca")
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+        "-subj", "/CN=superlink")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "2", "-out", "server.pem", "-extfile", "san.ext")
+    return d / "ca.crt", d / "server.pem", d / "server.key"
+
+
+@pytest.mark.slow
+def test_tls_federation_on_loopback(tmp_path):
+    """SuperLink with a CA-signed certificate, SuperNodes and `flwr run` verifying it."""
+    import shutil
+
+    from fedhet.deploy.launch import LocalFederation
+    from fedhet.deploy.project import write_app
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    tls = _make_certificates(tmp_path)
+    settings = {**BASE, "algorithm": "fedavg", "clients": 2, "rounds": 1}
+    write_app(tmp_path / "app", settings, tmp_path / "out", round_timeout=300)
+    with LocalFederation(2, workdir=tmp_path / "fed", tls=tls) as fed:
+        summary = fed.run(tmp_path / "app", tmp_path / "out", timeout=400)
+        assert summary["finished"]
+        assert f"https://127.0.0.1:{fed.port}" in (fed.logs / "superlink.log").read_text()

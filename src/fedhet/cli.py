@@ -137,7 +137,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return 0
     keep = Path(args.keep_logs) if args.keep_logs else None
     summary = deploy_local(values, out, args.round_timeout, args.node_wait, args.timeout,
-                           args.force, keep)
+                           args.force, keep, simulation=args.simulation)
     print(
         f"{summary['algorithm']} over Flower ({summary['clients']} SuperNodes): final accuracy "
         f"{summary['final_accuracy']:.4f}, {summary['total_time_s']:.1f} s of rounds; results in {out}"
@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--timeout", type=float, default=24 * 3600.0, help="local: whole-run limit")
     dep.add_argument("--force", action="store_true", help="replace a non-empty --out")
     dep.add_argument("--keep-logs", metavar="DIR", help="local: keep Flower's logs and home in DIR")
+    dep.add_argument("--simulation", action="store_true",
+                     help="local: Flower's simulation runtime (Ray; needs fedhet[flower-sim])")
     dep.set_defaults(func=cmd_deploy)
     demo = sub.add_parser("demo", help="FedAvg vs FedNova on digits, Dirichlet 0.5 (embedded)")
     demo.add_argument("--out", default="runs/demo")

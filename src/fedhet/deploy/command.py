@@ -32,8 +32,10 @@ def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: 
 
 
 def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_wait: float,
-                 timeout: float, force: bool, keep_logs: Path | None) -> dict[str, Any]:
-    """Start a SuperLink and one SuperNode per client on 127.0.0.1, run, stop everything."""
+                 timeout: float, force: bool, keep_logs: Path | None,
+                 simulation: bool = False) -> dict[str, Any]:
+    """Start a SuperLink and one SuperNode per client on 127.0.0.1 (or, with `simulation`,
+    a SuperLink running Flower's Ray simulation runtime), run, stop everything."""
     from fedhet.deploy.launch import LocalFederation
     from fedhet.engine.config import resolve
     from fedhet.experiments.single import prepare_out
@@ -41,10 +43,11 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     cfg, _ = resolve(values)
     prepare_out(out, force)
     t0 = time.perf_counter()
-    with LocalFederation(cfg.clients, workdir=keep_logs) as fed:
+    with LocalFederation(cfg.clients, workdir=keep_logs, simulation=simulation) as fed:
         app_dir = fed.workdir / "app"
         write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait)
-        print(f"SuperLink on 127.0.0.1:{fed.port} with {cfg.clients} SuperNodes; logs in {fed.logs}")
+        nodes = "simulated (Ray) " if simulation else ""
+        print(f"SuperLink on 127.0.0.1:{fed.port} with {cfg.clients} {nodes}SuperNodes; logs in {fed.logs}")
         summary = fed.run(app_dir, out, timeout=timeout)
     summary["deploy_wall_s"] = time.perf_counter() - t0
     return summary

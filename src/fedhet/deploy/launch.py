@@ -111,8 +111,10 @@ class LocalFederation:
 
     def __init__(self, num_nodes: int, workdir: Path | None = None, start_timeout: float = 60.0,
                  node_config: dict[int, dict[str, Any]] | None = None, simulation: bool = False,
-                 cpus_per_node: float = 1.0) -> None:
+                 cpus_per_node: int = 1, tls: tuple[Path, Path, Path] | None = None) -> None:
         self.num_nodes = num_nodes
+        self.tls = tuple(Path(p).resolve() for p in tls) if tls else None
+        """`(ca.crt, server.pem, server.key)`: TLS on every connection instead of `--insecure`."""
         self.simulation = simulation
         """Use Flower's simulation runtime (Ray): the SuperLink runs the nodes as Ray actors."""
         self.cpus_per_node = cpus_per_node
@@ -139,12 +141,16 @@ class LocalFederation:
 
     def start(self) -> LocalFederation:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
+        security = f'root-certificates = "{self.tls[0]}"' if self.tls else "insecure = true"
         (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f'address = "{HOST}:{self.port}"\ninsecure = true\n'
+            f'address = "{HOST}:{self.port}"\n{security}\n'
         )
+        ca, cert, key = self.tls or ("", "", "")
+        tls_args = ["--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
         self.superlink = self._spawn("superlink", [
-            "flower-superlink", "--insecure", "--host", HOST, "--port", str(self.port),
+            "flower-superlink", *(tls_args if self.tls else ["--insecure"]),
+            "--host", HOST, "--port", str(self.port),
             "--disable-runtime-dependency-installation", *(["--simulation"] * self.simulation),
         ])
         _wait_port(self.port, self.start_timeout, self.superlink, self.logs / "superlink.log")
@@ -157,7 +163,9 @@ class LocalFederation:
                  **self.node_config.get(partition_id, {})}
         config = " ".join(f"{k}={_config_value(v)}" for k, v in items.items())
         self.nodes[partition_id] = self._spawn(f"supernode-{partition_id}", [
-            "flower-supernode", "--insecure", "--superlink", f"{HOST}:{self.port}",
+            "flower-supernode",
+            *(["--root-certificates", str(self.tls[0])] if self.tls else ["--insecure"]),
+            "--superlink", f"{HOST}:{self.port}",
             "--node-config", config, "--host", HOST, "--port", str(free_port()),
         ])
         return self.nodes[partition_id]
