@@ -166,6 +166,25 @@ def test_server_app_matches_in_process_engine(algorithm):
     assert [t for _, t in grid.pushed].count("train") == BASE["clients"] * BASE["rounds"]
 
 
+ALGORITHM_SETTINGS = {
+    "fedsr": {"algorithm.clusters": 2}, "hierfavg": {"algorithm.clusters": 2},
+    "moon": {"model": "moon-mlp"},
+}
+"""What some algorithms need to run with 4 clients on digits (used when they are registered)."""
+
+
+@pytest.mark.parametrize(
+    "algorithm", [n for n in ALGORITHMS.names() if not ALGORITHMS.get(n).factory.centralized]
+)
+def test_every_registered_algorithm_runs_through_flower_messages(algorithm):
+    """Each algorithm (star, ring and hierarchical topologies alike): the same model and the
+    same communication count as the in-process engine, bit for bit."""
+    settings = {**BASE, "algorithm": algorithm, "clients": 4, **ALGORITHM_SETTINGS.get(algorithm, {})}
+    local, remote, _, _ = run_both(settings)
+    assert torch.equal(remote.final_state["w"], local.final_state["w"])
+    assert remote.comm.state() == local.comm.state()
+
+
 # A client-stateful algorithm and a chain topology (each client trains on its predecessor's
 # model, the hop relayed through the server) exercise `Context.state` and the generic path.
 class CountingAvg(Algorithm):
