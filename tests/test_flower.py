@@ -404,3 +404,28 @@ def test_tls_federation_on_loopback(tmp_path):
         summary = fed.run(tmp_path / "app", tmp_path / "out", timeout=400)
         assert summary["finished"]
         assert f"https://127.0.0.1:{fed.port}" in (fed.logs / "superlink.log").read_text()
+
+
+def test_batchnorm_statistics_travel_with_the_messages():
+    """A model with BatchNorm buffers: they go down with `_buffers`, come back in the replies
+    and are averaged by the server exactly as in-process."""
+    import math
+
+    from torch import nn
+
+    from fedhet.models.registry import MODELS
+
+    @MODELS.register("flower-test-bn", NoParams, "MLP with BatchNorm (test only)")
+    def bn_mlp(input_shape, num_classes, params):
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 16), nn.BatchNorm1d(16),
+                             nn.ReLU(), nn.Linear(16, num_classes))
+
+    settings = {**BASE, "algorithm": "fedavg", "model": "flower-test-bn"}
+    try:
+        initial = Simulation(*resolve_settings(settings), store=None, log=lambda _: None).buffers
+        local, remote, _, _ = run_both(settings)
+    finally:
+        MODELS._entries.pop("flower-test-bn", None)
+    assert initial.numel() > 0 and not torch.equal(remote.buffers, initial)
+    assert torch.equal(remote.buffers, local.buffers)
+    assert torch.equal(remote.final_state["w"], local.final_state["w"])
