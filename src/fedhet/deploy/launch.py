@@ -107,16 +107,20 @@ def flower_env(flwr_home: Path, extra: dict[str, str] | None = None) -> dict[str
 
 
 class LocalFederation:
-    """`with LocalFederation(n) as fed: fed.run(app_dir)` — see the module docstring."""
+    """`with LocalFederation(n) as fed: fed.run(app_dir, out)` — see the module docstring.
+
+    `simulation=True` uses Flower's simulation runtime (Ray) instead: the SuperLink runs the
+    `n` nodes itself (`cpus_per_node` CPUs each) and no SuperNode is started.
+    `tls=(ca.crt, server.pem, server.key)` replaces `--insecure` on every connection.
+    `node_config` adds node-config entries per partition id (e.g. `data-dir`).
+    """
 
     def __init__(self, num_nodes: int, workdir: Path | None = None, start_timeout: float = 60.0,
                  node_config: dict[int, dict[str, Any]] | None = None, simulation: bool = False,
                  cpus_per_node: int = 1, tls: tuple[Path, Path, Path] | None = None) -> None:
         self.num_nodes = num_nodes
         self.tls = tuple(Path(p).resolve() for p in tls) if tls else None
-        """`(ca.crt, server.pem, server.key)`: TLS on every connection instead of `--insecure`."""
         self.simulation = simulation
-        """Use Flower's simulation runtime (Ray): the SuperLink runs the nodes as Ray actors."""
         self.cpus_per_node = cpus_per_node
         self.start_timeout = start_timeout
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="fedhet-flower-")
