@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 $(BIN)/fedhet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev,flower]"
 	touch $@
 
 setup: $(BIN)/fedhet
@@ -20,7 +20,7 @@ test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
 
 bench: setup
 	$(BIN)/python benchmarks/bench_fedavg.py

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedhet.experiments.single import resolve_settings
 from fedhet.engine.simulation import Simulation, sample_clients
+from fedhet.experiments.single import resolve_settings
 
 
 def ensure_mnist(data_dir: Path) -> None:

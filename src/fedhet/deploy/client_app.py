@@ -1,0 +1,103 @@
+"""The Flower `ClientApp`: one SuperNode is one fedhet client.
+
+The node reads its client id from its node config (`partition-id`), rebuilds the run from the
+run config (the same settings the server resolves), re-runs the deterministic partitioner on
+its own copy of the dataset and keeps only its partition: no training data crosses the
+network. Each `train` message carries the algorithm's downlink message; the node runs the
+engine's `client_update` (the very code the in-process simulator runs, with the same random
+streams), keeps the algorithm's client state (SCAFFOLD's `c_i`, …) in the node's
+`Context.state` between rounds and replies with the uplink message. A `query` message asks the
+node who it is, so the server can map client ids to nodes and check that both sides hold the
+same partition.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from fedhet.deploy.records import STATE, from_record, pack_state, to_record, unpack_state
+from fedhet.engine.simulation import Simulation
+from fedhet.errors import FedhetError
+
+SETTINGS_KEY = "fedhet-settings"
+PARTITION_KEY = "partition-id"
+DATA_DIR_KEY = "data-dir"
+
+app = ClientApp()
+
+_worlds: dict[str, Simulation] = {}
+
+
+def node_world(context: Context) -> Simulation:
+    """The node's view of the run: data, its partition, model and algorithm (cached per process)."""
+    from fedhet.experiments.single import resolve_settings
+
+    raw = context.run_config.get(SETTINGS_KEY)
+    if not isinstance(raw, str):
+        raise FedhetError(f"run config has no {SETTINGS_KEY!r}; start the run with `fedhet deploy`")
+    settings = json.loads(raw)
+    if DATA_DIR_KEY in context.node_config:
+        settings["data_dir"] = str(context.node_config[DATA_DIR_KEY])
+    key = json.dumps(settings, sort_keys=True)
+    if key not in _worlds:
+        cfg, params = resolve_settings(settings, "run config")
+        _worlds[key] = Simulation(cfg, params, store=None, log=lambda _: None)
+    return _worlds[key]
+
+
+def node_client_id(context: Context, world: Simulation) -> int:
+    if PARTITION_KEY not in context.node_config:
+        raise FedhetError(
+            "this SuperNode has no partition-id; start it with --node-config 'partition-id=<i>'"
+        )
+    client_id = int(context.node_config[PARTITION_KEY])
+    if not 0 <= client_id < world.run_info.num_clients:
+        raise FedhetError(
+            f"partition-id {client_id} is out of range: the run has "
+            f"{world.run_info.num_clients} clients (ids 0..{world.run_info.num_clients - 1})"
+        )
+    return client_id
+
+
+def fingerprint(indices: Any) -> str:
+    """A short hash of a client's sample indices (the server checks it against its own)."""
+    return hashlib.sha256(indices.numpy().tobytes()).hexdigest()[:16]
+
+
+@app.query()
+def describe(msg: Message, context: Context) -> Message:
+    """Who this node is: its client id, sample count and partition fingerprint."""
+    from fedhet.algorithms.base import Message as FedMessage
+
+    world = node_world(context)
+    client_id = node_client_id(context, world)
+    indices = world.client_indices[client_id]
+    info = FedMessage(scalars={
+        "client_id": client_id, "num_samples": len(indices), "fingerprint": fingerprint(indices),
+    })
+    return Message(to_record(info), reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """One client update: downlink in, `algorithm.client_update` on local data, uplink out."""
+    world = node_world(context)
+    client_id = node_client_id(context, world)
+    down, meta = from_record(msg.content)
+    if int(meta["client_id"]) != client_id:
+        raise FedhetError(
+            f"message for client {meta['client_id']} reached the node of client {client_id}"
+        )
+    world.client_states = {}
+    if STATE in context.state:
+        world.client_states[client_id] = unpack_state(context.state.config_records[STATE])
+    up = world.client_update(client_id, down, int(meta["round"]))
+    context.state[STATE] = pack_state(world.client_states[client_id])
+    world._round_buffers = []
+    return Message(to_record(up, client_id=client_id), reply_to=msg)
+

@@ -1,0 +1,289 @@
+"""The Flower `ServerApp`: fedhet's round loop with client updates sent to SuperNodes.
+
+`FlowerRoundContext` is the engine's `Simulation` (sampling, round runners, evaluation on the
+test set, metrics, checkpoints: the same code and the same run directory) with one change:
+`client_update` sends the downlink message to the client's SuperNode through the Flower `Grid`
+and waits for the reply instead of computing it in-process. Every round runner in
+`ROUND_RUNNERS` therefore runs over Flower unchanged; for hierarchical and ring topologies the
+edge role is played by this server app and a ring hop `i → j` is relayed through it (node `i`
+replies, the server forwards to node `j`), while `CommLedger` still counts it once as a
+device-to-device transfer. The star topology gets `flower_star_round`, the same protocol as
+`engine.rounds.star_round` but with all downlinks pushed at once so that nodes train in
+parallel; a client whose node does not answer within the round timeout is dropped from the
+round (and the run) and the round completes with the replies that arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.app import Message as FlowerMessage
+from flwr.serverapp import Grid, ServerApp
+
+from fedhet.algorithms.base import Message, Reply
+from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
+from fedhet.deploy.records import from_record, to_record, wire_bytes
+from fedhet.engine.config import RunConfig
+from fedhet.engine.simulation import BUFFERS, Simulation
+from fedhet.engine.store import RunStore, atomic_write_text, to_json
+from fedhet.errors import FedhetError
+
+OUT_KEY = "out"
+ROUND_TIMEOUT_KEY = "round-timeout"
+NODE_WAIT_KEY = "node-wait-timeout"
+FORCE_KEY = "force"
+POLL_S = 0.1
+UNREACHABLE = "unreachable"
+"""Error code reported for a node that did not reply in time (or that the SuperLink gave up on)."""
+
+app = ServerApp()
+
+
+def exchange(
+    grid: Grid, messages: dict[Any, FlowerMessage], timeout: float
+) -> tuple[dict[Any, FlowerMessage], list[Any]]:
+    """Push all `messages`, pull replies until every one arrived or `timeout` s passed.
+
+    Returns the replies by key and the keys that got none. Polls every `POLL_S` s (Flower's
+    own `send_and_receive` polls every 3 s, which would dominate a round on localhost).
+    """
+    if not messages:
+        return {}, []
+    keys = list(messages)
+    ids = list(grid.push_messages([messages[k] for k in keys]))
+    key_of = dict(zip(ids, keys, strict=True))
+    pending = set(ids)
+    replies: dict[Any, FlowerMessage] = {}
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for reply in grid.pull_messages(list(pending)):
+            mid = reply.metadata.reply_to_message_id
+            if mid in pending:
+                pending.discard(mid)
+                replies[key_of[mid]] = reply
+        if pending:
+            time.sleep(POLL_S)
+    return replies, [key_of[m] for m in pending]
+
+
+def node_failure(reply: FlowerMessage) -> str | None:
+    """Why a reply carries no result: None (it does), UNREACHABLE, or the ClientApp's error."""
+    if not reply.has_error():
+        return None
+    from flwr.common.constant import ErrorCode
+
+    if reply.error.code in (ErrorCode.NODE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
+                            ErrorCode.MESSAGE_UNAVAILABLE):
+        return UNREACHABLE
+    return reply.error.reason
+
+
+class Roster:
+    """Which SuperNode hosts which client id; nodes that failed are ignored for the run."""
+
+    def __init__(self, grid: Grid, world: Simulation, log: Any) -> None:
+        self.grid = grid
+        self.world = world
+        self.log = log
+        self.node_of: dict[int, int] = {}
+        self.ignored: set[int] = set()
+
+    def refresh(self, timeout: float) -> None:
+        """Ask every SuperNode not seen before who it is, and check its partition."""
+        known = set(self.node_of.values()) | self.ignored
+        new = [n for n in self.grid.get_node_ids() if n not in known]
+        if not new:
+            return
+        queries = {
+            n: FlowerMessage(to_record(Message()), n, "query", group_id="roster", ttl=timeout)
+            for n in new
+        }
+        replies, silent = exchange(self.grid, queries, timeout)
+        self.ignored.update(silent)
+        for node, reply in replies.items():
+            failure = node_failure(reply)
+            if failure == UNREACHABLE:
+                self.ignored.add(node)
+            elif failure is not None:
+                raise FedhetError(f"SuperNode {node} cannot join the run: {failure}")
+            else:
+                self._register(node, from_record(reply.content)[0].scalars)
+
+    def _register(self, node: int, info: dict[str, Any]) -> None:
+        client_id = int(info["client_id"])
+        indices = self.world.client_indices[client_id]
+        if info["num_samples"] != len(indices) or info["fingerprint"] != fingerprint(indices):
+            raise FedhetError(
+                f"SuperNode {node} (partition-id {client_id}) holds a different partition than "
+                f"the server ({info['num_samples']} vs {len(indices)} samples): every machine "
+                "must use the same dataset files, settings and fedhet version"
+            )
+        old = self.node_of.get(client_id)
+        if old is not None:
+            self.log(f"partition-id {client_id}: SuperNode {node} replaces SuperNode {old}")
+            self.ignored.add(old)
+        self.node_of[client_id] = node
+
+    def wait_for_all(self, timeout: float) -> None:
+        n = self.world.run_info.num_clients
+        deadline = time.monotonic() + timeout
+        while True:
+            self.refresh(max(5.0, deadline - time.monotonic()))
+            missing = sorted(set(range(n)) - set(self.node_of))
+            if not missing:
+                return
+            if time.monotonic() > deadline:
+                raise FedhetError(
+                    f"{n - len(missing)} of {n} clients have a SuperNode after {timeout:.0f} s "
+                    f"(missing partition-id {', '.join(map(str, missing))}); start one "
+                    "`flower-supernode --node-config 'partition-id=<i>'` per client"
+                )
+            time.sleep(0.5)
+
+    def drop(self, client_id: int) -> None:
+        self.ignored.add(self.node_of.pop(client_id))
+
+
+class FlowerRoundContext(Simulation):
+    """`Simulation` whose client updates run on SuperNodes (see the module docstring)."""
+
+    def __init__(
+        self, cfg: RunConfig, params: dict[str, Any], store: RunStore | None, grid: Grid,
+        round_timeout: float, log: Any = print,
+    ) -> None:
+        super().__init__(cfg, params, store, log=log)
+        self.grid = grid
+        self.round_timeout = round_timeout
+        self.roster = Roster(grid, self, log)
+        if self.algorithm.topology == "star":
+            self.runner = flower_star_round
+        self.wire = {"down": 0, "up": 0, "total": 0}
+        self.dropped = 0
+
+    def available(self, client_id: int) -> bool:
+        return client_id in self.roster.node_of
+
+    # -- the round runner's protocol -----------------------------------------------------
+    def client_update(self, client_id: int, message: Message, round: int) -> Message:
+        """Send one downlink to the client's node and return its reply; a topology that is
+        not star cannot go on without it, so a missing reply is an error."""
+        if not self.available(client_id):
+            self.roster.refresh(self.round_timeout)
+        replies = self.client_updates({client_id: message}, round)
+        if client_id not in replies:
+            raise FedhetError(
+                f"client {client_id} did not reply in round {round + 1}; "
+                f"{self.cfg.algorithm} ({self.algorithm.topology} topology) cannot skip a client"
+            )
+        return replies[client_id]
+
+    def client_updates(self, downs: dict[int, Message], round: int) -> dict[int, Message]:
+        """Send several downlinks at once; returns the replies that arrived in time."""
+        downs = {c: m for c, m in downs.items() if self.available(c)}
+        messages = {}
+        for c, down in downs.items():
+            content = to_record(down, client_id=c, round=round)
+            self.wire["down"] += wire_bytes(content)
+            messages[c] = FlowerMessage(
+                content, self.roster.node_of[c], "train", group_id=str(round + 1),
+                ttl=self.round_timeout,
+            )
+        replies, silent = exchange(self.grid, messages, self.round_timeout)
+        ups: dict[int, Message] = {}
+        for c in sorted(replies):
+            failure = node_failure(replies[c])
+            if failure == UNREACHABLE:
+                silent.append(c)
+            elif failure is not None:
+                raise FedhetError(f"client {c} failed in round {round + 1}: {failure}")
+            else:
+                self.wire["up"] += wire_bytes(replies[c].content)
+                ups[c] = self._received(c, replies[c])
+        for c in silent:
+            self.log(f"round {round + 1}: client {c} (SuperNode {self.roster.node_of[c]}) did not "
+                     f"reply within {self.round_timeout:.0f} s; dropped for the rest of the run")
+            self.roster.drop(c)
+            self.dropped += 1
+        return ups
+
+    def _received(self, client_id: int, reply: FlowerMessage) -> Message:
+        up, _ = from_record(reply.content)
+        if BUFFERS in up.tensors:
+            self._round_buffers.append((len(self.client_indices[client_id]), up.tensors[BUFFERS]))
+        return up
+
+    def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:
+        row = super()._evaluate(state, round, diag)
+        self.wire["total"] += self.wire["down"] + self.wire["up"]
+        row.update({
+            "wire_downlink_bytes": self.wire["down"], "wire_uplink_bytes": self.wire["up"],
+            "cum_wire_bytes": self.wire["total"], "clients_dropped": self.dropped,
+        })
+        self.wire["down"] = self.wire["up"] = 0
+        self.dropped = 0
+        return row
+
+
+def flower_star_round(
+    rc: FlowerRoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`star_round` with the sampled clients' updates in flight at the same time."""
+    rc.roster.refresh(rc.round_timeout)  # a restarted SuperNode re-joins here
+    downs = {}
+    for client_id in clients:
+        if rc.available(client_id):
+            downs[client_id] = rc.configure(state, client_id, round)
+            rc.comm.send("device-cloud", "down", downs[client_id])
+        else:
+            rc.dropped += 1
+    ups = rc.client_updates(downs, round)
+    replies = []
+    for client_id in clients:
+        if client_id in ups:
+            rc.comm.send("device-cloud", "up", ups[client_id])
+            replies.append(Reply(client_id, ups[client_id]))
+    if not replies:
+        raise FedhetError(f"no client replied in round {round + 1}; nothing to aggregate")
+    return rc.algorithm.aggregate(state, round, replies)
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run one fedhet experiment over the federation; results go to the run config's `out`."""
+    out = Path(str(context.run_config[OUT_KEY]))
+    try:
+        run_experiment(grid, context, out)
+    except Exception as e:
+        reason = str(e) if isinstance(e, FedhetError) else traceback.format_exc()
+        atomic_write_text(out / "error.txt", reason)
+        raise
+
+
+def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
+    from fedhet.experiments.single import prepare_out, resolve_settings
+
+    cfg, params = resolve_settings(json.loads(str(context.run_config[SETTINGS_KEY])), "run config")
+    prepare_out(out, bool(context.run_config.get(FORCE_KEY, False)))
+    store = RunStore(out)
+    store.write_config(cfg.to_dict())
+    rc = FlowerRoundContext(
+        cfg, params, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)),
+    )
+    t0 = time.perf_counter()
+    rc.roster.wait_for_all(float(context.run_config.get(NODE_WAIT_KEY, 300.0)))
+    print(f"fedhet: {len(rc.roster.node_of)} SuperNodes joined in {time.perf_counter() - t0:.1f} s")
+    summary = rc.run()
+    summary["cum_wire_bytes"] = rc.wire["total"]
+    store.write_summary(summary)
+    atomic_write_text(out / "deploy.json", to_json({
+        "nodes": {str(c): n for c, n in sorted(rc.roster.node_of.items())},
+        "dropped_nodes": sorted(rc.roster.ignored), "round_timeout_s": rc.round_timeout,
+    }))
+    print(f"fedhet: finished; final accuracy {summary['final_accuracy']:.4f}; results in {out}")
+    return summary

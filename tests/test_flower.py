@@ -1,0 +1,431 @@
+"""fedhet on Flower: lossless messages, the server app over an in-process grid, and (slow) a
+real SuperLink with 3 SuperNodes on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+import torch
+
+flwr = pytest.importorskip("flwr", reason="Flower is not installed (pip install fedhet[flower])")
+
+from flwr.app import Context, RecordDict  # noqa: E402
+from flwr.serverapp import Grid  # noqa: E402
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+
+from fedhet.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_sum  # noqa: E402
+from fedhet.algorithms.fedavg import local_sgd_update  # noqa: E402
+from fedhet.deploy import client_app  # noqa: E402
+from fedhet.deploy.project import app_pyproject  # noqa: E402
+from fedhet.deploy.records import from_record, pack_state, to_record, unpack_state  # noqa: E402
+from fedhet.deploy.server_app import FlowerRoundContext  # noqa: E402
+from fedhet.engine.rounds import ROUND_RUNNERS  # noqa: E402
+from fedhet.engine.simulation import Simulation  # noqa: E402
+from fedhet.errors import FedhetError  # noqa: E402
+from fedhet.experiments.single import resolve_settings  # noqa: E402
+from fedhet.registry import NoParams  # noqa: E402
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 3, "rounds": 2, "lr": 0.1,
+        "seed": 3, "local_steps": 4}
+
+
+# -- messages ---------------------------------------------------------------------------
+def test_message_round_trip_is_lossless():
+    g = torch.Generator().manual_seed(0)
+    tensors = {
+        "w": torch.randn(7, generator=g), "d": torch.randn(2, 3, dtype=torch.float64, generator=g),
+        "i": torch.arange(5), "flag": torch.tensor(True), "scalar0d": torch.tensor(1.5),
+    }
+    scalars = {"num_samples": 17, "tau": 3, "loss": 0.1 + 1e-17, "tiny": 5e-324, "ok": True}
+    back, meta = from_record(to_record(Message(tensors, scalars), client_id=2, round=9))
+    assert meta == {"client_id": 2, "round": 9}
+    assert back.scalars == scalars and all(type(back.scalars[k]) is type(v) for k, v in scalars.items())
+    for name, t in tensors.items():
+        assert back.tensors[name].dtype == t.dtype and back.tensors[name].shape == t.shape
+        assert torch.equal(back.tensors[name], t)
+
+
+def test_unsupported_scalar_is_a_clear_error():
+    with pytest.raises(FedhetError, match="send it as a tensor"):
+        to_record(Message(scalars={"v": [1.0, 2.0]}))
+
+
+def test_client_state_survives_packing():
+    state = {"c_i": torch.randn(4), "count": 3, "nested": [torch.ones(2)]}
+    back = unpack_state(pack_state(state))
+    assert torch.equal(back["c_i"], state["c_i"]) and back["count"] == 3
+    assert torch.equal(back["nested"][0], torch.ones(2))
+
+
+def test_generated_app_is_a_valid_flower_app(tmp_path):
+    import tomllib
+
+    from flwr.common.config import validate_config
+
+    settings = {"algorithm": "fedavgm", "algorithm.gamma": 0.5, "clients": 4, "note": 'a "q"'}
+    text = app_pyproject(settings, tmp_path / "out", round_timeout=30)
+    config = tomllib.loads(text)
+    valid, errors, _ = validate_config(config, check_module=True, project_dir=tmp_path)
+    assert valid, errors
+    run_config = config["tool"]["flwr"]["app"]["config"]
+    assert json.loads(run_config["fedhet-settings"]) == settings
+    assert run_config["round-timeout"] == 30.0 and run_config["out"] == str((tmp_path / "out").resolve())
+
+
+def test_core_does_not_import_flower():
+    code = (
+        "import sys, fedhet, fedhet.cli, fedhet.engine.simulation, fedhet.experiments.single\n"
+        "fedhet.cli.build_parser()\n"
+        "assert 'flwr' not in sys.modules, 'flwr imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "PYTHONPATH": SRC})
+
+
+# -- the server app over an in-process grid ---------------------------------------------
+class InProcessGrid(Grid):
+    """A Flower `Grid` whose nodes are `Context`s in this process: every message goes through
+    the real ClientApp (serialization, `Context.state`, handlers) without a network."""
+
+    def __init__(self, settings: dict[str, Any], num_nodes: int, silent: Sequence[int] = ()) -> None:
+        run_config = {"fedhet-settings": json.dumps(settings)}
+        self.contexts = {
+            100 + i: Context(1, 100 + i, {"partition-id": i}, RecordDict(), run_config)
+            for i in range(num_nodes)
+        }
+        self.silent = {100 + i for i in silent}
+        self.replies: dict[str, Any] = {}
+        self.pushed: list[tuple[int, str]] = []
+
+    def set_run(self, run):  # pragma: no cover - not used
+        pass
+
+    @property
+    def run(self):  # pragma: no cover - not used
+        return None
+
+    def create_message(self, *args, **kwargs):  # pragma: no cover - deprecated in Flower
+        raise NotImplementedError
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            mid = uuid4().hex
+            msg.metadata.__dict__["_message_id"] = mid
+            ids.append(mid)
+            node = msg.metadata.dst_node_id
+            self.pushed.append((node, msg.metadata.message_type))
+            if node not in self.silent:
+                self.replies[mid] = client_app.app(msg, self.contexts[node])
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(m) for m in list(message_ids) if m in self.replies]
+
+    def send_and_receive(self, messages, *, timeout=None):  # pragma: no cover - not used
+        raise NotImplementedError
+
+
+@pytest.fixture(autouse=True)
+def task_identity():
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    client_app._worlds.clear()
+    yield
+    client_app._worlds.clear()
+
+
+def run_both(settings: dict[str, Any], timeout: float = 0.5):
+    cfg, params = resolve_settings(settings)
+    local = Simulation(cfg, params, store=None, log=lambda _: None)
+    local.run()
+    grid = InProcessGrid(settings, cfg.clients)
+    cfg, params = resolve_settings(settings)
+    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=timeout, log=lambda _: None)
+    remote.roster.wait_for_all(1.0)
+    summary = remote.run()
+    return local, remote, grid, summary
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedavgm"])
+def test_server_app_matches_in_process_engine(algorithm):
+    local, remote, grid, _ = run_both({**BASE, "algorithm": algorithm})
+    assert torch.allclose(remote.final_state["w"], local.final_state["w"], atol=1e-6, rtol=0)
+    assert remote.comm.state() == local.comm.state()
+    assert [t for _, t in grid.pushed].count("train") == BASE["clients"] * BASE["rounds"]
+
+
+ALGORITHM_SETTINGS = {
+    "fedsr": {"algorithm.clusters": 2}, "hierfavg": {"algorithm.clusters": 2},
+    "moon": {"model": "moon-mlp"},
+}
+"""What some algorithms need to run with 4 clients on digits (used when they are registered)."""
+
+
+@pytest.mark.parametrize(
+    "algorithm", [n for n in ALGORITHMS.names() if not ALGORITHMS.get(n).factory.centralized]
+)
+def test_every_registered_algorithm_runs_through_flower_messages(algorithm):
+    """Each algorithm (star, ring and hierarchical topologies alike): the same model and the
+    same communication count as the in-process engine, bit for bit."""
+    settings = {**BASE, "algorithm": algorithm, "clients": 4, **ALGORITHM_SETTINGS.get(algorithm, {})}
+    local, remote, _, _ = run_both(settings)
+    assert torch.equal(remote.final_state["w"], local.final_state["w"])
+    assert remote.comm.state() == local.comm.state()
+
+
+# A client-stateful algorithm and a chain topology (each client trains on its predecessor's
+# model, the hop relayed through the server) exercise `Context.state` and the generic path.
+class CountingAvg(Algorithm):
+    """FedAvg whose clients scale their update by 1/(number of updates they made before)."""
+
+    name = "flower-test-counting"
+
+    def client_update(self, message: Message, ctx, state):
+        _, _, reply = local_sgd_update(message, ctx)
+        state = (state or 0) + 1
+        reply.tensors["delta"] = reply.tensors["delta"] / state
+        return reply, state
+
+    def aggregate(self, state, round, replies):
+        p = torch.full((len(replies),), 1.0 / len(replies), dtype=torch.float64)
+        return {**state, "w": state["w"] + weighted_sum(p, [r.message.tensors["delta"] for r in replies])}, {}
+
+
+class ChainAvg(CountingAvg):
+    name = "flower-test-chain"
+    topology = "flower-test-chain"
+
+
+def chain_round(rc, state, round, clients):
+    message = rc.configure(state, clients[0], round)
+    rc.comm.send("device-cloud", "down", message)
+    w = state["w"]
+    for i, client_id in enumerate(clients):
+        if i:
+            rc.comm.send("device-device", "peer", message)
+        reply = rc.client_update(client_id, message, round)
+        w = w + reply.tensors["delta"]
+        message = Message({**message.tensors, "w": w})
+    rc.comm.send("device-cloud", "up", Message({"w": w}))
+    return {**state, "w": w}, {}
+
+
+@pytest.fixture
+def test_algorithms():
+    ALGORITHMS.register(CountingAvg.name, NoParams)(CountingAvg)
+    ALGORITHMS.register(ChainAvg.name, NoParams)(ChainAvg)
+    ROUND_RUNNERS[ChainAvg.topology] = chain_round
+    yield
+    for name in (CountingAvg.name, ChainAvg.name):
+        ALGORITHMS._entries.pop(name, None)
+    ROUND_RUNNERS.pop(ChainAvg.topology, None)
+
+
+
+def test_client_state_lives_in_the_node_context(test_algorithms):
+    settings = {**BASE, "algorithm": CountingAvg.name, "rounds": 3}
+    local, remote, grid, _ = run_both(settings)
+    assert torch.allclose(remote.final_state["w"], local.final_state["w"], atol=1e-6, rtol=0)
+    assert remote.client_states == {}  # the server holds no client state ...
+    for ctx in grid.contexts.values():  # ... each node holds its own
+        assert unpack_state(ctx.state.config_records["fedhet.client-state"]) == 3
+
+
+def test_relayed_topology_runs_unchanged_and_counts_peer_hops(test_algorithms):
+    settings = {**BASE, "algorithm": ChainAvg.name}
+    local, remote, grid, _ = run_both(settings)
+    assert torch.allclose(remote.final_state["w"], local.final_state["w"], atol=1e-6, rtol=0)
+    assert remote.comm.state() == local.comm.state()
+    peer = remote.comm.state()["bytes"][("device-device", "peer")]
+    assert peer == BASE["rounds"] * (BASE["clients"] - 1) * local.model.dim * 4
+
+
+def test_silent_node_is_dropped_and_the_run_goes_on():
+    settings = {**BASE, "algorithm": "fedavg", "rounds": 3}
+    grid_probe = InProcessGrid(settings, 3)
+    cfg, params = resolve_settings(settings)
+    remote = FlowerRoundContext(cfg, params, None, grid_probe, round_timeout=0.3, log=lambda _: None)
+    remote.roster.wait_for_all(1.0)
+    grid_probe.silent = {102}  # node of client 2 goes quiet after joining
+    summary = remote.run()
+    assert summary["finished"] and summary["rounds_done"] == 3
+    assert 2 not in remote.roster.node_of and 102 in remote.roster.ignored
+    trains = [n for n, t in grid_probe.pushed if t == "train"]
+    assert trains.count(102) == 1  # tried once, then left out
+    assert trains.count(100) == trains.count(101) == 3
+
+
+def test_silent_node_on_a_relayed_topology_fails_clearly(test_algorithms):
+    settings = {**BASE, "algorithm": ChainAvg.name}
+    grid = InProcessGrid(settings, 3)
+    cfg, params = resolve_settings(settings)
+    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=0.3, log=lambda _: None)
+    remote.roster.wait_for_all(1.0)
+    grid.silent = {101}
+    with pytest.raises(FedhetError, match="cannot skip a client"):
+        remote.run()
+
+
+def test_node_with_a_different_partition_is_refused():
+    settings = {**BASE, "algorithm": "fedavg"}
+    grid = InProcessGrid({**settings, "seed": 4}, 3)  # nodes partition with another seed
+    cfg, params = resolve_settings(settings)
+    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=0.3, log=lambda _: None)
+    with pytest.raises(FedhetError, match="different partition"):
+        remote.roster.wait_for_all(1.0)
+
+
+def test_missing_nodes_are_reported_by_partition_id():
+    settings = {**BASE, "algorithm": "fedavg"}
+    grid = InProcessGrid(settings, 2)
+    cfg, params = resolve_settings(settings)
+    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=0.3, log=lambda _: None)
+    with pytest.raises(FedhetError, match="missing partition-id 2"):
+        remote.roster.wait_for_all(0.2)
+
+
+# -- real processes on 127.0.0.1 ----------------------------------------------------------
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_superlink_and_three_supernodes_match_the_engine(tmp_path):
+    """FedAvg and FedAvgM (FedVeca is not on this branch) for 2 rounds on digits over a real
+    SuperLink and 3 SuperNodes; then a SuperNode killed mid-run."""
+    from fedhet.deploy.launch import LocalFederation
+    from fedhet.deploy.project import write_app
+
+    pids: list[int] = []
+    with LocalFederation(3, workdir=tmp_path / "fed") as fed:
+        for algorithm in ("fedavg", "fedavgm"):
+            settings = {**BASE, "algorithm": algorithm}
+            out = tmp_path / algorithm
+            write_app(tmp_path / f"app-{algorithm}", settings, out, round_timeout=120)
+            summary = fed.run(tmp_path / f"app-{algorithm}", out, timeout=400)
+            assert summary["finished"] and summary["rounds_done"] == 2
+            cfg, params = resolve_settings(settings)
+            local = Simulation(cfg, params, store=None, log=lambda _: None)
+            local.run()
+            remote = torch.load(out / "checkpoint.pt", weights_only=False)["server"]["w"]
+            assert torch.allclose(remote, local.final_state["w"], atol=1e-6, rtol=0)
+
+        # kill the node of client 2 as round 2 starts: rounds 2 and 3 finish without it
+        settings = {**BASE, "algorithm": "fedavg", "rounds": 3}
+        out = tmp_path / "killed"
+        write_app(tmp_path / "app-killed", settings, out, round_timeout=60)
+        client = fed.submit(tmp_path / "app-killed")
+        deadline = time.monotonic() + 300
+        while not _metrics_rows(out) >= 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        fed.kill_node(2)
+        from fedhet.deploy.launch import stop_tree, wait_for_run
+
+        try:
+            summary = wait_for_run(out, 300, [client, fed.superlink], fed.logs)
+        finally:
+            stop_tree(client)
+        assert summary["finished"] and summary["rounds_done"] == 3
+        rows = (out / "metrics.csv").read_text().splitlines()
+        header = rows[0].split(",")
+        dropped = [int(r.split(",")[header.index("clients_dropped")]) for r in rows[1:]]
+        assert dropped == [0, 0, 1, 1]
+        pids = fed.all_pids()
+    time.sleep(0.5)
+    assert pids and not any(_alive(p) for p in pids), "Flower processes left running"
+
+
+def _metrics_rows(out: Path) -> int:
+    path = out / "metrics.csv"
+    return len(path.read_text().splitlines()) - 1 if path.exists() else 0
+
+
+def test_deploy_app_command_writes_the_app_and_refuses_bad_settings(tmp_path, capsys):
+    from fedhet.cli import main
+
+    app = tmp_path / "app"
+    rc = main(["deploy", "app", "-a", "fedavgm", "-n", "3", "-r", "2", "--set", "algorithm.gamma=0.5",
+               "--out", str(tmp_path / "out"), "--app-dir", str(app), "--round-timeout", "30"])
+    assert rc == 0 and "partition-id=2 num-partitions=3" in capsys.readouterr().out
+    import tomllib
+
+    config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    cfg, _ = resolve_settings(json.loads(config["fedhet-settings"]))
+    assert (cfg.algorithm, cfg.clients, cfg.algorithm_params["gamma"]) == ("fedavgm", 3, 0.5)
+    bad = tmp_path / "bad"
+    assert main(["deploy", "app", "--set", "lr=-1", "--out", "x", "--app-dir", str(bad)]) == 2
+    assert "lr must be a positive number" in capsys.readouterr().err and not bad.exists()
+
+
+def _make_certificates(d: Path) -> tuple[Path, Path, Path]:
+    """A CA and a SuperLink certificate for 127.0.0.1, as docs/deploy.md generates them."""
+    def ssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
+
+    ssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", "ca.key",
+        "-out", "ca.crt", "-subj", "/CN=fedhet-test-ca")
+    ssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr",
+        "-subj", "/CN=superlink")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    ssl("x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+        "-days", "2", "-out", "server.pem", "-extfile", "san.ext")
+    return d / "ca.crt", d / "server.pem", d / "server.key"
+
+
+@pytest.mark.slow
+def test_tls_federation_on_loopback(tmp_path):
+    """SuperLink with a CA-signed certificate, SuperNodes and `flwr run` verifying it."""
+    import shutil
+
+    from fedhet.deploy.launch import LocalFederation
+    from fedhet.deploy.project import write_app
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    tls = _make_certificates(tmp_path)
+    settings = {**BASE, "algorithm": "fedavg", "clients": 2, "rounds": 1}
+    write_app(tmp_path / "app", settings, tmp_path / "out", round_timeout=300)
+    with LocalFederation(2, workdir=tmp_path / "fed", tls=tls) as fed:
+        summary = fed.run(tmp_path / "app", tmp_path / "out", timeout=400)
+        assert summary["finished"]
+        assert f"https://127.0.0.1:{fed.port}" in (fed.logs / "superlink.log").read_text()
+
+
+def test_batchnorm_statistics_travel_with_the_messages():
+    """A model with BatchNorm buffers: they go down with `_buffers`, come back in the replies
+    and are averaged by the server exactly as in-process."""
+    import math
+
+    from torch import nn
+
+    from fedhet.models.registry import MODELS
+
+    @MODELS.register("flower-test-bn", NoParams, "MLP with BatchNorm (test only)")
+    def bn_mlp(input_shape, num_classes, params):
+        return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 16), nn.BatchNorm1d(16),
+                             nn.ReLU(), nn.Linear(16, num_classes))
+
+    settings = {**BASE, "algorithm": "fedavg", "model": "flower-test-bn"}
+    try:
+        initial = Simulation(*resolve_settings(settings), store=None, log=lambda _: None).buffers
+        local, remote, _, _ = run_both(settings)
+    finally:
+        MODELS._entries.pop("flower-test-bn", None)
+    assert initial.numel() > 0 and not torch.equal(remote.buffers, initial)
+    assert torch.equal(remote.buffers, local.buffers)
+    assert torch.equal(remote.final_state["w"], local.final_state["w"])
