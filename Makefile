@@ -7,7 +7,6 @@ BIN := $(VENV)/bin
 
 $(BIN)/fedhet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[dev,flower]"
 	touch $@
 
