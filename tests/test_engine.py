@@ -49,15 +49,6 @@ def test_cosine_schedule_endpoints():
     assert learning_rate(cfg, 5) == pytest.approx((0.01 + 1e-5) / 2)
 
 
-def test_fedavg_learns_digits_dirichlet(tmp_path: Path):
-    summary = execute({**BASE, "rounds": 30, "local_epochs": 2}, tmp_path / "run")
-    assert summary["final_accuracy"] > 0.90
-    rows = read_rows(tmp_path / "run" / "metrics.csv")
-    assert len(rows) == 31 and rows[0]["round"] == "0"
-    for col in ("round", "test_loss", "test_accuracy", "wall_time_s", "uplink_bytes", "downlink_bytes"):
-        assert col in rows[0]
-
-
 def test_same_seed_same_metrics_apart_from_time(tmp_path: Path):
     settings = {**BASE, "rounds": 4, "sample_fraction": 0.5}
     execute(settings, tmp_path / "a")
