@@ -239,6 +239,12 @@ def _add_pool_flags(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedhet", description="Federated learning on non-IID data.")
+    parser.add_argument(
+        "--threads", type=int, default=None, metavar="N",
+        help="torch threads in this process (default: $FEDHET_THREADS or 1; the papers' small "
+        "models and batches run fastest on one thread, and several threads per process slow "
+        "parallel runs down badly)",
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment")
     _add_run_flags(run)
@@ -311,9 +317,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _set_threads(threads: int | None) -> None:
+    import os
+
+    if threads is None:
+        raw = os.environ.get("FEDHET_THREADS", "1")
+        if not raw.isdigit():
+            raise FedhetError(f"FEDHET_THREADS must be a positive integer, got {raw!r}")
+        threads = int(raw)
+    if threads < 1:
+        raise FedhetError(f"--threads must be ≥ 1, got {threads}")
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        _set_threads(args.threads)
         return args.func(args)
     except FedhetError as e:
         print(f"error: {e}", file=sys.stderr)
