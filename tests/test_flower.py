@@ -306,14 +306,14 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_superlink_and_three_supernodes_match_the_engine(tmp_path):
-    """FedAvg and FedAvgM (FedVeca is not on this branch) for 2 rounds on digits over a real
-    SuperLink and 3 SuperNodes; then a SuperNode killed mid-run."""
+    """FedAvg and FedVeca (its extra gradient and estimate exchanges) for 2 rounds on digits over
+    a real SuperLink and 3 SuperNodes; then a SuperNode killed mid-run."""
     from fedhet.deploy.launch import LocalFederation
     from fedhet.deploy.project import write_app
 
     pids: list[int] = []
     with LocalFederation(3, workdir=tmp_path / "fed") as fed:
-        for algorithm in ("fedavg", "fedavgm"):
+        for algorithm in ("fedavg", "fedveca"):
             settings = {**BASE, "algorithm": algorithm}
             out = tmp_path / algorithm
             write_app(tmp_path / f"app-{algorithm}", settings, out, round_timeout=120)
