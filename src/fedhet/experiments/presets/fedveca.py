@@ -193,7 +193,8 @@ def fedveca_preset(scale: str) -> Preset:
         return [spec for g in all_groups for spec in fedveca_specs(g)]
 
     def stage_baselines(out: Path) -> list[RunSpec]:
-        return [spec for g in all_groups for spec in baseline_specs(g, out)]
+        # `reproduce` keeps every run of a preset under `<out>/runs/<spec name>`
+        return [spec for g in all_groups for spec in baseline_specs(g, out / "runs")]
 
     return Preset(
         paper="fedveca", scale=scale, stages=[stage_fedveca, stage_baselines],
