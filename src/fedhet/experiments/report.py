@@ -40,6 +40,7 @@ EXTRA_PLOTTERS: dict[str, str | Callable[..., list[tuple[str, Path]]]] = {
     **dict.fromkeys(("bherd", "bherd-fednova", "bherd-scaffold"),
                     "fedhet.experiments.report:bherd_figures"),
     **dict.fromkeys(("fednnnn", "norm-norm"), "fedhet.experiments.report:fednnnn_figures"),
+    "fedveca": "fedhet.experiments.report:fedveca_figures",
 }
 """Algorithm name → `"module:function"` (or the function); see the module docstring."""
 
@@ -480,4 +481,18 @@ def fednnnn_figures(runs: list[RunData], out: Path) -> list[tuple[str, Path]]:
         path = out / f"fig_fednnnn_norms_{kind}.png"
         plots_fednnnn.plot_norms([r.dir for r in runs], path, kind=kind)
         figures.append((f"N and E per round ({kind})", path))
+    return figures
+
+
+def fedveca_figures(runs: list[RunData], out: Path) -> list[tuple[str, Path]]:
+    """FedVeca Fig. 4 (`η τ_k L` per round) and Fig. 6 (per-client τ, β, δ, A; first 4 runs)."""
+    from fedhet.experiments import plots_fedveca
+
+    path = out / "fig_fedveca_eta_tau_L.png"
+    plots_fedveca.plot_eta_tau_L({r.name: r.dir for r in runs}, path)
+    figures = [("η τ_k L per round, Theorem 1's premise (FedVeca Fig. 4)", path)]
+    for run in runs[:4]:
+        trace = out / f"fig_fedveca_traces_{_slug(run.name)}.png"
+        plots_fedveca.plot_client_traces(run.dir, trace)
+        figures.append((f"per-client τ, β, δ, A and τ_k, L_k (FedVeca Fig. 6): {run.name}", trace))
     return figures
