@@ -304,7 +304,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow
 def test_superlink_and_three_supernodes_match_the_engine(tmp_path):
     """FedAvg and FedVeca (its extra gradient and estimate exchanges) for 2 rounds on digits over
     a real SuperLink and 3 SuperNodes; then a SuperNode killed mid-run."""
