@@ -318,25 +318,6 @@ def test_preset_settings_are_valid() -> None:
         pytest.skip(f"not merged yet: {', '.join(sorted(missing))}")
 
 
-@pytest.mark.parametrize("grid", ["fednnnn_tune.toml", "fednnnn_tune_lr.toml"])
-def test_tuning_grids_name_real_parameters(grid: str) -> None:
-    """The tuning grids' algorithm parameters exist (for the algorithms registered so far)."""
-    import dataclasses
-    import tomllib
-
-    from fedhet.algorithms.base import ALGORITHMS
-
-    spec = tomllib.loads((Path(__file__).parents[1] / "configs" / grid).read_text())
-    for algo in spec["algorithms"]:
-        name = algo if isinstance(algo, str) else algo["name"]
-        keys = set() if isinstance(algo, str) else set(algo.get("hyperparameters", {}))
-        keys |= {k for p in spec["partitions"] for k in p if k.startswith("algorithm.")}
-        if name not in ALGORITHMS:
-            continue
-        fields = {f.name for f in dataclasses.fields(ALGORITHMS.get(name).params)}
-        assert {k.removeprefix("algorithm.") for k in keys} <= fields
-
-
 def test_plots_render(tmp_path) -> None:
     from fedhet.experiments.plots_fednnnn import plot_study
 

@@ -289,3 +289,17 @@ def test_tensorboard_logs_each_round(tmp_path):
     acc.Reload()
     steps = [e.step for e in acc.Scalars("test_accuracy")]
     assert steps == [1, 2]
+
+
+def test_every_shipped_grid_loads_and_resolves():
+    """The grids in configs/ (documented study and tuning commands) stay valid."""
+    from fedhet.experiments.grid import load_grid
+    from fedhet.experiments.single import resolve_settings
+
+    grids = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
+    assert len(grids) >= 5
+    for path in grids:
+        specs = load_grid(path).specs
+        assert specs, path
+        for spec in specs:
+            resolve_settings(spec.settings, str(path))

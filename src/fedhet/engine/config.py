@@ -62,6 +62,9 @@ class RunConfig:
     train_loss: bool = False
     """Also evaluate the global model's loss on the whole training set each evaluated round."""
     checkpoint_every: int = 1
+    validation_fraction: float = 0.0
+    """When > 0: hold out this fraction of the training set and evaluate on it instead of the
+    test set (hyperparameter tuning, FedNNNN appendix)."""
     data_dir: str = "data"
     algorithm_params: dict[str, Any] = field(default_factory=dict)
     dataset_params: dict[str, Any] = field(default_factory=dict)
@@ -94,6 +97,10 @@ class RunConfig:
             ),
             (self.eval_every >= 1, "eval_every must be ≥ 1"),
             (self.checkpoint_every >= 1, "checkpoint_every must be ≥ 1"),
+            (
+                0 <= self.validation_fraction < 1,
+                f"validation_fraction must be in [0, 1), got {self.validation_fraction}",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -22,6 +22,7 @@ from fedhet.algorithms.base import ALGORITHMS, Algorithm, ClientContext, Message
 from fedhet.data.base import Dataset
 from fedhet.data.partition import partition_dataset
 from fedhet.data.registry import DATASETS
+from fedhet.data.split import hold_out_validation
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RunConfig
 from fedhet.engine.rounds import ROUND_RUNNERS
@@ -85,6 +86,8 @@ class Simulation:
         self.on_round = on_round
         """Called with each round's metrics row once it is saved (TensorBoard, live views)."""
         self.data = data or DATASETS.get(cfg.dataset).factory(params["dataset"], Path(cfg.data_dir))
+        if cfg.validation_fraction:
+            self.data = hold_out_validation(self.data, cfg.validation_fraction)
         torch.manual_seed(cfg.seed)
         module = build_model(cfg.model, self.data.input_shape, self.data.num_classes, params["model"])
         self.model = FlatModel(module)

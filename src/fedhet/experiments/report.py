@@ -242,6 +242,7 @@ def partition_counts(config: dict[str, Any]):
     from fedhet.algorithms.base import ALGORITHMS
     from fedhet.data.partition import label_counts, partition_dataset
     from fedhet.data.registry import DATASETS
+    from fedhet.data.split import hold_out_validation
     from fedhet.engine.config import resolve
 
     cfg, params = resolve(dict(config))
@@ -251,6 +252,8 @@ def partition_counts(config: dict[str, Any]):
     if key not in _DATA_CACHE:
         _DATA_CACHE[key] = DATASETS.get(cfg.dataset).factory(params["dataset"], Path(cfg.data_dir))
     data = _DATA_CACHE[key]
+    if cfg.validation_fraction:
+        data = hold_out_validation(data, cfg.validation_fraction)
     parts = partition_dataset(data, cfg.partition, cfg.clients, params["partition"], cfg.seed)
     counts = label_counts(data.split_labels, parts, data.split_classes)
     extra = ", ".join(f"{k}={v}" for k, v in cfg.partition_params.items())
