@@ -19,7 +19,7 @@ test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
 
 lint: setup
-	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff check src tests benchmarks
 
 bench: setup
 	$(BIN)/python benchmarks/bench_fedavg.py

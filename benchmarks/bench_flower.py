@@ -4,7 +4,7 @@ Run it inside a private network namespace so that the loopback counters see only
 federation's traffic (and nothing outside the machine is reachable):
 
     unshare -n sh -c 'ip link set lo up && FLWR_TELEMETRY_ENABLED=0 PYTHONPATH=src \\
-        python scripts/bench_flower.py --algorithm fedavg --clients 3 --rounds 4 --out /tmp/bench'
+        python benchmarks/bench_flower.py --algorithm fedavg --clients 3 --rounds 4 --out /tmp/bench'
 
 Prints one JSON object: mean round time in-process and over Flower (rounds after the first),
 fedhet's own byte count (`cum_bytes`), the serialized Flower payload (`cum_wire_bytes`) and the
