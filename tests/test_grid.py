@@ -232,11 +232,8 @@ def test_reproduce_unknown_paper_lists_presets(tmp_path, capsys):
 
 
 def test_fednova_preset_resolves_at_every_scale():
-    from fedhet.algorithms.base import ALGORITHMS
     from fedhet.experiments.reproduce import _check_specs, load_preset
 
-    if "fednova" not in ALGORITHMS or "fedprox" not in ALGORITHMS:
-        pytest.skip("fednova/fedprox are not on this branch yet")
     for scale in ("smoke", "small", "paper"):
         preset = load_preset("fednova", scale)
         specs = [s for stage in preset.stages for s in stage(Path("unused"))]
