@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 
 $(BIN)/fedhet: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e ".[dev,flower]"
+	$(BIN)/pip install --quiet -e ".[dev,flower,tensorboard]"
 	touch $@
 
 setup: $(BIN)/fedhet
