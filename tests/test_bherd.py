@@ -118,10 +118,16 @@ def test_bherd_scaffold_with_zero_control_variates_is_bherd():
     plain = run({"algorithm": "bherd", "rounds": 1})
     scaf = run({"algorithm": "bherd-scaffold", "rounds": 1})
     assert torch.allclose(scaf.final_state["w"], plain.final_state["w"], rtol=1e-6, atol=1e-7)
-    # full participation from c = c_i = 0: the server's c is the mean of the clients' c_i
-    cs = torch.stack([s["c"] for s in scaf.client_states.values()])
-    assert torch.allclose(scaf.final_state["c"], cs.mean(0), atol=1e-6)
+    # full participation from c = c_i = 0: the server's c is the p_i-weighted mean of the
+    # clients' c_i (SCAFFOLD's rule: the same weights as the model step)
+    ids = sorted(scaf.client_states)
+    cs = torch.stack([scaf.client_states[i]["c"] for i in ids])
+    sizes = torch.tensor([len(scaf.client_indices[i]) for i in ids], dtype=torch.float32)
+    assert torch.allclose(scaf.final_state["c"], (sizes / sizes.sum()) @ cs, atol=1e-6)
     assert float(cs.norm()) > 0
+    uniform = run({"algorithm": "bherd-scaffold", "rounds": 1, "algorithm.weighting": "uniform"})
+    cs = torch.stack([uniform.client_states[i]["c"] for i in ids])
+    assert torch.allclose(uniform.final_state["c"], cs.mean(0), atol=1e-6)
 
 
 def test_bherd_fednova_equals_bherd_when_steps_are_equal():

@@ -20,7 +20,8 @@ Variants:
   herded; the model moves as BHerd's `x ← x − η_g η Σ p_i τ_i G_i`; control variates as
   SCAFFOLD (SPEC.md): option II `c_i⁺ = c_i − c + (x − y_i)/(τ_i η)` with `y_i` the client's
   actual local model after its `τ_i` steps **[choice]** (option I: `c_i⁺ = ∇F_i(x)`),
-  `c ← c + (|S|/N) mean_S(Δc_i)`.
+  `c ← c + (|S|/N) Σ_S p_i Δc_i` with the weights of the model step (`weighting`), exactly
+  `scaffold`'s rules and helpers (see its docstring for why the two means share weights).
 
 Batches come in one fixed order (the paper's non-RR protocol, §4.1, §2.8) by default; the
 client keeps a cursor so fractional epochs walk on through its data across rounds
@@ -50,6 +51,7 @@ from fedhet.algorithms.base import (
     weighted_sum,
 )
 from fedhet.algorithms.fedavg import client_diagnostics
+from fedhet.algorithms.scaffold import corrected, option_one_variate, option_two_variate, variate_step
 from fedhet.errors import FedhetError
 from fedhet.training.local import GradTransform
 
@@ -324,26 +326,20 @@ class BHerdScaffold(_BHerdBase):
 
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         w0, c = message.tensors["w"], message.tensors["c"]
-        c_i = state["c"] if state["c"] is not None else torch.zeros_like(w0)
-        correction = c - c_i
-
-        def corrected(g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
-            return g.add_(correction)
-
+        c_i = state["c"]
         batches, cursor = local_batches(ctx, self.params.order, state["cursor"])
-        hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transform=corrected)
+        hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transform=corrected(c, c_i))
         if self.params.option == "I":
-            c_new = ctx.trainer.full_gradient(w0, ctx.indices)
+            c_new = option_one_variate(ctx, w0)
         else:
-            c_new = c_i - c + (w0 - hp.w) / (hp.steps * ctx.sgd.lr)
-        reply = herd_reply(ctx, hp, {"delta_c": c_new - c_i})
+            c_new = option_two_variate(w0, hp.w, c, c_i, hp.steps, ctx.sgd.lr)
+        reply = herd_reply(ctx, hp, {"delta_c": c_new if c_i is None else c_new - c_i})
         return reply, {"cursor": cursor, "c": c_new}
 
     def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
         p = sample_weights(replies, self.params.weighting)
         scales = torch.tensor([step_scale(r, self.params.rescale) for r in replies], dtype=torch.float64)
         step = weighted_sum(p * scales, [r.message.tensors["G"] for r in replies])
-        uniform = torch.full((len(replies),), 1.0 / self.run.num_clients, dtype=torch.float64)
-        delta_c = weighted_sum(uniform, [r.message.tensors["delta_c"] for r in replies])
+        delta_c = variate_step(p, replies, self.run.num_clients)  # SCAFFOLD's rule and weights
         new = {**state, "w": state["w"] - self.params.global_lr * step, "c": state["c"] + delta_c}
         return new, self.round_diagnostics(p, replies)

@@ -61,6 +61,28 @@ class ScaffoldParams:
             raise FedhetError(f"algorithm.server_lr must be a positive number, got {self.server_lr}")
 
 
+def option_one_variate(ctx: ClientContext, x: torch.Tensor) -> torch.Tensor:
+    """Option I: `c_i⁺ = ∇F_i(x)` over the client's data, plus the weight decay the steps use."""
+    c_new = ctx.trainer.full_gradient(x, ctx.indices)
+    if ctx.sgd.weight_decay:
+        c_new.add_(x, alpha=ctx.sgd.weight_decay)
+    return c_new
+
+
+def option_two_variate(
+    x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, c_i: torch.Tensor | None, steps: int, lr: float
+) -> torch.Tensor:
+    """Option II: `c_i⁺ = c_i − c + (x − y)/(τ_i η)` (`c_i = 0` before the client's first round)."""
+    c_new = (x - y).div_(max(steps, 1) * lr).sub_(c)
+    return c_new if c_i is None else c_new.add_(c_i)
+
+
+def variate_step(p: torch.Tensor, replies: Sequence[Reply], num_clients: int) -> torch.Tensor:
+    """The server's `c` increment `(|S|/N) Σ_S p_i Δc_i`, with the weights of the model mean."""
+    share = len(replies) / num_clients
+    return weighted_sum(p * share, [r.message.tensors["delta_c"] for r in replies])
+
+
 def corrected(c: torch.Tensor, c_i: torch.Tensor | None) -> GradTransform:
     """The local step's gradient `g − c_i + c`."""
     shift = c if c_i is None else c - c_i
@@ -85,10 +107,8 @@ class Scaffold(Algorithm):
     def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
         p = sample_weights(replies, self.params.weighting)
         delta_y = weighted_sum(p, [r.message.tensors["delta"] for r in replies])
-        share = len(replies) / self.run.num_clients
-        delta_c = weighted_sum(p * share, [r.message.tensors["delta_c"] for r in replies])
         w = state["w"] + self.params.server_lr * delta_y
-        c = state["c"] + delta_c
+        c = state["c"] + variate_step(p, replies, self.run.num_clients)
         diag = client_diagnostics(p, replies)
         diag["c_norm"] = float(c.norm())
         return {**state, "w": w, "c": c}, diag
@@ -98,14 +118,9 @@ class Scaffold(Algorithm):
         x, c = message.tensors["w"], message.tensors["c"]
         c_i: torch.Tensor | None = state
         if self.params.option == "I":
-            c_new = ctx.trainer.full_gradient(x, ctx.indices)
-            if ctx.sgd.weight_decay:
-                c_new.add_(x, alpha=ctx.sgd.weight_decay)
+            c_new = option_one_variate(ctx, x)
         _, y, reply = local_sgd_update(message, ctx, corrected(c, c_i))
         if self.params.option == "II":
-            steps = max(int(reply.scalars["steps"]), 1)
-            c_new = (x - y).div_(steps * ctx.sgd.lr).sub_(c)
-            if c_i is not None:
-                c_new.add_(c_i)
+            c_new = option_two_variate(x, y, c, c_i, int(reply.scalars["steps"]), ctx.sgd.lr)
         reply.tensors["delta_c"] = c_new if c_i is None else c_new - c_i
         return reply, c_new
