@@ -58,6 +58,29 @@ def to_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, default=_json_default, allow_nan=True)
 
 
+def _cell(text: str | None) -> float:
+    try:
+        return float(text) if text not in ("", None) else math.nan
+    except ValueError:
+        return math.nan
+
+
+def read_metric_rows(path: Path | str) -> list[dict[str, float]]:
+    """`metrics.csv` (or the run directory holding it) as rows of floats; blank cells are NaN."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "metrics.csv"
+    with path.open(newline="") as f:
+        return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def read_metric_columns(path: Path | str) -> dict[str, list[float]]:
+    """`metrics.csv` (or the run directory holding it) as columns of floats; blank cells are NaN."""
+    rows = read_metric_rows(path)
+    names = list(rows[0]) if rows else []
+    return {n: [r.get(n, math.nan) for r in rows] for n in names}
+
+
 def format_value(v: Any) -> str:
     if isinstance(v, float):
         return "" if math.isnan(v) else repr(v)

@@ -10,24 +10,20 @@ some link kinds (e.g. only the links that touch the cloud).
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from fedhet.engine.comm import LINKS
+from fedhet.engine.store import read_metric_rows
 
 LINK_KEYS = tuple(link.replace("-", "_") for link in LINKS)
 
 
 def read_metrics(path: Path | str) -> list[dict[str, float]]:
     """`metrics.csv` (or a run directory holding one) as rows of floats (blank → NaN)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "metrics.csv"
-    with path.open(newline="") as f:
-        return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+    return read_metric_rows(path)
 
 
 def transfers_to_target(

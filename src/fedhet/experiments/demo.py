@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fedhet.engine.store import read_metric_columns
 from fedhet.experiments.single import check_out, execute
 
 DEMO_ALGORITHMS = ("fedavg", "fednova")
@@ -40,12 +41,10 @@ def run_demo(out: Path, rounds: int = 30, force: bool = False) -> dict[str, dict
 
 
 def _table(out: Path, rounds: int) -> str:
-    import csv
-
     acc = {}
     for name in DEMO_ALGORITHMS:
-        with open(out / name / "metrics.csv") as f:
-            acc[name] = {int(r["round"]): float(r["test_accuracy"]) for r in csv.DictReader(f)}
+        columns = read_metric_columns(out / name)
+        acc[name] = dict(zip(map(int, columns["round"]), columns["test_accuracy"], strict=True))
     shown = sorted({0, 1, 2, 5, *range(10, rounds + 1, 10), rounds} & set(range(rounds + 1)))
     lines = ["round  " + "  ".join(f"{n:>8}" for n in DEMO_ALGORITHMS)]
     lines += [f"{k:>5}  " + "  ".join(f"{acc[n][k]:>8.4f}" for n in DEMO_ALGORITHMS) for k in shown]

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.store import atomic_write_text
+from fedhet.engine.store import atomic_write_text, read_metric_rows
 from fedhet.errors import FedhetError
 
 FEDVECA = "fedveca"
@@ -128,10 +128,7 @@ def read_metrics(run_dir: Path) -> list[dict[str, float]]:
     path = Path(run_dir) / "metrics.csv"
     if not path.exists():
         raise FedhetError(f"{run_dir} has no metrics.csv; run it first")
-    rows = []
-    for raw in csv.DictReader(io.StringIO(path.read_text())):
-        rows.append({k: float(v) if v not in ("", None) else math.nan for k, v in raw.items()})
-    return rows
+    return read_metric_rows(path)
 
 
 def read_tau_all(run_dir: Path) -> int:

@@ -9,9 +9,7 @@ preset directory into the Fig. 2 table (markdown) and figures for one model/data
 
 from __future__ import annotations
 
-import csv
 import json
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -21,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fedhet.engine.store import read_metric_columns  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 
 
@@ -29,12 +28,7 @@ def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:
     path = Path(run_dir) / "metrics.csv"
     if not path.exists():
         raise FedhetError(f"{run_dir} has no metrics.csv: is it a fedhet run directory?")
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
-    return {
-        k: np.array([float(r[k]) if r[k] not in ("", None) else math.nan for r in rows])
-        for k in rows[0]
-    }
+    return {k: np.array(v) for k, v in read_metric_columns(path).items()}
 
 
 def read_kept(run_dir: Path) -> list[dict[int, list[int]]]:

@@ -14,7 +14,6 @@ out of the norm figures.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from collections.abc import Sequence
@@ -24,6 +23,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from fedhet.engine.store import read_metric_columns  # noqa: E402
 
 LABELS = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "norm-norm": "Norm-Norm", "fedavgm": "Momentum",
@@ -35,10 +36,7 @@ COLORS = dict(zip(ORDER, ("tab:blue", "tab:orange", "tab:green", "tab:purple", "
 
 def read_metrics(run: Path) -> dict[str, list[float]]:
     """metrics.csv as columns of floats (empty cells become NaN)."""
-    with open(Path(run) / "metrics.csv") as f:
-        rows = list(csv.DictReader(f))
-    columns = rows[0].keys() if rows else []
-    return {c: [float(r[c]) if r.get(c) not in ("", None) else math.nan for r in rows] for c in columns}
+    return read_metric_columns(run)
 
 
 def read_config(run: Path) -> dict:

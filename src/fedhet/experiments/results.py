@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.store import atomic_write_text, format_value
+from fedhet.engine.store import atomic_write_text, format_value, read_metric_columns
 from fedhet.experiments.presets import RunSpec
 
 RESULT_COLUMNS = (
@@ -28,22 +28,8 @@ RESULT_COLUMNS = (
 
 
 def read_metrics(path: Path) -> dict[str, list[float]]:
-    """metrics.csv as columns of floats (empty cells are NaN)."""
-    if not path.exists():
-        return {}
-    with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows:
-        return {}
-    header, body = rows[0], rows[1:]
-    return {c: [_float(r[j]) if j < len(r) else math.nan for r in body] for j, c in enumerate(header)}
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        return math.nan
+    """metrics.csv as columns of floats (empty cells are NaN); `{}` when there is none yet."""
+    return read_metric_columns(path) if path.exists() else {}
 
 
 def to_target(metrics: dict[str, list[float]], target: float | None) -> dict[str, float]:
