@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +175,7 @@ class FlowerRoundContext(Simulation):
         not star cannot go on without it, so a missing reply is an error."""
         if not self.available(client_id):
             self.roster.refresh(self.round_timeout)
-        replies = self.client_updates({client_id: message}, round)
+        replies = self.exchange({client_id: message}, round)
         if client_id not in replies:
             raise FedhetError(
                 f"client {client_id} did not reply in round {round + 1}; "
@@ -183,7 +183,16 @@ class FlowerRoundContext(Simulation):
             )
         return replies[client_id]
 
-    def client_updates(self, downs: dict[int, Message], round: int) -> dict[int, Message]:
+    def client_updates(
+        self, round: int, requests: Sequence[tuple[int, Message]]
+    ) -> Iterator[tuple[int, Message]]:
+        """All requests in flight at once; yields the replies that arrived in time."""
+        ups = self.exchange(dict(requests), round)
+        for client_id, _ in requests:
+            if client_id in ups:
+                yield client_id, ups[client_id]
+
+    def exchange(self, downs: dict[int, Message], round: int) -> dict[int, Message]:
         """Send several downlinks at once; returns the replies that arrived in time."""
         downs = {c: m for c, m in downs.items() if self.available(c)}
         messages = {}
@@ -242,7 +251,7 @@ def flower_star_round(
             rc.comm.send("device-cloud", "down", downs[client_id])
         else:
             rc.dropped += 1
-    ups = rc.client_updates(downs, round)
+    ups = rc.exchange(downs, round)
     replies = []
     for client_id in clients:
         if client_id in ups:

@@ -23,7 +23,7 @@ has the server half's shape; see `fedhet.algorithms.hierarchical.EdgeRole`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from fedhet.algorithms.base import Algorithm, Message, Reply
@@ -43,6 +43,13 @@ class RoundContext(Protocol):
         """Run the client half where the client's data lives; returns its reply."""
         ...
 
+    def client_updates(
+        self, round: int, requests: Sequence[tuple[int, Message]]
+    ) -> Iterator[tuple[int, Message]]:
+        """Run several independent client halves (the executor decides how: one after another,
+        or side by side) and yield `(client_id, reply)` as replies become available."""
+        ...
+
 
 RoundRunner = Callable[[RoundContext, dict[str, Any], int, Sequence[int]], tuple[dict, dict]]
 
@@ -51,11 +58,13 @@ def star_round(
     rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cloud → each sampled device → cloud, then one aggregation."""
-    replies = []
+    requests = []
     for client_id in clients:
         down = rc.configure(state, client_id, round)
         rc.comm.send("device-cloud", "down", down)
-        up = rc.client_update(client_id, down, round)
+        requests.append((client_id, down))
+    replies = []
+    for client_id, up in rc.client_updates(round, requests):
         rc.comm.send("device-cloud", "up", up)
         replies.append(Reply(client_id, up))
     return rc.algorithm.aggregate(state, round, replies)
@@ -133,11 +142,13 @@ def edge_star_round(
         rc.comm.send("edge-cloud", "down", down)
         edge = role.edge_init(down, edge_id, members, round)
         for iteration in range(role.edge_iterations()):
-            replies = []
+            requests = []
             for client_id in members:
                 message = role.edge_configure(edge, client_id, round, iteration)
                 rc.comm.send("device-edge", "down", message)
-                reply = rc.client_update(client_id, message, round)
+                requests.append((client_id, message))
+            replies = []
+            for client_id, reply in rc.client_updates(round, requests):
                 rc.comm.send("device-edge", "up", reply)
                 replies.append(Reply(client_id, reply))
             edge = role.edge_aggregate(edge, round, replies)

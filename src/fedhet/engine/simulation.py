@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +149,13 @@ class Simulation:
             reply.tensors[BUFFERS] = self.model.buffers.clone()
             self._round_buffers.append((len(indices), reply.tensors[BUFFERS]))
         return reply
+
+    def client_updates(
+        self, round: int, requests: list[tuple[int, Message]]
+    ) -> Iterator[tuple[int, Message]]:
+        """The sequential executor: one client after another, each reply yielded as it is made."""
+        for client_id, message in requests:
+            yield client_id, self.client_update(client_id, message, round)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, resume: bool = False, progress: bool = False) -> dict[str, Any]:

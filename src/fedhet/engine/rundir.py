@@ -1,0 +1,167 @@
+"""Ownership and exclusive use of the directories fedhet writes (run and grid directories).
+
+Three rules keep a user's files safe:
+
+- **A marker.** Every directory fedhet creates for a run or a grid gets a `.fedhet` file naming
+  its kind. `--force` only ever clears a directory that carries the marker, and then removes only
+  the entries fedhet writes there (`OWNED_NAMES`, its temporary files, and the subdirectories it
+  makes); anything else is left in place and named in a warning.
+- **No dangerous targets.** `/`, the home directory, the current directory and any of its
+  ancestors are refused outright, marker or not.
+- **One writer.** A process that writes a directory holds an exclusive `flock` on
+  `.fedhet.lock` inside it for as long as it writes; a second process gets one line naming the
+  holder's PID. The kernel releases the lock when the holder dies (kill -9 included), so a
+  stale lock file never blocks a resume.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedhet.errors import FedhetError
+
+MARKER = ".fedhet"
+LOCK = ".fedhet.lock"
+
+OWNED_NAMES = frozenset({
+    MARKER, LOCK, "config.json", "metrics.csv", "diagnostics.jsonl", "summary.json",
+    "checkpoint.pt", "checkpoint.prev.pt", "report.html", "report.md", "results.csv",
+    "summary.md", "comparison.md", "grid.toml", "errors.txt",
+})
+"""Files fedhet writes into a run or grid directory (removed by `--force`)."""
+
+OWNED_DIRS = frozenset({"tensorboard", "runs", "figures"})
+"""Subdirectories fedhet creates inside a run or grid directory (removed by `--force`)."""
+
+OWNED_SUFFIXES = (".png",)
+"""Plots `fedhet report` writes next to the results."""
+
+
+def is_ours(path: Path) -> bool:
+    """True when `path` is a directory fedhet created (it holds the marker)."""
+    return (Path(path) / MARKER).is_file()
+
+
+def _owned(entry: Path) -> bool:
+    name = entry.name
+    if name in OWNED_NAMES or (entry.is_dir() and name in OWNED_DIRS):
+        return True
+    if name.endswith(OWNED_SUFFIXES) and entry.is_file():
+        return True
+    # temporary files of atomic writes: `.<owned name>.<random>`
+    return name.startswith(".") and any(name.startswith(f".{n}.") for n in OWNED_NAMES)
+
+
+def check_removable(path: Path) -> None:
+    """Refuse to clear `/`, the home directory, the current directory or one of its ancestors."""
+    target = Path(path).resolve()
+    cwd = Path.cwd().resolve()
+    home = Path.home().resolve()
+    if target == Path(target.anchor) or target in (home, cwd) or target in cwd.parents:
+        what = "the root directory" if target == Path(target.anchor) else (
+            "your home directory" if target == home else
+            "the current directory" if target == cwd else "a parent of the current directory"
+        )
+        raise FedhetError(
+            f"refusing to clear {path} ({what}); choose a new directory for --out"
+        )
+
+
+def clear(path: Path, warn: Callable[[str], None] = print) -> None:
+    """Remove what fedhet wrote in the fedhet directory `path` (for `--force`).
+
+    Raises when `path` is not a directory fedhet made or is a dangerous target; entries fedhet
+    did not write stay and are named in a warning. The lock file stays: its holder keeps it.
+    """
+    path = Path(path)
+    check_removable(path)
+    if not is_ours(path):
+        raise FedhetError(
+            f"refusing to clear {path}: it was not created by fedhet (no {MARKER} marker); "
+            "remove it yourself or choose another --out"
+        )
+    foreign = []
+    for entry in path.iterdir():
+        if entry.name in (LOCK, MARKER):
+            continue
+        if not _owned(entry):
+            foreign.append(entry.name)
+        elif entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    if foreign:
+        warn(f"warning: left {len(foreign)} file(s) fedhet did not write in {path}: "
+             f"{', '.join(sorted(foreign)[:5])}{' …' if len(foreign) > 5 else ''}")
+
+
+def remove_temporaries(path: Path) -> list[str]:
+    """Delete temporary files that a killed writer left (`.<owned name>.<random>`) in `path`."""
+    removed = []
+    if not Path(path).is_dir():
+        return removed
+    for entry in Path(path).iterdir():
+        if entry.name.startswith(".") and entry.name not in (MARKER, LOCK) and _owned(entry) \
+                and entry.is_file():
+            entry.unlink(missing_ok=True)
+            removed.append(entry.name)
+    return removed
+
+
+def mark(path: Path, kind: str) -> None:
+    """Create `path` if needed and write the marker that says fedhet made it."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    marker = path / MARKER
+    if not marker.exists():
+        marker.write_text(json.dumps({"kind": kind, "version": 1}) + "\n")
+
+
+def _holder(lock_path: Path) -> str:
+    try:
+        pid = lock_path.read_text().strip()
+    except OSError:
+        pid = ""
+    return f"process {pid}" if pid.isdigit() else "another process"
+
+
+@contextmanager
+def exclusive(path: Path, what: str = "run") -> Iterator[None]:
+    """Hold an exclusive lock on directory `path` (created if missing) while the body runs."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    lock_path = path / LOCK
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FedhetError(
+                f"{path} is in use by {_holder(lock_path)} (another fedhet {what}); wait for it "
+                "to finish or choose another --out"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def fsync_dir(path: Path) -> None:
+    """Make renames inside `path` durable (after `os.replace`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
