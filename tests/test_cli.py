@@ -91,8 +91,20 @@ def test_existing_out_is_not_overwritten(tmp_path: Path):
     r = fedhet("run", "-r", "1", "--out", str(out))
     assert r.returncode == 2 and "--resume" in r.stderr and "--force" in r.stderr
     assert (out / "precious.txt").read_text() == "keep me"
-    r = fedhet("run", "-r", "1", "--out", str(out), "--force")
-    assert r.returncode == 0 and not (out / "precious.txt").exists()
+    r = fedhet("run", "-r", "1", "--out", str(out), "--force")  # not fedhet's: refused
+    assert r.returncode == 2 and "not created by fedhet" in r.stderr
+    assert (out / "precious.txt").read_text() == "keep me"
+
+
+def test_force_replaces_a_run_but_keeps_what_fedhet_did_not_write(tmp_path: Path):
+    out = tmp_path / "run"
+    assert fedhet("run", "-r", "1", "--out", str(out)).returncode == 0
+    (out / "notes.txt").write_text("mine")
+    first = (out / "metrics.csv").read_text()
+    r = fedhet("run", "-r", "2", "--out", str(out), "--force")
+    assert r.returncode == 0, r.stderr
+    assert (out / "notes.txt").read_text() == "mine" and "notes.txt" in r.stdout + r.stderr
+    assert (out / "metrics.csv").read_text() != first
 
 
 def test_invalid_force_run_keeps_old_results(tmp_path: Path):

@@ -10,6 +10,15 @@ from typing import Any
 
 from fedhet.errors import FedhetError
 
+EXIT_ERROR = 2
+"""Bad input or an unusable environment."""
+EXIT_DIVERGED = 3
+"""The run stopped on non-finite numbers (summary.json says `status: diverged`)."""
+
+
+class DivergedRunError(FedhetError):
+    """A run that stopped on non-finite numbers; exits with `EXIT_DIVERGED`."""
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, no usage dump
@@ -60,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         target = args.resume if isinstance(args.resume, str) else args.out
         if not target:
             raise FedhetError("--resume needs the run directory: --resume DIR")
-        out, values = Path(target), None
+        out, values = Path(target), _run_values(args) or None
     else:
         if not args.out:
             raise FedhetError("--out DIR is required (where metrics and checkpoints go)")
@@ -80,6 +89,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if logger is not None:
             logger.close()
+    if summary.get("status") == "diverged":
+        d = summary["diverged"]
+        client = f", client {d['client']}" if d.get("client") is not None else ""
+        raise DivergedRunError(
+            f"the run diverged in round {d['round']}{client} (non-finite {d['what']}); it is "
+            f"marked diverged in {out / 'summary.json'}: lower lr or check the settings"
+        )
     print(
         f"{summary['algorithm']} on {summary['dataset']}/{summary['partition']}: final accuracy "
         f"{summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f} "
@@ -333,14 +349,26 @@ def _set_threads(threads: int | None) -> None:
     torch.set_num_threads(threads)
 
 
+def _os_error(e: OSError) -> str:
+    where = f" ({e.filename})" if e.filename else ""
+    return (f"{e.strerror or e}{where}; check that the path is a writable directory with free "
+            "space, or choose another --out")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         _set_threads(args.threads)
         return args.func(args)
+    except DivergedRunError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_DIVERGED
     except FedhetError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
+    except OSError as e:  # the file system said no: unwritable, not a directory, disk full
+        print(f"error: {_os_error(e)}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("interrupted; continue with `fedhet run --resume DIR`", file=sys.stderr)
         return 130

@@ -75,6 +75,7 @@ class RunConfig:
         checks = [
             (self.clients >= 1, "--clients must be ≥ 1"),
             (self.rounds >= 1, "--rounds must be ≥ 1"),
+            (0 <= self.seed < 2**32, f"--seed must be a whole number in [0, 2^32), got {self.seed}"),
             (self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive number, got {self.lr}"),
             (self.lr_min >= 0, "lr_min must be ≥ 0"),
             (self.batch_size >= 1, "batch_size must be ≥ 1"),

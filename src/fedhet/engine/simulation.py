@@ -25,6 +25,7 @@ from fedhet.data.registry import DATASETS
 from fedhet.data.split import hold_out_validation
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RunConfig
+from fedhet.engine.failures import Diverged
 from fedhet.engine.rounds import ROUND_RUNNERS
 from fedhet.engine.store import TIME_COLUMNS, RunStore
 from fedhet.errors import FedhetError
@@ -66,6 +67,16 @@ def sample_clients(cfg: RunConfig, num_clients: int, round: int) -> list[int]:
         return list(range(num_clients))
     rng = stream_seed(cfg.seed, round, -2)
     return sorted(int(i) for i in rng.choice(num_clients, m, replace=False))
+
+
+def check_reply(reply: Message, round: int, client_id: int) -> None:
+    """Raise `Diverged` when a client's reply holds a non-finite tensor or scalar."""
+    for name, t in reply.tensors.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise Diverged(round, f"{name!r} in its reply", client_id)
+    for name, v in reply.scalars.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise Diverged(round, f"{name!r} in its reply", client_id)
 
 
 def round_half_up(x: float) -> int:
@@ -143,7 +154,15 @@ class Simulation:
         state = self.client_states.get(client_id, _UNSET)
         if state is _UNSET:
             state = self.algorithm.client_init(client_id)
-        reply, state = self.algorithm.client_update(message, ctx, state)
+        try:
+            reply, state = self.algorithm.client_update(message, ctx, state)
+        except (OverflowError, FloatingPointError) as e:
+            raise Diverged(round, f"local step ({e})", client_id) from e
+        except RuntimeError as e:  # torch: "value cannot be converted to type float without overflow"
+            if "overflow" not in str(e):
+                raise
+            raise Diverged(round, "local step (overflow)", client_id) from e
+        check_reply(reply, round, client_id)
         self.client_states[client_id] = state
         if self.model.buffers.numel():
             reply.tensors[BUFFERS] = self.model.buffers.clone()
@@ -159,55 +178,88 @@ class Simulation:
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, resume: bool = False, progress: bool = False) -> dict[str, Any]:
+        """Run (or, with `resume`, continue from the newest good checkpoint) to `cfg.rounds`.
+
+        A round whose model, loss or aggregate is not finite stops the run: the summary says
+        `status: diverged` with the round and client, and the last good checkpoint is kept."""
         cfg = self.cfg
         state = self.algorithm.init(self.w0)
         rows: list[dict[str, Any]] = []
-        records: list[dict[str, Any]] = []
         start, elapsed = 0, 0.0
         if resume and self.store is not None:
             ckpt = self.store.load_checkpoint(warn=self.log)
             if ckpt is not None:
+                check_resumable(ckpt.get("config"), cfg.to_dict())
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
                 state, self.client_states = ckpt["server"], ckpt["clients"]
                 self.buffers = ckpt["buffers"]
-                rows, records = ckpt["rows"], ckpt["records"]
                 self.comm.restore(ckpt["comm"])
+                rows = self.store.rows_until(start)
         if not rows:
             rows.append(self._evaluate(state, 0, {}))
+            self._check_finite(state, rows[-1], -1)
+            if self.store is not None:
+                self.store.write_metrics(rows)
         bar = _progress(cfg.rounds, start, progress)
         t_start = time.perf_counter() - elapsed
-        for k in range(start, cfg.rounds):
-            t0 = time.perf_counter()
-            clients = sample_clients(cfg, self.run_info.num_clients, k)
-            state, diag = self.runner(self, state, k, clients)
-            self._average_buffers()
-            train_time = time.perf_counter() - t0
-            scalars = {
-                n: float(v) for n, v in diag.items() if isinstance(v, int | float | np.floating)
-            }
-            structured = {n: v for n, v in diag.items() if n not in scalars}
-            row = self._evaluate(state, k + 1, scalars)
-            row.update(self.comm.close_round())
-            row["round_time_s"] = train_time
-            row["eval_time_s"] = time.perf_counter() - t0 - train_time
-            row["wall_time_s"] = time.perf_counter() - t_start
-            rows.append(row)
-            if structured:
-                records.append({"round": k + 1, **structured})
-            self._save(k + 1, state, rows, records, row["wall_time_s"])
-            if self.on_round is not None:
-                self.on_round(row)
+        try:
+            for k in range(start, cfg.rounds):
+                t0 = time.perf_counter()
+                clients = sample_clients(cfg, self.run_info.num_clients, k)
+                state, diag = self.runner(self, state, k, clients)
+                self._average_buffers()
+                train_time = time.perf_counter() - t0
+                scalars = {
+                    n: float(v) for n, v in diag.items() if isinstance(v, int | float | np.floating)
+                }
+                structured = {n: v for n, v in diag.items() if n not in scalars}
+                row = self._evaluate(state, k + 1, scalars)
+                self._check_finite(state, row, k)
+                row.update(self.comm.close_round())
+                row["round_time_s"] = train_time
+                row["eval_time_s"] = time.perf_counter() - t0 - train_time
+                row["wall_time_s"] = time.perf_counter() - t_start
+                rows.append(row)
+                self._save(k + 1, state, rows, {"round": k + 1, **structured} if structured else None,
+                           row["wall_time_s"])
+                if self.on_round is not None:
+                    self.on_round(row)
+                if bar is not None:
+                    bar.set_postfix(acc=f"{row['test_accuracy']:.4f}", loss=f"{row['test_loss']:.4f}")
+                    bar.update(1)
+        except (Diverged, OverflowError, FloatingPointError) as e:
+            return self._diverged(e, rows, k)
+        finally:
             if bar is not None:
-                bar.set_postfix(acc=f"{row['test_accuracy']:.4f}", loss=f"{row['test_loss']:.4f}")
-                bar.update(1)
-        if bar is not None:
-            bar.close()
+                bar.close()
         self.final_state = state
+        summary = self.summary(rows, finished=True)
         if start >= cfg.rounds and self.store is not None:
             # killed after the last checkpoint but before the final summary was written
-            self.store.write_metrics(rows)
-            self.store.write_summary(self.summary(rows, finished=True))
-        return self.summary(rows, finished=True)
+            self.store.write_summary(summary)
+        return summary
+
+    def _check_finite(self, state: dict[str, Any], row: dict[str, Any], round: int) -> None:
+        """Raise `Diverged` when the global model or its evaluated loss is not finite."""
+        if not bool(torch.isfinite(self.algorithm.eval_params(state)).all()):
+            raise Diverged(round, "global model parameters")
+        if self._evaluated(row["round"]) and not math.isfinite(row["test_loss"]):
+            raise Diverged(round, "test loss")
+
+    def _evaluated(self, round: int) -> bool:
+        return round % self.cfg.eval_every == 0 or round == self.cfg.rounds
+
+    def _diverged(self, error: Exception, rows: list[dict[str, Any]], round: int) -> dict[str, Any]:
+        """Mark the run `diverged` (strict JSON summary) and keep the last good checkpoint."""
+        if isinstance(error, Diverged):
+            info = {"round": error.round + 1, "what": error.what, "client": error.client_id}
+        else:  # arithmetic overflow inside a client (e.g. lr=1e300)
+            info = {"round": round + 1, "what": f"overflow ({error})", "client": None}
+        summary = self.summary(rows, finished=False)
+        summary.update(status="diverged", diverged=info)
+        if self.store is not None:
+            self.store.write_summary(summary)
+        return summary
 
     def _average_buffers(self) -> None:
         """BatchNorm statistics **[choice]**: the sample-weighted mean over every client update
@@ -221,7 +273,7 @@ class Simulation:
     def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:
         cfg = self.cfg
         row: dict[str, Any] = {"round": round}
-        if round % cfg.eval_every == 0 or round == cfg.rounds:
+        if self._evaluated(round):
             models = {"": self.algorithm.eval_params(state)}
             models.update({f"_{s}": w for s, w in self.algorithm.extra_eval_params(state).items()})
             for suffix, w in models.items():
@@ -237,35 +289,74 @@ class Simulation:
         row.update(diag)
         return row
 
-    def _save(self, done: int, state, rows, records, elapsed: float) -> None:
+    def _save(self, done: int, state, rows, record: dict[str, Any] | None, elapsed: float) -> None:
+        """Append the round's metrics row and diagnostics record; checkpoint the state."""
         if self.store is None:
             return
-        self.store.write_metrics(rows)
-        if records:
-            self.store.write_diagnostics(records)
+        self.store.append_metrics(rows)
+        if record is not None:
+            self.store.append_diagnostics(record)
         if done % self.cfg.checkpoint_every == 0 or done == self.cfg.rounds:
             self.store.save_checkpoint({
                 "round": done, "elapsed": elapsed, "server": state, "clients": self.client_states,
-                "buffers": self.buffers, "rows": rows, "records": records,
-                "comm": self.comm.state(),
+                "buffers": self.buffers, "comm": self.comm.state(), "config": self.cfg.to_dict(),
             })
         self.store.write_summary(self.summary(rows, finished=done == self.cfg.rounds))
 
     def summary(self, rows: list[dict[str, Any]], finished: bool) -> dict[str, Any]:
+        """Final and best accuracy, time and traffic; rows may hold numbers or saved text cells."""
+        rows = [{k: _number(v) for k, v in r.items()} for r in rows]
         evaluated = [r for r in rows if not math.isnan(r.get("test_accuracy", float("nan")))]
-        best = max(evaluated, key=lambda r: r["test_accuracy"])
-        last = evaluated[-1]
+        best = max(evaluated, key=lambda r: r["test_accuracy"]) if evaluated else {}
+        last = evaluated[-1] if evaluated else {}
+        nan = float("nan")
         return {
             "algorithm": self.cfg.algorithm, "dataset": self.cfg.dataset,
             "partition": self.cfg.partition, "model": self.cfg.model, "seed": self.cfg.seed,
             "clients": self.run_info.num_clients, "rounds": self.cfg.rounds,
-            "rounds_done": rows[-1]["round"], "finished": finished,
-            "final_accuracy": last["test_accuracy"], "final_loss": last["test_loss"],
-            "best_accuracy": best["test_accuracy"], "best_round": best["round"],
+            "rounds_done": int(rows[-1]["round"]), "finished": finished,
+            "status": "finished" if finished else "running",
+            "final_accuracy": last.get("test_accuracy", nan), "final_loss": last.get("test_loss", nan),
+            "best_accuracy": best.get("test_accuracy", nan), "best_round": int(best.get("round", 0)),
             "total_time_s": rows[-1].get("wall_time_s", 0.0),
-            "cum_bytes": rows[-1].get("cum_bytes", 0),
-            "cum_model_transfers": rows[-1].get("cum_model_transfers", 0),
+            "cum_bytes": int(rows[-1].get("cum_bytes", 0)),
+            "cum_model_transfers": int(rows[-1].get("cum_model_transfers", 0)),
         }
+
+
+def _number(value: Any) -> Any:
+    """A saved metrics cell (text) as a number; numbers pass through."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return float(value) if value else float("nan")
+    except ValueError:
+        return value
+
+
+RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "executor",
+             "workers", "cohort_chunk"}
+"""Settings a resumed run may change: they do not alter the rounds already done."""
+
+
+def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
+    """Refuse to continue a checkpoint under settings other than its own, except `RESUMABLE`
+    ones (and `rounds` only upwards, and not under a cosine schedule, which depends on it)."""
+    if saved is None:
+        return
+    differ = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
+    bad = [k for k in differ if k not in RESUMABLE]
+    if "rounds" in differ and (
+        current["rounds"] < saved["rounds"] or current.get("lr_schedule") == "cosine"
+    ):
+        bad.insert(0, "rounds")
+    if bad:
+        raise FedhetError(
+            f"the checkpoint was made with other settings ({', '.join(bad)} differ from "
+            "config.json or the command line); resume with the run's own settings, or start a new "
+            "run with --out (settings a resume may change: more rounds, "
+            f"{', '.join(sorted(RESUMABLE - {'rounds'}))})"
+        )
 
 
 def _progress(total: int, initial: int, enabled: bool):

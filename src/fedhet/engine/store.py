@@ -1,14 +1,23 @@
 """A run directory: config, metrics, diagnostics, summary and checkpoints, written as the run goes.
 
-Every file is replaced atomically (write to a temporary file, then `os.replace`), so a run
-killed at any moment leaves either the old or the new version of each file. `checkpoint.pt`
-and the previous good one, `checkpoint.prev.pt`, let a run resume; a checkpoint that fails to
-load (truncated, corrupt) is reported and the previous one is used.
+`config.json`, `summary.json` and the checkpoints are replaced atomically (write a temporary
+file, fsync, `os.replace`, fsync the directory), so a run killed at any moment leaves either the
+old or the new version of each. `metrics.csv` and `diagnostics.jsonl` grow by one appended
+line per round (one `write` call each, so a kill leaves whole rows; a partial last line is cut
+on resume), and are rewritten whole only when a round brings a new column.
+
+A checkpoint holds the run's state only (server, clients, BatchNorm statistics, ledger,
+config), never past metrics. Its file is `MAGIC`, the SHA-256 of the payload in hex, a newline,
+then the `torch.save` payload; loading checks the digest and unpickles with
+`weights_only=True`, so a flipped byte is detected and a checkpoint file cannot run code.
+`checkpoint.pt` and the previous good one, `checkpoint.prev.pt`, let a run resume; one that
+fails to load (truncated, corrupt, tampered) is reported and the previous one is used.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -17,9 +26,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from fedhet.engine.rundir import fsync_dir
 from fedhet.errors import FedhetError
+
+MAGIC = b"FEDHET-CHECKPOINT-1\n"
+_multiarray = (getattr(np, "_core", None) or np.core).multiarray
+SAFE_GLOBALS = [
+    _multiarray._reconstruct, np.ndarray, np.dtype, _multiarray.scalar,
+    *{type(np.dtype(t)) for t in ("f4", "f8", "i4", "i8", "u4", "u8", "bool", "u1", "i1", "i2", "f2")},
+]
+"""NumPy types that algorithm states hold (arrays, scalars), allowed by `weights_only` loading."""
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
@@ -37,6 +56,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes files 0600; give them the usual mode
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -55,7 +75,45 @@ def _json_default(o: Any) -> Any:
 
 
 def to_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, default=_json_default, allow_nan=True)
+    """Strict JSON (RFC 8259): NaN and ±inf become `null`."""
+    return json.dumps(_finite(obj), indent=2, default=_json_default, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float | np.floating):
+        return float(obj) if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one whole line with a single `write` (a killed writer leaves whole lines)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666 & ~_UMASK)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def truncate_lines(path: Path, keep: Any, header: bool = True) -> list[str]:
+    """Keep the header line (when `header`) and the following whole lines for which `keep(line)`
+    holds, stopping at the first that fails or is cut short; rewrites the file if anything went."""
+    if not path.exists():
+        return []
+    text = path.read_text()
+    lines = text.split("\n")
+    whole, partial = lines[:-1], lines[-1]
+    kept = whole[:1] if header else []
+    for line in whole[len(kept):]:
+        if not keep(line):
+            break
+        kept.append(line)
+    if len(kept) != len(whole) or partial:
+        atomic_write_text(path, "".join(f"{line}\n" for line in kept))
+    return kept
 
 
 def _cell(text: str | None) -> float:
@@ -119,10 +177,52 @@ class RunStore:
         for row in rows:
             writer.writerow([format_value(row.get(c, float("nan"))) for c in columns])
         atomic_write_text(self.metrics_path, buf.getvalue())
+        self._columns = columns
+
+    def append_metrics(self, rows: list[dict[str, Any]]) -> None:
+        """Append the last of `rows` to `metrics.csv`; rewrite the file when it adds a column."""
+        columns = getattr(self, "_columns", None)
+        if columns is None and self.metrics_path.exists():
+            with self.metrics_path.open(newline="") as f:
+                columns = next(csv.reader(f), None)
+        last = rows[-1]
+        if not columns or len(rows) == 1 or any(k not in columns for k in last):
+            self.write_metrics(rows)
+            return
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerow(
+            [format_value(last.get(c, float("nan"))) for c in columns]
+        )
+        append_line(self.metrics_path, buf.getvalue())
 
     def write_diagnostics(self, records: list[dict[str, Any]]) -> None:
         text = "".join(json.dumps(r, default=_json_default) + "\n" for r in records)
         atomic_write_text(self.diag_path, text)
+
+    def append_diagnostics(self, record: dict[str, Any]) -> None:
+        append_line(self.diag_path, json.dumps(record, default=_json_default) + "\n")
+
+    def rows_until(self, round: int) -> list[dict[str, str]]:
+        """The metrics rows of rounds `0..round` as saved (text cells), cutting later or partial
+        rows from `metrics.csv` and later records from `diagnostics.jsonl` (resume)."""
+
+        def metrics_row(line: str) -> bool:
+            cell = line.split(",", 1)[0]
+            return cell.isdigit() and int(cell) <= round
+
+        def diag_record(line: str) -> bool:
+            try:
+                return int(json.loads(line)["round"]) <= round
+            except (ValueError, KeyError, TypeError):
+                return False
+
+        kept = truncate_lines(self.metrics_path, metrics_row)
+        truncate_lines(self.diag_path, diag_record, header=False)
+        if not kept:
+            return []
+        reader = csv.DictReader(io.StringIO("\n".join(kept) + "\n"))
+        self._columns = list(reader.fieldnames or [])
+        return [dict(row) for row in reader]
 
     def read_summary(self) -> dict[str, Any]:
         return json.loads((self.out / "summary.json").read_text())
@@ -134,9 +234,11 @@ class RunStore:
     def save_checkpoint(self, payload: dict[str, Any]) -> None:
         buf = io.BytesIO()
         torch.save(payload, buf)
+        data = buf.getvalue()
+        digest = hashlib.sha256(data).hexdigest().encode()
         if self.ckpt_path.exists():
             os.replace(self.ckpt_path, self.prev_ckpt_path)
-        atomic_write_bytes(self.ckpt_path, buf.getvalue())
+        atomic_write_bytes(self.ckpt_path, MAGIC + digest + b"\n" + data)
 
     def load_checkpoint(self, warn: Any = print) -> dict[str, Any] | None:
         """The newest checkpoint that loads, or None when there is none at all."""
@@ -145,11 +247,10 @@ class RunStore:
             if not path.exists():
                 continue
             try:
-                payload = torch.load(path, map_location="cpu", weights_only=False)
-                if not isinstance(payload, dict) or "round" not in payload:
-                    raise ValueError("not a fedhet checkpoint")
+                payload = read_checkpoint(path)
             except Exception as e:  # noqa: BLE001  (any unreadable file is reported the same)
-                problems.append(f"{path.name} is unreadable ({type(e).__name__})")
+                why = e if isinstance(e, ValueError) else type(e).__name__
+                problems.append(f"{path.name} is unreadable ({why})")
                 continue
             if problems:
                 warn(f"warning: {'; '.join(problems)}; resuming from {path.name}")
@@ -160,3 +261,18 @@ class RunStore:
                 "start the run again with --force"
             )
         return None
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Verify the SHA-256 of a checkpoint file and unpickle it with `weights_only=True`."""
+    data = Path(path).read_bytes()
+    if not data.startswith(MAGIC):
+        raise ValueError("no fedhet checkpoint header")
+    digest, _, payload = data[len(MAGIC):].partition(b"\n")
+    if hashlib.sha256(payload).hexdigest().encode() != digest:
+        raise ValueError("checksum mismatch")
+    with torch.serialization.safe_globals(SAFE_GLOBALS):
+        state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or "round" not in state:
+        raise ValueError("not a fedhet checkpoint")
+    return state

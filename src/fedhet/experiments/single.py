@@ -1,35 +1,48 @@
-"""One run from settings to a finished run directory (used by `run`, `compare`, `reproduce`)."""
+"""One run from settings to a finished run directory (used by `run`, `compare`, `reproduce`).
+
+The run directory is fedhet's (`fedhet.engine.rundir`): created with a marker, locked for as
+long as the run writes it, and cleared by `force` only when it carries the marker.
+"""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fedhet.engine import rundir
 from fedhet.engine.config import RunConfig, apply_settings, resolve
-from fedhet.engine.simulation import Simulation
+from fedhet.engine.simulation import RESUMABLE, Simulation, check_resumable
 from fedhet.engine.store import RunStore
 from fedhet.errors import FedhetError
 
 
 def check_out(out: Path, force: bool) -> None:
-    """Refuse a non-empty run directory unless `force` (nothing is touched here)."""
+    """Refuse a non-empty run directory unless `force` and fedhet made it (nothing is touched)."""
     if out.exists() and not out.is_dir():
         raise FedhetError(f"--out {out} is a file; choose a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    entries = [e for e in out.iterdir() if e.name != rundir.LOCK] if out.is_dir() else []
+    if entries and not force:
         raise FedhetError(
             f"--out {out} is not empty; use --resume to continue that run, --force to "
             "replace it, or another --out"
         )
+    if entries:
+        rundir.check_removable(out)
+        if not rundir.is_ours(out):
+            raise FedhetError(
+                f"refusing to replace {out}: it was not created by fedhet (no {rundir.MARKER} "
+                "marker); remove it yourself or choose another --out"
+            )
 
 
-def prepare_out(out: Path, force: bool) -> None:
-    """Empty (with `force`) and create `out`; call once the run is known to be valid."""
+def prepare_out(out: Path, force: bool, warn: Callable[[str], None] = print) -> None:
+    """Clear (with `force`, only what fedhet wrote) and create `out` with fedhet's marker; call
+    once the run is known to be valid, while holding the directory's lock."""
     check_out(out, force)
-    if out.is_dir() and any(out.iterdir()):
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if rundir.is_ours(out):
+        rundir.clear(out, warn)
+    rundir.mark(out, "run")
 
 
 def resolve_settings(settings: dict[str, Any], where: str = "settings") -> tuple[RunConfig, dict]:
@@ -49,20 +62,49 @@ def execute(
 ) -> dict[str, Any]:
     """Run (or continue, with `resume`) one experiment into `out`; returns its summary.
 
-    With `resume`, the settings saved in `out/config.json` are used and `settings` is ignored.
+    With `resume`, the settings saved in `out/config.json` are used; `settings`, when given,
+    may change only what a resume can change (`RESUMABLE`: more rounds, evaluation and
+    checkpoint intervals, data directory, device and executor) and anything else is refused.
     Invalid settings, data or partitions fail before `out` is created or changed.
     """
-    store = RunStore(out)
     if resume:
-        cfg, params = resolve(store.read_config())
-        if is_finished(out):
+        return _resume(settings, Path(out), progress, log, on_round)
+    check_out(out, force)
+    cfg, params = resolve_settings(settings or {})
+    store = RunStore(out)
+    sim = Simulation(cfg, params, store, log=log, on_round=on_round)
+    with rundir.exclusive(out, "run"):
+        prepare_out(out, force, log)
+        store.write_config(cfg.to_dict())
+        return sim.run(progress=progress)
+
+
+def _resume(
+    changes: dict[str, Any] | None, out: Path, progress: bool, log: Callable[[str], None],
+    on_round: Callable[[dict[str, Any]], None] | None,
+) -> dict[str, Any]:
+    store = RunStore(out)
+    if not (out / "config.json").is_file():
+        raise FedhetError(f"{out} has no config.json: it is not a fedhet run directory")
+    with rundir.exclusive(out, "run"):
+        saved = store.read_config()
+        cfg, params = resolve(apply_settings(saved, changes or {}, "--resume"))
+        if changes:
+            check_resumable(saved, cfg.to_dict())
+            changed = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
+            if changed:
+                log("resuming with " + ", ".join(f"{k} {saved.get(k)} → {getattr(cfg, k)}"
+                                                 for k in changed)
+                    + f" (a resume may change only {', '.join(sorted(RESUMABLE))})")
+        grown = cfg.rounds > int(saved.get("rounds", cfg.rounds))
+        if is_finished(out) and not grown:
             log(f"{out} is already finished; nothing to do")
             return store.read_summary()
-    else:
-        check_out(out, force)
-        cfg, params = resolve_settings(settings or {})
-    sim = Simulation(cfg, params, store, log=log, on_round=on_round)
-    if not resume:
-        prepare_out(out, force)
-        store.write_config(cfg.to_dict())
-    return sim.run(resume=resume, progress=progress)
+        sim = Simulation(cfg, params, store, log=log, on_round=on_round)
+        rundir.mark(out, "run")  # runs made before the marker existed become recognisable
+        removed = rundir.remove_temporaries(out)
+        if removed:
+            log(f"removed {len(removed)} temporary file(s) a killed run left in {out}")
+        if changes:
+            store.write_config(cfg.to_dict())
+        return sim.run(resume=True, progress=progress)
