@@ -16,7 +16,7 @@ from fedhet.algorithms.bherd import (
     kept_count,
 )
 from fedhet.engine.simulation import Simulation
-from fedhet.engine.store import RunStore
+from fedhet.engine.store import RunStore, read_checkpoint
 from fedhet.errors import FedhetError
 from fedhet.experiments.single import resolve_settings
 
@@ -182,9 +182,9 @@ def test_resume_from_a_checkpoint_continues_exactly(tmp_path, algorithm):
 
     settings = {**BASE, "algorithm": algorithm, "rounds": 3, "local_epochs": 0.5}
     execute(settings, tmp_path, log=lambda m: None)
-    final = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["server"]["w"]
+    final = read_checkpoint(tmp_path / "checkpoint.pt")["server"]["w"]
     (tmp_path / "checkpoint.prev.pt").replace(tmp_path / "checkpoint.pt")  # back to round 2
     (tmp_path / "summary.json").unlink()
     execute(None, tmp_path, resume=True, log=lambda m: None)
-    again = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["server"]["w"]
+    again = read_checkpoint(tmp_path / "checkpoint.pt")["server"]["w"]
     assert torch.equal(final, again)

@@ -43,10 +43,22 @@ def test_sampling_fraction_and_determinism():
 
 
 def test_cosine_schedule_endpoints():
-    cfg = RunConfig(lr=0.01, lr_min=1e-5, lr_schedule="cosine", rounds=10)
+    """Rounds k = 0 … K−1 train: the first with η, the last with η_min, the middle halfway."""
+    cfg = RunConfig(lr=0.01, lr_min=1e-5, lr_schedule="cosine", rounds=11)
     assert learning_rate(cfg, 0) == pytest.approx(0.01)
     assert learning_rate(cfg, 10) == pytest.approx(1e-5)
     assert learning_rate(cfg, 5) == pytest.approx((0.01 + 1e-5) / 2)
+    one = RunConfig(lr=0.01, lr_min=1e-5, lr_schedule="cosine", rounds=1)
+    assert learning_rate(one, 0) == 0.01
+
+
+def test_last_round_trains_at_the_floor(tmp_path):
+    from fedhet.experiments.single import execute
+
+    execute({"rounds": 4, "clients": 3, "lr": 0.1, "lr_min": 0.001, "lr_schedule": "cosine"},
+            tmp_path / "run", log=lambda _: None)
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    assert float(rows[1]["lr"]) == pytest.approx(0.1) and float(rows[-1]["lr"]) == pytest.approx(0.001)
 
 
 def test_same_seed_same_metrics_apart_from_time(tmp_path: Path):

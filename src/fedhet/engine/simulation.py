@@ -38,10 +38,12 @@ _UNSET = object()
 
 
 def learning_rate(cfg: RunConfig, round: int) -> float:
-    """Constant `η`, or cosine decay from `η` to `lr_min` over the run (FedSR §IV)."""
-    if cfg.lr_schedule == "constant":
+    """Constant `η`, or cosine decay (FedSR §IV) over rounds `k = 0 … K−1`:
+    `η_k = η_min + (η − η_min)(1 + cos(π k / (K − 1))) / 2`, so the first round trains with `η`
+    and the last with `η_min` (a one-round run uses `η`)."""
+    if cfg.lr_schedule == "constant" or cfg.rounds == 1:
         return cfg.lr
-    return cfg.lr_min + (cfg.lr - cfg.lr_min) * 0.5 * (1 + math.cos(math.pi * round / cfg.rounds))
+    return cfg.lr_min + (cfg.lr - cfg.lr_min) * 0.5 * (1 + math.cos(math.pi * round / (cfg.rounds - 1)))
 
 
 def local_steps(

@@ -104,16 +104,15 @@ def baseline_settings(settings: dict[str, Any], budget: FairBudget, method: str)
 
 def client_sizes(settings: dict[str, Any]) -> tuple[int, ...]:
     """`D_i` of the partition these settings describe (loads the data, as the run itself does)."""
-    from fedhet.data.partition import partition_dataset
-    from fedhet.data.registry import DATASETS
+    from fedhet.engine.federate import federate
     from fedhet.experiments.single import resolve_settings
 
     cfg, params = resolve_settings(settings)
-    fields = ("dataset", "dataset_params", "partition", "partition_params", "clients", "seed", "data_dir")
+    fields = ("dataset", "dataset_params", "partition", "partition_params", "clients", "seed", "data_dir",
+              "validation_fraction")
     key = json.dumps({f: getattr(cfg, f) for f in fields}, sort_keys=True, default=str)
     if key not in _SIZES:
-        data = DATASETS.get(cfg.dataset).factory(params["dataset"], Path(cfg.data_dir))
-        parts = partition_dataset(data, cfg.partition, cfg.clients, params["partition"], cfg.seed)
+        parts = federate(cfg, params["dataset"], params["partition"], cache=True).parts
         _SIZES[key] = tuple(len(p) for p in parts)
     return _SIZES[key]
 

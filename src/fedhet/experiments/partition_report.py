@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.data.partition import PARTITIONS, label_counts, partition_dataset
-from fedhet.data.registry import DATASETS, load_dataset
-from fedhet.data.split import hold_out_validation
+from fedhet.data.partition import PARTITIONS, label_counts
+from fedhet.data.registry import DATASETS
 from fedhet.engine.config import RunConfig
+from fedhet.engine.federate import federate
 from fedhet.errors import FedhetError
 from fedhet.registry import build_params, params_dict
 
@@ -28,10 +28,8 @@ def describe_partition(
 ) -> np.ndarray:
     """Print the partition that `values` (run settings) describe; returns `counts[client, label]`."""
     cfg, data_params, part_params = resolve_data(values)
-    data = load_dataset(cfg.dataset, data_params, cfg.data_dir)
-    if cfg.validation_fraction:
-        data = hold_out_validation(data, cfg.validation_fraction)
-    parts = partition_dataset(data, cfg.partition, cfg.clients, part_params, cfg.seed)
+    fed = federate(cfg, data_params, part_params)
+    data, parts = fed.data, fed.parts
     counts = label_counts(data.split_labels, parts, data.split_classes)
     settings = ", ".join(f"{k}={v}" for k, v in params_dict(part_params).items())
     out(

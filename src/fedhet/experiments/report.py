@@ -234,27 +234,18 @@ def plot_diagnostics(run: RunData, path: Path) -> bool:
     return True
 
 
-_DATA_CACHE: dict[str, Any] = {}
-
-
 def partition_counts(config: dict[str, Any]):
     """`(counts[client, class], title)` recomputed from a run's config, or None (centralised)."""
     from fedhet.algorithms.base import ALGORITHMS
-    from fedhet.data.partition import label_counts, partition_dataset
-    from fedhet.data.registry import DATASETS
-    from fedhet.data.split import hold_out_validation
+    from fedhet.data.partition import label_counts
     from fedhet.engine.config import resolve
+    from fedhet.engine.federate import federate
 
     cfg, params = resolve(dict(config))
     if ALGORITHMS.get(cfg.algorithm).factory.centralized:
         return None
-    key = json.dumps([cfg.dataset, cfg.dataset_params, cfg.data_dir], sort_keys=True)
-    if key not in _DATA_CACHE:
-        _DATA_CACHE[key] = DATASETS.get(cfg.dataset).factory(params["dataset"], Path(cfg.data_dir))
-    data = _DATA_CACHE[key]
-    if cfg.validation_fraction:
-        data = hold_out_validation(data, cfg.validation_fraction)
-    parts = partition_dataset(data, cfg.partition, cfg.clients, params["partition"], cfg.seed)
+    fed = federate(cfg, params["dataset"], params["partition"], cache=True)
+    data, parts = fed.data, fed.parts
     counts = label_counts(data.split_labels, parts, data.split_classes)
     extra = ", ".join(f"{k}={v}" for k, v in cfg.partition_params.items())
     title = f"{cfg.dataset} / {cfg.partition}" + (f" ({extra})" if extra else "") + f", seed {cfg.seed}"

@@ -1,0 +1,61 @@
+"""`federate()`: the one data path of every run: load the dataset, hold out a validation split,
+partition the training set over the clients.
+
+The engine, the partition report, `fedhet report`'s heatmaps and the FedVeca comparison
+protocol all call it, so a partition described, plotted or sized anywhere is exactly the one the
+run trains on (the same seed, the same hold-out).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fedhet.data.base import Dataset
+from fedhet.data.partition import partition_dataset
+from fedhet.data.registry import load_dataset
+from fedhet.data.split import hold_out_validation
+from fedhet.engine.config import RunConfig
+from fedhet.registry import params_dict
+
+
+@dataclass(frozen=True)
+class Federation:
+    data: Dataset
+    """The dataset after the validation hold-out (its test split is then the validation set)."""
+    parts: list[np.ndarray]
+    """One array of training-sample indices per client."""
+
+
+_LOADED: dict[str, Dataset] = {}
+
+
+def load(cfg: RunConfig, dataset_params: Any, cache: bool = False) -> Dataset:
+    """The run's dataset; with `cache`, loaded once per process for equal data settings."""
+    if not cache:
+        return load_dataset(cfg.dataset, dataset_params, cfg.data_dir)
+    key = json.dumps([cfg.dataset, params_dict(dataset_params), str(cfg.data_dir)],
+                     sort_keys=True, default=str)
+    if key not in _LOADED:
+        _LOADED[key] = load_dataset(cfg.dataset, dataset_params, cfg.data_dir)
+    return _LOADED[key]
+
+
+def federate(
+    cfg: RunConfig, dataset_params: Any, partition_params: Any, *, centralized: bool = False,
+    data: Dataset | None = None, cache: bool = False,
+) -> Federation:
+    """Load (unless `data` is given), hold out `cfg.validation_fraction`, partition.
+
+    `centralized` gives one client holding the whole training set (centralised SGD)."""
+    if data is None:
+        data = load(cfg, dataset_params, cache)
+    if cfg.validation_fraction:
+        data = hold_out_validation(data, cfg.validation_fraction)
+    if centralized:
+        return Federation(data, [np.arange(len(data.y_train))])
+    parts = partition_dataset(data, cfg.partition, cfg.clients, partition_params, cfg.seed)
+    return Federation(data, list(parts))
