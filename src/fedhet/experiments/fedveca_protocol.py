@@ -24,15 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.store import atomic_write_text, read_metric_rows
+from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
+from fedhet.experiments.fedveca_runs import CENTRAL, FEDVECA, LABELS, read_metrics
 
-FEDVECA = "fedveca"
-CENTRAL = "central"
 DEFAULT_BASELINES = ("fedavg", "fednova")
 PAPER_DEFAULTS: dict[str, Any] = {"clients": 5, "rounds": 100, "lr": 0.01}
 """§IV-A4: five clients, `K = 100`, `η = 0.01` (`α = 0.95`, `τ_max = 50` are FedVeca's defaults)."""
-LABELS = {FEDVECA: "FedVeca", CENTRAL: "Centralized SGD", "fedavg": "FedAvg", "fednova": "FedNova"}
 
 
 @dataclass(frozen=True)
@@ -122,14 +120,6 @@ _SIZES: dict[str, tuple[int, ...]] = {}
 
 
 # -- reading runs ----------------------------------------------------------------------------
-def read_metrics(run_dir: Path) -> list[dict[str, float]]:
-    """`metrics.csv` as rows of floats (empty cells are NaN)."""
-    path = Path(run_dir) / "metrics.csv"
-    if not path.exists():
-        raise FedhetError(f"{run_dir} has no metrics.csv; run it first")
-    return read_metric_rows(path)
-
-
 def read_tau_all(run_dir: Path) -> int:
     """`τ_all = Σ_k Σ_i τ_(k,i)` of a finished FedVeca run."""
     summary = Path(run_dir) / "summary.json"
