@@ -110,8 +110,15 @@ class Algorithm:
         return Message({"w": state["w"]})
 
     def aggregate(
-        self, state: dict[str, Any], round: int, replies: Sequence[Reply]
+        self, state: dict[str, Any], round: int, replies: Iterable[Reply]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The new server state and the round's diagnostics from the replies that came back.
+
+        `replies` is a one-pass iterable: the round runners hand over a generator that runs
+        the clients as it is read, so an aggregate reads it once and keeps running sums
+        (`WeightedMean`), never every reply. A rule that truly needs all replies at once calls
+        `list(replies)` and says why. It is never empty (the runner keeps the state when no
+        client returned); its clients are the ones that returned (partial participation)."""
         raise NotImplementedError
 
     def eval_params(self, state: dict[str, Any]) -> torch.Tensor:
