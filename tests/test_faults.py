@@ -347,3 +347,21 @@ def test_a_raising_client_is_dropped_and_the_run_finishes():
     assert lines == ["round 2: client 4 failed and is dropped for the round: ValueError: simulated crash"]
     assert [r["clients_failed"] for r in rows] == [0.0, 1.0]
     assert [r["clients_returned"] for r in rows] == [6.0, 5.0]
+
+
+def test_a_resumed_run_drops_the_same_clients(tmp_path):
+    from fedhet.engine.store import RunStore
+
+    settings = {"algorithm": "scaffold", "client_dropout": 0.4, "straggler_fraction": 0.2, "seed": 2}
+    cfg, params = resolve(apply_settings({**BASE, "rounds": 4}, settings, "test"))
+    whole = Simulation(cfg, params, store=None, log=lambda _: None)
+    whole.run()
+    cfg2, params2 = resolve(apply_settings({**BASE, "rounds": 2}, settings, "test"))
+    Simulation(cfg2, params2, store=RunStore(tmp_path), log=lambda _: None).run()
+    resumed = Simulation(cfg, params, store=RunStore(tmp_path), log=lambda _: None)
+    runner, rounds = resumed.runner, []
+    resumed.runner = lambda rc, state, k, clients: (rounds.append(k), runner(rc, state, k, clients))[1]
+    resumed.run(resume=True)
+    assert rounds == [2, 3]  # it did continue from the checkpoint
+    assert torch.equal(resumed.final_state["w"], whole.final_state["w"])
+    assert torch.equal(resumed.final_state["c"], whole.final_state["c"])
