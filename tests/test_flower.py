@@ -199,6 +199,7 @@ class CountingAvg(Algorithm):
         return reply, state
 
     def aggregate(self, state, round, replies):
+        replies = list(replies)  # the runners pass a one-pass stream; this rule needs len()
         p = torch.full((len(replies),), 1.0 / len(replies), dtype=torch.float64)
         return {**state, "w": state["w"] + weighted_sum(p, [r.message.tensors["delta"] for r in replies])}, {}
 

@@ -10,7 +10,7 @@ and over a network, and `Message.nbytes` is an honest communication count.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -110,8 +110,15 @@ class Algorithm:
         return Message({"w": state["w"]})
 
     def aggregate(
-        self, state: dict[str, Any], round: int, replies: Sequence[Reply]
+        self, state: dict[str, Any], round: int, replies: Iterable[Reply]
     ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The new server state and the round's diagnostics from the replies that came back.
+
+        `replies` is a one-pass iterable: the round runners hand over a generator that runs
+        the clients as it is read, so an aggregate reads it once and keeps running sums
+        (`WeightedMean`), never every reply. A rule that truly needs all replies at once calls
+        `list(replies)` and says why. It is never empty (the runner keeps the state when no
+        client returned); its clients are the ones that returned (partial participation)."""
         raise NotImplementedError
 
     def eval_params(self, state: dict[str, Any]) -> torch.Tensor:
@@ -163,7 +170,67 @@ def weighted_sum(weights: torch.Tensor, vectors: Sequence[torch.Tensor]) -> torc
     return acc.to(torch.float32)
 
 
+class WeightedMean:
+    """Streaming `Σ_i p_i v_i` with `p_i = w_i / Σ_j w_j` over the replies seen so far.
+
+    Replies arrive one at a time (`add`); each named vector is accumulated as the running
+    `Σ_i w_i v_i` in float64 together with `Σ_i w_i`, so a round holds one accumulator per name
+    whatever the number of clients, and the reply can be freed as soon as it is added. The
+    weight `w_i` is `D_i` (`weighting="samples"`) or 1 (`"uniform"`); `scale` multiplies a
+    vector's weight on top (BHerd's `η_i τ_i`). Equal to `weighted_sum(sample_weights(...))`
+    up to float64 rounding.
+    """
+
+    def __init__(self, weighting: str = "samples") -> None:
+        self.weighting = weighting
+        self.total = 0.0
+        """`Σ_i w_i` over the added replies."""
+        self.count = 0
+        self.sums: dict[str, torch.Tensor] = {}
+        self.scalar_sums: dict[str, float] = {}
+
+    def weight(self, reply: Reply) -> float:
+        """The unnormalised weight `w_i` of one reply."""
+        return 1.0 if self.weighting == "uniform" else float(reply.message.scalars["num_samples"])
+
+    def add(
+        self, reply: Reply, tensors: Iterable[str] = (), scalars: Iterable[str] = (),
+        scale: dict[str, float] | None = None,
+    ) -> float:
+        """Accumulate the reply's named tensors and scalars; returns its weight `w_i`."""
+        w = self.weight(reply)
+        self.total += w
+        self.count += 1
+        for name in tensors:
+            v = reply.message.tensors[name]
+            acc = self.sums.get(name)
+            if acc is None:
+                acc = self.sums[name] = torch.zeros(v.shape, dtype=torch.float64)
+            acc.add_(v.to(torch.float64), alpha=w * (scale or {}).get(name, 1.0))
+        for name in scalars:
+            value = reply.message.scalars.get(name, float("nan"))
+            self.scalar_sums[name] = self.scalar_sums.get(name, 0.0) + w * value
+        return w
+
+    def mean(self, name: str) -> torch.Tensor:
+        """`Σ_i p_i v_i` as float32."""
+        return (self.sums[name] / self.total).to(torch.float32)
+
+    def scalar(self, name: str) -> float:
+        """`Σ_i p_i s_i` for an accumulated scalar."""
+        return self.scalar_sums[name] / self.total
+
+
+def require_replies(count: int, what: str = "aggregate") -> None:
+    if count == 0:
+        raise ValueError(
+            f"{what} needs at least one reply (the round runner keeps the state when none came back)"
+        )
+
+
 __all__ = [
+    "WeightedMean",
+    "require_replies",
     "ALGORITHMS",
     "Algorithm",
     "ClientContext",

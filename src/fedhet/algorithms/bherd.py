@@ -34,7 +34,7 @@ Memory: one client at a time holds its `τ × d` float32 gradient buffer (`4 τ 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,10 +47,10 @@ from fedhet.algorithms.base import (
     Message,
     Reply,
     RunInfo,
-    sample_weights,
-    weighted_sum,
+    WeightedMean,
+    require_replies,
 )
-from fedhet.algorithms.fedavg import client_diagnostics
+from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics
 from fedhet.algorithms.scaffold import corrected, option_one_variate, option_two_variate, variate_step
 from fedhet.errors import FedhetError
 from fedhet.training.local import GradTransform
@@ -279,34 +279,49 @@ class _BHerdBase(Algorithm):
         hp = herd_local_pass(message.tensors["w"], ctx, batches, self.params.alpha)
         return herd_reply(ctx, hp), {**state, "cursor": cursor}
 
-    def round_diagnostics(self, p: torch.Tensor, replies: Sequence[Reply]) -> dict[str, Any]:
-        return {**client_diagnostics(p, replies), **herd_diagnostics(self.run.num_clients, replies)}
+    def stream(
+        self, replies: Iterable[Reply], scale, extra: tuple[str, ...] = (), scalars: tuple[str, ...] = ()
+    ) -> tuple[WeightedMean, list[Reply]]:
+        """One pass: running `Σ w_i scale_i G_i` (and `Σ w_i v_i` for `extra` tensors); keeps per
+        client only its scalars and kept indices (a few numbers) for the diagnostics."""
+        acc = WeightedMean(self.params.weighting)
+        light: list[Reply] = []
+        names = tuple(dict.fromkeys((*CLIENT_SCALARS, *scalars)))
+        for r in replies:
+            acc.add(r, ("G", *extra), names, {"G": scale(r)})
+            kept = {"kept": r.message.tensors["kept"]}
+            light.append(Reply(r.client_id, Message(kept, dict(r.message.scalars))))
+        require_replies(acc.count)
+        return acc, light
+
+    def round_diagnostics(self, acc: WeightedMean, replies: Sequence[Reply]) -> dict[str, Any]:
+        return {**client_diagnostics(acc), **herd_diagnostics(self.run.num_clients, replies)}
+
+
+def _step(acc: WeightedMean, factor: float = 1.0) -> torch.Tensor:
+    """`factor · Σ_i p_i scale_i G_i` (float64 until the end, as `weighted_sum`)."""
+    return (acc.sums["G"] * (factor / acc.total)).to(torch.float32)
 
 
 @ALGORITHMS.register("bherd", BHerdParams, "BHerd-FedAvg: herd local gradients, keep ⌊ατ⌋ (eq. 7)")
 class BHerd(_BHerdBase):
     name = "bherd"
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        p = sample_weights(replies, self.params.weighting)
-        scales = torch.tensor([step_scale(r, self.params.rescale) for r in replies], dtype=torch.float64)
-        step = weighted_sum(p * scales, [r.message.tensors["G"] for r in replies])
-        return {**state, "w": state["w"] - step}, self.round_diagnostics(p, replies)
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        acc, light = self.stream(replies, lambda r: step_scale(r, self.params.rescale))
+        return {**state, "w": state["w"] - _step(acc)}, self.round_diagnostics(acc, light)
 
 
 @ALGORITHMS.register("bherd-fednova", BHerdParams, "BHerd-FedNova: FedNova's τ_eff with G_i")
 class BHerdFedNova(_BHerdBase):
     name = "bherd-fednova"
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        p = sample_weights(replies, self.params.weighting)
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
         key = "steps" if self.params.rescale else "kept_steps"
-        a = torch.tensor([r.message.scalars[key] for r in replies], dtype=torch.float64)
-        lr = torch.tensor([r.message.scalars["lr"] for r in replies], dtype=torch.float64)
-        tau_eff = float(p @ a)
-        step = weighted_sum(p * lr * tau_eff, [r.message.tensors["G"] for r in replies])
-        diag = {**self.round_diagnostics(p, replies), "tau_eff": tau_eff}
-        return {**state, "w": state["w"] - step}, diag
+        acc, light = self.stream(replies, lambda r: r.message.scalars["lr"], scalars=(key,))
+        tau_eff = acc.scalar(key)
+        diag = {**self.round_diagnostics(acc, light), "tau_eff": tau_eff}
+        return {**state, "w": state["w"] - _step(acc, tau_eff)}, diag
 
 
 @ALGORITHMS.register(
@@ -336,10 +351,11 @@ class BHerdScaffold(_BHerdBase):
         reply = herd_reply(ctx, hp, {"delta_c": c_new if c_i is None else c_new - c_i})
         return reply, {"cursor": cursor, "c": c_new}
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        p = sample_weights(replies, self.params.weighting)
-        scales = torch.tensor([step_scale(r, self.params.rescale) for r in replies], dtype=torch.float64)
-        step = weighted_sum(p * scales, [r.message.tensors["G"] for r in replies])
-        delta_c = variate_step(p, replies, self.run.num_clients)  # SCAFFOLD's rule and weights
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        acc, light = self.stream(
+            replies, lambda r: step_scale(r, self.params.rescale), extra=("delta_c",)
+        )
+        delta_c = variate_step(acc, self.run.num_clients)  # SCAFFOLD's rule and weights
+        step = _step(acc)
         new = {**state, "w": state["w"] - self.params.global_lr * step, "c": state["c"] + delta_c}
-        return new, self.round_diagnostics(p, replies)
+        return new, self.round_diagnostics(acc, light)

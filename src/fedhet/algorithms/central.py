@@ -7,7 +7,7 @@ reproduce FedVeca §IV-A1's reference run of `τ_all` iterations at batch `B`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, ClientContext, Message, NoParams, Reply
@@ -23,7 +23,7 @@ class Central(Algorithm):
         _, _, reply = local_sgd_update(message, ctx)
         return reply, state
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
         (reply,) = replies
         return {**state, "w": state["w"] + reply.message.tensors["delta"]}, {
             "local_train_loss": reply.message.scalars["train_loss"]

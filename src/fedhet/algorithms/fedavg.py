@@ -11,7 +11,7 @@ FedAvgM ("Momentum" in FedNNNN Table 2, eqs. 10–11): `d_(k+1) = γ d_k + Σ_i 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -23,8 +23,8 @@ from fedhet.algorithms.base import (
     ClientContext,
     Message,
     Reply,
-    sample_weights,
-    weighted_sum,
+    WeightedMean,
+    require_replies,
 )
 from fedhet.errors import FedhetError
 from fedhet.training.local import GradTransform
@@ -48,15 +48,31 @@ def local_sgd_update(
     return w0, w, reply
 
 
-def client_diagnostics(weights: torch.Tensor, replies: Sequence[Reply]) -> dict[str, float]:
-    """Round-level means of what the clients reported about their local work."""
-    steps = [r.message.scalars.get("steps", float("nan")) for r in replies]
-    losses = [r.message.scalars.get("train_loss", float("nan")) for r in replies]
-    p = weights.tolist()
+CLIENT_SCALARS = ("steps", "train_loss")
+"""Reply scalars every star aggregate averages for `client_diagnostics`."""
+
+
+def client_diagnostics(acc: WeightedMean) -> dict[str, float]:
+    """Round-level `p`-weighted means of what the clients reported about their local work."""
     return {
-        "local_steps_mean": sum(pi * s for pi, s in zip(p, steps, strict=True)),
-        "local_train_loss": sum(pi * s for pi, s in zip(p, losses, strict=True)),
+        "local_steps_mean": acc.scalar("steps"),
+        "local_train_loss": acc.scalar("train_loss"),
     }
+
+
+def mean_delta(
+    replies: Iterable[Reply], weighting: str, on_reply=None
+) -> tuple[WeightedMean, torch.Tensor]:
+    """One pass over the replies: `Σ_i p_i Δ_i` (float64 accumulation) and the accumulator.
+
+    `on_reply(reply, w_i)` sees each reply once as it is added (NWDA's per-client norms)."""
+    acc = WeightedMean(weighting)
+    for r in replies:
+        w = acc.add(r, ("delta",), CLIENT_SCALARS)
+        if on_reply is not None:
+            on_reply(r, w)
+    require_replies(acc.count)
+    return acc, acc.mean("delta")
 
 
 @dataclass(frozen=True)
@@ -74,25 +90,31 @@ class FedAvg(Algorithm):
         _, _, reply = local_sgd_update(message, ctx)
         return reply, state
 
-    def average_delta(self, replies: Sequence[Reply]) -> tuple[torch.Tensor, torch.Tensor]:
-        p = sample_weights(replies, self.params.weighting)
-        return p, weighted_sum(p, [r.message.tensors["delta"] for r in replies])
-
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        p, delta = self.average_delta(replies)
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        """Single pass over `replies` (a generator from the round runner is fine)."""
+        nwda = self.nwda_collector()
+        acc, delta = mean_delta(replies, self.params.weighting, nwda)
         new = {**state, "w": state["w"] + delta}
-        return self.with_nwda(state, new, p, replies, client_diagnostics(p, replies))
+        return self.with_nwda(state, new, acc, delta, nwda, client_diagnostics(acc))
 
-    def with_nwda(self, old: dict[str, Any], new: dict[str, Any], p: torch.Tensor,
-                  replies: Sequence[Reply], diag: dict[str, Any]) -> tuple[dict, dict]:
-        """Add FedNNNN's NWDA diagnostics when the params ask for them (`nwda=true`)."""
+    def nwda_collector(self):
+        """Per-client layer norms for NWDA (`nwda=true`), gathered as replies stream by."""
         if not getattr(self.params, "nwda", False):
-            return new, diag
-        from fedhet.algorithms.fednnnn import LayerIndex, nwda_record
+            return None
+        from fedhet.algorithms.fednnnn import LayerIndex, NWDACollector
 
         if not hasattr(self, "_layer_index"):
             self._layer_index = LayerIndex(self.run.layers, self.run.dim)
-        new, extra = nwda_record(old, new, p, replies, self._layer_index)
+        return NWDACollector(self._layer_index)
+
+    def with_nwda(self, old: dict[str, Any], new: dict[str, Any], acc: WeightedMean,
+                  delta_bar: torch.Tensor, nwda, diag: dict[str, Any]) -> tuple[dict, dict]:
+        """Add FedNNNN's NWDA diagnostics when the params ask for them (`nwda=true`)."""
+        if nwda is None:
+            return new, diag
+        from fedhet.algorithms.fednnnn import nwda_record
+
+        new, extra = nwda_record(old, new, nwda.stats(acc, delta_bar), self._layer_index)
         return new, {**diag, **extra}
 
 
@@ -114,8 +136,9 @@ class FedAvgM(FedAvg):
     def init(self, w0: torch.Tensor) -> dict[str, Any]:
         return {"w": w0.clone(), "d": torch.zeros_like(w0)}
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        p, delta = self.average_delta(replies)
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        nwda = self.nwda_collector()
+        acc, delta = mean_delta(replies, self.params.weighting, nwda)
         d = self.params.gamma * state["d"] + delta
         new = {**state, "w": state["w"] + d, "d": d}
-        return self.with_nwda(state, new, p, replies, client_diagnostics(p, replies))
+        return self.with_nwda(state, new, acc, delta, nwda, client_diagnostics(acc))

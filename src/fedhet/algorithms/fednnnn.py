@@ -32,7 +32,7 @@ Diagnostics each round (metrics.csv columns): `N`, `E`, `move = ‖w_(k+1) − w
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,10 +45,10 @@ from fedhet.algorithms.base import (
     Message,
     Reply,
     RunInfo,
-    sample_weights,
+    WeightedMean,
     weighted_sum,
 )
-from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update
+from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update, mean_delta
 from fedhet.errors import FedhetError
 from fedhet.training.flat import Layer
 
@@ -144,15 +144,31 @@ def nwda_diagnostics(
     return out
 
 
+class NWDACollector:
+    """NWDA statistics gathered in one pass: per reply only its `L` squared layer norms are kept
+    (an `m × L` table of scalars), never the update itself; `Δ̄` comes from the streaming mean."""
+
+    def __init__(self, index: LayerIndex) -> None:
+        self.index = index
+        self.rows: list[torch.Tensor] = []
+        self.weights: list[float] = []
+
+    def __call__(self, reply: Reply, weight: float) -> None:
+        self.rows.append(self.index.sq_norms(reply.message.tensors["delta"]))
+        self.weights.append(weight)
+
+    def stats(self, acc: WeightedMean, delta_bar: torch.Tensor) -> NWDA:
+        p = torch.tensor(self.weights, dtype=torch.float64) / acc.total
+        return NWDA(p, delta_bar, self.index.sq_norms(delta_bar), torch.stack(self.rows))
+
+
 def nwda_record(
-    old: Mapping[str, Any], new: dict[str, Any], p: torch.Tensor, replies: Sequence[Reply],
-    index: LayerIndex,
+    old: Mapping[str, Any], new: dict[str, Any], stats: NWDA, index: LayerIndex,
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """NWDA columns for an algorithm that moved the server model from `old["w"]` to `new["w"]`.
 
     Returns the new state with the running `cum_move` (`𝒩`) and the diagnostics.
     """
-    stats = nwda(p, [r.message.tensors["delta"] for r in replies], index)
     move = new["w"] - old["w"]
     cum = float(old.get("cum_move", 0.0)) + math.sqrt(float(index.sq_norms(move).sum()))
     return {**new, "cum_move": cum}, nwda_diagnostics(stats, move, index, cum)
@@ -223,9 +239,10 @@ class FedNNNN(Algorithm):
         _, _, reply = local_sgd_update(message, ctx)
         return reply, state
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        p = sample_weights(replies, self.params.weighting)
-        stats = nwda(p, [r.message.tensors["delta"] for r in replies], self.index)
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        collect = NWDACollector(self.index)
+        acc, delta_bar = mean_delta(replies, self.params.weighting, collect)
+        stats = collect.stats(acc, delta_bar)
         w, d = state["w"].clone(), state["d"].clone()
         skipped = 0
         for group in self.groups:
@@ -237,7 +254,7 @@ class FedNNNN(Algorithm):
             w[idx], d[idx] = w_g, d_g
             skipped += not applied
         new = {**state, "w": w, "d": d, "w_avg": state["w"] + stats.delta_bar}
-        diag = {**client_diagnostics(p, replies), "skipped": float(skipped)}
+        diag = {**client_diagnostics(acc), "skipped": float(skipped)}
         if self.params.scope == "model":
             N, E = stats.N(self.index.all), stats.E(self.index.all)
             diag["scale"] = self.params.beta * E / N if not skipped else 0.0
@@ -273,6 +290,7 @@ __all__ = [
     "FedNNNNParams",
     "LayerIndex",
     "NWDA",
+    "NWDACollector",
     "NormNorm",
     "NormNormParams",
     "normalized_step",

@@ -19,7 +19,7 @@ under a learning-rate schedule. With equal `τ_i` and neither momentum nor `μ`,
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,10 +31,10 @@ from fedhet.algorithms.base import (
     ClientContext,
     Message,
     Reply,
-    sample_weights,
-    weighted_sum,
+    WeightedMean,
+    require_replies,
 )
-from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update
+from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics, local_sgd_update
 from fedhet.algorithms.fedprox import proximal
 from fedhet.errors import FedhetError
 
@@ -84,20 +84,27 @@ class FedNova(Algorithm):
             state["u"] = torch.zeros_like(w0)
         return state
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        p = sample_weights(replies, self.params.weighting)
-        a = [r.message.scalars["a"] for r in replies]
-        tau_eff = sum(pi * ai for pi, ai in zip(p.tolist(), a, strict=True))
-        lr = replies[0].message.scalars["lr"]
-        step = weighted_sum(p, [r.message.tensors["d"] for r in replies]).mul_(tau_eff)
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        """One pass: `τ_eff = Σ p_i a_i` and `Σ p_i d_i` over the clients that returned."""
+        acc = WeightedMean(self.params.weighting)
+        a: dict[int, float] = {}
+        lr = None
+        for r in replies:
+            acc.add(r, ("d",), (*CLIENT_SCALARS, "a"))
+            a[r.client_id] = r.message.scalars["a"]
+            if lr is None:
+                lr = r.message.scalars["lr"]
+        require_replies(acc.count)
+        tau_eff = acc.scalar("a")
+        step = acc.mean("d").mul_(tau_eff)
         new = dict(state)
         if self.params.server_momentum:
             step = state["u"].mul(self.params.server_momentum).add_(step)
             new["u"] = step
         new["w"] = state["w"] - lr * step
-        diag: dict[str, Any] = client_diagnostics(p, replies)
+        diag: dict[str, Any] = client_diagnostics(acc)
         diag["tau_eff"] = tau_eff
-        diag["a"] = {r.client_id: ai for r, ai in zip(replies, a, strict=True)}
+        diag["a"] = a
         return new, diag
 
     # -- client half ----------------------------------------------------------------------

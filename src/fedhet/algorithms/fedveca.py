@@ -41,7 +41,7 @@ not sampled), `beta_i`, `delta_i`, `A_i` (NaN in round 0), and `tau_k`, `tau_sum
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,10 +55,10 @@ from fedhet.algorithms.base import (
     Message,
     Reply,
     RunInfo,
-    sample_weights,
-    weighted_sum,
+    WeightedMean,
+    require_replies,
 )
-from fedhet.algorithms.fedavg import client_diagnostics
+from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics
 from fedhet.errors import FedhetError
 
 TAU_RESET = 2
@@ -213,13 +213,21 @@ class FedVeca(Algorithm):
             message.tensors["grad_prev"] = state["grad_last"]
         return message
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        """One pass: running `Σ p_i G_i`, `Σ p_i ∇F_i` and `Σ p_i τ_i`; per client only its
+        scalars (`τ`, `β`, `δ`) are kept for eq. 15 and the diagnostics."""
         eta = self.run.lr
-        p = sample_weights(replies)
-        taus = [int(r.message.scalars["steps"]) for r in replies]
-        tau_k = float(sum(pi * t for pi, t in zip(p.tolist(), taus, strict=True)))
-        d_k = weighted_sum(p, [r.message.tensors["G"] for r in replies])
-        grad_k = weighted_sum(p, [r.message.tensors["grad"] for r in replies])  # eq. 8
+        acc = WeightedMean()
+        seen: list[Reply] = []
+        for r in replies:
+            acc.add(r, ("G", "grad"), (*CLIENT_SCALARS,))
+            seen.append(Reply(r.client_id, Message({}, dict(r.message.scalars))))
+        require_replies(acc.count)
+        taus = [int(r.message.scalars["steps"]) for r in seen]
+        tau_k = float(acc.scalar("steps"))
+        d_k = acc.mean("G")
+        grad_k = acc.mean("grad")  # eq. 8
+        replies = seen
         w_k = state["w"]
         new = {
             **state, "w": w_k - eta * tau_k * d_k,
@@ -240,7 +248,7 @@ class FedVeca(Algorithm):
         for r, t in zip(replies, next_taus, strict=True):
             tau_table[r.client_id] = int(t)
         new["tau"] = tau_table
-        diag = self._diagnostics(replies, taus, A, p)
+        diag = self._diagnostics(replies, taus, A, acc)
         diag.update(
             tau_k=tau_k, tau_sum=float(sum(taus)), L_k=L_k, L_max=new["L"],
             eta_tau_L=eta * tau_k * new["L"],
@@ -248,7 +256,7 @@ class FedVeca(Algorithm):
         return new, diag
 
     def _diagnostics(
-        self, replies: Sequence[Reply], taus: list[int], A: list[float], p: torch.Tensor
+        self, replies: Sequence[Reply], taus: list[int], A: list[float], acc: WeightedMean
     ) -> dict[str, float]:
         cols = {"tau": [math.nan] * self.run.num_clients}
         for name in ("beta", "delta", "A"):
@@ -258,7 +266,7 @@ class FedVeca(Algorithm):
             cols["tau"][i], cols["A"][i] = float(t), a
             cols["beta"][i], cols["delta"][i] = _scalar(r, "beta"), _scalar(r, "delta")
         diag = {f"{name}_{i}": v for name, vs in cols.items() for i, v in enumerate(vs)}
-        diag.update(client_diagnostics(p, replies))
+        diag.update(client_diagnostics(acc))
         return diag
 
     # -- client half ----------------------------------------------------------------------

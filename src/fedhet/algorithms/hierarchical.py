@@ -32,7 +32,7 @@ same round (a later ring pass or edge iteration) reshuffles its batches from a f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -46,8 +46,8 @@ from fedhet.algorithms.base import (
     Message,
     Reply,
     RunInfo,
-    sample_weights,
-    weighted_sum,
+    WeightedMean,
+    require_replies,
 )
 from fedhet.errors import FedhetError
 from fedhet.training.local import stream_seed
@@ -245,10 +245,11 @@ class RingOptimization(EdgeRole):
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         return ring_client_update(message, ctx), state
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
         (last,) = replies
         s = last.message.scalars
-        return {**state, "w": last.message.tensors["w"].clone()}, {
+        # `holder`: the device that holds the model now, so the runner can tell a hop to itself
+        return {**state, "w": last.message.tensors["w"].clone(), "holder": last.client_id}, {
             "local_train_loss": s["loss_sum"] / max(s["hop"], 1.0),
             "ring_hops": s["hop"],
         }
@@ -297,12 +298,15 @@ class FedSR(EdgeRole):
     def edge_report(self, edge: dict) -> Message:
         return Message({"w": edge["w"]}, {"num_samples": edge["samples"], "train_loss": edge["loss"]})
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        """`w_glob = Σ_m (|D_m| / |D|) w^m` over the edges that took part (eq. 15)."""
-        p = sample_weights(replies)
-        w = weighted_sum(p, [r.message.tensors["w"] for r in replies])
-        loss = sum(pi * r.message.scalars["train_loss"] for pi, r in zip(p.tolist(), replies, strict=True))
-        return {**state, "w": w}, {"local_train_loss": loss, "edges": float(len(replies))}
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        """`w_glob = Σ_m (|D_m| / |D|) w^m` over the edges that took part (eq. 15); one pass."""
+        acc = WeightedMean()
+        for r in replies:
+            acc.add(r, ("w",), ("train_loss",))
+        require_replies(acc.count)
+        return {**state, "w": acc.mean("w")}, {
+            "local_train_loss": acc.scalar("train_loss"), "edges": float(acc.count)
+        }
 
 
 @dataclass(frozen=True)
@@ -356,20 +360,26 @@ class HierFAVG(EdgeRole):
         )
         return reply, state
 
-    def edge_aggregate(self, edge: dict, round: int, replies: Sequence[Reply]) -> dict:
-        """Edge model `w^m ← w^m + Σ_(i∈m) (D_i/D_m) Δ_i` (sample-weighted FedAvg at the edge)."""
-        p = sample_weights(replies)
-        delta = edge["delta"] + weighted_sum(p, [r.message.tensors["delta"] for r in replies])
-        loss = sum(pi * r.message.scalars["train_loss"] for pi, r in zip(p.tolist(), replies, strict=True))
-        samples = sum(r.message.scalars["num_samples"] for r in replies)
-        return {**edge, "delta": delta, "samples": samples, "losses": [*edge["losses"], loss]}
+    def edge_aggregate(self, edge: dict, round: int, replies: Iterable[Reply]) -> dict:
+        """Edge model `w^m ← w^m + Σ_(i∈m) (D_i/D_m) Δ_i` (sample-weighted FedAvg at the edge),
+        over the devices that returned, in one pass."""
+        acc = WeightedMean()
+        for r in replies:
+            acc.add(r, ("delta",), ("train_loss",))
+        require_replies(acc.count, "edge_aggregate")
+        delta = edge["delta"] + acc.mean("delta")
+        loss = acc.scalar("train_loss")
+        return {**edge, "delta": delta, "samples": acc.total, "losses": [*edge["losses"], loss]}
 
     def edge_report(self, edge: dict) -> Message:
         loss = float(np.mean(edge["losses"]))
         return Message({"delta": edge["delta"]}, {"num_samples": edge["samples"], "train_loss": loss})
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        p = sample_weights(replies)
-        delta = weighted_sum(p, [r.message.tensors["delta"] for r in replies])
-        loss = sum(pi * r.message.scalars["train_loss"] for pi, r in zip(p.tolist(), replies, strict=True))
-        return {**state, "w": state["w"] + delta}, {"local_train_loss": loss, "edges": float(len(replies))}
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        acc = WeightedMean()
+        for r in replies:
+            acc.add(r, ("delta",), ("train_loss",))
+        require_replies(acc.count)
+        return {**state, "w": state["w"] + acc.mean("delta")}, {
+            "local_train_loss": acc.scalar("train_loss"), "edges": float(acc.count)
+        }

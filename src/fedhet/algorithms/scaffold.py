@@ -27,7 +27,7 @@ round equals FedAvg's; with one client `c = c_1` always holds and SCAFFOLD follo
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,10 +39,10 @@ from fedhet.algorithms.base import (
     ClientContext,
     Message,
     Reply,
-    sample_weights,
-    weighted_sum,
+    WeightedMean,
+    require_replies,
 )
-from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update
+from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics, local_sgd_update
 from fedhet.errors import FedhetError
 from fedhet.training.local import GradTransform
 
@@ -77,10 +77,11 @@ def option_two_variate(
     return c_new if c_i is None else c_new.add_(c_i)
 
 
-def variate_step(p: torch.Tensor, replies: Sequence[Reply], num_clients: int) -> torch.Tensor:
-    """The server's `c` increment `(|S|/N) Σ_S p_i Δc_i`, with the weights of the model mean."""
-    share = len(replies) / num_clients
-    return weighted_sum(p * share, [r.message.tensors["delta_c"] for r in replies])
+def variate_step(acc: WeightedMean, num_clients: int) -> torch.Tensor:
+    """The server's `c` increment `(|S|/N) Σ_S p_i Δc_i`, with the weights of the model mean
+    (`acc` has accumulated `delta_c` over the `|S|` clients that returned)."""
+    share = acc.count / num_clients
+    return (acc.sums["delta_c"] * (share / acc.total)).to(torch.float32)
 
 
 def corrected(c: torch.Tensor, c_i: torch.Tensor | None) -> GradTransform:
@@ -104,12 +105,15 @@ class Scaffold(Algorithm):
     def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
         return Message({"w": state["w"], "c": state["c"]})
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Sequence[Reply]):
-        p = sample_weights(replies, self.params.weighting)
-        delta_y = weighted_sum(p, [r.message.tensors["delta"] for r in replies])
-        w = state["w"] + self.params.server_lr * delta_y
-        c = state["c"] + variate_step(p, replies, self.run.num_clients)
-        diag = client_diagnostics(p, replies)
+    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        """One pass: running `Σ p_i Δy_i` and `Σ p_i Δc_i`; `|S|` is the number that returned."""
+        acc = WeightedMean(self.params.weighting)
+        for r in replies:
+            acc.add(r, ("delta", "delta_c"), CLIENT_SCALARS)
+        require_replies(acc.count)
+        w = state["w"] + self.params.server_lr * acc.mean("delta")
+        c = state["c"] + variate_step(acc, self.run.num_clients)
+        diag = client_diagnostics(acc)
         diag["c_norm"] = float(c.norm())
         return {**state, "w": w, "c": c}, diag
 

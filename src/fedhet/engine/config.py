@@ -66,6 +66,13 @@ class RunConfig:
     """When > 0: hold out this fraction of the training set and evaluate on it instead of the
     test set (hyperparameter tuning, FedNNNN appendix)."""
     data_dir: str = "data"
+    # -- simulated faults (engine/faults.py, docs/faults.md) --------------------------------
+    client_dropout: float = 0.0
+    """Probability that a sampled client is offline for a round and returns nothing."""
+    straggler_fraction: float = 0.0
+    """Probability that a sampled client is slow in a round and misses the deadline."""
+    straggler_policy: Literal["drop"] = "drop"
+    """What happens to a straggler's late work: `drop` (discarded; partial participation)."""
     algorithm_params: dict[str, Any] = field(default_factory=dict)
     dataset_params: dict[str, Any] = field(default_factory=dict)
     partition_params: dict[str, Any] = field(default_factory=dict)
@@ -101,6 +108,14 @@ class RunConfig:
             (
                 0 <= self.validation_fraction < 1,
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction}",
+            ),
+            (
+                0 <= self.client_dropout <= 1,
+                f"client_dropout must be a probability in [0, 1], got {self.client_dropout}",
+            ),
+            (
+                0 <= self.straggler_fraction <= 1,
+                f"straggler_fraction must be a probability in [0, 1], got {self.straggler_fraction}",
             ),
         ]
         for ok, message in checks:

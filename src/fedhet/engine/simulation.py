@@ -127,6 +127,8 @@ class Simulation:
         if runner is None:
             raise FedhetError(f"algorithm {cfg.algorithm} needs topology {algo_cls.topology!r}")
         self.runner = runner
+        from fedhet.engine.faults import FaultModel  # the round runners read `self.faults`
+        self.faults = FaultModel.from_config(cfg)
         self.comm = CommLedger(self.model.dim)
         self.client_states: dict[int, Any] = {}
         self.w0 = self.model.params.clone()
