@@ -349,3 +349,24 @@ def test_two_processes_on_one_run_directory(tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+def test_a_client_that_raises_is_dropped_but_all_failing_stops_the_run(tmp_path, capsys, monkeypatch):
+    from fedhet.algorithms.fedavg import FedAvg
+
+    real = FedAvg.client_update
+
+    def flaky(self, message, ctx, state):
+        if ctx.client_id == 1 or fail_all:
+            raise ValueError(f"client {ctx.client_id} broke")
+        return real(self, message, ctx, state)
+
+    monkeypatch.setattr(FedAvg, "client_update", flaky)
+    fail_all = False
+    assert main([*QUICK, "--out", str(tmp_path / "one")]) == 0
+    rows = list(csv.DictReader((tmp_path / "one" / "metrics.csv").open()))
+    assert [r["clients_failed"] for r in rows[1:]] == ["1.0", "1.0"]
+    assert "client 1 failed" in capsys.readouterr().out
+    fail_all = True
+    code, err = cli(capsys, *QUICK, "--out", str(tmp_path / "all"))
+    assert code == 2 and "every client that ran in round 1 failed" in one_line(err)

@@ -30,6 +30,7 @@ import torch
 
 from fedhet.algorithms.base import Message
 from fedhet.engine.failures import ClientFailure, Diverged
+from fedhet.errors import FedhetError
 from fedhet.training.local import stream_seed
 
 DROPOUT_STREAM = 31
@@ -139,7 +140,9 @@ def isolate(
             for client_id, reply in client_updates(round, pending):
                 answered.add(client_id)
                 yield client_id, reply
-        except Exception as exc:  # noqa: BLE001  (any client error is isolated)
+        except (Diverged, FedhetError):
+            raise  # a diverged run or a bad setting is not one client's fault
+        except Exception as exc:  # noqa: BLE001  (any other client error is isolated)
             rest = [(c, m) for c, m in pending if c not in answered]
             culprit = rest[0][0]
             yield culprit, ClientFailure(culprit, round, one_line(exc))
