@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo
-from fedhet.algorithms.fednnnn import LayerIndex, nwda
+from fedhet.algorithms.nwda import LayerIndex, nwda
 from fedhet.errors import FedhetError
 from fedhet.experiments.single import execute
 from fedhet.training.flat import FlatModel, Layer

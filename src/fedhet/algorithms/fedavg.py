@@ -26,6 +26,7 @@ from fedhet.algorithms.base import (
     WeightedMean,
     require_replies,
 )
+from fedhet.algorithms.nwda import LayerIndex, NWDACollector, nwda_record
 from fedhet.errors import FedhetError
 from fedhet.training.local import GradTransform
 
@@ -101,8 +102,6 @@ class FedAvg(Algorithm):
         """Per-client layer norms for NWDA (`nwda=true`), gathered as replies stream by."""
         if not getattr(self.params, "nwda", False):
             return None
-        from fedhet.algorithms.fednnnn import LayerIndex, NWDACollector
-
         if not hasattr(self, "_layer_index"):
             self._layer_index = LayerIndex(self.run.layers, self.run.dim)
         return NWDACollector(self._layer_index)
@@ -112,8 +111,6 @@ class FedAvg(Algorithm):
         """Add FedNNNN's NWDA diagnostics when the params ask for them (`nwda=true`)."""
         if nwda is None:
             return new, diag
-        from fedhet.algorithms.fednnnn import nwda_record
-
         new, extra = nwda_record(old, new, nwda.stats(acc, delta_bar), self._layer_index)
         return new, {**diag, **extra}
 

@@ -32,7 +32,7 @@ Diagnostics each round (metrics.csv columns): `N`, `E`, `move = ‖w_(k+1) − w
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,133 +45,10 @@ from fedhet.algorithms.base import (
     Message,
     Reply,
     RunInfo,
-    WeightedMean,
-    weighted_sum,
 )
 from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update, mean_delta
+from fedhet.algorithms.nwda import NWDA, LayerIndex, NWDACollector, nwda, nwda_diagnostics, nwda_record
 from fedhet.errors import FedhetError
-from fedhet.training.flat import Layer
-
-KINDS = ("conv", "fc", "norm", "other")
-
-
-# -- NWDA: pure functions on flat vectors ---------------------------------------------------
-class LayerIndex:
-    """Which layer each coordinate of the flat vector belongs to, and how layers group.
-
-    Built once from `RunInfo.layers` (parameter slices with a kind). Without layers the whole
-    vector is one layer of kind `other`.
-    """
-
-    def __init__(self, layers: Sequence[Layer], dim: int) -> None:
-        if not layers:
-            layers = (Layer("all", 0, dim, (dim,), "other"),)
-        if sum(layer.stop - layer.start for layer in layers) != dim:
-            raise ValueError("layers do not cover the parameter vector")
-        self.layers = tuple(layers)
-        self.layer_ids = torch.empty(dim, dtype=torch.int64)
-        for i, layer in enumerate(self.layers):
-            self.layer_ids[layer.start : layer.stop] = i
-        self.kinds: dict[str, list[int]] = {}
-        modules: dict[str, list[int]] = {}
-        for i, layer in enumerate(self.layers):
-            self.kinds.setdefault(layer.kind, []).append(i)
-            modules.setdefault(layer.name.rsplit(".", 1)[0], []).append(i)
-        self.kinds = {k: self.kinds[k] for k in KINDS if k in self.kinds}
-        self.modules: list[list[int]] = list(modules.values())
-        self.all: list[int] = list(range(len(self.layers)))
-
-    def __len__(self) -> int:
-        return len(self.layers)
-
-    def sq_norms(self, v: torch.Tensor) -> torch.Tensor:
-        """`‖v_ℓ‖²` for each layer `ℓ` (float64)."""
-        v = v.to(torch.float64)
-        return torch.zeros(len(self), dtype=torch.float64).index_add_(0, self.layer_ids, v * v)
-
-    def expand(self, per_layer: torch.Tensor) -> torch.Tensor:
-        """A per-layer value spread over the layer's coordinates (float32)."""
-        return per_layer.to(torch.float32)[self.layer_ids]
-
-
-@dataclass
-class NWDA:
-    """One round's update statistics: `Δ̄`, and squared layer norms of `Δ̄` and each `Δ_i`."""
-
-    p: torch.Tensor
-    delta_bar: torch.Tensor
-    bar_sq: torch.Tensor
-    """`‖Δ̄_ℓ‖²` per layer, shape `(L,)`."""
-    client_sq: torch.Tensor
-    """`‖Δ_(i,ℓ)‖²` per client and layer, shape `(m, L)`."""
-
-    def N(self, group: Sequence[int]) -> float:
-        """Eq. 4 restricted to the layers in `group`: `‖Δ̄_g‖`."""
-        return math.sqrt(float(self.bar_sq[list(group)].sum()))
-
-    def E(self, group: Sequence[int]) -> float:
-        """Eq. 5 restricted to the layers in `group`: `Σ_i p_i ‖Δ_(i,g)‖`."""
-        norms = self.client_sq[:, list(group)].sum(dim=1).sqrt()
-        return float(self.p @ norms)
-
-
-def nwda(p: torch.Tensor, deltas: Sequence[torch.Tensor], index: LayerIndex) -> NWDA:
-    """NWDA statistics of one round's client updates `deltas` under weights `p` (eqs. 4–5)."""
-    delta_bar = weighted_sum(p, deltas)
-    client_sq = torch.stack([index.sq_norms(d) for d in deltas])
-    return NWDA(p.to(torch.float64), delta_bar, index.sq_norms(delta_bar), client_sq)
-
-
-def nwda_diagnostics(
-    stats: NWDA, move: torch.Tensor, index: LayerIndex, cum_move: float
-) -> dict[str, float]:
-    """Metric columns: `N`, `E`, `move`, `cum_move`, and `N_/E_/move_<kind>` per layer kind.
-
-    `move` is the server step `w_(k+1) − w_k`; `cum_move` the integrated norm `𝒩` up to and
-    including this round.
-    """
-    move_sq = index.sq_norms(move)
-    out = {
-        "N": stats.N(index.all),
-        "E": stats.E(index.all),
-        "move": math.sqrt(float(move_sq.sum())),
-        "cum_move": cum_move,
-    }
-    for kind, group in index.kinds.items():
-        out[f"N_{kind}"] = stats.N(group)
-        out[f"E_{kind}"] = stats.E(group)
-        out[f"move_{kind}"] = math.sqrt(float(move_sq[group].sum()))
-    return out
-
-
-class NWDACollector:
-    """NWDA statistics gathered in one pass: per reply only its `L` squared layer norms are kept
-    (an `m × L` table of scalars), never the update itself; `Δ̄` comes from the streaming mean."""
-
-    def __init__(self, index: LayerIndex) -> None:
-        self.index = index
-        self.rows: list[torch.Tensor] = []
-        self.weights: list[float] = []
-
-    def __call__(self, reply: Reply, weight: float) -> None:
-        self.rows.append(self.index.sq_norms(reply.message.tensors["delta"]))
-        self.weights.append(weight)
-
-    def stats(self, acc: WeightedMean, delta_bar: torch.Tensor) -> NWDA:
-        p = torch.tensor(self.weights, dtype=torch.float64) / acc.total
-        return NWDA(p, delta_bar, self.index.sq_norms(delta_bar), torch.stack(self.rows))
-
-
-def nwda_record(
-    old: Mapping[str, Any], new: dict[str, Any], stats: NWDA, index: LayerIndex,
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """NWDA columns for an algorithm that moved the server model from `old["w"]` to `new["w"]`.
-
-    Returns the new state with the running `cum_move` (`𝒩`) and the diagnostics.
-    """
-    move = new["w"] - old["w"]
-    cum = float(old.get("cum_move", 0.0)) + math.sqrt(float(index.sq_norms(move).sum()))
-    return {**new, "cum_move": cum}, nwda_diagnostics(stats, move, index, cum)
 
 
 def normalized_step(
