@@ -302,7 +302,7 @@ def run_specs(
                     tally.add(result, progress, time.monotonic() - t0)
             except KeyboardInterrupt:
                 hard.append(True)
-                tally.cancelled += len(left) - 1
+                tally.unfinished = len(left)
             finally:
                 _STOP = previous
         else:
@@ -321,7 +321,7 @@ def run_specs(
                 hard.append(True)
                 for proc in list(getattr(pool, "_processes", {}).values()):
                     proc.terminate()
-                tally.cancelled += sum(1 for f in pending if not f.done())
+                tally.unfinished = sum(1 for f in pending if not f.done())
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
     progress.close()
@@ -340,6 +340,8 @@ class _Tally:
         self.errors: dict[str, str] = {}
         self.stopped: dict[str, int] = {}
         self.cancelled = 0
+        self.unfinished = 0
+        """Runs left unfinished by a hard stop (a second Ctrl-C), running or queued."""
 
     def add(self, result: dict[str, Any], progress: Progress, seconds: float) -> None:
         if result.get("cancelled"):
@@ -353,8 +355,8 @@ class _Tally:
     def line(self, hard: bool, hint: str | None) -> str:
         again = f"`{hint}`" if hint else "the same command"
         if hard:
-            return (f"interrupted: stopped at once, {self.cancelled} queued run(s) cancelled; run "
-                    f"{again} to resume (runs continue from their last checkpoint)")
+            return (f"interrupted: stopped at once, {self.unfinished} run(s) unfinished; run "
+                    f"{again} to resume (they continue from their last checkpoint)")
         rounds = ", ".join(f"{name} at round {k}" for name, k in list(self.stopped.items())[:3])
         more = " …" if len(self.stopped) > 3 else ""
         stopped = f" ({rounds}{more})" if self.stopped else ""
