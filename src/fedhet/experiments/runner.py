@@ -285,6 +285,8 @@ def run_specs(
     progress = Progress(len(specs), done, todo, stream)
     if not todo:
         return {}
+    if force:
+        clear_cells([Path(job.out) for job in todo], progress.stream)
     n = max(1, min(jobs or default_jobs(), len(todo)))
     ctx = _context() if n > 1 else None
     stop: Any = ctx.Event() if ctx is not None else threading.Event()
@@ -331,6 +333,28 @@ def run_specs(
         progress.stream.flush()
         raise Interrupted(line)
     return tally.errors
+
+
+def clear_cells(cells: list[Path], stream: TextIO) -> None:
+    """`--force`: empty every existing run directory of the grid before any run starts, so a
+    grid interrupted part-way never mixes new runs with old results that a plain re-run would
+    then take for finished ones. Only what fedhet wrote is removed (`rundir.clear`); a run
+    directory from before markers existed (it has a config.json) is recognised as fedhet's, any
+    other unmarked one is refused before anything is cleared. Each is cleared under its lock."""
+    from fedhet.engine import rundir
+
+    full = [c for c in cells if c.is_dir() and any(e.name != rundir.LOCK for e in c.iterdir())]
+    for cell in full:
+        rundir.check_removable(cell)
+        if not rundir.is_ours(cell) and not (cell / "config.json").is_file():
+            raise FedhetError(
+                f"refusing to replace {cell}: it was not created by fedhet (no {rundir.MARKER} "
+                "marker); remove it yourself or choose another --out"
+            )
+    for cell in full:
+        with rundir.exclusive(cell, "run"):
+            rundir.mark(cell, "run")
+            rundir.clear(cell, warn=lambda m: stream.write(m + "\n"))
 
 
 class _Tally:
