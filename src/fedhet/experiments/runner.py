@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -288,13 +288,11 @@ def run_specs(
     if force:
         clear_cells([Path(job.out) for job in todo], progress.stream)
     n = max(1, min(jobs or default_jobs(), len(todo)))
-    ctx = _context() if n > 1 else None
-    stop: Any = ctx.Event() if ctx is not None else threading.Event()
     tally = _Tally()
-    with _graceful_sigint(stop, progress) as hard:
+    with _graceful_sigint(progress) as (requested, hard):
         global _STOP
         if n == 1:
-            previous, _STOP = _STOP, stop
+            previous, _STOP = _STOP, requested
             left = list(todo)
             try:
                 while left:
@@ -310,6 +308,8 @@ def run_specs(
         else:
             # workers start with SIGINT blocked (inherited through fork/exec), so none dies from
             # the terminal's Ctrl-C before `_init_worker` makes it ignore SIGINT
+            ctx = _context()
+            stop = ctx.Event()  # set by `_drain`, never in the handler (its lock is not reentrant)
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx,
@@ -318,7 +318,7 @@ def run_specs(
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             try:
-                _drain(pool, pending, stop, tally, progress)
+                _drain(pending, requested, stop, tally, progress)
             except KeyboardInterrupt:
                 hard.append(True)
                 for proc in list(getattr(pool, "_processes", {}).values()):
@@ -327,7 +327,7 @@ def run_specs(
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
     progress.close()
-    if stop.is_set() or hard:
+    if requested.is_set() or hard:
         line = tally.line(bool(hard), resume_hint)
         progress.stream.write(line + "\n")
         progress.stream.flush()
@@ -388,14 +388,16 @@ class _Tally:
                 f"{stopped}, {self.cancelled} queued run(s) cancelled; run {again} to resume")
 
 
-def _drain(pool: ProcessPoolExecutor, pending: dict[Future, Job], stop: Any, tally: _Tally,
+def _drain(pending: dict[Future, Job], requested: threading.Event, stop: Any, tally: _Tally,
            progress: Progress) -> None:
-    """Collect results as workers finish; once `stop` is set, cancel what has not started."""
+    """Collect results as workers finish; once a stop is `requested`, pass it on to the workers
+    (`stop`) and cancel what has not started."""
     started = time.monotonic()
     cancelling = False
     while pending:
-        if stop.is_set() and not cancelling:
+        if requested.is_set() and not cancelling:
             cancelling = True
+            stop.set()
             for fut in list(pending):
                 if fut.cancel():
                     pending.pop(fut)
@@ -412,29 +414,45 @@ def _drain(pool: ProcessPoolExecutor, pending: dict[Future, Job], stop: Any, tal
 
 
 @contextmanager
-def _graceful_sigint(stop: Any, progress: Progress) -> Iterator[list[bool]]:
-    """While the body runs, the first SIGINT sets `stop` (and says so); a second raises
-    `KeyboardInterrupt` (the body appends to the yielded list when it stopped hard). Only in
-    the main thread: elsewhere SIGINT cannot arrive, and nothing is installed."""
+def _graceful_sigint(progress: Progress) -> Iterator[tuple[threading.Event, list[bool]]]:
+    """While the body runs, the first SIGINT sets the yielded event (and says so); a second
+    raises `KeyboardInterrupt` (the body appends to the yielded list when it stopped hard).
+    Only in the main thread: elsewhere SIGINT cannot arrive, and nothing is installed.
+
+    The handler only sets a `threading.Event` (whose `is_set` takes no lock, so the handler
+    cannot deadlock against the code it interrupts); the body passes it on to the workers."""
+    requested = threading.Event()
     hard: list[bool] = []
 
     def handler(signum: int, frame: Any) -> None:
-        if stop.is_set():
+        if requested.is_set():
             raise KeyboardInterrupt
-        stop.set()
-        live = "\r\x1b[K" if progress.live else ""
-        progress.stream.write(f"{live}stopping: queued runs are cancelled, running ones stop "
-                              "after their current round (Ctrl-C again: stop at once)\n")
-        progress.stream.flush()
+        requested.set()
+        _acknowledge(progress)
 
     if threading.current_thread() is not threading.main_thread():
-        yield hard
+        yield requested, hard
         return
     previous = signal.signal(signal.SIGINT, handler)
     try:
-        yield hard
+        yield requested, hard
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _acknowledge(progress: Progress) -> None:
+    """Say at once that Ctrl-C was heard, from the signal handler: straight to the file
+    descriptor (a buffered stream's `write`, interrupted mid-call, must not be re-entered);
+    streams without one (tests) get nothing."""
+    try:
+        fd = progress.stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    live = "\r\x1b[K" if progress.live else ""
+    text = (f"{live}stopping: queued runs are cancelled, running ones stop after their current "
+            "round (Ctrl-C again: stop at once)\n")
+    with suppress(OSError):
+        os.write(fd, text.encode())
 
 
 PRELOAD = ["fedhet.experiments.runner", "fedhet.engine.simulation", "sklearn.datasets"]
