@@ -379,7 +379,8 @@ class _Tally:
     def line(self, hard: bool, hint: str | None) -> str:
         again = f"`{hint}`" if hint else "the same command"
         if hard:
-            return (f"interrupted: stopped at once, {self.unfinished} run(s) unfinished; run "
+            return (f"interrupted: stopped at once, {self.unfinished + self.cancelled} run(s) "
+                    f"unfinished; run "
                     f"{again} to resume (they continue from their last checkpoint)")
         rounds = ", ".join(f"{name} at round {k}" for name, k in list(self.stopped.items())[:3])
         more = " …" if len(self.stopped) > 3 else ""
