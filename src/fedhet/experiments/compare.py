@@ -1,15 +1,18 @@
 """`fedhet compare --config GRID.toml --out DIR`: run a grid and tabulate it.
 
 `DIR/grid.toml` (a copy of the grid), `DIR/grid.json` (the expanded runs), `DIR/runs/<name>/`
-(one run directory each), `DIR/results.csv` and `DIR/summary.md`.
+(one run directory each), `DIR/results.csv` and `DIR/summary.md`; `DIR/.fedhet` marks it
+as fedhet's and `DIR/.fedhet.lock` keeps a second `compare` out while one runs.
 """
 
 from __future__ import annotations
 
+import shlex
 import shutil
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedhet.engine import rundir
 from fedhet.errors import FedhetError
 from fedhet.experiments.grid import load_grid, write_manifest
 from fedhet.experiments.results import collect
@@ -20,7 +23,12 @@ def compare(
     config: str | Path, out: str | Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None,
 ) -> list[dict[str, Any]]:
-    """Validate the whole grid, run what is not finished, write results; returns the rows."""
+    """Validate the whole grid, run what is not finished, write results; returns the rows.
+
+    `out` is marked as fedhet's grid directory and locked for the whole call, so a second
+    `compare` (or `reproduce`) on it fails at once, naming this process. Ctrl-C stops the grid
+    at the next saved round of each running run (`runner.Interrupted`); calling again resumes.
+    """
     grid = load_grid(config)
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -31,16 +39,25 @@ def compare(
         require_tensorboard()
     from fedhet.experiments.runner import plan_jobs
 
-    plan_jobs(grid.specs, out / "runs", force)  # settings clashes fail before anything runs
-    out.mkdir(parents=True, exist_ok=True)
-    if Path(config).resolve() != (out / "grid.toml").resolve():
-        shutil.copyfile(config, out / "grid.toml")
-    write_manifest(out, grid.title, grid.specs, grid.target_accuracy)
-    errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream)
-    rows = collect(out, grid.title, grid.specs, grid.target_accuracy, errors)
+    hint = f"fedhet compare --config {shlex.quote(str(config))} --out {shlex.quote(str(out))}"
+    with rundir.exclusive(out, "compare"):
+        rundir.mark(out, "grid")
+        plan_jobs(grid.specs, out / "runs", force)  # settings clashes fail before anything runs
+        if Path(config).resolve() != (out / "grid.toml").resolve():
+            shutil.copyfile(config, out / "grid.toml")
+        write_manifest(out, grid.title, grid.specs, grid.target_accuracy)
+        errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream, hint)
+        return _finish(out, grid.title, grid.specs, grid.target_accuracy, errors)
+
+
+def _finish(
+    out: Path, title: str, specs: list, target: float | None, errors: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Write results.csv and summary.md; raise naming the failed runs, else return the rows."""
+    rows = collect(out, title, specs, target, errors)
     if errors:
         raise FedhetError(
-            f"{len(errors)} of {len(grid.specs)} runs failed ({', '.join(sorted(errors))}); "
+            f"{len(errors)} of {len(specs)} runs failed ({', '.join(sorted(errors))}); "
             f"the others are in {out}/results.csv. First error: {next(iter(errors.values()))}"
         )
     return rows

@@ -209,6 +209,7 @@ def load_grid(path: str | Path) -> Grid:
     _check_keys(base, axes, loc)
     methods = _methods(doc, axes, loc)
     runs = _expand(base, axes, methods, loc)
+    keys = [_validate_run(settings, loc) for _, settings in runs]
     columns = doc.get("columns")
     if columns is not None and not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
         raise loc.fail("", "columns", "columns must be a list of setting names, e.g. [\"partition\"]")
@@ -220,6 +221,7 @@ def load_grid(path: str | Path) -> Grid:
                                f"choose from: {', '.join(sorted(used))}")
         columns = [canonical(c) for c in columns]
     specs = _to_specs(runs, methods, axes, columns, loc)
+    _check_duplicates(runs, keys, specs, methods, axes, loc)
     return Grid(path, str(title), specs, float(target) if target is not None else None, loc.lines)
 
 
@@ -246,16 +248,16 @@ def _expand(base, axes, methods, loc) -> list[tuple[int, dict[str, _Setting]]]:
                 settings.update({canonical(k): s for k, s in inner.items()})
                 settings.update(outer)
                 runs.append((m, settings))
-    for _, settings in runs:
-        _validate_run(settings, loc)
     return runs
 
 
-def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> None:
+def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> str:
+    """Resolve one run (its error names the line of the culprit); returns its `cell_key`."""
     from fedhet.experiments.single import resolve_settings
 
     try:
-        resolve_settings({k: s.value for k, s in settings.items()}, "grid")
+        cfg, _ = resolve_settings({k: s.value for k, s in settings.items()}, "grid")
+        return cell_key(cfg.to_dict())
     except FedhetError as e:
         message = str(e).removeprefix("grid: ")
         culprit = _culprit(message, settings)
@@ -273,6 +275,84 @@ def _culprit(message: str, settings: dict[str, _Setting]) -> _Setting | None:
         if isinstance(s.value, str) and repr(s.value) in message:
             return s
     return None
+
+
+# -- duplicate cells ---------------------------------------------------------------------------
+NOT_A_CELL = frozenset({"data_dir", "checkpoint_every"})
+"""Settings that do not change what a run computes; two runs that differ only here are one cell."""
+
+
+def cell_key(config: dict[str, Any]) -> str:
+    """What makes a run distinct: its resolved config (defaults filled in, values coerced, so
+    `lr = 1` and `lr = 1.0`, or a parameter given at its default and left out, are the same),
+    less `NOT_A_CELL`."""
+    return json.dumps({k: v for k, v in config.items() if k not in NOT_A_CELL}, sort_keys=True,
+                      default=str)
+
+
+def duplicate_groups(keys: list[str]) -> list[list[int]]:
+    """Indices of the runs that share a key, one list per key that occurs more than once."""
+    where: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        where.setdefault(key, []).append(i)
+    return [ix for ix in where.values() if len(ix) > 1]
+
+
+def _check_duplicates(runs, keys, specs, methods, axes, loc) -> None:
+    """Refuse a grid in which two runs are the same cell (it would run it twice and report the
+    seeds' spread as ± 0): repeated axis values, a method listed twice, a bundle or variant that
+    repeats another one, or two spellings of one value."""
+    groups = duplicate_groups(keys)
+    if not groups:
+        return
+    cells = "; ".join(" = ".join(specs[i].name for i in ix) for ix in groups[:3])
+    more = f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
+    first = groups[0]
+    a, b = runs[first[0]][1], runs[first[1]][1]
+    differ = sorted(k for k in set(a) | set(b)
+                    if k not in a or k not in b or _same(a[k].value) != _same(b[k].value))
+    if differ:
+        # e.g. `lr = [1, 1.0]`, or a value that only restates the default
+        k = differ[0]
+        s = a.get(k) or b[k]
+        shown = ", ".join(f"{d}: {_show(a, d)} vs {_show(b, d)}" for d in differ[:3])
+        why = f"their settings differ only in spelling or defaults ({shown})"
+    else:
+        s, why = _repeated(methods, axes, a)
+    where = loc.where(s.section, s.key) if s is not None else str(loc.path)
+    raise FedhetError(
+        f"{where}: duplicate runs, the same cell twice: {cells}{more}; {why}; remove the repeat"
+    )
+
+
+def _same(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+def _show(settings: dict[str, _Setting], key: str) -> str:
+    return repr(settings[key].value) if key in settings else "(default)"
+
+
+def _repeated(methods, axes, settings: dict[str, _Setting]) -> tuple[_Setting | None, str]:
+    """Where two identical runs come from, and why: an axis (grid or method) whose list holds
+    one value twice, two axes that set the same setting, or a method listed twice."""
+    tables = [(k, v) for k, (v, _) in axes.items()]
+    for m in methods:
+        tables += [(k, v) for k, (v, _) in m["axes"].items()]
+    setters: dict[str, list[str]] = {}
+    for key, values in tables:
+        bundles = [{canonical(kk): vv for kk, vv in
+                    (_flatten(v) if isinstance(v, dict) else {key: v}).items()} for v in values]
+        seen = [_same(b) for b in bundles]
+        if len(set(seen)) < len(seen):
+            return settings.get(canonical(key)) or _Setting(None, "axes", key), (
+                f"{key} lists one value twice")
+        for k in {k for b in bundles for k in b}:
+            setters.setdefault(k, []).append(key)
+    for k, keys in setters.items():
+        if len(keys) > 1:
+            return settings.get(k), f"{' and '.join(keys)} both set {k}, so one hides the other"
+    return settings.get("algorithm"), "a method is listed twice"
 
 
 def _to_specs(runs, methods, axes, columns, loc) -> list[RunSpec]:

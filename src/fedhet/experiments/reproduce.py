@@ -8,13 +8,16 @@ published numbers beside ours.
 
 from __future__ import annotations
 
+import json
+import shlex
 import sys
 from pathlib import Path
 from typing import TextIO
 
+from fedhet.engine import rundir
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
-from fedhet.experiments.grid import write_manifest
+from fedhet.experiments.grid import cell_key, duplicate_groups, write_manifest
 from fedhet.experiments.presets import PRESETS, SCALES, Preset, RunSpec
 from fedhet.experiments.results import collect, compare_published, published_markdown
 from fedhet.experiments.runner import plan_jobs, run_specs
@@ -29,27 +32,51 @@ def load_preset(paper: str, scale: str) -> Preset:
 def _check_specs(paper: str, specs: list[RunSpec]) -> None:
     from fedhet.experiments.single import resolve_settings
 
-    names = set()
+    names, keys = set(), []
     for spec in specs:
         if spec.name in names:
             raise FedhetError(f"preset {paper}: two runs are named {spec.name!r}")
         names.add(spec.name)
         try:
-            resolve_settings(spec.settings, f"preset {paper}, run {spec.name}")
+            cfg, _ = resolve_settings(spec.settings, f"preset {paper}, run {spec.name}")
         except FedhetError as e:
             raise FedhetError(f"preset {paper}, run {spec.name}: {e}") from None
+        # the same settings may serve two tables (a sweep's default point is the main run),
+        # but twice in one table cell they would be averaged as if they were two seeds
+        keys.append(json.dumps([spec.group, spec.label, cell_key(cfg.to_dict())]))
+    groups = duplicate_groups(keys)
+    if groups:
+        cells = "; ".join(" = ".join(specs[i].name for i in ix) for ix in groups)
+        raise FedhetError(
+            f"preset {paper}: duplicate runs, the same settings twice in one table cell: {cells}"
+        )
 
 
 def reproduce(
     paper: str, scale: str, out: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None,
 ) -> Preset:
+    """Run `paper`'s preset at `scale` into `out` (marked and locked like `compare`'s); returns
+    the preset. Ctrl-C stops it as in `compare` (`runner.Interrupted`); calling again resumes."""
     preset = load_preset(paper, scale)
     if tensorboard:
         from fedhet.experiments.tensorboard import require_tensorboard
 
         require_tensorboard()
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise FedhetError(f"--out {out} is a file; choose a directory")
+    hint = f"fedhet reproduce {paper} --scale {scale} --out {shlex.quote(str(out))}"
+    with rundir.exclusive(out, "reproduce"):
+        rundir.mark(out, "grid")
+        _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint)
+    return preset
+
+
+def _run_stages(
+    paper: str, scale: str, preset: Preset, out: Path, jobs: int | None, force: bool,
+    tensorboard: bool, stream: TextIO | None, hint: str,
+) -> None:
+    """Run the preset's stages in order, then write results, report.md and report.html."""
     title = f"{paper} ({scale})"
     specs: list[RunSpec] = []
     errors: dict[str, str] = {}
@@ -62,7 +89,7 @@ def reproduce(
                        published=preset.published, notes=preset.notes)
         if len(preset.stages) > 1:
             (stream or sys.stderr).write(f"stage {i}/{len(preset.stages)}: {len(new)} runs\n")
-        errors.update(run_specs(new, out / "runs", jobs, force, tensorboard, stream))
+        errors.update(run_specs(new, out / "runs", jobs, force, tensorboard, stream, hint))
         if errors:
             break
     rows = collect(out, title, specs, preset.target_accuracy, errors)
@@ -84,7 +111,6 @@ def reproduce(
             f"{len(errors)} run(s) failed ({', '.join(sorted(errors))}); first error: "
             f"{next(iter(errors.values()))}"
         )
-    return preset
 
 
 def _html_report(out: Path, stream: TextIO | None) -> None:

@@ -11,9 +11,13 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -38,6 +42,23 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+class StopRun(Exception):  # noqa: N818  (a signal, not an error)
+    """Raised from a run's `on_round` callback, after a saved round, when the grid is stopping."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A grid stopped by Ctrl-C: queued runs cancelled, running ones stopped at a saved round.
+
+    A `KeyboardInterrupt` (so callers treat it as one and exit 130); its message is the line
+    already printed to the progress stream (`reported`)."""
+
+    reported = True
+
+
+_STOP: Any = None
+"""The stop flag of this process (an `Event`): set by the grid's first Ctrl-C."""
+
+
 def _limit_threads() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
@@ -46,32 +67,63 @@ def _limit_threads() -> None:
     torch.set_num_threads(1)
 
 
+def _init_worker(stop: Any) -> None:
+    """Pool worker set-up: one torch thread; the terminal's Ctrl-C is the parent's business
+    (it sets `stop`, which the worker checks between rounds), so the worker ignores SIGINT."""
+    global _STOP
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started
+    _STOP = stop
+    _limit_threads()
+
+
 def _quiet(_: str) -> None:
     return None
 
 
+def _stopper(job: Job, then: Callable[[dict[str, Any]], None] | None) -> Callable[[dict], None]:
+    """`on_round` that raises `StopRun` once the stop flag is set and the round just finished has
+    been checkpointed (every round by default), so a resume continues exactly there."""
+    every, total = _checkpoint_every(job), _rounds(job)
+
+    def on_round(row: dict[str, Any]) -> None:
+        if then is not None:
+            then(row)
+        k = int(row["round"])
+        if _STOP is not None and _STOP.is_set() and k < total and k % every == 0:
+            raise StopRun(k)
+
+    return on_round
+
+
 def run_job(job: Job) -> dict[str, Any]:
-    """Execute one job (in a worker or in-process); errors come back as `{"error": ...}`."""
+    """Execute one job (in a worker or in-process); errors come back as `{"error": ...}`, a job
+    that never started because the grid is stopping as `{"cancelled": True}`, one stopped at a
+    round boundary as `{"stopped": round}`."""
     from fedhet.experiments.single import execute
 
-    on_round = None
+    if _STOP is not None and _STOP.is_set():
+        return {"name": job.name, "cancelled": True}
+    tensorboard = None
     try:
         if job.tensorboard:
             from fedhet.experiments.tensorboard import TensorBoardLogger
 
-            on_round = TensorBoardLogger(Path(job.out))
+            tensorboard = TensorBoardLogger(Path(job.out))
         summary = execute(
             None if job.resume else job.settings, Path(job.out), resume=job.resume, force=True,
-            log=_quiet, on_round=on_round,
+            log=_quiet, on_round=_stopper(job, tensorboard),
         )
         return {"name": job.name, "summary": summary}
+    except StopRun as e:
+        return {"name": job.name, "stopped": e.args[0]}
     except FedhetError as e:
         return {"name": job.name, "error": str(e)}
     except Exception as e:  # noqa: BLE001  (a crash in one run must not stop the others)
         return {"name": job.name, "error": f"{type(e).__name__}: {e}"}
     finally:
-        if on_round is not None:
-            on_round.close()
+        if tensorboard is not None:
+            tensorboard.close()
 
 
 def plan_jobs(
@@ -179,13 +231,25 @@ class Progress:
             self.stream.flush()
 
 
-def _rounds(job: Job) -> int:
+def _setting(job: Job, key: str, default: int) -> int:
+    """An integer setting of a job: from the saved config when it resumes."""
     if job.resume:
         try:
-            return int(json.loads((Path(job.out) / "config.json").read_text())["rounds"])
-        except (OSError, ValueError, KeyError):
-            return 1
-    return int(job.settings.get("rounds", 30))
+            return int(json.loads((Path(job.out) / "config.json").read_text())[key])
+        except (OSError, ValueError, KeyError, TypeError):
+            return default
+    try:
+        return int(job.settings.get(key, default))
+    except (TypeError, ValueError):
+        return default
+
+
+def _rounds(job: Job) -> int:
+    return _setting(job, "rounds", 30 if not job.resume else 1)
+
+
+def _checkpoint_every(job: Job) -> int:
+    return max(1, _setting(job, "checkpoint_every", 1))
 
 
 def _short(name: str, width: int = 32) -> str:
@@ -208,45 +272,188 @@ def _clock(seconds: float) -> str:
 
 def run_specs(
     specs: list[RunSpec], runs_dir: Path, jobs: int | None = None, force: bool = False,
-    tensorboard: bool = False, stream: TextIO | None = None,
+    tensorboard: bool = False, stream: TextIO | None = None, resume_hint: str | None = None,
 ) -> dict[str, str]:
-    """Run every spec into `runs_dir/<name>`; returns `{name: error}` for runs that failed."""
+    """Run every spec into `runs_dir/<name>`; returns `{name: error}` for runs that failed.
+
+    Ctrl-C (SIGINT, in the main thread) stops the grid gracefully: queued runs are cancelled at
+    once, running ones stop after their next saved round (so running the grid again resumes
+    them exactly); one line says so and `Interrupted` is raised. A second Ctrl-C stops at once
+    (the runs then resume from their last checkpoint).
+    """
     todo, done = plan_jobs(specs, runs_dir, force, tensorboard)
     progress = Progress(len(specs), done, todo, stream)
-    errors: dict[str, str] = {}
     if not todo:
-        return errors
+        return {}
+    if force:
+        clear_cells([Path(job.out) for job in todo], progress.stream)
     n = max(1, min(jobs or default_jobs(), len(todo)))
-    if n == 1:
-        for job in todo:
-            t0 = time.monotonic()
-            result = run_job(job)
-            _record(result, errors)
-            progress.finish(job.name, result, time.monotonic() - t0)
-        return errors
-    pool = ProcessPoolExecutor(max_workers=n, mp_context=_context(), initializer=_limit_threads)
-    try:
-        started = time.monotonic()
-        pending: dict[Future, Job] = {pool.submit(run_job, job): job for job in todo}
-        while pending:
-            finished, _ = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-            for fut in finished:
-                job = pending.pop(fut)
-                try:
-                    result = fut.result()
-                except Exception as e:  # noqa: BLE001  (a worker that died, e.g. out of memory)
-                    result = {"name": job.name, "error": f"worker process failed: {e}"}
-                _record(result, errors)
-                progress.finish(job.name, result, time.monotonic() - started)
-            progress.tick()
-    except KeyboardInterrupt:
-        pool.shutdown(wait=False, cancel_futures=True)
-        progress.close()
-        raise FedhetError("interrupted; run the same command again to resume the unfinished runs") from None
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    tally = _Tally()
+    with _graceful_sigint(progress) as (requested, hard):
+        global _STOP
+        if n == 1:
+            previous, _STOP = _STOP, requested
+            left = list(todo)
+            try:
+                while left:
+                    t0 = time.monotonic()
+                    result = run_job(left[0])
+                    left.pop(0)
+                    tally.add(result, progress, time.monotonic() - t0)
+            except KeyboardInterrupt:
+                hard.append(True)
+                tally.unfinished = len(left)
+            finally:
+                _STOP = previous
+        else:
+            # workers start with SIGINT blocked (inherited through fork/exec), so none dies from
+            # the terminal's Ctrl-C before `_init_worker` makes it ignore SIGINT
+            ctx = _context()
+            stop = ctx.Event()  # set by `_drain`, never in the handler (its lock is not reentrant)
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            try:
+                pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx,
+                                           initializer=_init_worker, initargs=(stop,))
+                pending: dict[Future, Job] = {pool.submit(run_job, job): job for job in todo}
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            try:
+                _drain(pending, requested, stop, tally, progress)
+            except KeyboardInterrupt:
+                hard.append(True)
+                for proc in list(getattr(pool, "_processes", {}).values()):
+                    proc.terminate()
+                tally.unfinished = sum(1 for f in pending if not f.done())
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
     progress.close()
-    return errors
+    if requested.is_set() or hard:
+        line = tally.line(bool(hard), resume_hint)
+        progress.stream.write(line + "\n")
+        progress.stream.flush()
+        raise Interrupted(line)
+    return tally.errors
+
+
+def clear_cells(cells: list[Path], stream: TextIO) -> None:
+    """`--force`: empty every existing run directory of the grid before any run starts, so a
+    grid interrupted part-way never mixes new runs with old results that a plain re-run would
+    then take for finished ones. Only what fedhet wrote is removed (`rundir.clear`); a run
+    directory from before markers existed (it has a config.json) is recognised as fedhet's, any
+    other unmarked one is refused before anything is cleared. Each is cleared under its lock."""
+    from fedhet.engine import rundir
+
+    full = [c for c in cells if c.is_dir() and any(e.name != rundir.LOCK for e in c.iterdir())]
+    for cell in full:
+        rundir.check_removable(cell)
+        if not rundir.is_ours(cell) and not (cell / "config.json").is_file():
+            raise FedhetError(
+                f"refusing to replace {cell}: it was not created by fedhet (no {rundir.MARKER} "
+                "marker); remove it yourself or choose another --out"
+            )
+    for cell in full:
+        with rundir.exclusive(cell, "run"):
+            rundir.mark(cell, "run")
+            rundir.clear(cell, warn=lambda m: stream.write(m + "\n"))
+
+
+class _Tally:
+    """What became of each job: finished, failed, stopped at a round, cancelled."""
+
+    def __init__(self) -> None:
+        self.errors: dict[str, str] = {}
+        self.stopped: dict[str, int] = {}
+        self.cancelled = 0
+        self.unfinished = 0
+        """Runs left unfinished by a hard stop (a second Ctrl-C), running or queued."""
+
+    def add(self, result: dict[str, Any], progress: Progress, seconds: float) -> None:
+        if result.get("cancelled"):
+            self.cancelled += 1
+        elif "stopped" in result:
+            self.stopped[result["name"]] = result["stopped"]
+        else:
+            _record(result, self.errors)
+            progress.finish(result["name"], result, seconds)
+
+    def line(self, hard: bool, hint: str | None) -> str:
+        again = f"`{hint}`" if hint else "the same command"
+        if hard:
+            return (f"interrupted: stopped at once, {self.unfinished + self.cancelled} run(s) "
+                    f"unfinished; run "
+                    f"{again} to resume (they continue from their last checkpoint)")
+        rounds = ", ".join(f"{name} at round {k}" for name, k in list(self.stopped.items())[:3])
+        more = " …" if len(self.stopped) > 3 else ""
+        stopped = f" ({rounds}{more})" if self.stopped else ""
+        return (f"interrupted: {len(self.stopped)} running run(s) stopped after a saved round"
+                f"{stopped}, {self.cancelled} queued run(s) cancelled; run {again} to resume")
+
+
+def _drain(pending: dict[Future, Job], requested: threading.Event, stop: Any, tally: _Tally,
+           progress: Progress) -> None:
+    """Collect results as workers finish; once a stop is `requested`, pass it on to the workers
+    (`stop`) and cancel what has not started."""
+    started = time.monotonic()
+    cancelling = False
+    while pending:
+        if requested.is_set() and not cancelling:
+            cancelling = True
+            stop.set()
+            for fut in list(pending):
+                if fut.cancel():
+                    pending.pop(fut)
+                    tally.cancelled += 1
+        finished, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
+        for fut in finished:
+            job = pending.pop(fut)
+            try:
+                result = fut.result()
+            except Exception as e:  # noqa: BLE001  (a worker that died, e.g. out of memory)
+                result = {"name": job.name, "error": f"worker process failed: {e}"}
+            tally.add(result, progress, time.monotonic() - started)
+        progress.tick()
+
+
+@contextmanager
+def _graceful_sigint(progress: Progress) -> Iterator[tuple[threading.Event, list[bool]]]:
+    """While the body runs, the first SIGINT sets the yielded event (and says so); a second
+    raises `KeyboardInterrupt` (the body appends to the yielded list when it stopped hard).
+    Only in the main thread: elsewhere SIGINT cannot arrive, and nothing is installed.
+
+    The handler only sets a `threading.Event` (whose `is_set` takes no lock, so the handler
+    cannot deadlock against the code it interrupts); the body passes it on to the workers."""
+    requested = threading.Event()
+    hard: list[bool] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+        _acknowledge(progress)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield requested, hard
+        return
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield requested, hard
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _acknowledge(progress: Progress) -> None:
+    """Say at once that Ctrl-C was heard, from the signal handler: straight to the file
+    descriptor (a buffered stream's `write`, interrupted mid-call, must not be re-entered);
+    streams without one (tests) get nothing."""
+    try:
+        fd = progress.stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    live = "\r\x1b[K" if progress.live else ""
+    text = (f"{live}stopping: queued runs are cancelled, running ones stop after their current "
+            "round (Ctrl-C again: stop at once)\n")
+    with suppress(OSError):
+        os.write(fd, text.encode())
 
 
 PRELOAD = ["fedhet.experiments.runner", "fedhet.engine.simulation", "sklearn.datasets"]
