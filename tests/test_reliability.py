@@ -370,3 +370,14 @@ def test_a_client_that_raises_is_dropped_but_all_failing_stops_the_run(tmp_path,
     fail_all = True
     code, err = cli(capsys, *QUICK, "--out", str(tmp_path / "all"))
     assert code == 2 and "every client that ran in round 1 failed" in one_line(err)
+
+
+def test_a_diverged_cell_fails_the_grid_and_reports_no_accuracy(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 3\nrounds = 2\n[axes]\nlr = [0.05, 1e6]\n')
+    code, err = cli(capsys, "compare", "-c", str(grid), "-o", str(tmp_path / "g"), "-j", "1")
+    assert code == 2 and "diverged in round 1" in one_line(err.splitlines()[-1] + "\n")
+    rows = {r["name"]: r for r in csv.DictReader((tmp_path / "g" / "results.csv").open())}
+    bad = rows["fedavg__lr=1e+06__seed0"]
+    assert bad["status"] == "diverged" and bad["final_accuracy"] == ""
+    assert "fedavg__lr=1e+06__seed0 (diverged)" in (tmp_path / "g" / "summary.md").read_text()

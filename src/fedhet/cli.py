@@ -369,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # the file system said no: unwritable, not a directory, disk full
         print(f"error: {_os_error(e)}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted; continue with `fedhet run --resume DIR`", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        if not getattr(e, "reported", False):  # compare/reproduce print their own line
+            print("interrupted; continue with `fedhet run --resume DIR`", file=sys.stderr)
         return 130
 
 

@@ -55,7 +55,10 @@ def run_result(spec: RunSpec, run_dir: Path, target: float | None, error: str = 
     row.update(spec.settings)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    if error:
+    if summary.get("status") == "diverged":
+        status = "diverged"  # its accuracies are those of the last finite round: not reported
+        summary = {k: v for k, v in summary.items() if not k.endswith(("_accuracy", "_round"))}
+    elif error:
         status = "failed"
     elif not summary:
         status = "missing"
@@ -66,7 +69,8 @@ def run_result(spec: RunSpec, run_dir: Path, target: float | None, error: str = 
                 "cum_model_transfers"):
         row[key] = summary.get(key, math.nan)
     row["wall_time_s"] = summary.get("total_time_s", math.nan)
-    row.update(to_target(read_metrics(run_dir / "metrics.csv"), target))
+    if status != "diverged":
+        row.update(to_target(read_metrics(run_dir / "metrics.csv"), target))
     if error:
         row["error"] = error
     return row
@@ -192,7 +196,7 @@ def write_summary_md(path: Path, title: str, rows: list[dict[str, Any]], target:
     intro = f"# {title}\n\nMean ± std over up to {n_seeds} seed(s) per cell; best per column in bold."
     if target is not None:
         intro += f" Target accuracy {100 * target:g}%; `(k/n)`: k of n seeds reached it."
-    failed = [r["name"] for r in rows if r["status"] != "finished"]
+    failed = [f"{r['name']} ({r['status']})" for r in rows if r["status"] != "finished"]
     if failed:
         intro += f"\n\nNot finished ({len(failed)}): " + ", ".join(failed)
     atomic_write_text(path, intro + "\n\n" + tables_markdown(summary_tables(rows, target)))

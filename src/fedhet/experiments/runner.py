@@ -114,6 +114,11 @@ def run_job(job: Job) -> dict[str, Any]:
             None if job.resume else job.settings, Path(job.out), resume=job.resume, force=True,
             log=_quiet, on_round=_stopper(job, tensorboard),
         )
+        if summary.get("status") == "diverged":
+            d = summary["diverged"]
+            client = f", client {d['client']}" if d.get("client") is not None else ""
+            return {"name": job.name, "error": f"diverged in round {d['round']}{client} "
+                                               f"(non-finite {d['what']})"}
         return {"name": job.name, "summary": summary}
     except StopRun as e:
         return {"name": job.name, "stopped": e.args[0]}
