@@ -108,9 +108,10 @@ def test_supernode_that_cannot_reach_the_superlink_is_named_with_its_address(tmp
     with the address while it retries, then the error when it gives up."""
     fed = LocalFederation(1, workdir=tmp_path, node_max_wait=3)
     seen: list[str] = []
+    idle = subprocess.Popen(["sleep", "300"])  # stands in for `flwr run`
     try:
         node = fed.start_node(0, superlink=address)
-        watchdog = Watchdog(fed, node, echo=seen.append)
+        watchdog = Watchdog(fed, idle, echo=seen.append)
         deadline = time.monotonic() + 120
         with pytest.raises(FedhetError) as e:
             while time.monotonic() < deadline:
@@ -118,6 +119,8 @@ def test_supernode_that_cannot_reach_the_superlink_is_named_with_its_address(tmp
                 time.sleep(0.2)
     finally:
         fed.stop()
+        idle.kill()
+        idle.wait()
     message = str(e.value)
     assert "\n" not in message
     assert f"SuperNode 0 (PID {node.pid}) died with exit code" in message

@@ -197,7 +197,7 @@ class LocalFederation:
             self.workers[partition_id] = self._spawn(f"clientapp-{partition_id}", [
                 sys.executable, "-m", "fedhet.deploy.worker", "--insecure",
                 "--runtime-api-address", f"{HOST}:{runtime_port}",
-                "--max-wait", str(self.node_max_wait),
+                "--node-pid", str(self.nodes[partition_id].pid),  # lives as long as its node
             ], f"ClientApp worker {partition_id}")
         return self.nodes[partition_id]
 

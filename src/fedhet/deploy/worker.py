@@ -57,8 +57,23 @@ def _run_task(address: str, token: str, insecure: bool, announce_fd: int) -> int
     return 0
 
 
-def serve(address: str, insecure: bool = True, max_wait: float = 60.0) -> int:
-    """Poll `address` (a SuperNode's Runtime API) for ClientApp tasks, one forked child each."""
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def serve(address: str, insecure: bool = True, max_wait: float = 60.0,
+          node_pid: int | None = None) -> int:
+    """Poll `address` (a SuperNode's Runtime API) for ClientApp tasks, one forked child each.
+
+    While the Runtime API does not answer, wait as long as the SuperNode process `node_pid`
+    lives (it may still be starting or reconnecting), else at most `max_wait` s.
+    """
     import torch  # noqa: F401  (imported once here, inherited by every child)
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.constant import TaskType
@@ -84,9 +99,12 @@ def serve(address: str, insecure: bool = True, max_wait: float = 60.0) -> int:
             res = client.AcquireTask(AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP]))
             last_ok = time.monotonic()
         except Exception as e:  # noqa: BLE001 - any transport error means "not reachable now"
-            if time.monotonic() - last_ok > max_wait:
-                print(f"fedhet worker: the SuperNode's Runtime API at {address} has been unreachable "
-                      f"for {max_wait:.0f} s ({type(e).__name__}); exiting", file=sys.stderr)
+            node_gone = node_pid is not None and not _alive(node_pid)
+            if node_gone or (node_pid is None and time.monotonic() - last_ok > max_wait):
+                why = f"its SuperNode (PID {node_pid}) exited" if node_gone else \
+                    f"unreachable for {max_wait:.0f} s"
+                print(f"fedhet worker: the SuperNode's Runtime API at {address}: {why} "
+                      f"({type(e).__name__}); exiting", file=sys.stderr)
                 return 1
             time.sleep(0.5)
             continue
@@ -121,12 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--insecure", action="store_true", help="plain HTTP to the Runtime API")
     ap.add_argument("--max-wait", type=float, default=60.0,
                     help="exit after the Runtime API was unreachable this many seconds")
+    ap.add_argument("--node-pid", type=int,
+                    help="the SuperNode's PID: wait for its Runtime API while it lives, exit when it ends")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
     torch.set_num_threads(1)
-    return serve(args.runtime_api_address, insecure=args.insecure, max_wait=args.max_wait)
+    return serve(args.runtime_api_address, insecure=args.insecure, max_wait=args.max_wait,
+                 node_pid=args.node_pid)
 
 
 if __name__ == "__main__":
