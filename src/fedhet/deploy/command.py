@@ -55,7 +55,8 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     with LocalFederation(cfg.clients, workdir=keep_logs, simulation=simulation,
                          node_max_wait=node_wait) as fed:
         app_dir = fed.workdir / "app"
-        write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait)
+        write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait,
+                  fast_pulls=not simulation)
         nodes = "simulated (Ray) " if simulation else ""
         print(f"SuperLink on 127.0.0.1:{fed.port} with {cfg.clients} {nodes}SuperNodes; "
               f"logs in {fed.logs}", flush=True)

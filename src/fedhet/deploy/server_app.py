@@ -38,6 +38,7 @@ OUT_KEY = "out"
 ROUND_TIMEOUT_KEY = "round-timeout"
 NODE_WAIT_KEY = "node-wait-timeout"
 FORCE_KEY = "force"
+FAST_PULLS_KEY = "fast-pulls"
 POLL_S = 0.1
 UNREACHABLE = "unreachable"
 """Error code reported for a node that did not reply in time (or that the SuperLink gave up on)."""
@@ -275,6 +276,10 @@ def flower_star_round(
 def main(grid: Grid, context: Context) -> None:
     """Run one fedhet experiment over the federation; results go to the run config's `out`."""
     out = Path(str(context.run_config[OUT_KEY]))
+    if context.run_config.get(FAST_PULLS_KEY, False):
+        from fedhet.deploy.node import shorten_pull_backoff
+
+        shorten_pull_backoff()
     try:
         run_experiment(grid, context, out)
     except Exception as e:
