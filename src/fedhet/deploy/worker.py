@@ -28,7 +28,8 @@ import select
 import sys
 import time
 
-POLL_S = 0.05
+POLL_S = float(os.environ.get("FEDHET_WORKER_POLL_S", "0.1"))
+"""Seconds between two requests for a task (each is an HTTP call to the SuperNode)."""
 
 
 def _run_task(address: str, token: str, insecure: bool, announce_fd: int) -> int:
