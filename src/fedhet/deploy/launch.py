@@ -3,7 +3,10 @@
 `LocalFederation` starts `flower-superlink` and one `flower-supernode` per client as
 subprocesses (insecure HTTP on loopback only, runtime dependency installation, telemetry and
 update checks off, all state under a private `FLWR_HOME`), submits a fedhet run with
-`flwr run` and stops every process it started when it exits, even on error. It is what
+`flwr run` and stops every process it started when it exits, even on error. By default
+(`warm=True`) each SuperNode runs in process-isolation mode with a warm ClientApp worker next
+to it (`fedhet.deploy.worker`, `fedhet.deploy.node`); `Watchdog` ends a run as soon as any
+started process dies. It is what
 `fedhet deploy local` and the tests use; docs/deploy.md shows the same commands by hand and
 with TLS across machines.
 """
@@ -389,9 +392,6 @@ class Watchdog:
                     if i in self.warned or _log_mentions(log, CONNECT_FAILED) else ""
             raise FedhetError(f"{name} (PID {proc.pid}) died with {describe_status(status)}{hint}; "
                               f"stopped the other processes; see {log}")
-
-    def client_status(self) -> int | None:
-        return self.client.poll()
 
 
 def _log_mentions(log: Path, needles: tuple[str, ...]) -> bool:
