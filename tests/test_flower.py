@@ -268,6 +268,24 @@ def test_silent_node_is_dropped_and_the_run_goes_on():
     assert trains.count(100) == trains.count(101) == 3
 
 
+def test_each_dropped_client_is_reported_in_each_round():
+    """A line per dropped client per round (the deploy console echoes `fedhet:` lines)."""
+    settings = {**BASE, "algorithm": "fedavg", "rounds": 3}
+    grid = InProcessGrid(settings, 3)
+    cfg, params = resolve_settings(settings)
+    lines: list[str] = []
+    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=0.3, log=lines.append)
+    remote.roster.wait_for_all(1.0)
+    grid.silent = {102}
+    remote.run()
+    assert lines == [
+        "fedhet: round 1: dropped client 2 (SuperNode 102): no reply within 0.3 s; left out of "
+        "the rest of the run",
+        "fedhet: round 2: dropped client 2: its SuperNode left the run earlier",
+        "fedhet: round 3: dropped client 2: its SuperNode left the run earlier",
+    ]
+
+
 def test_silent_node_on_a_relayed_topology_fails_clearly(test_algorithms):
     settings = {**BASE, "algorithm": ChainAvg.name}
     grid = InProcessGrid(settings, 3)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
 from flwr.app import Context, Message
@@ -31,23 +32,36 @@ DATA_DIR_KEY = "data-dir"
 app = ClientApp()
 
 _worlds: dict[str, Simulation] = {}
+"""Each run's world, by its settings: built once per process (and, under
+`fedhet.deploy.worker`, once per SuperNode: forked task processes inherit it)."""
+
+announce: Callable[[dict[str, Any]], Any] | None = None
+"""Set by `fedhet.deploy.worker` in a task process: told the settings of a world built here,
+so that the warm parent can build it too."""
+
+
+def build_world(settings: dict[str, Any]) -> Simulation:
+    """The world for these settings, from the cache or built (and announced) now."""
+    from fedhet.experiments.single import resolve_settings
+
+    key = json.dumps(settings, sort_keys=True)
+    if key not in _worlds:
+        cfg, params = resolve_settings(settings, "run config")
+        _worlds[key] = Simulation(cfg, params, store=None, log=lambda _: None)
+        if announce is not None:
+            announce(settings)
+    return _worlds[key]
 
 
 def node_world(context: Context) -> Simulation:
     """The node's view of the run: data, its partition, model and algorithm (cached per process)."""
-    from fedhet.experiments.single import resolve_settings
-
     raw = context.run_config.get(SETTINGS_KEY)
     if not isinstance(raw, str):
         raise FedhetError(f"run config has no {SETTINGS_KEY!r}; start the run with `fedhet deploy`")
     settings = json.loads(raw)
     if DATA_DIR_KEY in context.node_config:
         settings["data_dir"] = str(context.node_config[DATA_DIR_KEY])
-    key = json.dumps(settings, sort_keys=True)
-    if key not in _worlds:
-        cfg, params = resolve_settings(settings, "run config")
-        _worlds[key] = Simulation(cfg, params, store=None, log=lambda _: None)
-    return _worlds[key]
+    return build_world(settings)
 
 
 def node_client_id(context: Context, world: Simulation) -> int:

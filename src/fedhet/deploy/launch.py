@@ -3,7 +3,10 @@
 `LocalFederation` starts `flower-superlink` and one `flower-supernode` per client as
 subprocesses (insecure HTTP on loopback only, runtime dependency installation, telemetry and
 update checks off, all state under a private `FLWR_HOME`), submits a fedhet run with
-`flwr run` and stops every process it started when it exits, even on error. It is what
+`flwr run` and stops every process it started when it exits, even on error. By default
+(`warm=True`) each SuperNode runs in process-isolation mode with a warm ClientApp worker next
+to it (`fedhet.deploy.worker`, `fedhet.deploy.node`); `Watchdog` ends a run as soon as any
+started process dies. It is what
 `fedhet deploy local` and the tests use; docs/deploy.md shows the same commands by hand and
 with TLS across machines.
 """
@@ -117,8 +120,11 @@ class LocalFederation:
 
     def __init__(self, num_nodes: int, workdir: Path | None = None, start_timeout: float = 60.0,
                  node_config: dict[int, dict[str, Any]] | None = None, simulation: bool = False,
-                 cpus_per_node: int = 1, tls: tuple[Path, Path, Path] | None = None) -> None:
+                 cpus_per_node: int = 1, tls: tuple[Path, Path, Path] | None = None,
+                 warm: bool = True, node_max_wait: float = 60.0) -> None:
         self.num_nodes = num_nodes
+        self.warm = warm and not simulation
+        self.node_max_wait = node_max_wait
         self.tls = tuple(Path(p).resolve() for p in tls) if tls else None
         self.simulation = simulation
         self.cpus_per_node = cpus_per_node
@@ -131,17 +137,23 @@ class LocalFederation:
         self.port = free_port()
         self.superlink: subprocess.Popen | None = None
         self.nodes: dict[int, subprocess.Popen] = {}
+        self.workers: dict[int, subprocess.Popen] = {}
+        self.node_address: dict[int, str] = {}
+        self.names: dict[int, tuple[str, Path]] = {}
         self.node_config = node_config or {}
 
     # -- processes ------------------------------------------------------------------------
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, log_name: str, args: list[str], name: str) -> subprocess.Popen:
+        """Start one process, its output in logs/LOG_NAME.log; `name` is how errors call it."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
+        log = open(self.logs / f"{log_name}.log", "ab")  # noqa: SIM115 (closed with the process)
         try:
-            return subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=self.workdir)
         finally:
             log.close()
+        self.names[proc.pid] = (name, self.logs / f"{log_name}.log")
+        return proc
 
     def start(self) -> LocalFederation:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
@@ -156,34 +168,57 @@ class LocalFederation:
             "flower-superlink", *(tls_args if self.tls else ["--insecure"]),
             "--host", HOST, "--port", str(self.port),
             "--disable-runtime-dependency-installation", *(["--simulation"] * self.simulation),
-        ])
+        ], "SuperLink")
         _wait_port(self.port, self.start_timeout, self.superlink, self.logs / "superlink.log")
         for i in range(0 if self.simulation else self.num_nodes):
             self.start_node(i)
         return self
 
-    def start_node(self, partition_id: int) -> subprocess.Popen:
+    def start_node(self, partition_id: int, superlink: str | None = None) -> subprocess.Popen:
+        """Start the SuperNode of `partition_id` (and, with `warm`, its ClientApp worker).
+
+        `superlink` overrides the address it connects to (tests use a wrong one). The node
+        gives up (and exits) after `node_max_wait` s without reaching the SuperLink, which the
+        run's watchdog then reports with the address.
+        """
         items = {"partition-id": partition_id, "num-partitions": self.num_nodes,
                  **self.node_config.get(partition_id, {})}
         config = " ".join(f"{k}={_config_value(v)}" for k, v in items.items())
-        self.nodes[partition_id] = self._spawn(f"supernode-{partition_id}", [
-            "flower-supernode",
+        address = superlink or f"{HOST}:{self.port}"
+        runtime_port = free_port()
+        self.node_address[partition_id] = address
+        name = f"SuperNode {partition_id}"
+        args = [
+            *(_fast_node_command() if self.warm else ["flower-supernode"]),
             *(["--root-certificates", str(self.tls[0])] if self.tls else ["--insecure"]),
-            "--superlink", f"{HOST}:{self.port}",
-            "--node-config", config, "--host", HOST, "--port", str(free_port()),
-        ])
+            "--superlink", address, "--max-wait-time", str(self.node_max_wait),
+            "--node-config", config, "--host", HOST, "--port", str(runtime_port),
+            *(["--isolation", "process"] if self.warm else []),
+        ]
+        self.nodes[partition_id] = self._spawn(f"supernode-{partition_id}", args, name)
+        if self.warm:
+            self.workers[partition_id] = self._spawn(f"clientapp-{partition_id}", [
+                sys.executable, "-m", "fedhet.deploy.worker", "--insecure",
+                "--runtime-api-address", f"{HOST}:{runtime_port}",
+                "--node-pid", str(self.nodes[partition_id].pid),  # lives as long as its node
+            ], f"ClientApp worker {partition_id}")
         return self.nodes[partition_id]
 
     def kill_node(self, partition_id: int) -> None:
         """Stop one SuperNode (and its ClientApp processes) without notice: SIGKILL."""
-        proc = self.nodes.pop(partition_id)
-        for pid in [proc.pid, *_children(proc.pid)]:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+        procs = [self.nodes.pop(partition_id)]
+        if partition_id in self.workers:
+            procs.append(self.workers.pop(partition_id))
+        for proc in procs:
+            self.names.pop(proc.pid, None)
+            for pid in [proc.pid, *_children(proc.pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.wait(timeout=10)
 
     def processes(self) -> list[subprocess.Popen]:
-        return [p for p in (self.superlink, *self.nodes.values()) if p is not None]
+        return [p for p in (self.superlink, *self.nodes.values(), *self.workers.values())
+                if p is not None]
 
     def all_pids(self) -> list[int]:
         return [pid for p in self.processes() for pid in (p.pid, *_children(p.pid))]
@@ -192,6 +227,7 @@ class LocalFederation:
         for proc in reversed(self.processes()):
             stop_tree(proc)
         self.nodes.clear()
+        self.workers.clear()
         self.superlink = None
 
     def __enter__(self) -> LocalFederation:
@@ -215,40 +251,210 @@ class LocalFederation:
         if self.simulation:
             args += ["--federation-config",
                      f"num-supernodes={self.num_nodes} client-resources-num-cpus={self.cpus_per_node}"]
-        return self._spawn("flwr-run", args)
+        return self._spawn("flwr-run", args, "flwr run")
 
     def run(self, app_dir: Path, out: Path, timeout: float = 3600.0,
-            run_config: list[str] | None = None) -> dict[str, Any]:
-        """Submit the run, wait until the server app finishes it, return its summary."""
+            run_config: list[str] | None = None, echo: Any = print) -> dict[str, Any]:
+        """Submit the run, wait until the server app finishes it, return its summary.
+
+        Every started process is watched (`Watchdog`): if one dies the wait ends at once with
+        a `FedhetError` naming it, and the caller's `with` stops the others.
+        """
         client = self.submit(app_dir, run_config)
+        watchdog = Watchdog(self, client, echo=echo)
         try:
-            return wait_for_run(Path(out), timeout, [client, *self.processes()], self.logs)
+            return wait_for_run(Path(out), timeout, [client, *self.processes()], self.logs,
+                                watchdog=watchdog)
         finally:
             stop_tree(client, grace=2.0)
+
+
+def _fast_node_command() -> list[str]:
+    """`flower-supernode` with its idle polls shortened (see `fedhet.deploy.node`)."""
+    return [sys.executable, "-m", "fedhet.deploy.node"]
 
 
 def _config_value(v: Any) -> str:
     return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def wait_for_run(out: Path, timeout: float, procs: list[subprocess.Popen], logs: Path) -> dict:
-    """Poll the run directory until `summary.json` says finished or the server app failed."""
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state first), or None if gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def describe_status(status: int | None) -> str:
+    """'exit code N' or 'killed by SIGKILL' for a Popen return code (negative = signal)."""
+    if status is None:
+        return "exit code unknown"
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-status).name}"
+        return f"killed by signal {-status}"
+    return f"exit code {status}"
+
+
+def _wait_status(pid: int) -> int | None:
+    """Exit status of a zombie that is not our child (/proc stat field 52), as Popen reports it."""
+    fields = _stat(pid)
+    if not fields or fields[0] != "Z" or len(fields) < 50:
+        return None
+    raw = int(fields[49])
+    return -(raw & 0x7F) if raw & 0x7F else raw >> 8
+
+
+SERVERAPP = "flwr-serverapp"
+CONNECT_FAILED = ("Connection attempt failed", "ConnectError", "Name or service not known",
+                  "Connection refused", "nodename nor servname")
+
+
+class Watchdog:
+    """Watches every process a `LocalFederation` started while a run is in flight.
+
+    `check()` raises a one-line `FedhetError` naming the first process that died (name, PID,
+    exit status) — the SuperLink, a SuperNode, a ClientApp worker, `flwr run`, or the
+    `flwr-serverapp` process the SuperLink started for this run — and echoes to `echo`, as
+    they happen: the server app's `fedhet:` lines (joins, dropped clients, the result) from
+    `flwr run --stream`, and a SuperNode that cannot reach its SuperLink, with the address.
+    """
+
+    def __init__(self, fed: LocalFederation, client: subprocess.Popen, echo: Any = print) -> None:
+        self.fed = fed
+        self.client = client
+        self.echo = echo
+        self.serverapps: dict[int, None] = {}
+        self.ignored = set(self._serverapp_pids())  # left over from an earlier run
+        self.offsets: dict[Path, int] = {}
+        self.warned: set[int] = set()
+
+    def _serverapp_pids(self) -> list[int]:
+        if self.fed.superlink is None:
+            return []
+        return [p for p in _children(self.fed.superlink.pid) if SERVERAPP in _cmdline(p)]
+
+    def _new_lines(self, path: Path) -> list[str]:
+        try:
+            with path.open("rb") as f:
+                f.seek(self.offsets.get(path, 0))
+                data = f.read()
+        except OSError:
+            return []
+        end = data.rfind(b"\n") + 1  # whole lines only
+        self.offsets[path] = self.offsets.get(path, 0) + end
+        return data[:end].decode(errors="replace").splitlines()
+
+    def echo_news(self) -> None:
+        """Print the server app's `fedhet:` lines and unreachable-SuperLink warnings."""
+        for line in self._new_lines(self.fed.logs / "flwr-run.log"):
+            if "fedhet: " in line:
+                self.echo(line[line.index("fedhet: "):].rstrip())
+        for i, proc in list(self.fed.nodes.items()):
+            lines = self._new_lines(self.fed.logs / f"supernode-{i}.log")
+            bad = [ln for ln in lines if any(k in ln for k in CONNECT_FAILED)]
+            if bad and i not in self.warned:
+                self.warned.add(i)
+                self.echo(f"warning: SuperNode {i} (PID {proc.pid}) cannot reach the SuperLink at "
+                          f"{self.fed.node_address.get(i, '?')}; retrying (see {self.fed.logs})")
+
+    def check(self) -> None:
+        """Raise if a watched process has exited (see the class docstring)."""
+        self.echo_news()
+        for pid in self._serverapp_pids():
+            if pid not in self.ignored:
+                self.serverapps.setdefault(pid)
+        for pid in self.serverapps:
+            fields = _stat(pid)
+            if fields is None or fields[0] == "Z":
+                raise FedhetError(
+                    f"the ServerApp ({SERVERAPP}, PID {pid}) died before the run finished "
+                    f"({describe_status(_wait_status(pid))}); stopped the other processes; "
+                    f"see {self.fed.logs}"
+                )
+        for proc in [*self.fed.processes(), self.client]:
+            status = proc.poll()
+            if status is None or proc is self.client:
+                continue
+            name, log = self.fed.names.get(proc.pid, ("a Flower process", self.fed.logs))
+            hint = ""
+            if name.startswith("SuperNode "):
+                i = int(name.split()[1])
+                hint = f"; it could not reach the SuperLink at {self.fed.node_address.get(i)}" \
+                    if i in self.warned or _log_mentions(log, CONNECT_FAILED) else ""
+            raise FedhetError(f"{name} (PID {proc.pid}) died with {describe_status(status)}{hint}; "
+                              f"stopped the other processes; see {log}")
+
+
+def _log_mentions(log: Path, needles: tuple[str, ...]) -> bool:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(k in text for k in needles)
+
+
+def _server_error(out: Path) -> str:
+    """One line for the error the server app wrote to OUT/error.txt."""
+    text = (out / "error.txt").read_text(errors="replace").strip()
+    lines = text.splitlines() or ["(empty)"]
+    if len(lines) == 1:
+        return lines[0]
+    return f"{lines[-1]} (traceback in {out / 'error.txt'})"
+
+
+def wait_for_run(out: Path, timeout: float, procs: list[subprocess.Popen], logs: Path,
+                 watchdog: Watchdog | None = None) -> dict:
+    """Poll the run directory until `summary.json` says finished (and `deploy.json` is
+    written) or the server app wrote `error.txt`; return the summary.
+
+    `procs[0]` is `flwr run`, `procs[1]` the SuperLink; with a `watchdog`, every process of the
+    federation is watched instead and the first that dies ends the wait with its name.
+    """
     import json
+
+    def finished() -> dict | None:
+        path = out / "summary.json"
+        if path.exists() and (out / "deploy.json").exists():
+            summary = json.loads(path.read_text())
+            if summary.get("finished"):
+                return summary
+        return None
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if (out / "error.txt").exists():
-            raise FedhetError(f"the run failed on the server: {(out / 'error.txt').read_text()}")
-        path = out / "summary.json"
-        if path.exists():
-            summary = json.loads(path.read_text())
-            if summary.get("finished") and (out / "deploy.json").exists():
-                return summary
-        if procs[0].poll() is not None and not (out / "summary.json").exists():
-            time.sleep(1.0)  # the server app may still be writing
-            if not (out / "summary.json").exists() and not (out / "error.txt").exists():
-                raise FedhetError(f"`flwr run` exited before the run started; see {logs}")
-        if any(p.poll() is not None for p in procs[1:2]):
-            raise FedhetError(f"the SuperLink exited during the run; see {logs}")
-        time.sleep(0.5)
+            raise FedhetError(f"the run failed on the server: {_server_error(out)}")
+        if (summary := finished()) is not None:
+            if watchdog is not None:
+                watchdog.echo_news()
+            return summary
+        try:
+            if watchdog is not None:
+                watchdog.check()
+            elif any(p.poll() is not None for p in procs[1:2]):
+                raise FedhetError(f"the SuperLink exited during the run; see {logs}")
+        except FedhetError:
+            if (summary := finished()) is not None:
+                return summary  # it finished just as a process exited
+            raise
+        if procs[0].poll() is not None:
+            time.sleep(2.0)  # the server app may still be writing
+            if (out / "error.txt").exists():
+                continue
+            if (summary := finished()) is not None:
+                continue
+            raise FedhetError(
+                f"flwr run (PID {procs[0].pid}) ended with {describe_status(procs[0].poll())} "
+                f"but the server app wrote no result to {out}; see {logs}"
+            )
+        time.sleep(0.2)
     raise FedhetError(f"the run did not finish within {timeout:.0f} s; see {logs}")

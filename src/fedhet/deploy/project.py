@@ -26,15 +26,20 @@ def _toml_str(s: str) -> str:
 
 def app_pyproject(
     settings: dict[str, Any], out: Path, round_timeout: float = 600.0,
-    node_wait_timeout: float = 300.0, force: bool = False,
+    node_wait_timeout: float = 300.0, force: bool = False, fast_pulls: bool = False,
 ) -> str:
-    """The text of the Flower App's `pyproject.toml` for one fedhet run."""
+    """The text of the Flower App's `pyproject.toml` for one fedhet run.
+
+    `fast_pulls` makes the server app retry a reply's not-yet-arrived parts after 0.05 s
+    instead of Flower's 1 s, 2 s, … (`fedhet deploy local` sets it: free on loopback).
+    """
     config = {
         "fedhet-settings": _toml_str(json.dumps(settings, sort_keys=True)),
         "out": _toml_str(str(Path(out).resolve())),
         "round-timeout": repr(float(round_timeout)),
         "node-wait-timeout": repr(float(node_wait_timeout)),
         "force": "true" if force else "false",
+        "fast-pulls": "true" if fast_pulls else "false",
     }
     lines = [
         "[build-system]",

@@ -38,11 +38,18 @@ OUT_KEY = "out"
 ROUND_TIMEOUT_KEY = "round-timeout"
 NODE_WAIT_KEY = "node-wait-timeout"
 FORCE_KEY = "force"
+FAST_PULLS_KEY = "fast-pulls"
 POLL_S = 0.1
 UNREACHABLE = "unreachable"
 """Error code reported for a node that did not reply in time (or that the SuperLink gave up on)."""
 
 app = ServerApp()
+
+
+def say(line: str) -> None:
+    """Print a line of the server app's progress at once (`flwr run --stream` relays it and
+    `fedhet deploy local` echoes lines starting with `fedhet:`)."""
+    print(line, flush=True)
 
 
 def exchange(
@@ -126,7 +133,7 @@ class Roster:
             )
         old = self.node_of.get(client_id)
         if old is not None:
-            self.log(f"partition-id {client_id}: SuperNode {node} replaces SuperNode {old}")
+            self.log(f"fedhet: partition-id {client_id}: SuperNode {node} replaces SuperNode {old}")
             self.ignored.add(old)
         self.node_of[client_id] = node
 
@@ -155,7 +162,7 @@ class FlowerRoundContext(Simulation):
 
     def __init__(
         self, cfg: RunConfig, params: dict[str, Any], store: RunStore | None, grid: Grid,
-        round_timeout: float, log: Any = print,
+        round_timeout: float, log: Any = say,
     ) -> None:
         super().__init__(cfg, params, store, log=log)
         self.grid = grid
@@ -215,8 +222,9 @@ class FlowerRoundContext(Simulation):
                 self.wire["up"] += wire_bytes(replies[c].content)
                 ups[c] = self._received(c, replies[c])
         for c in silent:
-            self.log(f"round {round + 1}: client {c} (SuperNode {self.roster.node_of[c]}) did not "
-                     f"reply within {self.round_timeout:.0f} s; dropped for the rest of the run")
+            self.log(f"fedhet: round {round + 1}: dropped client {c} (SuperNode "
+                     f"{self.roster.node_of[c]}): no reply within {self.round_timeout:g} s; "
+                     "left out of the rest of the run")
             self.roster.drop(c)
             self.dropped += 1
         return ups
@@ -251,6 +259,8 @@ def flower_star_round(
             rc.comm.send("device-cloud", "down", downs[client_id])
         else:
             rc.dropped += 1
+            rc.log(f"fedhet: round {round + 1}: dropped client {client_id}: its SuperNode left "
+                   "the run earlier")
     ups = rc.exchange(downs, round)
     replies = []
     for client_id in clients:
@@ -266,6 +276,10 @@ def flower_star_round(
 def main(grid: Grid, context: Context) -> None:
     """Run one fedhet experiment over the federation; results go to the run config's `out`."""
     out = Path(str(context.run_config[OUT_KEY]))
+    if context.run_config.get(FAST_PULLS_KEY, False):
+        from fedhet.deploy.node import shorten_pull_backoff
+
+        shorten_pull_backoff()
     try:
         run_experiment(grid, context, out)
     except Exception as e:
@@ -286,13 +300,16 @@ def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
     )
     t0 = time.perf_counter()
     rc.roster.wait_for_all(float(context.run_config.get(NODE_WAIT_KEY, 300.0)))
-    print(f"fedhet: {len(rc.roster.node_of)} SuperNodes joined in {time.perf_counter() - t0:.1f} s")
+    say(f"fedhet: {len(rc.roster.node_of)} SuperNodes joined in {time.perf_counter() - t0:.1f} s")
     summary = rc.run()
     summary["cum_wire_bytes"] = rc.wire["total"]
     store.write_summary(summary)
+    finished_nodes = len(rc.roster.node_of)
     atomic_write_text(out / "deploy.json", to_json({
         "nodes": {str(c): n for c, n in sorted(rc.roster.node_of.items())},
         "dropped_nodes": sorted(rc.roster.ignored), "round_timeout_s": rc.round_timeout,
+        "clients": cfg.clients, "supernodes_finished": finished_nodes,
     }))
-    print(f"fedhet: finished; final accuracy {summary['final_accuracy']:.4f}; results in {out}")
+    say(f"fedhet: finished with {finished_nodes} of {cfg.clients} SuperNodes; final accuracy "
+          f"{summary['final_accuracy']:.4f}; results in {out}")
     return summary

@@ -1,0 +1,49 @@
+"""`flower-supernode` with short waits, for federations on one machine.
+
+Flower 1.41's SuperNode sleeps a fixed 3 s whenever the SuperLink has no message for it, and
+0.5 s while it waits for a ClientApp's reply; a message's parts that are not yet there are
+re-tried after 1 s, then 2 s, … (up to 10 s). On loopback those waits, not the training, set
+the length of a round. `python -m fedhet.deploy.node ARGS` runs the unchanged
+`flower-supernode ARGS` with the sleeps capped at `FEDHET_NODE_POLL_S` seconds (default 0.2)
+and the object-pull back-off starting at 0.05 s (capped at 0.5 s): the SuperNode then asks
+the SuperLink for work up to 5 times a second, which is cheap on 127.0.0.1 but is traffic you
+may not want across a real network (use `flower-supernode` there). `fedhet deploy local`
+uses it (and `fedhet.deploy.worker` applies the same back-off to its ClientApp tasks);
+nothing else in Flower is changed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+PULL_BACKOFF_S = (0.05, 0.5)
+"""First and longest wait between tries to pull a message part that is not there yet."""
+
+
+def shorten_pull_backoff() -> None:
+    """Make Flower's object pulls in this process retry after 0.05 s instead of 1 s."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
+        fn.__kwdefaults__["initial_backoff"], fn.__kwdefaults__["backoff_cap"] = PULL_BACKOFF_S
+
+
+def main() -> None:
+    import flwr.supernode.start_client_internal as internal
+    from flwr.supernode.cli import flower_supernode
+
+    cap = float(os.environ.get("FEDHET_NODE_POLL_S", "0.2"))
+    # `start_client_internal` calls `time.sleep` through its module global `time`
+    shim = {k: getattr(time, k) for k in dir(time) if not k.startswith("_")}
+    shim["sleep"] = lambda s: time.sleep(min(s, cap))
+    internal.time = SimpleNamespace(**shim)
+    shorten_pull_backoff()
+    sys.argv[0] = "flower-supernode"
+    flower_supernode()
+
+
+if __name__ == "__main__":
+    main()

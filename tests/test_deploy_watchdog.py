@@ -1,0 +1,176 @@
+"""`fedhet deploy local` notices what goes wrong: a process of the federation that dies (the
+ServerApp killed with SIGKILL, a SuperNode that cannot reach its SuperLink), an error the
+server app wrote, and clients dropped during the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr", reason="Flower is not installed (pip install fedhet[flower])")
+
+from fedhet.deploy.launch import (  # noqa: E402
+    LocalFederation,
+    Watchdog,
+    _alive,
+    _children,
+    _wait_status,
+    describe_status,
+    stop_tree,
+    wait_for_run,
+)
+from fedhet.errors import FedhetError  # noqa: E402
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def test_exit_status_of_a_killed_process_that_is_not_our_child():
+    """The ServerApp is the SuperLink's grandchild: its status is read from the zombie."""
+    code = ("import subprocess, time\n"
+            "p = subprocess.Popen(['sleep', '60'])\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _wait_status(pid) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert describe_status(_wait_status(pid)) == "killed by SIGKILL"
+    finally:
+        parent.kill()
+        parent.wait()
+    assert describe_status(3) == "exit code 3" and describe_status(None) == "exit code unknown"
+
+
+def test_server_error_ends_the_wait_with_one_line(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "error.txt").write_text("Traceback (most recent call last):\n  ...\nValueError: boom\n")
+    idle = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(FedhetError) as e:
+            wait_for_run(out, 5, [idle, idle], tmp_path)
+    finally:
+        idle.kill()
+        idle.wait()
+    assert "\n" not in str(e.value)
+    assert "ValueError: boom" in str(e.value) and str(out / "error.txt") in str(e.value)
+
+
+def test_flwr_run_that_ends_without_a_result_is_an_error(tmp_path):
+    done = subprocess.Popen(["true"])
+    done.wait()
+    idle = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(FedhetError, match=rf"flwr run \(PID {done.pid}\) ended with exit code 0"):
+            wait_for_run(tmp_path, 10, [done, idle], tmp_path)
+    finally:
+        idle.kill()
+        idle.wait()
+
+
+def test_server_app_lines_are_echoed_as_they_happen(tmp_path):
+    fed = LocalFederation(2, workdir=tmp_path)
+    fed.logs.mkdir(parents=True)
+    log = fed.logs / "flwr-run.log"
+    log.write_text("INFO : Start `flwr-serverapp` process\nfedhet: 2 SuperNodes joined in 1.0 s\n")
+    seen: list[str] = []
+    idle = subprocess.Popen(["sleep", "30"])
+    try:
+        watchdog = Watchdog(fed, idle, echo=seen.append)
+        watchdog.check()
+        with log.open("a") as f:
+            f.write("fedhet: round 2: dropped client 1 (SuperNode 7): no reply within 5 s; left out")
+        watchdog.check()  # a partial line waits for its end
+        with log.open("a") as f:
+            f.write(" of the rest of the run\n")
+        watchdog.check()
+    finally:
+        idle.kill()
+        idle.wait()
+    assert seen == ["fedhet: 2 SuperNodes joined in 1.0 s",
+                    "fedhet: round 2: dropped client 1 (SuperNode 7): no reply within 5 s; left out "
+                    "of the rest of the run"]
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "no-such-host.invalid:9093"])
+def test_supernode_that_cannot_reach_the_superlink_is_named_with_its_address(tmp_path, address):
+    """A real `flower-supernode` pointed at a closed port / an unresolvable host: a warning
+    with the address while it retries, then the error when it gives up."""
+    fed = LocalFederation(1, workdir=tmp_path, node_max_wait=3)
+    seen: list[str] = []
+    idle = subprocess.Popen(["sleep", "300"])  # stands in for `flwr run`
+    try:
+        node = fed.start_node(0, superlink=address)
+        watchdog = Watchdog(fed, idle, echo=seen.append)
+        deadline = time.monotonic() + 120
+        with pytest.raises(FedhetError) as e:
+            while time.monotonic() < deadline:
+                watchdog.check()
+                time.sleep(0.2)
+    finally:
+        fed.stop()
+        idle.kill()
+        idle.wait()
+    message = str(e.value)
+    assert "\n" not in message
+    assert f"SuperNode 0 (PID {node.pid}) died with exit code" in message
+    assert f"could not reach the SuperLink at {address}" in message
+    assert any(f"SuperNode 0 (PID {node.pid}) cannot reach the SuperLink at {address}" in s
+               for s in seen), seen
+
+
+def test_killing_the_server_app_ends_deploy_local_at_once(tmp_path):
+    """`kill -9` of the ServerApp mid-run: `fedhet deploy local` exits non-zero within seconds
+    with one line naming it, and leaves no process behind."""
+    cmd = [sys.executable, "-m", "fedhet", "deploy", "local", "-a", "fedavg", "-d", "digits",
+           "-n", "2", "-r", "200", "--set", "lr=0.1", "--out", str(tmp_path / "out"),
+           "--keep-logs", str(tmp_path / "fed")]
+    env = {**os.environ, "PYTHONPATH": SRC, "FLWR_TELEMETRY_ENABLED": "0"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        server = None
+        while server is None and time.monotonic() < deadline and proc.poll() is None:
+            metrics = tmp_path / "out" / "metrics.csv"
+            if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:  # round 1 done
+                started = _children(proc.pid)
+                apps = [p for p in started if "flwr-serverapp" in _cmdline(p)]
+                server = apps[0] if apps else None
+            time.sleep(0.2)
+        assert server is not None, f"the run did not start: {proc.stderr.read() if proc.poll() else ''}"
+        os.kill(server, signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            stop_tree(proc)
+    assert proc.returncode != 0
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"error: the ServerApp (flwr-serverapp, PID {server}) died")
+    # its status is read from the zombie; "unknown" if its parent reaped it first
+    assert ("killed by SIGKILL" in lines[0] or "exit code unknown" in lines[0]) and "Traceback" not in err
+    assert elapsed < 30, elapsed
+    time.sleep(0.5)
+    assert not [p for p in started if _alive(p) and p != server], "Flower processes left running"
+    assert not json.loads((tmp_path / "out" / "summary.json").read_text()).get("finished") \
+        if (tmp_path / "out" / "summary.json").exists() else True
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
