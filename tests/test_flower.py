@@ -30,6 +30,7 @@ from fedhet.deploy.records import from_record, pack_state, to_record, unpack_sta
 from fedhet.deploy.server_app import FlowerRoundContext  # noqa: E402
 from fedhet.engine.rounds import ROUND_RUNNERS  # noqa: E402
 from fedhet.engine.simulation import Simulation  # noqa: E402
+from fedhet.engine.store import read_checkpoint  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.experiments.single import resolve_settings  # noqa: E402
 from fedhet.registry import NoParams  # noqa: E402
@@ -340,7 +341,7 @@ def test_superlink_and_three_supernodes_match_the_engine(tmp_path):
             cfg, params = resolve_settings(settings)
             local = Simulation(cfg, params, store=None, log=lambda _: None)
             local.run()
-            remote = torch.load(out / "checkpoint.pt", weights_only=False)["server"]["w"]
+            remote = read_checkpoint(out / "checkpoint.pt")["server"]["w"]
             assert torch.allclose(remote, local.final_state["w"], atol=1e-6, rtol=0)
 
         # kill the node of client 2 as round 2 starts: rounds 2 and 3 finish without it

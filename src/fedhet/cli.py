@@ -226,7 +226,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     summary = deploy_local(values, out, args.round_timeout, args.node_wait, args.timeout,
                            args.force, keep, simulation=args.simulation)
     print(
-        f"{summary['algorithm']} over Flower ({summary['clients']} SuperNodes): final accuracy "
+        f"{summary['algorithm']} over Flower ({summary.get('supernodes_finished', summary['clients'])} of "
+        f"{summary['clients']} SuperNodes finished): final accuracy "
         f"{summary['final_accuracy']:.4f}, {summary['total_time_s']:.1f} s of rounds; results in {out}"
     )
     return 0

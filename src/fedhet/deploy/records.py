@@ -16,6 +16,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedhet.algorithms.base import Message
+from fedhet.engine.store import SAFE_GLOBALS
 from fedhet.errors import FedhetError
 
 TENSORS = "fedhet.tensors"
@@ -67,8 +68,10 @@ def pack_state(state: Any) -> ConfigRecord:
 
 
 def unpack_state(record: ConfigRecord) -> Any:
-    # The bytes were written by this node for itself (they never cross the network).
-    return torch.load(io.BytesIO(record["state"]), map_location="cpu", weights_only=False)
+    """The state `pack_state` stored. It never crosses the network, and is still unpickled with
+    `weights_only` (tensors, containers and NumPy values only), as checkpoints are."""
+    with torch.serialization.safe_globals(SAFE_GLOBALS):
+        return torch.load(io.BytesIO(record["state"]), map_location="cpu", weights_only=True)
 
 
 def wire_bytes(obj: Any) -> int:
