@@ -21,6 +21,8 @@ Ring topologies (`ring`, `fedsr`) call `client_update` hop by hop: each hop need
 hop's model, so they stay sequential whatever the executor.
 
 A client that raises is reported as `(client_id, ClientFailure(...))`; the others go on.
+`Diverged`, `FedhetError` (a configuration error: the same for every client) and interrupts
+still end the run.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from fedhet.engine.failures import ClientFailure, Diverged
+from fedhet.errors import FedhetError
 from fedhet.training.cohort import CohortTrainer, SGDJob, unsupported_reason
 from fedhet.training.local import LocalTrainer
 
@@ -42,17 +45,19 @@ if TYPE_CHECKING:
 
 EXECUTORS = ("sequential", "batched", "auto")
 
+FATAL = (Diverged, FedhetError, KeyboardInterrupt, SystemExit)
+"""Not a client fault: a diverged run, a configuration error (one clear line), an interrupt."""
+
 LINEAR_MODELS = ("logreg", "svm")
 
 
 def resolve_device(name: str) -> torch.device:
     """`auto`: CUDA when this torch build sees a GPU, else CPU; `cuda` without one is an error."""
-    from fedhet.errors import FedhetError
-
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        build = "a CPU-only build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}, no GPU visible"
+        cuda = torch.version.cuda
+        build = "a CPU-only build" if cuda is None else f"CUDA {cuda}, no GPU visible"
         raise FedhetError(
             f"device=cuda but torch {torch.__version__} ({build}) has no usable GPU; "
             "see docs/gpu.md or use --set device=cpu"
@@ -90,11 +95,12 @@ class SequentialExecutor:
         for client_id, message in requests:
             try:
                 reply = self.sim.client_update(client_id, message, round)
-            except (Diverged, KeyboardInterrupt):
+            except FATAL:
                 raise
             except Exception as e:  # noqa: BLE001  (one client's fault is not the run's)
-                self.sim.log(f"round {round + 1}: client {client_id} failed: {failure(client_id, round, e).error}")
-                yield client_id, failure(client_id, round, e)
+                fail = failure(client_id, round, e)
+                self.sim.log(f"round {round + 1}: client {client_id} failed: {fail.error}")
+                yield client_id, fail
                 continue
             yield client_id, reply
 
@@ -195,7 +201,7 @@ class BatchedExecutor:
         for client in clients:
             client.thread.join()
             if client.error is not None:
-                if isinstance(client.error, Diverged | KeyboardInterrupt):
+                if isinstance(client.error, FATAL):
                     raise client.error
                 fail = failure(client.client_id, round, client.error)
                 sim.log(f"round {round + 1}: client {client.client_id} failed: {fail.error}")

@@ -106,8 +106,8 @@ class CohortTrainer:
         self._vgrad = vmap(grad(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None))
 
     # -- gradients --------------------------------------------------------------------------
-    def _loss(self, w, bufs, x, y, fixed):
-        tensors = {n: w[a:b].view(s) for n, (a, b, s) in zip(self.param_names, self.param_slices, strict=True)}
+    def _loss(self, ws, bufs, x, y, fixed):
+        tensors = dict(zip(self.param_names, ws, strict=True))
         tensors.update(fixed)
         seen: dict[str, torch.Tensor] = {}
         hooks = [
@@ -126,7 +126,7 @@ class CohortTrainer:
             for m in self.norms.values():
                 m.track_running_stats = True
         parts = []
-        for name, a, b, s in self.buffer_specs:
+        for name, a, b, _shape in self.buffer_specs:
             owner, _, kind = name.rpartition(".")
             old = bufs[a:b]
             if owner in seen and kind in ("running_mean", "running_var"):
@@ -152,8 +152,10 @@ class CohortTrainer:
             f"inner.{n}": b.clone() for n, b in self.model.module.named_buffers()
             if not b.is_floating_point()
         }
-        g, (loss, new_bufs) = self._vgrad(w, bufs, x, y, fixed)
-        return g, loss, new_bufs
+        n = w.shape[0]
+        ws = tuple(w[:, a:b].view(n, *s) for a, b, s in self.param_slices)
+        gs, (loss, new_bufs) = self._vgrad(ws, bufs, x, y, fixed)
+        return torch.cat([g.reshape(n, -1) for g in gs], dim=1), loss, new_bufs
 
     def _linear_gradients(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
         """Closed-form gradients for `fc.weight (k, D)`, `fc.bias (k,)` stacked per client."""
@@ -193,11 +195,13 @@ class CohortTrainer:
             part = jobs[start : start + chunk]
             try:
                 self._run(part)
-            except _FirstStepOOM:
+            except _FirstStepOOMError:
                 if chunk == 1:
                     raise
                 chunk = max(1, chunk // 2)
-                self.log(f"cohort: CUDA out of memory with {len(part)} clients stacked; retrying with {chunk}")
+                self.log(
+                    f"cohort: CUDA out of memory with {len(part)} clients stacked; retrying with {chunk}"
+                )
                 if self.x.is_cuda:
                     torch.cuda.empty_cache()
                 continue
@@ -266,7 +270,7 @@ class CohortTrainer:
                     for c in active:  # put the fetched batches back for the retry
                         iters[c] = itertools.chain([batches[c]], iters[c])
                         jobs[c].batches = iters[c]
-                    raise _FirstStepOOM from e
+                    raise _FirstStepOOMError from e
                 raise
             first = False
             losses = loss.tolist()
@@ -321,7 +325,7 @@ class CohortTrainer:
                 job.buffers_out = bufs[c].clone() if has_bufs else None
 
 
-class _FirstStepOOM(Exception):
+class _FirstStepOOMError(Exception):
     pass
 
 
