@@ -244,8 +244,10 @@ class Simulation:
         """BatchNorm statistics **[choice]**: the sample-weighted mean over every client update
         of the round, whatever the topology."""
         if self._round_buffers:
-            sizes = torch.tensor([n for n, _ in self._round_buffers], dtype=torch.float64)
             stacked = torch.stack([b.to(torch.float64) for _, b in self._round_buffers])
+            sizes = torch.tensor(
+                [n for n, _ in self._round_buffers], dtype=torch.float64, device=stacked.device
+            )
             self.buffers = ((sizes / sizes.sum()) @ stacked).to(torch.float32)
             self._round_buffers = []
 
