@@ -224,3 +224,38 @@ def test_batchnorm_model_end_to_end():
     assert seq.buffers.numel() and bat.executor_name == "batched"
     assert float((bat.final_state["w"] - seq.final_state["w"]).norm() / seq.final_state["w"].norm()) < 1e-4
     assert torch.allclose(bat.buffers, seq.buffers, atol=1e-4, rtol=1e-4)
+
+
+def test_out_of_memory_halves_the_chunk():
+    """A CUDA out-of-memory error in a chunk's first step retries it with half the clients."""
+    from fedhet.models.registry import MODELS, build_model
+
+    torch.manual_seed(0)
+    flat = FlatModel(build_model("mlp", (1, 8, 8), 10, MODELS.get("mlp").params()))
+    x, y = torch.randn(80, 1, 8, 8), torch.randint(0, 10, (80,))
+    seq, logged = LocalTrainer(flat, x, y), []
+    stacked = CohortTrainer(flat, x, y, log=logged.append)
+    real = stacked.gradients
+
+    def small_gpu(w, bufs, batch):
+        if w.shape[0] > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(w, bufs, batch)
+
+    stacked.gradients = small_gpu
+    cfg = SGDConfig(0.05)
+    plans = [torch.arange(20 * i, 20 * i + 20) for i in range(4)]
+
+    def jobs():
+        return [SGDJob(flat.params.clone(), seq.batches(ix, 8, 3, np.random.default_rng(i)), cfg)
+                for i, ix in enumerate(plans)]
+
+    got = jobs()
+    stacked.sgd_many(got)
+    assert logged == ["cohort: CUDA out of memory with 4 clients stacked; retrying with 2"]
+    stacked.gradients = real
+    want = jobs()
+    stacked.sgd_many(want)
+    for a, b in zip(got, want, strict=True):
+        assert a.error is None and a.result[1] == 3
+        assert torch.equal(a.result[0], b.result[0])
