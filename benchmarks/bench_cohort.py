@@ -14,7 +14,10 @@ figure is the median of the per-round training times (`round_time_s`, evaluation
 the first round dropped as warm-up when more than one is run.
 
     python benchmarks/bench_cohort.py [--rounds 3] [--full] [--only svm,fedavg-mlp]
-        [--devices cpu,cuda] [--out table.md]
+        [--devices cpu,cuda] [--threads 1] [--out table.md]
+
+On a CPU shared with other jobs, `--threads 1` avoids the intra-op threads waiting on each other
+(with 2 threads on a loaded 2-core machine every figure was 10-20x slower).
 """
 
 from __future__ import annotations
@@ -127,7 +130,10 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--devices", default="", help="cpu,cuda (default: cpu, and cuda if available)")
     ap.add_argument("--out", default="", help="also write the markdown table here")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     names = [n for n in args.only.split(",") if n]
     devices = [d for d in args.devices.split(",") if d] or (
         ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
