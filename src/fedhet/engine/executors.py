@@ -148,8 +148,9 @@ class _ParkingTrainer:
         job, client.job = client.job, None
         if job.error is not None:
             raise job.error
-        if job.buffers_out is not None:
+        if job.buffers_out is not None:  # what the sequential loop leaves in the shared model
             client.buffers = job.buffers_out
+            self._trainer.model.buffers.copy_(job.buffers_out)
         assert job.result is not None
         return job.result
 
