@@ -15,7 +15,15 @@ def import_graph() -> dict[str, set[str]]:
         modules[name] = path
     graph: dict[str, set[str]] = {m: set() for m in modules}
     for name, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        typing_only = {  # `if TYPE_CHECKING:` imports never run
+            id(n) for block in ast.walk(tree)
+            if isinstance(block, ast.If) and getattr(block.test, "id", "") == "TYPE_CHECKING"
+            for stmt in block.body for n in ast.walk(stmt)
+        }
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):

@@ -164,7 +164,7 @@ def sample_weights(replies: Sequence[Reply], weighting: str = "samples") -> torc
 
 def weighted_sum(weights: torch.Tensor, vectors: Sequence[torch.Tensor]) -> torch.Tensor:
     """`Σ_i p_i v_i` accumulated in float64, returned as float32."""
-    acc = torch.zeros(vectors[0].shape, dtype=torch.float64)
+    acc = torch.zeros(vectors[0].shape, dtype=torch.float64, device=vectors[0].device)
     for p, v in zip(weights.tolist(), vectors, strict=True):
         acc.add_(v.to(torch.float64), alpha=p)
     return acc.to(torch.float32)

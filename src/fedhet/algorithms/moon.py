@@ -50,7 +50,7 @@ def contrastive_loss(
     pos = F.cosine_similarity(z, z_glob, dim=1) / temperature
     neg = F.cosine_similarity(z, z_prev, dim=1) / temperature
     logits = torch.stack([pos, neg], dim=1)
-    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long))
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
 
 
 def named_params(layers: tuple[Layer, ...], flat: torch.Tensor) -> dict[str, torch.Tensor]:

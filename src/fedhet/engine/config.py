@@ -73,6 +73,13 @@ class RunConfig:
     """Probability that a sampled client is slow in a round and misses the deadline."""
     straggler_policy: Literal["drop"] = "drop"
     """What happens to a straggler's late work: `drop` (discarded; partial participation)."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model, the data and the algorithm state live: `auto` = CUDA when available."""
+    executor: Literal["sequential", "batched", "auto"] = "auto"
+    """How a round's clients run (`fedhet.engine.executors`): one after another, or stacked;
+    `auto` = batched on CUDA or for the linear models, else sequential (docs/gpu.md)."""
+    cohort_chunk: int = 0
+    """Batched executor: clients stacked at a time (0 = as many as fit ~1 GiB of stacked state)."""
     algorithm_params: dict[str, Any] = field(default_factory=dict)
     dataset_params: dict[str, Any] = field(default_factory=dict)
     partition_params: dict[str, Any] = field(default_factory=dict)
@@ -104,6 +111,15 @@ class RunConfig:
                 f"sample_fraction must be in (0, 1], got {self.sample_fraction}",
             ),
             (self.eval_every >= 1, "eval_every must be ≥ 1"),
+            (
+                self.device in ("auto", "cpu", "cuda"),
+                f"device must be auto, cpu or cuda, got {self.device!r}",
+            ),
+            (
+                self.executor in ("sequential", "batched", "auto"),
+                f"executor must be sequential, batched or auto, got {self.executor!r}",
+            ),
+            (self.cohort_chunk >= 0, f"cohort_chunk must be ≥ 0, got {self.cohort_chunk}"),
             (self.checkpoint_every >= 1, "checkpoint_every must be ≥ 1"),
             (
                 0 <= self.validation_fraction < 1,

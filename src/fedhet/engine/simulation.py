@@ -9,10 +9,10 @@ uninterrupted one would be.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,13 +20,12 @@ import torch
 
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, ClientContext, Message, RunInfo
 from fedhet.data.base import Dataset
-from fedhet.data.partition import partition_dataset
-from fedhet.data.registry import DATASETS
-from fedhet.data.split import hold_out_validation
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RunConfig
-from fedhet.engine.failures import Diverged
+from fedhet.engine.executors import choose_executor, make_executor, resolve_device
+from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.engine.faults import FaultModel
+from fedhet.engine.federate import federate
 from fedhet.engine.rounds import ROUND_RUNNERS
 from fedhet.engine.store import TIME_COLUMNS, RunStore
 from fedhet.errors import FedhetError
@@ -89,21 +88,22 @@ class Simulation:
         self.log = log
         self.on_round = on_round
         """Called with each round's metrics row once it is saved (TensorBoard, live views)."""
-        self.data = data or DATASETS.get(cfg.dataset).factory(params["dataset"], Path(cfg.data_dir))
-        if cfg.validation_fraction:
-            self.data = hold_out_validation(self.data, cfg.validation_fraction)
+        algo_cls = ALGORITHMS.get(cfg.algorithm).factory
+        fed = federate(cfg, params["dataset"], params["partition"],
+                       centralized=algo_cls.centralized, data=data)
+        self.data, parts = fed.data, fed.parts
         torch.manual_seed(cfg.seed)
         module = build_model(cfg.model, self.data.input_shape, self.data.num_classes, params["model"])
-        self.model = FlatModel(module)
-        self.trainer = LocalTrainer(self.model, self.data.x_train, self.data.y_train)
-        algo_cls = ALGORITHMS.get(cfg.algorithm).factory
-        if algo_cls.centralized:
-            parts = [np.arange(len(self.data.y_train))]
-        else:
-            parts = partition_dataset(
-                self.data, cfg.partition, cfg.clients, params["partition"], cfg.seed
-            )
+        self.device = resolve_device(cfg.device)
+        self.model = FlatModel(module.to(self.device))
         self.partition = parts
+        if self.device.type != "cpu":  # the data goes to the device once (after partitioning)
+            self.data = dataclasses.replace(
+                self.data, x_train=self.data.x_train.to(self.device),
+                y_train=self.data.y_train.to(self.device), x_test=self.data.x_test.to(self.device),
+                y_test=self.data.y_test.to(self.device),
+            )
+        self.trainer = LocalTrainer(self.model, self.data.x_train, self.data.y_train)
         self.client_indices = [torch.from_numpy(np.asarray(p, dtype=np.int64)) for p in parts]
         self.run_info = RunInfo(
             num_clients=len(parts), rounds=cfg.rounds, lr=cfg.lr, momentum=cfg.momentum,
@@ -124,6 +124,10 @@ class Simulation:
         self.w0 = self.model.params.clone()
         self.buffers = self.model.buffers.clone()
         self._round_buffers: list[tuple[int, torch.Tensor]] = []
+        self.executor_name = choose_executor(
+            cfg.executor, self.device, cfg.model_name, module
+        )
+        self.executor = make_executor(self, self.executor_name, cfg.cohort_chunk)
 
     # -- the round runner's protocol -----------------------------------------------------
     def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
@@ -134,13 +138,19 @@ class Simulation:
         return message
 
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
+        """One client, in place on the shared model (the sequential executor, ring hops)."""
+        if BUFFERS in message.tensors:
+            self.model.buffers.copy_(message.tensors[BUFFERS])
+        reply = self.run_client(client_id, message, round, self.trainer)
+        return self.finish_client(client_id, reply, self.model.buffers)
+
+    def run_client(self, client_id: int, message: Message, round: int, trainer: Any) -> Message:
+        """The algorithm's client half with `trainer` as `ctx.trainer`; keeps the client's state."""
         cfg = self.cfg
         indices = self.client_indices[client_id]
         torch.default_generator.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
-        if BUFFERS in message.tensors:
-            self.model.buffers.copy_(message.tensors[BUFFERS])
         ctx = ClientContext(
-            client_id=client_id, round=round, indices=indices, trainer=self.trainer,
+            client_id=client_id, round=round, indices=indices, trainer=trainer,
             tau=local_steps(cfg, len(indices), client_id, round), batch_size=cfg.batch_size,
             sgd=SGDConfig(learning_rate(cfg, round), cfg.momentum, cfg.weight_decay),
             seed=cfg.seed, batch_order=cfg.batch_order,
@@ -157,17 +167,28 @@ class Simulation:
                 raise
             raise Diverged(round, "local step (overflow)", client_id) from e
         self.client_states[client_id] = state
-        if self.model.buffers.numel():
-            reply.tensors[BUFFERS] = self.model.buffers.clone()
-            self._round_buffers.append((len(indices), reply.tensors[BUFFERS]))
+        return reply
+
+    def initial_buffers(self, message: Message) -> torch.Tensor | None:
+        """A client's BatchNorm statistics before its local work (None without BatchNorm)."""
+        if not self.model.buffers.numel():
+            return None
+        return message.tensors.get(BUFFERS, self.model.buffers).clone()
+
+    def finish_client(self, client_id: int, reply: Message, buffers: torch.Tensor | None) -> Message:
+        """Attach the client's final BatchNorm statistics to its reply and keep them for the
+        round's average."""
+        if buffers is not None and buffers.numel():
+            reply.tensors[BUFFERS] = buffers.clone()
+            self._round_buffers.append((len(self.client_indices[client_id]), reply.tensors[BUFFERS]))
         return reply
 
     def client_updates(
         self, round: int, requests: list[tuple[int, Message]]
-    ) -> Iterator[tuple[int, Message]]:
-        """The sequential executor: one client after another, each reply yielded as it is made."""
-        for client_id, message in requests:
-            yield client_id, self.client_update(client_id, message, round)
+    ) -> Iterator[tuple[int, Message | ClientFailure]]:
+        """The run's executor over independent clients; yields `(client_id, reply)` in request
+        order, or `(client_id, ClientFailure)` for a client that raised."""
+        yield from self.executor.run(round, requests)
 
     # -- the loop -------------------------------------------------------------------------
     def run(self, resume: bool = False, progress: bool = False) -> dict[str, Any]:
@@ -264,8 +285,10 @@ class Simulation:
         """BatchNorm statistics **[choice]**: the sample-weighted mean over every client update
         of the round, whatever the topology."""
         if self._round_buffers:
-            sizes = torch.tensor([n for n, _ in self._round_buffers], dtype=torch.float64)
             stacked = torch.stack([b.to(torch.float64) for _, b in self._round_buffers])
+            sizes = torch.tensor(
+                [n for n, _ in self._round_buffers], dtype=torch.float64, device=stacked.device
+            )
             self.buffers = ((sizes / sizes.sum()) @ stacked).to(torch.float32)
             self._round_buffers = []
 

@@ -43,8 +43,9 @@ class FlatModel:
         self.module = module
         named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         total = sum(p.numel() for _, p in named)
-        self.params = torch.empty(total)
-        self.grad = torch.zeros(total)
+        device = named[0][1].device if named else torch.device("cpu")
+        self.params = torch.empty(total, device=device)
+        self.grad = torch.zeros(total, device=device)
         kinds = {name: _kind(m) for name, m in module.named_modules()}
         layers, offset = [], 0
         for name, p in named:
@@ -57,7 +58,7 @@ class FlatModel:
             offset += n
         self.layers: tuple[Layer, ...] = tuple(layers)
         bufs = [b for _, b in module.named_buffers() if b.is_floating_point()]
-        self.buffers = torch.empty(sum(b.numel() for b in bufs))
+        self.buffers = torch.empty(sum(b.numel() for b in bufs), device=device)
         offset = 0
         for b in bufs:
             n = b.numel()

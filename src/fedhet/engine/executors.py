@@ -1,0 +1,249 @@
+"""Executors: how a round's independent client halves run (DESIGN.md "Executors").
+
+- `sequential`: one client after another, exactly today's loop (`Simulation.client_update`).
+- `batched`: the clients' local SGD runs stacked (`fedhet.training.cohort.CohortTrainer`).
+
+The batched executor keeps every algorithm's `client_update` unchanged. Each client of a chunk
+runs as a suspended coroutine: a thread per client and a baton, so exactly one thread runs at a
+time, clients start in request order, and the run is deterministic. The client's
+`ctx.trainer` is a proxy: `batches`, `gradient` and `full_gradient` go straight to the shared
+`LocalTrainer`, while `sgd(...)` parks the client. Once every client of the chunk is parked
+(or finished), the executor runs all parked `sgd` calls stacked, hands each client its result
+and resumes the clients one at a time, in order, until each finishes (or parks again).
+
+Which calls fall back to the sequential loop inside the batched executor, and why:
+- `sgd(..., loss_fn=...)` (MOON): the custom loss calls the module directly and may run
+  `functional_call` with frozen models, which the stacked gradient does not express;
+- models with dropout, or BatchNorm with `momentum=None` (`unsupported_reason`): their
+  per-client randomness or cumulative statistics are not stacked; the whole executor is then
+  sequential.
+Ring topologies (`ring`, `fedsr`) call `client_update` hop by hop: each hop needs the previous
+hop's model, so they stay sequential whatever the executor.
+
+A client that raises is reported as `(client_id, ClientFailure(...))`; the others go on.
+`Diverged`, `FedhetError` (a configuration error: the same for every client) and interrupts
+still end the run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedhet.engine.failures import ClientFailure, Diverged
+from fedhet.errors import FedhetError
+from fedhet.training.cohort import CohortTrainer, SGDJob, unsupported_reason
+from fedhet.training.local import LocalTrainer
+
+if TYPE_CHECKING:
+    from fedhet.algorithms.base import Message
+    from fedhet.engine.simulation import Simulation
+
+EXECUTORS = ("sequential", "batched", "auto")
+
+FATAL = (Diverged, FedhetError, KeyboardInterrupt, SystemExit)
+"""Not a client fault: a diverged run, a configuration error (one clear line), an interrupt."""
+
+LINEAR_MODELS = ("logreg", "svm")
+
+
+def resolve_device(name: str) -> torch.device:
+    """`auto`: CUDA when this torch build sees a GPU, else CPU; `cuda` without one is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        cuda = torch.version.cuda
+        build = "a CPU-only build" if cuda is None else f"CUDA {cuda}, no GPU visible"
+        raise FedhetError(
+            f"device=cuda but torch {torch.__version__} ({build}) has no usable GPU; "
+            "see docs/gpu.md or use --set device=cpu"
+        )
+    return torch.device(name)
+
+
+def choose_executor(name: str, device: torch.device, model: str, module: torch.nn.Module) -> str:
+    """The executor a run uses. `auto`: `batched` on CUDA, or for the linear models (closed-form
+    gradients; measured on CPU, benchmarks/RESULTS.md); else `sequential`. Any choice becomes
+    `sequential` when the model cannot be stacked (`unsupported_reason`)."""
+    if unsupported_reason(module) is not None:
+        return "sequential"
+    if name != "auto":
+        return name
+    if device.type == "cuda" or model in LINEAR_MODELS:
+        return "batched"
+    return "sequential"
+
+
+def failure(client_id: int, round: int, error: BaseException) -> ClientFailure:
+    text = str(error).strip().splitlines()
+    return ClientFailure(client_id, round, f"{type(error).__name__}: {text[0] if text else ''}")
+
+
+class SequentialExecutor:
+    """Today's loop: one client after another, each reply yielded as it is made."""
+
+    name = "sequential"
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+
+    def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
+        for client_id, message in requests:
+            try:
+                reply = self.sim.client_update(client_id, message, round)
+            except FATAL:
+                raise
+            except Exception as e:  # noqa: BLE001  (one client's fault is not the run's)
+                fail = failure(client_id, round, e)
+                self.sim.log(f"round {round + 1}: client {client_id} failed: {fail.error}")
+                yield client_id, fail
+                continue
+            yield client_id, reply
+
+
+# -- the batched executor ----------------------------------------------------------------------
+@dataclass
+class _Client:
+    client_id: int
+    message: Message
+    buffers: torch.Tensor | None
+    baton: threading.Event = field(default_factory=threading.Event)
+    """Set by the executor to let this client's thread run."""
+    yielded: threading.Event = field(default_factory=threading.Event)
+    """Set by the thread when it parks in `sgd` or finishes."""
+    job: SGDJob | None = None
+    done: bool = False
+    reply: Any = None
+    error: BaseException | None = None
+    thread: threading.Thread | None = None
+
+
+class _ParkingTrainer:
+    """`ctx.trainer` of a batched client: `sgd` parks, the rest goes to the shared trainer."""
+
+    def __init__(self, trainer: LocalTrainer, client: _Client, resume: Callable[[_Client], None]) -> None:
+        self._trainer = trainer
+        self._client = client
+        self._park = resume
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._trainer, name)
+
+    def sgd(self, w0, batches, cfg, transform=None, on_step=None, loss_fn=None):
+        client = self._client
+        if loss_fn is not None:  # MOON: run this call sequentially, right here
+            model = self._trainer.model
+            if client.buffers is not None:
+                model.buffers.copy_(client.buffers)
+            out = self._trainer.sgd(w0, batches, cfg, transform, on_step, loss_fn)
+            if client.buffers is not None:
+                client.buffers = model.buffers.clone()
+            return out
+        client.job = SGDJob(w0, iter(batches), cfg, transform, on_step, client.buffers)
+        self._park(client)
+        job, client.job = client.job, None
+        if job.error is not None:
+            raise job.error
+        if job.buffers_out is not None:  # what the sequential loop leaves in the shared model
+            client.buffers = job.buffers_out
+            self._trainer.model.buffers.copy_(job.buffers_out)
+        assert job.result is not None
+        return job.result
+
+
+class BatchedExecutor:
+    """Stacked local SGD over chunks of the cohort (see the module docstring)."""
+
+    name = "batched"
+
+    def __init__(self, sim: Simulation, chunk: int = 0) -> None:
+        self.sim = sim
+        self.chunk = chunk
+        self.cohort = CohortTrainer(sim.model, sim.trainer.x, sim.trainer.y, chunk=0, log=sim.log)
+
+    def _chunk_size(self, n: int) -> int:
+        if self.chunk > 0:
+            return self.chunk
+        # [choice] keep the stacked (w, g, momentum) state under ~1 GiB
+        per_client = 3 * 4 * max(self.sim.model.dim, 1)
+        return max(1, min(n, (1 << 30) // per_client))
+
+    def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
+        size = self._chunk_size(len(requests))
+        self.cohort.chunk = size
+        for start in range(0, len(requests), size):
+            yield from self._run_chunk(round, requests[start : start + size])
+
+    # -- one chunk ------------------------------------------------------------------------
+    def _run_chunk(self, round: int, requests: Sequence[tuple[int, Message]]):
+        sim = self.sim
+        clients = [_Client(cid, msg, sim.initial_buffers(msg)) for cid, msg in requests]
+        for client in clients:
+            client.thread = threading.Thread(
+                target=self._client_main, args=(client, round), daemon=True,
+                name=f"fedhet-client-{client.client_id}",
+            )
+            self._switch_to(client, start=True)
+        while True:
+            parked = [c for c in clients if not c.done and c.job is not None]
+            if not parked:
+                break
+            try:
+                self.cohort.sgd_many([c.job for c in parked])
+            except Exception as e:  # noqa: BLE001  (the stacked step itself failed)
+                for c in parked:
+                    c.job.error = e
+            for client in parked:
+                self._switch_to(client)
+        for client in clients:
+            client.thread.join()
+            if client.error is not None:
+                if isinstance(client.error, FATAL):
+                    raise client.error
+                fail = failure(client.client_id, round, client.error)
+                sim.log(f"round {round + 1}: client {client.client_id} failed: {fail.error}")
+                yield client.client_id, fail
+            else:
+                yield client.client_id, sim.finish_client(client.client_id, client.reply, client.buffers)
+
+    def _switch_to(self, client: _Client, start: bool = False) -> None:
+        """Give `client` the baton and wait until it parks again or finishes."""
+        if client.buffers is not None:
+            self.sim.model.buffers.copy_(client.buffers)
+        client.yielded.clear()
+        if start:
+            client.thread.start()
+        else:
+            client.baton.set()
+        client.yielded.wait()
+
+    def _park(self, client: _Client) -> None:
+        """Called on the client's thread: hand the baton back and wait to be resumed."""
+        client.baton.clear()
+        client.yielded.set()
+        client.baton.wait()
+
+    def _client_main(self, client: _Client, round: int) -> None:
+        try:
+            trainer = _ParkingTrainer(self.sim.trainer, client, self._park)
+            client.reply = self.sim.run_client(client.client_id, client.message, round, trainer)
+        except BaseException as e:  # noqa: BLE001  (reported to the executor's thread)
+            client.error = e
+        finally:
+            client.done = True
+            client.yielded.set()
+
+
+def make_executor(sim: Simulation, name: str, chunk: int = 0) -> SequentialExecutor | BatchedExecutor:
+    if name == "batched":
+        return BatchedExecutor(sim, chunk)
+    return SequentialExecutor(sim)
+
+
+__all__ = [
+    "EXECUTORS", "BatchedExecutor", "SequentialExecutor", "choose_executor", "make_executor",
+]
