@@ -53,7 +53,8 @@ def _run_values(args: argparse.Namespace) -> dict[str, Any]:
         values = apply_settings(values, _read_toml(args.config), args.config)
     flags = {
         k: getattr(args, k)
-        for k in ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed")
+        for k in ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
+                  "executor")
         if getattr(args, k) is not None
     }
     if args.data_dir:
@@ -107,7 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from fedhet.experiments.compare import compare
 
-    rows = compare(args.config, args.out, args.jobs, args.force, args.tensorboard)
+    rows = compare(args.config, args.out, args.jobs, args.force, args.tensorboard,
+                   overrides=_overrides(args))
     print(f"{len(rows)} runs; results in {args.out}/results.csv and {args.out}/summary.md")
     return 0
 
@@ -116,7 +118,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from fedhet.experiments.reproduce import reproduce
 
     out = Path(args.out or f"runs/{args.paper}-{args.scale}")
-    reproduce(args.paper, args.scale, out, args.jobs, args.force, args.tensorboard)
+    reproduce(args.paper, args.scale, out, args.jobs, args.force, args.tensorboard,
+              overrides=_overrides(args))
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
     return 0
 
@@ -242,12 +245,26 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", "-r", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--data-dir", help="where dataset files are read from (default: data)")
+    _add_device_flags(p)
     p.add_argument("--config", help="TOML file with run settings")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other setting, e.g. lr=0.1 or algorithm.mu=0.01 (repeatable)")
 
 
+def _add_device_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"),
+                   help="where models, data and state live (default auto: CUDA when present)")
+    p.add_argument("--executor", choices=("auto", "sequential", "batched"),
+                   help="how a round's clients run: one after another, or stacked (docs/gpu.md)")
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """`--device`/`--executor` of compare and reproduce: set in every run of the grid."""
+    return {k: getattr(args, k) for k in ("device", "executor") if getattr(args, k)}
+
+
 def _add_pool_flags(p: argparse.ArgumentParser) -> None:
+    _add_device_flags(p)
     p.add_argument("--jobs", "-j", type=_positive, help="parallel runs (default: number of cores)")
     p.add_argument("--force", action="store_true", help="start every run again from scratch")
     p.add_argument("--tensorboard", action="store_true",

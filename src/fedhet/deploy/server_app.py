@@ -29,6 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedhet.algorithms.base import Message, Reply
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.records import from_record, to_record, wire_bytes
+from fedhet.engine import rundir
 from fedhet.engine.config import RunConfig
 from fedhet.engine.simulation import BUFFERS, Simulation
 from fedhet.engine.store import RunStore, atomic_write_text, to_json
@@ -281,7 +282,8 @@ def main(grid: Grid, context: Context) -> None:
 
         shorten_pull_backoff()
     try:
-        run_experiment(grid, context, out)
+        with rundir.exclusive(out, "deploy"):
+            run_experiment(grid, context, out)
     except Exception as e:
         reason = str(e) if isinstance(e, FedhetError) else traceback.format_exc()
         atomic_write_text(out / "error.txt", reason)

@@ -30,6 +30,14 @@ DEFAULT_MODEL = {
 
 COMPONENTS = ("algorithm", "dataset", "partition", "model")
 
+RUNTIME = {"device", "executor", "cohort_chunk", "data_dir", "checkpoint_every"}
+"""Settings that say where and how a run computes, not what: a grid may change them between
+calls, and `--device`/`--executor` set them for every run of a grid."""
+
+RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "executor",
+             "cohort_chunk"}
+"""Settings a resumed run may change: they do not alter the rounds already done."""
+
 
 @dataclass
 class RunConfig:

@@ -21,7 +21,7 @@ import torch
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, ClientContext, Message, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.comm import CommLedger
-from fedhet.engine.config import RunConfig
+from fedhet.engine.config import RESUMABLE, RunConfig
 from fedhet.engine.executors import choose_executor, make_executor, resolve_device
 from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.engine.faults import FaultModel
@@ -354,11 +354,6 @@ def _number(value: Any) -> Any:
         return float(value) if value else float("nan")
     except ValueError:
         return value
-
-
-RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "executor",
-             "workers", "cohort_chunk"}
-"""Settings a resumed run may change: they do not alter the rounds already done."""
 
 
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:

@@ -16,12 +16,12 @@ from fedhet.engine import rundir
 from fedhet.errors import FedhetError
 from fedhet.experiments.grid import load_grid, write_manifest
 from fedhet.experiments.results import collect
-from fedhet.experiments.runner import run_specs
+from fedhet.experiments.runner import run_specs, with_overrides
 
 
 def compare(
     config: str | Path, out: str | Path, jobs: int | None = None, force: bool = False,
-    tensorboard: bool = False, stream: TextIO | None = None,
+    tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Validate the whole grid, run what is not finished, write results; returns the rows.
 
@@ -30,6 +30,7 @@ def compare(
     at the next saved round of each running run (`runner.Interrupted`); calling again resumes.
     """
     grid = load_grid(config)
+    grid.specs = with_overrides(grid.specs, overrides)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise FedhetError(f"--out {out} is a file; choose a directory")

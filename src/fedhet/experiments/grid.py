@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet.engine.config import RUNTIME
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 
@@ -278,7 +279,7 @@ def _culprit(message: str, settings: dict[str, _Setting]) -> _Setting | None:
 
 
 # -- duplicate cells ---------------------------------------------------------------------------
-NOT_A_CELL = frozenset({"data_dir", "checkpoint_every"})
+NOT_A_CELL = frozenset(RUNTIME)
 """Settings that do not change what a run computes; two runs that differ only here are one cell."""
 
 

@@ -12,7 +12,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from fedhet.engine import rundir
 from fedhet.engine.store import atomic_write_text
@@ -20,7 +20,7 @@ from fedhet.errors import FedhetError
 from fedhet.experiments.grid import cell_key, duplicate_groups, write_manifest
 from fedhet.experiments.presets import PRESETS, SCALES, Preset, RunSpec
 from fedhet.experiments.results import collect, compare_published, published_markdown
-from fedhet.experiments.runner import plan_jobs, run_specs
+from fedhet.experiments.runner import plan_jobs, run_specs, with_overrides
 
 
 def load_preset(paper: str, scale: str) -> Preset:
@@ -54,7 +54,7 @@ def _check_specs(paper: str, specs: list[RunSpec]) -> None:
 
 def reproduce(
     paper: str, scale: str, out: Path, jobs: int | None = None, force: bool = False,
-    tensorboard: bool = False, stream: TextIO | None = None,
+    tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
 ) -> Preset:
     """Run `paper`'s preset at `scale` into `out` (marked and locked like `compare`'s); returns
     the preset. Ctrl-C stops it as in `compare` (`runner.Interrupted`); calling again resumes."""
@@ -68,20 +68,20 @@ def reproduce(
     hint = f"fedhet reproduce {paper} --scale {scale} --out {shlex.quote(str(out))}"
     with rundir.exclusive(out, "reproduce"):
         rundir.mark(out, "grid")
-        _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint)
+        _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint, overrides)
     return preset
 
 
 def _run_stages(
     paper: str, scale: str, preset: Preset, out: Path, jobs: int | None, force: bool,
-    tensorboard: bool, stream: TextIO | None, hint: str,
+    tensorboard: bool, stream: TextIO | None, hint: str, overrides: dict[str, Any] | None = None,
 ) -> None:
     """Run the preset's stages in order, then write results, report.md and report.html."""
     title = f"{paper} ({scale})"
     specs: list[RunSpec] = []
     errors: dict[str, str] = {}
     for i, stage in enumerate(preset.stages, 1):
-        new = stage(out)
+        new = with_overrides(stage(out), overrides)
         _check_specs(paper, specs + new)
         plan_jobs(new, out / "runs", force)
         specs += new

@@ -8,6 +8,7 @@ stderr is a terminal, otherwise one line per finished run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedhet.engine.config import RUNTIME
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 
@@ -110,8 +112,11 @@ def run_job(job: Job) -> dict[str, Any]:
             from fedhet.experiments.tensorboard import TensorBoardLogger
 
             tensorboard = TensorBoardLogger(Path(job.out))
+        settings = job.settings
+        if job.resume:  # the run's own config, with this call's device and executor
+            settings = {k: v for k, v in job.settings.items() if k in RUNTIME} or None
         summary = execute(
-            None if job.resume else job.settings, Path(job.out), resume=job.resume, force=True,
+            settings, Path(job.out), resume=job.resume, force=True,
             log=_quiet, on_round=_stopper(job, tensorboard),
         )
         if summary.get("status") == "diverged":
@@ -129,6 +134,13 @@ def run_job(job: Job) -> dict[str, Any]:
     finally:
         if tensorboard is not None:
             tensorboard.close()
+
+
+def with_overrides(specs: list[RunSpec], overrides: dict[str, Any] | None) -> list[RunSpec]:
+    """`specs` with `overrides` (e.g. `--device cuda`) set in every run's settings."""
+    if not overrides:
+        return specs
+    return [dataclasses.replace(s, settings={**s.settings, **overrides}) for s in specs]
 
 
 def plan_jobs(
@@ -154,8 +166,9 @@ def plan_jobs(
                 saved = json.loads(config_path.read_text())
             except json.JSONDecodeError:
                 saved = None
-            if saved is not None and saved != wanted:
-                diff = sorted(k for k in wanted if saved.get(k) != wanted[k])
+            diff = sorted(k for k in wanted if saved is not None and saved.get(k) != wanted[k]
+                          and k not in RUNTIME)
+            if diff:
                 raise FedhetError(
                     f"{out} holds a run with other settings ({', '.join(diff)}); use --force to "
                     "run the grid again from scratch, or another --out"

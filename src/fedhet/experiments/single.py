@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.engine import rundir
-from fedhet.engine.config import RunConfig, apply_settings, resolve
-from fedhet.engine.simulation import RESUMABLE, Simulation, check_resumable
+from fedhet.engine.config import RESUMABLE, RunConfig, apply_settings, resolve
+from fedhet.engine.simulation import Simulation, check_resumable
 from fedhet.engine.store import RunStore
 from fedhet.errors import FedhetError
 
@@ -21,7 +21,8 @@ def check_out(out: Path, force: bool) -> None:
     """Refuse a non-empty run directory unless `force` and fedhet made it (nothing is touched)."""
     if out.exists() and not out.is_dir():
         raise FedhetError(f"--out {out} is a file; choose a directory")
-    entries = [e for e in out.iterdir() if e.name != rundir.LOCK] if out.is_dir() else []
+    entries = [e for e in out.iterdir() if e.name not in (rundir.LOCK, rundir.MARKER)] \
+        if out.is_dir() else []
     if entries and not force:
         raise FedhetError(
             f"--out {out} is not empty; use --resume to continue that run, --force to "
