@@ -98,9 +98,7 @@ class SequentialExecutor:
             except FATAL:
                 raise
             except Exception as e:  # noqa: BLE001  (one client's fault is not the run's)
-                fail = failure(client_id, round, e)
-                self.sim.log(f"round {round + 1}: client {client_id} failed: {fail.error}")
-                yield client_id, fail
+                yield client_id, failure(client_id, round, e)  # the round runner logs it
                 continue
             yield client_id, reply
 
@@ -204,9 +202,7 @@ class BatchedExecutor:
             if client.error is not None:
                 if isinstance(client.error, FATAL):
                     raise client.error
-                fail = failure(client.client_id, round, client.error)
-                sim.log(f"round {round + 1}: client {client.client_id} failed: {fail.error}")
-                yield client.client_id, fail
+                yield client.client_id, failure(client.client_id, round, client.error)
             else:
                 yield client.client_id, sim.finish_client(client.client_id, client.reply, client.buffers)
 
