@@ -68,3 +68,13 @@ def test_scaffold_with_uniform_weights_reaches_the_unweighted_optimum():
     """The paper's plain means optimise (1/N) Σ F_i, whose minimiser is the mean of the e_i."""
     w = final_w("scaffold", rounds=300, lr=0.02, algorithm_params={"weighting": "uniform"})
     assert (w - E.mean(0)).norm() < 1e-3
+
+
+def test_scaffold_with_local_momentum_reaches_the_optimum():
+    """Local momentum ρ = 0.9 with τ = (3, 8): a client's model moves by `a_i η ḡ` with
+    a_i = Σ_(t=1..τ_i) (1 − 0.9^t)/0.1 = (5.61, 28.7), not τ_i η ḡ. Option II must divide by
+    a_i η; dividing by τ_i η multiplies the c_i − c gap by about 1 − a_i/τ_i (−0.9, −2.6) a
+    round, and the run diverged. The fixed point is still Σ p_i e_i, for any η and ρ."""
+    sim = run_quadratic("scaffold", E.float(), SIZES, [3, 8], 0.01, 300, momentum=0.9)
+    w = sim.final_state["w"].double()
+    assert (w - TRUE_OPT).norm() < 1e-3

@@ -17,8 +17,15 @@ data-weighted `Δy` with a plain mean of `Δc` (SPEC.md's literal rule) makes SC
 the minimiser of `(1/N) Σ_i F_i` instead of `Σ_i p_i F_i` when client sizes differ (see
 tests/test_quadratic.py).
 
-Option II reads `(x − y)/(τ_i η)` as the mean corrected gradient, which holds for plain local
-SGD; with local momentum it is only an estimate (the paper uses plain SGD).
+Local momentum `ρ` (**[choice]**; the paper uses plain SGD): the corrected gradient
+`g − c_i + c` goes through the momentum buffer like any gradient, so after `τ_i` steps the model
+has moved by `η Σ_t a_t (g_t − c_i + c)` with weights `a_t` summing to FedNova's
+`a_i = Σ_(t=1..τ_i) (1 − ρ^t)/(1 − ρ)` (`fednova.normaliser`), not to `τ_i`. Option II therefore
+divides by `a_i η`: `c_i⁺ = c_i − c + (x − y)/(a_i η)` is then exactly the `a`-weighted mean of
+the raw gradients `g_t`, as `(x − y)/(τ_i η)` is the plain mean without momentum (`a_i = τ_i`).
+Dividing by `τ_i η` overshoots by `a_i/τ_i`: each round then multiplies the gap between `c_i` and
+`c` by about `1 − a_i/τ_i`, which diverges once `a_i/τ_i > 2` (`ρ ≳ 0.5` with a few steps;
+tests/test_quadratic.py, tests/test_baselines.py).
 
 With `c = c_i = 0` (every client's first round) the local steps are plain SGD, so the first
 round equals FedAvg's; with one client `c = c_1` always holds and SCAFFOLD follows FedAvg.
@@ -43,6 +50,7 @@ from fedhet.algorithms.base import (
     require_replies,
 )
 from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics, local_sgd_update
+from fedhet.algorithms.fednova import normaliser
 from fedhet.errors import FedhetError
 from fedhet.training.local import GradTransform
 
@@ -70,10 +78,13 @@ def option_one_variate(ctx: ClientContext, x: torch.Tensor) -> torch.Tensor:
 
 
 def option_two_variate(
-    x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, c_i: torch.Tensor | None, steps: int, lr: float
+    x: torch.Tensor, y: torch.Tensor, c: torch.Tensor, c_i: torch.Tensor | None, steps: int, lr: float,
+    momentum: float = 0.0,
 ) -> torch.Tensor:
-    """Option II: `c_i⁺ = c_i − c + (x − y)/(τ_i η)` (`c_i = 0` before the client's first round)."""
-    c_new = (x - y).div_(max(steps, 1) * lr).sub_(c)
+    """Option II: `c_i⁺ = c_i − c + (x − y)/(a_i η)` (`c_i = 0` before the client's first round),
+    `a_i = τ_i` for plain SGD and FedNova's momentum normaliser otherwise (module docstring)."""
+    moved = normaliser(max(steps, 1), lr, momentum)
+    c_new = (x - y).div_(moved * lr).sub_(c)
     return c_new if c_i is None else c_new.add_(c_i)
 
 
@@ -125,6 +136,8 @@ class Scaffold(Algorithm):
             c_new = option_one_variate(ctx, x)
         _, y, reply = local_sgd_update(message, ctx, corrected(c, c_i))
         if self.params.option == "II":
-            c_new = option_two_variate(x, y, c, c_i, int(reply.scalars["steps"]), ctx.sgd.lr)
+            c_new = option_two_variate(
+                x, y, c, c_i, int(reply.scalars["steps"]), ctx.sgd.lr, ctx.sgd.momentum
+            )
         reply.tensors["delta_c"] = c_new if c_i is None else c_new - c_i
         return reply, c_new
