@@ -136,6 +136,41 @@ def test_beta_delta_on_quadratic_match_closed_form(h):
     np.testing.assert_allclose(reply.tensors["G"].numpy(), g.mean(0), rtol=1e-5)
 
 
+def test_weight_decay_is_part_of_the_local_gradient_and_of_beta():
+    """Local steps descend `½ h‖w − c‖² + (λ/2)‖w‖²`, so `∇F_i(w_k)` must include `λ w_k` and,
+    for an isotropic `h`, `β` is the curvature of that objective, `h + λ` (issue 14 item 2:
+    without `λ w_k` in `∇F_i`, β compared gradients of two different objectives)."""
+    h, c, w0 = torch.full((3,), 2.0), torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.4, 1.0, -3.0])
+    eta, lam, tau = 0.05, 0.5, 6
+    algo, _ = quadratic_client(h, c, w0, eta)
+    trainer = LocalTrainer(FlatModel(Quadratic(h, c, w0)), torch.zeros(12, 1),
+                           torch.zeros(12, dtype=torch.long))
+    ctx = ClientContext(0, 1, torch.arange(12), trainer, 99, 4, SGDConfig(eta, 0.0, lam), 0)
+    msg = Message({"w": w0, "grad_prev": torch.ones(3)}, {"tau": float(tau)})
+    reply, _ = algo.client_update(msg, ctx, None)
+    torch.testing.assert_close(reply.tensors["grad"], h * (w0 - c) + lam * w0)
+    assert reply.scalars["beta"] == pytest.approx(2.5, rel=1e-4)
+
+
+def test_server_step_and_A_use_the_rounds_learning_rate():
+    """Under a schedule the clients step with `η_k`; the server's `w − η_k τ_k d_k` and
+    `A = η_k β² δ` must use the same `η_k`, not the run's initial `η` (issue 14 item 1)."""
+    info = RunInfo(2, 5, 0.1, 0.0, 0.0, 0, 2, ())
+    algo = FedVeca(FedVecaParams(), info)
+    state = algo.init(torch.zeros(2))
+    state.update(grad_last=torch.tensor([1.0, 0.0]), w_last=torch.tensor([1.0, 1.0]))
+
+    def reply(i: int, g: list[float], tau: int, beta: float) -> Reply:
+        scalars = {"num_samples": 1.0, "steps": float(tau), "train_loss": 0.0, "lr": 0.02,
+                   "beta": beta, "delta": 1.0}
+        return Reply(i, Message({"G": torch.tensor(g), "grad": torch.zeros(2)}, scalars))
+
+    new, diag = algo.aggregate(state, 2, [reply(0, [1.0, 0.0], 2, 1.0), reply(1, [0.0, 2.0], 4, 2.0)])
+    # τ_k = 3, d_k = (0.5, 1.0): w = −0.02 · 3 · d_k
+    torch.testing.assert_close(new["w"], torch.tensor([-0.03, -0.06]))
+    assert diag["A_0"] == pytest.approx(0.02 * 1.0) and diag["A_1"] == pytest.approx(0.02 * 4.0)
+
+
 def test_round_zero_sends_no_estimates_and_uses_initial_tau():
     h, c, w0 = torch.ones(2), torch.ones(2), torch.zeros(2)
     algo, ctx = quadratic_client(h, c, w0, 0.1)

@@ -75,6 +75,17 @@ class ClientContext:
     def num_samples(self) -> int:
         return len(self.indices)
 
+    def objective_gradient(
+        self, w: torch.Tensor, indices: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`∇F_i(w)` of the objective the local steps descend: the exact mean gradient over
+        `indices` (default: all the client's samples) plus the weight decay `λ w` that every
+        local step adds (SCAFFOLD option I, FedVeca's `∇F_i(w_k)`)."""
+        g = self.trainer.full_gradient(w, self.indices if indices is None else indices)
+        if self.sgd.weight_decay:
+            g.add_(w, alpha=self.sgd.weight_decay)
+        return g
+
     def rng(self, purpose: int = 0) -> np.random.Generator:
         """The client's random stream for this round, fixed by (seed, round, client, purpose)."""
         return stream_seed(self.seed, self.round, self.client_id, purpose)

@@ -8,7 +8,11 @@ Client `i` in round `k` runs `τ_(k,i)` plain local SGD steps from `w_k` (eq. 1)
   normalised direction with `a_i = τ_(k,i)`),
 - `∇F_i(w_k)`, its gradient at the received model over its local data (Algorithm 2 line 9)
   **[choice]** exact, over all local samples in chunks; `grad_batches > 0` estimates it from
-  that many random mini-batches of size `B` instead,
+  that many random mini-batches of size `B` instead. It is the gradient of the objective the
+  local steps descend: with `weight_decay = λ` it includes `λ w_k`, as every `g^λ` does, so
+  `β` compares like with like and `∇F(w_k)` is the gradient of the regularised global loss,
+- the round's learning rate `η_k` (a scalar; under `lr_schedule = "cosine"` it changes every
+  round), which the server uses wherever the rule has `η`,
 - from round 1 on, `β_(k,i)` and `δ_(k,i)` (Algorithm 2 lines 15–18), estimated from what the
   client really has: its per-step mini-batch gradients `g^λ` at `w^λ` **[choice]** (standing in
   for `∇F_i(w^λ)`), its own `∇F_i(w_k)`, and the server's `∇F(w_(k−1))` from the downlink:
@@ -17,10 +21,12 @@ Client `i` in round `k` runs `τ_(k,i)` plain local SGD steps from `w_k` (eq. 1)
   (`λ = 0` has `w^0 = w_k`, a zero denominator).
 
 The server (Algorithm 1) forms `∇F(w_k) = Σ p_i ∇F_i(w_k)` (eq. 8), updates
-`w_(k+1) = w_k − η τ_k d_k` with `τ_k = Σ p_i τ_(k,i)`, `d_k = Σ p_i G_(k,i)` (eq. 5), estimates
+`w_(k+1) = w_k − η_k τ_k d_k` with `τ_k = Σ p_i τ_(k,i)`, `d_k = Σ p_i G_(k,i)` (eq. 5) and the
+clients' `η_k` of this round (the paper's `η` is constant; with a schedule, the step the clients
+took), estimates
 `L_(k−1)` one round late (lines 11–16; `‖∇F(w_0)‖/‖w_0‖` at `k = 1`), keeps `L = max` so far,
 and predicts the next step counts by eq. 15,
-`τ_(k+1,i) = ⌊A_(k,i) / (A_(k,i) − α_k min_j A_(k,j))⌋` with `A = η β² δ`, reset to 2 when
+`τ_(k+1,i) = ⌊A_(k,i) / (A_(k,i) − α_k min_j A_(k,j))⌋` with `A = η_k β² δ`, reset to 2 when
 `≤ 1` and capped at `τ_max` (§IV-A4). Guards **[choice]** (SPEC.md): a non-finite or missing
 estimate keeps the previous `τ`; `A ≤ 0` or a denominator `≤ 0` gives `τ_max`; the minimum runs
 over the clients with a finite positive `A`. The floor allows a 1e-9 slack so that
@@ -35,7 +41,8 @@ server's `tau` decision. A client that was not sampled yet gets no `tau` and sta
 Per round the diagnostics hold, for every client `i`, `tau_i` (the `τ_(k,i)` it ran; NaN when
 not sampled), `beta_i`, `delta_i`, `A_i` (NaN in round 0), and `tau_k`, `tau_sum`
 (`Σ_i τ_(k,i)`, whose total over rounds is `τ_all` of §IV-A1), `L_k` (this round's estimate
-`L_(k−1)`), `L_max` and `eta_tau_L = η τ_k L` (Theorem 1's premise `≥ 1`, Fig. 4).
+`L_(k−1)`), `L_max` and `eta_tau_L = η_k τ_k L` (Theorem 1's premise `≥ 1`, Fig. 4). `β`, `δ` and `L` are
+ratios of gradient and model differences and do not involve `η`.
 """
 
 from __future__ import annotations
@@ -216,13 +223,13 @@ class FedVeca(Algorithm):
     def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
         """One pass: running `Σ p_i G_i`, `Σ p_i ∇F_i` and `Σ p_i τ_i`; per client only its
         scalars (`τ`, `β`, `δ`) are kept for eq. 15 and the diagnostics."""
-        eta = self.run.lr
         acc = WeightedMean()
         seen: list[Reply] = []
         for r in replies:
             acc.add(r, ("G", "grad"), (*CLIENT_SCALARS,))
             seen.append(Reply(r.client_id, Message({}, dict(r.message.scalars))))
         require_replies(acc.count)
+        eta = round_lr(seen, self.run.lr)
         taus = [int(r.message.scalars["steps"]) for r in seen]
         tau_k = float(acc.scalar("steps"))
         d_k = acc.mean("G")
@@ -279,19 +286,32 @@ class FedVeca(Algorithm):
         grad_local = self.local_gradient(w0, ctx)
         est = LocalEstimates(w0, grad_local, message.tensors.get("grad_prev"))
         _, steps, loss = ctx.trainer.sgd(w0, ctx.batches(tau), ctx.sgd, on_step=est)
-        scalars = {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss}
+        scalars = {
+            "num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss,
+            "lr": ctx.sgd.lr,
+        }
         if "grad_prev" in message.tensors:
             scalars.update(beta=est.beta, delta=est.delta)
         return Message({"G": est.direction(), "grad": grad_local}, scalars), state
 
     def local_gradient(self, w: torch.Tensor, ctx: ClientContext) -> torch.Tensor:
-        """`∇F_i(w_k)` (Algorithm 2 line 9): exact, or from `grad_batches` random mini-batches."""
+        """`∇F_i(w_k)` (Algorithm 2 line 9) of the objective the local steps use (weight decay
+        included): exact, or from `grad_batches` random mini-batches."""
         indices = ctx.indices
         if self.params.grad_batches:
             n = min(len(indices), self.params.grad_batches * ctx.batch_size)
             pick = np.sort(ctx.rng(GRAD_STREAM).permutation(len(indices))[:n])
             indices = indices[torch.from_numpy(pick)]
-        return ctx.trainer.full_gradient(w, indices)
+        return ctx.objective_gradient(w, indices)
+
+
+def round_lr(replies: Sequence[Reply], default: float) -> float:
+    """The round's `η_k` as the clients report it (all clients of a round share it); `default`
+    (the run's initial `η`) for replies from a client that does not send it."""
+    for r in replies:
+        if "lr" in r.message.scalars:
+            return float(r.message.scalars["lr"])
+    return default
 
 
 def _scalar(reply: Reply, name: str) -> float:

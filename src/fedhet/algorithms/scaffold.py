@@ -71,10 +71,7 @@ class ScaffoldParams:
 
 def option_one_variate(ctx: ClientContext, x: torch.Tensor) -> torch.Tensor:
     """Option I: `c_i⁺ = ∇F_i(x)` over the client's data, plus the weight decay the steps use."""
-    c_new = ctx.trainer.full_gradient(x, ctx.indices)
-    if ctx.sgd.weight_decay:
-        c_new.add_(x, alpha=ctx.sgd.weight_decay)
-    return c_new
+    return ctx.objective_gradient(x)
 
 
 def option_two_variate(
