@@ -22,6 +22,12 @@ from fedhet.training.flat import Layer
 from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
 
 SCALAR_BYTES = 8
+BUFFERS = "_buffers"
+"""Message tensor with the model's BatchNorm running statistics (flattened). The engine adds it
+to every downlink and every reply of a model that has them. An algorithm that aggregates them
+itself (the hierarchical ones: at the edge, as the model) returns the new statistics in its
+state under this key; otherwise the engine averages the round's replies with the run's
+weights (`Simulation._average_buffers`)."""
 
 
 @dataclass
@@ -216,7 +222,7 @@ class WeightedMean:
             v = reply.message.tensors[name]
             acc = self.sums.get(name)
             if acc is None:
-                acc = self.sums[name] = torch.zeros(v.shape, dtype=torch.float64)
+                acc = self.sums[name] = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
             acc.add_(v.to(torch.float64), alpha=w * (scale or {}).get(name, 1.0))
         for name in scalars:
             value = reply.message.scalars.get(name, float("nan"))
@@ -240,6 +246,7 @@ def require_replies(count: int, what: str = "aggregate") -> None:
 
 
 __all__ = [
+    "BUFFERS",
     "WeightedMean",
     "require_replies",
     "ALGORITHMS",

@@ -25,6 +25,14 @@ round (FedSR Table IV: 100 devices, a fraction sampled, 4 per ring). Within an e
 re-drawn each round from a stream fixed by (seed, round, edge). With client sampling, an edge
 works with its sampled members and is skipped when none was sampled.
 
+BatchNorm running statistics (`BUFFERS`) travel and are aggregated with the model they belong
+to **[choice]**: along a ring each device starts from its predecessor's statistics and the
+edge keeps the last device's, as it keeps the last model (eq. 14); a HierFAVG edge averages its
+devices' statistics with the model's weights after each of its `κ2` aggregations and sends the
+average down with the edge model; the cloud averages the edges' with the weights of eq. 15.
+The result goes back to the engine in the state (`BUFFERS`), so the engine does not average
+every device update of the round as it does for star topologies.
+
 SGD momentum (0.5 in FedSR §IV) restarts from zero at every hand-off **[choice]**: a device
 receives only the model, not its predecessor's momentum buffer. A device visited again in the
 same round (a later ring pass or edge iteration) reshuffles its batches from a fresh stream.
@@ -41,6 +49,7 @@ import torch
 
 from fedhet.algorithms.base import (
     ALGORITHMS,
+    BUFFERS,
     Algorithm,
     ClientContext,
     Message,
@@ -118,6 +127,20 @@ def ring_order(devices: Sequence[int], seed: int, round: int, edge: int, shuffle
         return devices
     rng = stream_seed(seed, round, edge, RING_STREAM)
     return [devices[i] for i in rng.permutation(len(devices))]
+
+
+def with_buffers(tensors: dict[str, torch.Tensor], buffers: torch.Tensor | None) -> dict:
+    """`tensors` plus the BatchNorm statistics under `BUFFERS` when the model has any."""
+    return tensors if buffers is None else {**tensors, BUFFERS: buffers}
+
+
+def mean_buffers(acc: WeightedMean) -> torch.Tensor | None:
+    """The `p`-weighted mean of the replies' BatchNorm statistics, None when they carry none."""
+    return acc.mean(BUFFERS) if BUFFERS in acc.sums else None
+
+
+def buffer_names(reply: Reply) -> tuple[str, ...]:
+    return (BUFFERS,) if BUFFERS in reply.message.tensors else ()
 
 
 @dataclass(frozen=True)
@@ -249,7 +272,8 @@ class RingOptimization(EdgeRole):
         (last,) = replies
         s = last.message.scalars
         # `holder`: the device that holds the model now, so the runner can tell a hop to itself
-        return {**state, "w": last.message.tensors["w"].clone(), "holder": last.client_id}, {
+        new = {**state, "w": last.message.tensors["w"].clone(), "holder": last.client_id}
+        return with_buffers(new, last.message.tensors.get(BUFFERS)), {
             "local_train_loss": s["loss_sum"] / max(s["hop"], 1.0),
             "ring_hops": s["hop"],
         }
@@ -292,19 +316,23 @@ class FedSR(EdgeRole):
         s = last.message.scalars
         return {
             **edge, "w": last.message.tensors["w"], "samples": s["ring_samples"],
-            "loss": s["loss_sum"] / max(s["hop"], 1.0),
+            "loss": s["loss_sum"] / max(s["hop"], 1.0), "buffers": last.message.tensors.get(BUFFERS),
         }
 
     def edge_report(self, edge: dict) -> Message:
-        return Message({"w": edge["w"]}, {"num_samples": edge["samples"], "train_loss": edge["loss"]})
+        return Message(
+            with_buffers({"w": edge["w"]}, edge.get("buffers")),
+            {"num_samples": edge["samples"], "train_loss": edge["loss"]},
+        )
 
     def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
-        """`w_glob = Σ_m (|D_m| / |D|) w^m` over the edges that took part (eq. 15); one pass."""
+        """`w_glob = Σ_m (|D_m| / |D|) w^m` over the edges that took part (eq. 15), and the
+        edges' BatchNorm statistics with the same weights; one pass."""
         acc = WeightedMean()
         for r in replies:
-            acc.add(r, ("w",), ("train_loss",))
+            acc.add(r, ("w", *buffer_names(r)), ("train_loss",))
         require_replies(acc.count)
-        return {**state, "w": acc.mean("w")}, {
+        return with_buffers({**state, "w": acc.mean("w")}, mean_buffers(acc)), {
             "local_train_loss": acc.scalar("train_loss"), "edges": float(acc.count)
         }
 
@@ -365,21 +393,31 @@ class HierFAVG(EdgeRole):
         over the devices that returned, in one pass."""
         acc = WeightedMean()
         for r in replies:
-            acc.add(r, ("delta",), ("train_loss",))
+            acc.add(r, ("delta", *buffer_names(r)), ("train_loss",))
         require_replies(acc.count, "edge_aggregate")
         delta = edge["delta"] + acc.mean("delta")
         loss = acc.scalar("train_loss")
-        return {**edge, "delta": delta, "samples": acc.total, "losses": [*edge["losses"], loss]}
+        new = {**edge, "delta": delta, "samples": acc.total, "losses": [*edge["losses"], loss]}
+        buffers = mean_buffers(acc)
+        if buffers is not None:  # the edge's BatchNorm statistics go down with its model
+            new["extra"] = {**edge["extra"], BUFFERS: buffers}
+        return new
 
     def edge_report(self, edge: dict) -> Message:
         loss = float(np.mean(edge["losses"]))
-        return Message({"delta": edge["delta"]}, {"num_samples": edge["samples"], "train_loss": loss})
+        return Message(
+            with_buffers({"delta": edge["delta"]}, edge["extra"].get(BUFFERS)),
+            {"num_samples": edge["samples"], "train_loss": loss},
+        )
 
     def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+        """`w_glob ← w_glob + Σ_m (|D_m|/|D|) Δ^m`, and the edges' BatchNorm statistics averaged
+        with the same weights."""
         acc = WeightedMean()
         for r in replies:
-            acc.add(r, ("delta",), ("train_loss",))
+            acc.add(r, ("delta", *buffer_names(r)), ("train_loss",))
         require_replies(acc.count)
-        return {**state, "w": state["w"] + acc.mean("delta")}, {
+        new = with_buffers({**state, "w": state["w"] + acc.mean("delta")}, mean_buffers(acc))
+        return new, {
             "local_train_loss": acc.scalar("train_loss"), "edges": float(acc.count)
         }

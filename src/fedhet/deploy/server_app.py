@@ -26,12 +26,12 @@ from flwr.app import Context
 from flwr.app import Message as FlowerMessage
 from flwr.serverapp import Grid, ServerApp
 
-from fedhet.algorithms.base import Message, Reply
+from fedhet.algorithms.base import BUFFERS, Message, Reply
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.records import from_record, to_record, wire_bytes
 from fedhet.engine import rundir
 from fedhet.engine.config import RunConfig
-from fedhet.engine.simulation import BUFFERS, Simulation
+from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, atomic_write_text, to_json
 from fedhet.errors import FedhetError
 
@@ -233,7 +233,7 @@ class FlowerRoundContext(Simulation):
     def _received(self, client_id: int, reply: FlowerMessage) -> Message:
         up, _ = from_record(reply.content)
         if BUFFERS in up.tensors:
-            self._round_buffers.append((len(self.client_indices[client_id]), up.tensors[BUFFERS]))
+            self._round_buffers.append((self.buffer_weight(client_id), up.tensors[BUFFERS]))
         return up
 
     def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedhet.algorithms.base import ALGORITHMS, Algorithm, ClientContext, Message, RunInfo
+from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Algorithm, ClientContext, Message, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RESUMABLE, RunConfig
@@ -33,7 +33,6 @@ from fedhet.models.registry import build_model
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig, evaluate, stream_seed
 
-BUFFERS = "_buffers"
 _UNSET = object()
 
 
@@ -180,8 +179,16 @@ class Simulation:
         round's average."""
         if buffers is not None and buffers.numel():
             reply.tensors[BUFFERS] = buffers.clone()
-            self._round_buffers.append((len(self.client_indices[client_id]), reply.tensors[BUFFERS]))
+            self._round_buffers.append((self.buffer_weight(client_id), reply.tensors[BUFFERS]))
         return reply
+
+    def buffer_weight(self, client_id: int) -> float:
+        """A client's weight in the BatchNorm average: `1` when the algorithm weights clients
+        uniformly (`weighting="uniform"`, FedNNNN's unbalanced setting), else `D_i` — the
+        weights of the model average."""
+        if getattr(self.algorithm.params, "weighting", "samples") == "uniform":
+            return 1.0
+        return float(len(self.client_indices[client_id]))
 
     def client_updates(
         self, round: int, requests: list[tuple[int, Message]]
@@ -227,7 +234,7 @@ class Simulation:
                         "above); when no client survives, it is a bug or a bad setting, not a "
                         "simulated fault"
                     )
-                self._average_buffers()
+                state = self._average_buffers(state)
                 train_time = time.perf_counter() - t0
                 scalars = {
                     n: float(v) for n, v in diag.items() if isinstance(v, int | float | np.floating)
@@ -281,16 +288,25 @@ class Simulation:
             self.store.write_summary(summary)
         return summary
 
-    def _average_buffers(self) -> None:
-        """BatchNorm statistics **[choice]**: the sample-weighted mean over every client update
-        of the round, whatever the topology."""
-        if self._round_buffers:
+    def _average_buffers(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The round's BatchNorm statistics, aggregated as the model is **[choice]**.
+
+        An algorithm that aggregates them itself returns them under `BUFFERS` in its state
+        (hierarchical topologies: the edges average their devices' statistics with the model,
+        the cloud the edges'); they are taken out of the state here. Otherwise (star
+        topologies) the engine averages the statistics of every client update of the round with
+        the run's weights (`buffer_weight`: `D_i`, or 1 with `weighting="uniform"`)."""
+        if BUFFERS in state:
+            state = dict(state)
+            self.buffers = state.pop(BUFFERS).to(self.buffers.device, torch.float32)
+        elif self._round_buffers:
             stacked = torch.stack([b.to(torch.float64) for _, b in self._round_buffers])
-            sizes = torch.tensor(
-                [n for n, _ in self._round_buffers], dtype=torch.float64, device=stacked.device
+            weights = torch.tensor(
+                [w for w, _ in self._round_buffers], dtype=torch.float64, device=stacked.device
             )
-            self.buffers = ((sizes / sizes.sum()) @ stacked).to(torch.float32)
-            self._round_buffers = []
+            self.buffers = ((weights / weights.sum()) @ stacked).to(torch.float32)
+        self._round_buffers = []
+        return state
 
     def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:
         cfg = self.cfg
