@@ -197,6 +197,22 @@ def test_fednova_with_equal_steps_equals_fedavg():
     assert torch.allclose(fedavg, fednova, atol=1e-6)
 
 
+@pytest.mark.parametrize(("baseline", "settings"), [
+    ("fedprox", {"algorithm_params": {"mu": 0.5}}),
+    ("fedavg", {"momentum": 0.5}),
+    ("fedprox", {"algorithm_params": {"mu": 0.5}, "momentum": 0.5}),
+])
+def test_fednova_default_tau_eff_takes_the_baselines_step_with_equal_steps(baseline, settings):
+    """With equal τ_i, `τ_eff = Σ p_i a_i` makes FedNova's step FedProx's (μ > 0) or local
+    momentum FedAvg's exactly; eq. 8's literal `Σ p_i τ_i` (`tau_eff="steps"`) does not."""
+    base = final(baseline, rounds=3, **settings)
+    nova = final("fednova", rounds=3, **settings)
+    assert torch.allclose(base, nova, atol=1e-5)
+    params = {**settings.get("algorithm_params", {}), "tau_eff": "steps"}
+    literal = final("fednova", rounds=3, **{**settings, "algorithm_params": params})
+    assert not torch.allclose(base, literal, atol=1e-3)
+
+
 def test_fednova_with_heterogeneous_steps_differs_from_fedavg():
     settings = {"rounds": 2, "client_steps": [1, 2, 4, 8, 16]}
     assert not torch.allclose(final("fedavg", **settings), final("fednova", **settings), atol=1e-4)

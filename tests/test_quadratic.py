@@ -12,6 +12,7 @@ travel to its own optimum, and fewer rounds suffice. At `η = 0.004` the exact l
 
 from __future__ import annotations
 
+import pytest
 import torch
 from quadratic import run_quadratic
 
@@ -78,3 +79,57 @@ def test_scaffold_with_local_momentum_reaches_the_optimum():
     sim = run_quadratic("scaffold", E.float(), SIZES, [3, 8], 0.01, 300, momentum=0.9)
     w = sim.final_state["w"].double()
     assert (w - TRUE_OPT).norm() < 1e-3
+
+
+def _weight_sums(tau: int, lr: float, rho: float, mu: float) -> tuple[float, float]:
+    """`(a, b)` for `τ` local steps with momentum ρ and proximal μ on `½‖x − e‖²`: `a` weights
+    the gradients (unit gradients, FedNova's normaliser); `b` gives the exact local move
+    `Δ = −η b (w − e)` (gradient `(1 + μ) u + (w − e)` at displacement `u`)."""
+    a = _scalar_run(tau, lr, rho, lambda u: 1.0 + mu * u)
+    b = _scalar_run(tau, lr, rho, lambda u: (1.0 + mu) * u + 1.0)
+    return a, b
+
+
+def _scalar_run(tau: int, lr: float, rho: float, grad) -> float:
+    u = v = 0.0
+    for _ in range(tau):
+        v = rho * v + grad(u)
+        u -= lr * v
+    return -u / lr
+
+
+def _reference_code_normaliser(tau: int, lr: float, rho: float, mu: float) -> float:
+    """The authors' counters (JYWa/FedNova, distoptim/FedNova.py), for comparison only."""
+    vec = counter = 0.0
+    for _ in range(tau):
+        counter = counter * rho + 1
+        vec += counter
+        vec = vec * (1 - lr * mu) + 1
+    return vec
+
+
+def _fixed_point(steps, lr, rho, mu, normaliser) -> torch.Tensor:
+    """`Σ p_i d_i(w) = 0` with `d_i = (b_i/a_i)(w − e_i)`: `w* = Σ p_i r_i e_i / Σ p_i r_i`."""
+    r = torch.tensor([_weight_sums(t, lr, rho, mu)[1] / normaliser(t, lr, rho, mu) for t in steps],
+                     dtype=torch.float64)
+    return (P * r) @ E / (P * r).sum()
+
+
+@pytest.mark.parametrize("tau_eff", ["normaliser", "steps"])
+def test_fednova_with_proximal_term_and_momentum_reaches_its_exact_fixed_point(tau_eff):
+    """FedNova + FedProx (μ = 0.5) + local momentum (ρ = 0.5), τ = (1, 3), η = 0.05: at this η the
+    exact fixed point is `Σ p_i r_i e_i / Σ p_i r_i` with `r_i = b_i/a_i`. `τ_eff` only scales the
+    server step, so both choices land on it; the authors' counter-sum normaliser would put the
+    fixed point elsewhere (checked to be far enough away for this test to tell them apart)."""
+    from fedhet.algorithms.fednova import normaliser
+
+    steps, lr, rho, mu = [1, 3], 0.05, 0.5, 0.5
+    ours = _fixed_point(steps, lr, rho, mu, lambda t, *_: _weight_sums(t, lr, rho, mu)[0])
+    assert all(
+        normaliser(t, lr, rho, mu) == pytest.approx(_weight_sums(t, lr, rho, mu)[0]) for t in steps
+    )
+    theirs = _fixed_point(steps, lr, rho, mu, _reference_code_normaliser)
+    assert (ours - theirs).norm() > 0.02
+    sim = run_quadratic("fednova", E.float(), SIZES, steps, lr, 400, momentum=rho,
+                        algorithm_params={"mu": mu, "tau_eff": tau_eff})
+    assert (sim.final_state["w"].double() - ours).norm() < 1e-5

@@ -7,10 +7,22 @@ normalised direction `d_i = −Δ_i / (η a_i)` and `a_i = ‖a_i‖₁`, the su
 - plain SGD: `a_i = τ_i`;
 - local momentum `ρ`: `a_i = Σ_(t=1..τ_i) (1 − ρ^t)/(1 − ρ)`;
 - proximal `μ`: `a_i = Σ_(t=0..τ_i−1) (1 − ημ)^t`;
-- both **[choice]**: the same sum for the combined linear recursion (`normaliser`), where the
-  reference code adds the two counters instead.
-The server sets `τ_eff = Σ_i p_i a_i` and `w_(k+1) = w_k − η τ_eff Σ_i p_i d_i`; with server
-momentum `γ > 0`: `u_(k+1) = γ u_k + τ_eff Σ_i p_i d_i`, `w_(k+1) = w_k − η u_(k+1)`.
+- both: the proximal gradient `μ (w − w_k)` enters the momentum buffer with the data gradient
+  (as in the authors' code, where the proximal term is added to the buffer in place), and `a_i`
+  is the exact weight sum of that linear recursion (`normaliser`, checked against real local
+  SGD in tests/test_baselines.py). The authors' code instead adds the two counters
+  (`a ← (a + Σ ρ^s)(1 − ημ) + 1` per step), which for one step gives `2 − ημ` where the single
+  gradient's weight is 1; its fixed point on the quadratic is then not FedNova's
+  (tests/test_quadratic.py).
+The server sets `τ_eff` and `w_(k+1) = w_k − η τ_eff Σ_i p_i d_i`; with server momentum `γ > 0`:
+`u_(k+1) = γ u_k + τ_eff Σ_i p_i d_i`, `w_(k+1) = w_k − η u_(k+1)`. `τ_eff` scales the server
+step and does not move the fixed point:
+- `tau_eff = "normaliser"` (default, SPEC.md): `τ_eff = Σ_i p_i a_i`, so with equal `τ_i`
+  FedNova takes exactly FedAvg's (FedProx's, FedAvg-with-momentum's) step;
+- `tau_eff = "steps"`: `τ_eff = Σ_i p_i τ_i`, eq. 8 of the paper as written, and what the
+  authors' code uses when `μ > 0` (with `μ = 0` it uses `Σ p_i a_i`, as the default does).
+  With `μ > 0` it enlarges the step by `Σ p_i τ_i / Σ p_i a_i`; with momentum it shrinks it by
+  about `1 − ρ`.
 The reply also carries the round's `η` as a scalar, so the server's step matches the clients'
 under a learning-rate schedule. With equal `τ_i` and neither momentum nor `μ`, this is FedAvg
 (up to rounding).
@@ -65,6 +77,8 @@ class FedNovaParams:
     server_momentum: float = 0.0
     """Server momentum `γ` (the reference code's `gmf`); 0 disables it."""
     weighting: Literal["samples", "uniform"] = "samples"
+    tau_eff: Literal["normaliser", "steps"] = "normaliser"
+    """`Σ p_i a_i` (default) or `Σ p_i τ_i` (eq. 8 as written; the reference code with μ > 0)."""
 
     def validate(self) -> None:
         if not (self.mu >= 0 and math.isfinite(self.mu)):
@@ -85,7 +99,8 @@ class FedNova(Algorithm):
         return state
 
     def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
-        """One pass: `τ_eff = Σ p_i a_i` and `Σ p_i d_i` over the clients that returned."""
+        """One pass: `τ_eff` (`Σ p_i a_i`, or `Σ p_i τ_i`) and `Σ p_i d_i` over the clients that
+        returned."""
         acc = WeightedMean(self.params.weighting)
         a: dict[int, float] = {}
         lr = None
@@ -95,7 +110,7 @@ class FedNova(Algorithm):
             if lr is None:
                 lr = r.message.scalars["lr"]
         require_replies(acc.count)
-        tau_eff = acc.scalar("a")
+        tau_eff = acc.scalar("a" if self.params.tau_eff == "normaliser" else "steps")
         step = acc.mean("d").mul_(tau_eff)
         new = dict(state)
         if self.params.server_momentum:
