@@ -42,6 +42,9 @@ class DirichletParams:
     alpha: float = 0.5
     min_size: int = 10
     max_tries: int = 1000
+    balance: Literal["none", "niid-bench"] = "none"
+    """`niid-bench`: a client already holding ≥ N/n samples gets no share of later classes
+    (NIID-Bench's `noniid-labeldir`); `none` lets any client take any share."""
 
     def validate(self) -> None:
         if not self.alpha > 0:
@@ -50,26 +53,48 @@ class DirichletParams:
             raise FedhetError("partition.min_size must be ≥ 0")
 
 
+def _dirichlet_draw(
+    labels: np.ndarray, n_clients: int, params: DirichletParams, rng: np.random.Generator
+) -> list[np.ndarray] | None:
+    """One draw: class c's samples, shuffled, are cut at the cumulative shares of `q ~ Dir(α 1_n)`.
+
+    With `balance="niid-bench"` (Li et al., "Federated Learning on Non-IID Data Silos", ICDE 2022,
+    §IV-A label-distribution skew, as their `partition_data` does it) a client holding ≥ N/n
+    samples before class c gets `q_i = 0`, the others' shares renormalised. **[choice]** The cuts
+    are taken on `cumsum(q) / cumsum(q)[-1]`, so a client with `q_i = 0` gets exactly nothing
+    (NIID-Bench's float rounding can hand it one sample). `None`: every open client's share
+    underflowed to 0 (tiny α), a failed draw.
+    """
+    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
+    sizes = np.zeros(n_clients, dtype=np.int64)
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        q = rng.dirichlet(np.full(n_clients, params.alpha))
+        if params.balance == "niid-bench":
+            cum = np.cumsum(np.where(sizes < len(labels) / n_clients, q, 0.0))
+            if cum[-1] == 0:
+                return None
+            cuts = (cum[:-1] / cum[-1] * len(idx)).astype(int)
+        else:
+            cuts = (np.cumsum(q)[:-1] * len(idx)).astype(int)
+        for i, piece in enumerate(np.split(idx, cuts)):
+            parts[i].append(piece)
+            sizes[i] += len(piece)
+    return [np.sort(np.concatenate(p)) for p in parts]
+
+
 @PARTITIONS.register("dirichlet", DirichletParams, "per class q ~ Dir(α·1), split accordingly")
 def dirichlet(labels: np.ndarray, n_clients: int, params: DirichletParams, rng: np.random.Generator):
-    """Per class `q ~ Dir(α 1_N)`; redraw until each client holds ≥ `min_size` samples."""
+    """Per class `q ~ Dir(α 1_N)` (`_dirichlet_draw`); redraw until each client holds ≥ `min_size`."""
     _check_clients(labels, n_clients)
     if params.min_size * n_clients > len(labels):
         raise FedhetError(
             f"partition.min_size={params.min_size} × {n_clients} clients exceeds the "
             f"{len(labels)} samples; lower partition.min_size or use fewer clients"
         )
-    classes = np.unique(labels)
     for _ in range(params.max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
-        for c in classes:
-            idx = rng.permutation(np.flatnonzero(labels == c))
-            q = rng.dirichlet(np.full(n_clients, params.alpha))
-            cuts = (np.cumsum(q)[:-1] * len(idx)).astype(int)
-            for i, piece in enumerate(np.split(idx, cuts)):
-                parts[i].append(piece)
-        out = [np.sort(np.concatenate(p)) for p in parts]
-        if min(len(p) for p in out) >= params.min_size:
+        out = _dirichlet_draw(labels, n_clients, params, rng)
+        if out is not None and min(len(p) for p in out) >= params.min_size:
             return out
     raise FedhetError(
         f"Dirichlet α={params.alpha} gave a client with fewer than {params.min_size} samples "
