@@ -49,6 +49,12 @@ def test_list_form_and_unlisted_samples_are_unused(tmp_path):
     assert sum(map(len, parts)) == 6  # of 600 samples: the rest belong to no client
 
 
+def test_a_byte_order_mark_is_accepted(tmp_path):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf[[4], [2, 1]]")
+    assert as_lists(read(str(path), 2)) == [[4], [1, 2]]
+
+
 def test_seed_does_not_change_the_split(tmp_path):
     path = write(tmp_path, [[1, 2], [3]])
     params = PARTITIONS.params("file", {"path": path})

@@ -289,7 +289,7 @@ def _json_kind(value: Any) -> str:
 def _read_json(path: str) -> Any:
     where = f"partition.path={path}"
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a BOM (Windows tools) is fine
     except FileNotFoundError:
         raise FedhetError(f"{where}: no such file; give the JSON file of client → sample indices") from None
     except OSError as e:
