@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import numpy as np
@@ -42,6 +43,7 @@ LABEL_SETS = {"balanced": balanced(), "ragged": ragged(), "binary": balanced(150
 SCHEMES = [
     ("iid", {}),
     ("dirichlet", {"alpha": 0.5, "min_size": 2}),
+    ("dirichlet", {"alpha": 0.5, "min_size": 2, "balance": "niid-bench"}),
     ("label-per-client", {}),
     ("half-iid", {}),
     ("shards", {"xi": 2}),
@@ -153,6 +155,42 @@ def test_dirichlet_min_size_and_concentration():
     assert top_share(skewed) > 0.6 > 0.25 > top_share(flat)
 
 
+def test_dirichlet_default_draw_is_unchanged():
+    """`balance="none"` (the default) is the draw fedhet made before the option existed."""
+    parts = split(balanced(), "dirichlet", 7, 0)
+    assert [len(p) for p in parts] == [84, 65, 111, 54, 65, 96, 125]
+    digest = hashlib.sha256(b"".join(p.astype(np.int64).tobytes() for p in parts)).hexdigest()
+    assert digest.startswith("88b7ace62514f032")
+
+
+def test_dirichlet_niid_bench_stops_filling_clients_past_n_over_clients():
+    """NIID-Bench rule: a client takes a share of class c only while it holds < N/n samples, i.e.
+    ≤ ⌈N/n⌉ − 1 before its last class, so it ends with ≤ ⌈N/n⌉ − 1 + max_c |c| samples.
+    Plain Dirichlet has no such cap and passes the bound for these labels."""
+    labels, n = balanced(20, 50), 10  # N = 1000 in 50 classes of 20: bound 99 + 20 = 119
+    bound = math.ceil(len(labels) / n) - 1 + np.bincount(labels).max()
+    seeds = range(20)
+    capped = [split(labels, "dirichlet", n, s, balance="niid-bench") for s in seeds]
+    plain = [split(labels, "dirichlet", n, s) for s in seeds]
+    assert max(len(p) for parts in capped for p in parts) <= bound
+    assert min(len(p) for parts in capped for p in parts) >= 10  # min_size's default
+    assert max(len(p) for parts in plain for p in parts) > bound
+    cv = lambda runs: np.mean([np.std([len(p) for p in r]) / np.mean([len(p) for p in r]) for r in runs])  # noqa: E731
+    assert cv(capped) < 0.7 * cv(plain)
+
+
+def test_dirichlet_niid_bench_gives_no_sample_to_a_full_client():
+    """Two classes, 2 clients: whichever client passes N/2 on the first class gets none of the second."""
+    labels = np.repeat([0, 1], [300, 100])
+    full_got = {"niid-bench": [], "none": []}  # class-1 samples of a client holding ≥ 200 after class 0
+    for balance, got in full_got.items():
+        for seed in range(10):
+            counts = label_counts(labels, split(labels, "dirichlet", 2, seed, min_size=1, balance=balance), 2)
+            got += [row[1] for row in counts if row[0] >= 200]
+    assert len(full_got["niid-bench"]) >= 5 and not any(full_got["niid-bench"])
+    assert any(full_got["none"])
+
+
 @pytest.mark.parametrize("exponent", [0.5, 1.0, 2.0])
 def test_power_law_sizes_follow_rank_law(exponent):
     n, n_clients, m = 5000, 20, 10
@@ -216,6 +254,7 @@ def test_impossible_requests(name, n_clients, values, message):
         ("unbalanced", {"exponent": -1}, "exponent must be"),
         ("unbalanced", {"exponent": "nan"}, "exponent must be"),
         ("unbalanced", {"labels": "dirichlet"}, "must be one of iid, shards"),
+        ("dirichlet", {"balance": "fedlab"}, "partition.balance must be one of none, niid-bench"),
         ("unbalanced", {"min_size": 0}, "min_size must be ≥ 1"),
         ("shards", {"alpha": 1}, "unknown parameter partition.alpha"),
     ],

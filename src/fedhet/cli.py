@@ -178,7 +178,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from fedhet.experiments.partition_report import describe_partition
 
     values = _run_values(args)
-    describe_partition(values, heatmap=args.heatmap)
+    describe_partition(values, heatmap=args.heatmap, indices=args.save_indices)
     return 0
 
 
@@ -310,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     part = sub.add_parser("partition", help="per-client sizes and label counts of a partition")
     _add_run_flags(part)
     part.add_argument("--heatmap", help="save a clients × labels heatmap PNG here")
+    part.add_argument("--save-indices", metavar="FILE",
+                      help='write {"0": [sample indices], ...} as JSON (read by --partition file)')
     part.set_defaults(func=cmd_partition)
     dep = sub.add_parser("deploy", help="run on Flower: SuperLink + SuperNodes (docs/deploy.md)")
     dep.add_argument("mode", choices=["local", "app"],

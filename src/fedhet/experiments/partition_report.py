@@ -1,4 +1,5 @@
-"""`fedhet partition`: who holds what — per-client sizes and label counts, and a heatmap.
+"""`fedhet partition`: who holds what — per-client sizes and label counts, a heatmap, and the
+client → sample indices as JSON (what `--partition file` reads back).
 
 Settings resolve exactly as for `fedhet run`, so the partition shown is the one a run with the
 same settings trains on (same dataset, partitioner, parameters, clients and seed).
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.data.partition import PARTITIONS, label_counts
+from fedhet.data.partition import PARTITIONS, label_counts, write_index_map
 from fedhet.data.registry import DATASETS
 from fedhet.engine.config import RunConfig
 from fedhet.engine.federate import federate
@@ -24,9 +25,12 @@ FULL_TABLE_MAX_LABELS = 20
 
 
 def describe_partition(
-    values: dict[str, Any], heatmap: str | Path | None = None, out: Callable[[str], None] = print
+    values: dict[str, Any], heatmap: str | Path | None = None, out: Callable[[str], None] = print,
+    indices: str | Path | None = None,
 ) -> np.ndarray:
-    """Print the partition that `values` (run settings) describe; returns `counts[client, label]`."""
+    """Print the partition that `values` (run settings) describe; returns `counts[client, label]`.
+
+    `indices`: also write each client's training-sample indices there (`write_index_map`)."""
     cfg, data_params, part_params = resolve_data(values)
     fed = federate(cfg, data_params, part_params)
     data, parts = fed.data, fed.parts
@@ -42,6 +46,9 @@ def describe_partition(
     if heatmap:
         save_heatmap(counts, Path(heatmap), f"{data.name} · {cfg.partition}({settings})")
         out(f"heatmap saved to {heatmap}")
+    if indices:
+        write_index_map(parts, indices)
+        out(f"indices saved to {indices} (read back with --partition file --set partition.path={indices})")
     return counts
 
 
