@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -225,3 +226,26 @@ def test_read_index_map_matches_what_was_written(tmp_path):
     write_index_map(parts, path)
     assert path.read_text().splitlines()[1] == '"0": [3, 1, 2],'  # one client a line
     assert as_lists(read_index_map(str(path))) == [[1, 2, 3], [0], [4, 10]]
+
+
+def test_resume_refuses_a_partition_file_edited_since_the_run_started(tmp_path, capsys):
+    """Only the path is a setting; the checkpoint keeps a digest of the split, so a resume on an
+    edited file is one line, exit 2, and the run's files are left as they were."""
+    mapping = {str(i): list(range(i * 40, i * 40 + 40)) for i in range(3)}
+    path = Path(write(tmp_path, mapping))
+    out = tmp_path / "run"
+    argv = ["run", "-a", "fedavg", "-d", "digits", "-p", "file", "-n", "3", "-r", "2", "--quiet",
+            "--set", f"partition.path={path}", "--set", "lr=0.1", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    before = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+    mapping["2"] = list(range(200, 240))
+    path.write_text(json.dumps(mapping))
+    assert main(["run", "--resume", str(out), "-r", "4", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "data split differs" in err and err.count("\n") == 1 and "Traceback" not in err
+    after = {f.name: f.read_bytes() for f in out.iterdir() if f.is_file()}
+    assert after == before
+    mapping["2"] = list(range(80, 120))
+    path.write_text(json.dumps(mapping))
+    assert main(["run", "--resume", str(out), "-r", "4", "--quiet"]) == 0

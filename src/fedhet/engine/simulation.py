@@ -10,9 +10,10 @@ uninterrupted one would be.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -198,8 +199,14 @@ class Simulation:
         yield from self.executor.run(round, requests)
 
     # -- the loop -------------------------------------------------------------------------
-    def run(self, resume: bool = False, progress: bool = False) -> dict[str, Any]:
+    def run(
+        self, resume: bool = False, progress: bool = False,
+        accepted: Callable[[], None] | None = None,
+    ) -> dict[str, Any]:
         """Run (or, with `resume`, continue from the newest good checkpoint) to `cfg.rounds`.
+
+        `accepted` is called once the checkpoint (if any) has been found compatible with these
+        settings and this data split, before anything is trained or written.
 
         A round whose model, loss or aggregate is not finite stops the run: the summary says
         `status: diverged` with the round and client, and the last good checkpoint is kept."""
@@ -211,11 +218,14 @@ class Simulation:
             ckpt = self.store.load_checkpoint(warn=self.log)
             if ckpt is not None:
                 check_resumable(ckpt.get("config"), cfg.to_dict())
+                check_same_split(ckpt.get("split"), split_digest(self.client_indices))
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
                 state, self.client_states = ckpt["server"], ckpt["clients"]
                 self.buffers = ckpt["buffers"]
                 self.comm.restore(ckpt["comm"])
                 rows = self.store.rows_until(start)
+        if accepted is not None:
+            accepted()
         if not rows:
             rows.append(self._evaluate(state, 0, {}))
             self._check_finite(state, rows[-1], -1)
@@ -338,6 +348,7 @@ class Simulation:
             self.store.save_checkpoint({
                 "round": done, "elapsed": elapsed, "server": state, "clients": self.client_states,
                 "buffers": self.buffers, "comm": self.comm.state(), "config": self.cfg.to_dict(),
+                "split": split_digest(self.client_indices),
             })
         self.store.write_summary(self.summary(rows, finished=done == self.cfg.rounds))
 
@@ -389,6 +400,26 @@ def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any]) -> No
             "config.json or the command line); resume with the run's own settings, or start a new "
             "run with --out (settings a resume may change: more rounds, "
             f"{', '.join(sorted(RESUMABLE - {'rounds'}))})"
+        )
+
+
+def split_digest(client_indices: Sequence[torch.Tensor]) -> str:
+    """SHA-256 of the clients' sample indices, in client order: the data split a run trains on."""
+    h = hashlib.sha256()
+    for ix in client_indices:
+        arr = np.ascontiguousarray(ix.cpu().numpy().astype(np.int64))
+        h.update(len(arr).to_bytes(8, "little"))
+        h.update(arr.tobytes())
+    return h.hexdigest()
+
+
+def check_same_split(saved: str | None, current: str) -> None:
+    """Refuse a resume whose clients would hold other samples than the run started with (a
+    partition file or a data file edited in between, with the settings unchanged)."""
+    if saved is not None and saved != current:
+        raise FedhetError(
+            "the clients' data split differs from the one this run started with (the partition "
+            "file or the dataset files changed); restore them, or start a new run with --out"
         )
 
 

@@ -106,6 +106,6 @@ def _resume(
         removed = rundir.remove_temporaries(out)
         if removed:
             log(f"removed {len(removed)} temporary file(s) a killed run left in {out}")
-        if changes:
-            store.write_config(cfg.to_dict())
-        return sim.run(resume=True, progress=progress)
+        # config.json changes only once the checkpoint has accepted the new settings
+        accepted = (lambda: store.write_config(cfg.to_dict())) if changes else None
+        return sim.run(resume=True, progress=progress, accepted=accepted)
