@@ -14,7 +14,10 @@ figure is the median of the per-round training times (`round_time_s`, evaluation
 the first round dropped as warm-up when more than one is run.
 
     python benchmarks/bench_cohort.py [--rounds 3] [--full] [--only svm,fedavg-mlp]
-        [--devices cpu,cuda] [--threads 1] [--out table.md]
+        [--devices cpu,cuda] [--threads 1] [--workers 2] [--out table.md]
+
+`--workers N` adds, on CPU, the sequential executor spread over N processes
+(`fedhet.engine.workers`) and its speed-up over one process.
 
 On a CPU shared with other jobs, `--threads 1` avoids the intra-op threads waiting on each other
 (with 2 threads on a loaded 2-core machine every figure was 10-20x slower).
@@ -92,9 +95,11 @@ def random_dataset(w: Workload, samples: int, seed: int = 0) -> Dataset:
     )
 
 
-def seconds_per_round(w: Workload, executor: str, device: str, rounds: int, full: bool) -> float:
+def seconds_per_round(
+    w: Workload, executor: str, device: str, rounds: int, full: bool, workers: int = 1
+) -> float:
     values = {**w.settings, **(w.full if full else {}), "rounds": rounds, "executor": executor,
-              "device": device, "dataset": "digits", "eval_every": rounds}
+              "device": device, "dataset": "digits", "eval_every": rounds, "workers": workers}
     cfg, params = resolve(values)
     data = random_dataset(w, w.full_samples if full else w.samples)
     rows: list[dict] = []
@@ -131,6 +136,7 @@ def main() -> None:
     ap.add_argument("--devices", default="", help="cpu,cuda (default: cpu, and cuda if available)")
     ap.add_argument("--out", default="", help="also write the markdown table here")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--workers", type=int, default=1, help="also time N worker processes on CPU")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -141,8 +147,9 @@ def main() -> None:
     lines = [
         f"commit {commit()}; {machine()}; {args.rounds} rounds, {'full' if args.full else 'small'} sizes",
         "",
-        "| workload | device | sequential s/round | batched s/round | speed-up |",
-        "|---|---|---|---|---|",
+        "| workload | device | sequential s/round | batched s/round | speed-up |"
+        + (f" {args.workers} workers s/round | speed-up |" if args.workers > 1 else ""),
+        "|---|---|---|---|---|" + ("---|---|" if args.workers > 1 else ""),
     ]
     print("\n".join(lines), flush=True)
     for w in WORKLOADS:
@@ -152,6 +159,9 @@ def main() -> None:
             seq = seconds_per_round(w, "sequential", device, args.rounds, args.full)
             bat = seconds_per_round(w, "batched", device, args.rounds, args.full)
             line = f"| {w.name} | {device} | {seq:.3f} | {bat:.3f} | {seq / bat:.2f}x |"
+            if args.workers > 1 and device == "cpu":
+                par = seconds_per_round(w, "sequential", device, args.rounds, args.full, args.workers)
+                line += f" {par:.3f} | {seq / par:.2f}x |"
             print(line, flush=True)
             lines.append(line)
     if args.out:

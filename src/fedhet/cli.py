@@ -54,7 +54,7 @@ def _run_values(args: argparse.Namespace) -> dict[str, Any]:
     flags = {
         k: getattr(args, k)
         for k in ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
-                  "executor")
+                  "executor", "workers")
         if getattr(args, k) is not None
     }
     if args.data_dir:
@@ -256,11 +256,14 @@ def _add_device_flags(p: argparse.ArgumentParser) -> None:
                    help="where models, data and state live (default auto: CUDA when present)")
     p.add_argument("--executor", choices=("auto", "sequential", "batched"),
                    help="how a round's clients run: one after another, or stacked (docs/gpu.md)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="CPU processes a round's clients are spread over (sequential executor; "
+                        "default 1; the same results as 1)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """`--device`/`--executor` of compare and reproduce: set in every run of the grid."""
-    return {k: getattr(args, k) for k in ("device", "executor") if getattr(args, k)}
+    """`--device`/`--executor`/`--workers` of compare and reproduce: set in every run of the grid."""
+    return {k: getattr(args, k) for k in ("device", "executor", "workers") if getattr(args, k)}
 
 
 def _add_pool_flags(p: argparse.ArgumentParser) -> None:

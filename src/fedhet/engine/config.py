@@ -30,12 +30,12 @@ DEFAULT_MODEL = {
 
 COMPONENTS = ("algorithm", "dataset", "partition", "model")
 
-RUNTIME = {"device", "executor", "cohort_chunk", "data_dir", "checkpoint_every"}
+RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpoint_every"}
 """Settings that say where and how a run computes, not what: a grid may change them between
 calls, and `--device`/`--executor` set them for every run of a grid."""
 
 RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "executor",
-             "cohort_chunk"}
+             "cohort_chunk", "workers"}
 """Settings a resumed run may change: they do not alter the rounds already done."""
 
 
@@ -88,6 +88,9 @@ class RunConfig:
     `auto` = batched on CUDA or for the linear models, else sequential (docs/gpu.md)."""
     cohort_chunk: int = 0
     """Batched executor: clients stacked at a time (0 = as many as fit ~1 GiB of stacked state)."""
+    workers: int = 1
+    """Sequential executor on CPU: processes a round's clients are spread over
+    (`fedhet.engine.workers`; bit-identical to 1 with equal threads per process)."""
     algorithm_params: dict[str, Any] = field(default_factory=dict)
     dataset_params: dict[str, Any] = field(default_factory=dict)
     partition_params: dict[str, Any] = field(default_factory=dict)
@@ -128,6 +131,7 @@ class RunConfig:
                 f"executor must be sequential, batched or auto, got {self.executor!r}",
             ),
             (self.cohort_chunk >= 0, f"cohort_chunk must be ≥ 0, got {self.cohort_chunk}"),
+            (self.workers >= 1, f"--workers must be ≥ 1, got {self.workers}"),
             (self.checkpoint_every >= 1, "checkpoint_every must be ≥ 1"),
             (
                 0 <= self.validation_fraction < 1,

@@ -65,10 +65,26 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def choose_executor(name: str, device: torch.device, model: str, module: torch.nn.Module) -> str:
+def choose_executor(
+    name: str, device: torch.device, model: str, module: torch.nn.Module, workers: int = 1
+) -> str:
     """The executor a run uses. `auto`: `batched` on CUDA, or for the linear models (closed-form
     gradients; measured on CPU, benchmarks/RESULTS.md); else `sequential`. Any choice becomes
-    `sequential` when the model cannot be stacked (`unsupported_reason`)."""
+    `sequential` when the model cannot be stacked (`unsupported_reason`). `workers > 1` asks
+    for the sequential executor over processes (`engine/workers.py`): CPU only, and `auto`
+    then means `sequential`."""
+    if workers > 1:
+        if device.type != "cpu":
+            raise FedhetError(
+                f"--workers {workers} spreads clients over CPU processes; use --device cpu, or "
+                "--workers 1 on a GPU (the batched executor is the GPU's way)"
+            )
+        if name == "batched":
+            raise FedhetError(
+                f"--workers {workers} runs the sequential executor in processes; use "
+                "--executor sequential (or auto) with it, or --workers 1 with --executor batched"
+            )
+        return "sequential"
     if unsupported_reason(module) is not None:
         return "sequential"
     if name != "auto":

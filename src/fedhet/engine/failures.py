@@ -30,3 +30,6 @@ class Diverged(Exception):  # noqa: N818  (a run state, not an error in the prog
         self.client_id = client_id
         where = f" from client {client_id}" if client_id is not None else ""
         super().__init__(f"diverged in round {round + 1}: non-finite {what}{where}")
+
+    def __reduce__(self):  # picklable, so a worker process can report it (engine/workers.py)
+        return (type(self), (self.round, self.what, self.client_id))

@@ -29,6 +29,7 @@ from fedhet.engine.faults import FaultModel
 from fedhet.engine.federate import federate
 from fedhet.engine.rounds import ROUND_RUNNERS
 from fedhet.engine.store import TIME_COLUMNS, RunStore
+from fedhet.engine.workers import ProcessExecutor
 from fedhet.errors import FedhetError
 from fedhet.models.registry import build_model
 from fedhet.training.flat import FlatModel
@@ -125,9 +126,12 @@ class Simulation:
         self.buffers = self.model.buffers.clone()
         self._round_buffers: list[tuple[int, torch.Tensor]] = []
         self.executor_name = choose_executor(
-            cfg.executor, self.device, cfg.model_name, module
+            cfg.executor, self.device, cfg.model_name, module, cfg.workers
         )
-        self.executor = make_executor(self, self.executor_name, cfg.cohort_chunk)
+        if cfg.workers > 1 and self.executor_name == "sequential":
+            self.executor = ProcessExecutor(self, cfg.workers)
+        else:
+            self.executor = make_executor(self, self.executor_name, cfg.cohort_chunk)
 
     # -- the round runner's protocol -----------------------------------------------------
     def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
@@ -269,6 +273,9 @@ class Simulation:
         finally:
             if bar is not None:
                 bar.close()
+            close = getattr(self.executor, "close", None)
+            if close is not None:
+                close()
         self.final_state = state
         summary = self.summary(rows, finished=True)
         if start >= cfg.rounds and self.store is not None:

@@ -1,0 +1,122 @@
+"""The sequential executor spread over worker processes (`--workers N`, CPU only).
+
+A round's independent client halves run in `N` forked processes, each holding a copy of the
+run (data, model, trainer) made when the pool starts. A task carries what the client half reads
+— its id, the downlink message, the round and the client's own state — and brings back the
+reply and the client's new state; nothing else crosses. Replies are yielded in request order,
+so the server aggregates them in the same order as `--workers 1`, and each client draws from
+the same seeded streams (`stream_seed`) in whichever process it runs: the run is bit-identical
+to one worker when every process computes with the same number of threads (run with
+`OMP_NUM_THREADS=1`, as `make test` does; the workers use `max(1, threads // N)` each).
+
+At most `2 N` tasks are in flight, so the replies waiting for the server are bounded as in the
+streaming round runners. A client that raises comes back as a `ClientFailure` (the round goes
+on without it); `Diverged`, `FedhetError` and interrupts end the run as in one process. The
+pool is forked on first use (`fork`: the copy of the run costs nothing up front) and closed
+when the run ends. Rings and edge-rings call `client_update` hop by hop and stay in the main
+process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+from collections import deque
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedhet.algorithms.base import BUFFERS
+from fedhet.engine.executors import FATAL, SequentialExecutor, failure
+
+if TYPE_CHECKING:
+    from fedhet.algorithms.base import Message
+    from fedhet.engine.simulation import Simulation
+
+_RUN: Simulation | None = None
+"""The run a forked worker computes with (set in the parent just before the fork)."""
+
+
+def _init_worker(threads: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    torch.set_num_threads(threads)
+
+
+def _client_task(client_id: int, message: Message, round: int, has_state: bool, state: Any):
+    """One client half in a worker: `("ok", (reply, new state))`, `("failure", ClientFailure)`
+    or `("fatal", exception)`."""
+    sim = _RUN
+    assert sim is not None, "worker started without a run"
+    sim.client_states = {client_id: state} if has_state else {}
+    sim._round_buffers = []
+    try:
+        reply = sim.client_update(client_id, message, round)
+    except FATAL as e:
+        return "fatal", e
+    except Exception as e:  # noqa: BLE001  (one client's fault is not the run's)
+        return "failure", failure(client_id, round, e)
+    return "ok", (reply, sim.client_states[client_id])
+
+
+class ProcessExecutor(SequentialExecutor):
+    """`sequential` with the clients of a round spread over `workers` processes."""
+
+    def __init__(self, sim: Simulation, workers: int) -> None:
+        super().__init__(sim)
+        self.workers = workers
+        self.pool: Any = None
+
+    def _start(self) -> None:
+        global _RUN
+        _RUN = self.sim
+        threads = max(1, torch.get_num_threads() // self.workers)
+        try:
+            self.pool = multiprocessing.get_context("fork").Pool(
+                self.workers, initializer=_init_worker, initargs=(threads,)
+            )
+        finally:
+            _RUN = None
+
+    def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
+        if len(requests) < 2:
+            yield from super().run(round, requests)
+            return
+        if self.pool is None:
+            self._start()
+        sim = self.sim
+        pending: deque[tuple[int, Any]] = deque()
+        queue = iter(requests)
+
+        def submit() -> None:
+            for client_id, message in queue:
+                has_state = client_id in sim.client_states
+                task = (client_id, message, round, has_state, sim.client_states.get(client_id))
+                pending.append((client_id, self.pool.apply_async(_client_task, task)))
+                if len(pending) >= 2 * self.workers:
+                    return
+
+        submit()
+        while pending:
+            client_id, result = pending.popleft()
+            kind, payload = result.get()
+            submit()
+            if kind == "fatal":
+                raise payload
+            if kind == "failure":
+                yield client_id, payload
+                continue
+            reply, state = payload
+            sim.client_states[client_id] = state
+            if BUFFERS in reply.tensors:
+                sim._round_buffers.append((sim.buffer_weight(client_id), reply.tensors[BUFFERS]))
+            yield client_id, reply
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+            self.pool = None
+
+
+__all__ = ["ProcessExecutor"]
