@@ -7,6 +7,9 @@ and every mini-batch gradient is the exact local gradient `x − e_i`.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 from torch import nn
@@ -35,10 +38,6 @@ class Quadratic(nn.Module):
         return torch.zeros(out.shape[0], dtype=torch.long)
 
 
-if MODEL not in MODELS:
-    MODELS.register(MODEL, NoParams, "test only: ½‖x − e‖²")(
-        lambda input_shape, num_classes, params: Quadratic(input_shape[0])
-    )
 
 
 def quadratic_data(e: torch.Tensor, sizes: list[int]) -> Dataset:
@@ -60,9 +59,10 @@ def run_quadratic(
         "clients": len(sizes), "rounds": rounds, "lr": lr, "batch_size": max(sizes),
         "client_steps": list(steps), "eval_every": rounds, **settings,
     }
-    cfg, params = resolve(values)
-    sim = Simulation(cfg, params, store=None, data=quadratic_data(e, sizes), log=lambda _: None)
-    sim.run()
+    with registered_models():
+        cfg, params = resolve(values)
+        sim = Simulation(cfg, params, store=None, data=quadratic_data(e, sizes), log=lambda _: None)
+        sim.run()
     return sim
 
 
@@ -86,7 +86,13 @@ class Linear(nn.Module):
         return torch.zeros(out.shape[0], dtype=torch.long)
 
 
-if LINEAR_MODEL not in MODELS:
-    MODELS.register(LINEAR_MODEL, NoParams, "test only: eᵀx")(
-        lambda input_shape, num_classes, params: Linear(input_shape[0])
-    )
+@contextlib.contextmanager
+def registered_models() -> Iterator[None]:
+    """The two test models, registered for the length of a `with` block only."""
+    with (
+        MODELS.added(MODEL, lambda shape, classes, params: Quadratic(shape[0]), NoParams,
+                     "test only: ½‖x − e‖²"),
+        MODELS.added(LINEAR_MODEL, lambda shape, classes, params: Linear(shape[0]), NoParams,
+                     "test only: eᵀx"),
+    ):
+        yield

@@ -83,3 +83,36 @@ def test_the_checker_finds_a_circle():
 
 def test_no_import_circles():
     assert cycles(import_graph()) == []
+
+
+def test_tests_register_components_only_for_the_length_of_a_block():
+    """`Registry.added` removes its entry afterwards and refuses a name that is taken; no test
+    module registers into a global registry at import time."""
+    import ast
+    from pathlib import Path
+
+    import pytest
+
+    from fedhet.models.registry import MODELS
+    from fedhet.registry import NoParams
+
+    with MODELS.added("scoped-test", lambda *a: None, NoParams, "test only"):
+        assert "scoped-test" in MODELS
+        with pytest.raises(ValueError, match="registered twice"), MODELS.added("mlp", lambda *a: None):
+            pass
+    assert "scoped-test" not in MODELS and "mlp" in MODELS
+    for path in Path(__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # module level only
+            for call in ast.walk(node):
+                if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                    break
+                is_register = (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                               and call.func.attr == "register")
+                assert not is_register, f"{path.name}:{call.lineno} registers at import time"
+            if isinstance(node, ast.FunctionDef):
+                for deco in node.decorator_list:
+                    target = deco.func if isinstance(deco, ast.Call) else deco
+                    assert not (isinstance(target, ast.Attribute) and target.attr == "register"), (
+                        f"{path.name}:{node.lineno} registers at import time"
+                    )

@@ -6,6 +6,7 @@ and returned, and checks the engine's statistics against the hand-computed avera
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -16,13 +17,17 @@ from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
 
 MODEL = "bn-mlp-test"
-if MODEL not in MODELS:
-    MODELS.register(MODEL, NoParams, "test only: 64 → 16 → BatchNorm → 10")(
-        lambda input_shape, num_classes, params: nn.Sequential(
-            nn.Flatten(), nn.Linear(input_shape[-1], 16), nn.BatchNorm1d(16), nn.ReLU(),
-            nn.Linear(16, num_classes),
-        )
-    )
+
+
+@pytest.fixture(autouse=True)
+def bn_model():
+    """A 64 → 16 → BatchNorm → 10 MLP, registered for each test only."""
+    def build(input_shape, num_classes, params):
+        return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[-1], 16), nn.BatchNorm1d(16),
+                             nn.ReLU(), nn.Linear(16, num_classes))
+
+    with MODELS.added(MODEL, build, NoParams, "test only: MLP with BatchNorm"):
+        yield
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "model": MODEL,
         "lr": 0.05, "batch_size": 32, "local_steps": 3, "rounds": 1, "seed": 2,

@@ -226,13 +226,12 @@ def chain_round(rc, state, round, clients):
 
 @pytest.fixture
 def test_algorithms():
-    ALGORITHMS.register(CountingAvg.name, NoParams)(CountingAvg)
-    ALGORITHMS.register(ChainAvg.name, NoParams)(ChainAvg)
     ROUND_RUNNERS[ChainAvg.topology] = chain_round
-    yield
-    for name in (CountingAvg.name, ChainAvg.name):
-        ALGORITHMS._entries.pop(name, None)
-    ROUND_RUNNERS.pop(ChainAvg.topology, None)
+    try:
+        with ALGORITHMS.added(CountingAvg.name, CountingAvg), ALGORITHMS.added(ChainAvg.name, ChainAvg):
+            yield
+    finally:
+        ROUND_RUNNERS.pop(ChainAvg.topology, None)
 
 
 
@@ -434,17 +433,14 @@ def test_batchnorm_statistics_travel_with_the_messages():
 
     from fedhet.models.registry import MODELS
 
-    @MODELS.register("flower-test-bn", NoParams, "MLP with BatchNorm (test only)")
     def bn_mlp(input_shape, num_classes, params):
         return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), 16), nn.BatchNorm1d(16),
                              nn.ReLU(), nn.Linear(16, num_classes))
 
     settings = {**BASE, "algorithm": "fedavg", "model": "flower-test-bn"}
-    try:
+    with MODELS.added("flower-test-bn", bn_mlp, NoParams, "MLP with BatchNorm (test only)"):
         initial = Simulation(*resolve_settings(settings), store=None, log=lambda _: None).buffers
         local, remote, _, _ = run_both(settings)
-    finally:
-        MODELS._entries.pop("flower-test-bn", None)
     assert initial.numel() > 0 and not torch.equal(remote.buffers, initial)
     assert torch.equal(remote.buffers, local.buffers)
     assert torch.equal(remote.final_state["w"], local.final_state["w"])

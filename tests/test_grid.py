@@ -198,8 +198,8 @@ def test_changed_settings_in_an_existing_out_are_refused(tmp_path):
 
 
 # -- reproduce --------------------------------------------------------------------------------
-@PRESETS.register("tiny-test", doc="two stages; the second reads the first's output")
 def _tiny(scale: str) -> Preset:
+    """Two stages; the second reads the first's output."""
     base = {"dataset": "digits", "partition": "iid", "clients": 3, "rounds": 2, "lr": 0.1}
 
     def first(out: Path) -> list[RunSpec]:
@@ -217,7 +217,9 @@ def _tiny(scale: str) -> Preset:
 
 def test_reproduce_runs_stages_in_order_and_puts_published_beside_ours(tmp_path, capsys):
     out = tmp_path / "rep"
-    assert main(["reproduce", "tiny-test", "--scale", "smoke", "--out", str(out), "--jobs", "1"]) == 0
+    with PRESETS.added("tiny-test", _tiny):
+        assert main(["reproduce", "tiny-test", "--scale", "smoke", "--out", str(out), "--jobs", "1"]) == 0
+    assert "tiny-test" not in PRESETS
     table = {r["name"]: r for r in read_csv(out / "results.csv")}
     assert table["central"]["rounds_done"] == "3"  # stage 2 saw stage 1's summary
     report = (out / "report.md").read_text()

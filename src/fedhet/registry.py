@@ -8,6 +8,7 @@ values with a `FedhetError` before any work starts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import types
@@ -148,6 +149,20 @@ class Registry(Generic[T]):
             return factory
 
         return deco
+
+    @contextlib.contextmanager
+    def added(
+        self, name: str, factory: T, params: type = NoParams, doc: str = ""
+    ) -> Iterator[T]:
+        """`factory` registered under `name` for the length of a `with` block only (a test's
+        model or algorithm, a component tried out): the entry is gone afterwards, and a name
+        that is already taken is refused as by `register`."""
+        self._load()
+        self.register(name, params, doc)(factory)
+        try:
+            yield factory
+        finally:
+            self._entries.pop(name, None)
 
     def get(self, name: str) -> Entry[T]:
         self._load()
