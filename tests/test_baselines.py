@@ -292,3 +292,36 @@ def test_scaffold_with_momentum_learns_where_it_used_to_diverge():
         accuracy[name] = summary["final_accuracy"]
     assert accuracy["scaffold"] > 0.8
     assert accuracy["scaffold"] > accuracy["fedavg"] - 0.03
+
+
+@pytest.mark.parametrize("name", ["fedavgm", "fednnnn", "norm-norm"])
+def test_gamma_is_a_deprecated_alias_of_server_momentum(name, capsys):
+    """One name per quantity: the old spelling gives the same parameters with a note on stderr;
+    giving both is an error."""
+    from fedhet.registry import _WARNED
+
+    _WARNED.clear()
+    old = ALGORITHMS.params(name, {"gamma": 0.55})
+    assert old == ALGORITHMS.params(name, {"server_momentum": 0.55})
+    assert "algorithm.gamma is deprecated; use algorithm.server_momentum" in capsys.readouterr().err
+    with pytest.raises(FedhetError, match="same parameter"):
+        ALGORITHMS.params(name, {"gamma": 0.5, "server_momentum": 0.5})
+
+
+def test_a_run_saved_with_the_old_name_resumes(tmp_path):
+    """config.json written before the rename says `gamma`: the checkpoint still matches."""
+    import json
+
+    from fedhet.experiments.single import execute
+
+    out = tmp_path / "r"
+    settings = {**BASE, "algorithm": "fedavgm", "rounds": 2, "algorithm.server_momentum": 0.5}
+    execute(settings, out, log=lambda _: None)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["algorithm_params"]["gamma"] = cfg["algorithm_params"].pop("server_momentum")
+    (out / "config.json").write_text(json.dumps(cfg))
+    summary = execute({"rounds": 3}, out, resume=True, log=lambda _: None)
+    assert summary["rounds_done"] == 3
+    from fedhet.engine.simulation import check_resumable
+
+    check_resumable(cfg, json.loads((out / "config.json").read_text()))  # old names, same run

@@ -51,7 +51,7 @@ def test_config_file_and_set_override(tmp_path: Path):
     r = fedhet("run", "--config", str(cfg), "--set", "algorithm.gamma=0.25", "--out", str(tmp_path / "o"))
     assert r.returncode == 0, r.stderr
     config = json.loads((tmp_path / "o" / "config.json").read_text())
-    assert config["algorithm"] == "fedavgm" and config["algorithm_params"]["gamma"] == 0.25
+    assert config["algorithm"] == "fedavgm" and config["algorithm_params"]["server_momentum"] == 0.25
 
 
 @pytest.mark.parametrize(
@@ -118,4 +118,5 @@ def test_invalid_force_run_keeps_old_results(tmp_path: Path):
 def test_list_shows_parameters():
     r = fedhet("list")
     assert r.returncode == 0
-    assert "fedavgm" in r.stdout and "gamma=0.9" in r.stdout and "dirichlet" in r.stdout
+    assert "fedavgm" in r.stdout and "dirichlet" in r.stdout
+    assert "server_momentum=0.9 (formerly gamma)" in r.stdout

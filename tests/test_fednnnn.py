@@ -283,11 +283,11 @@ def test_preset_follows_tables_1_2_and_5() -> None:
     paper = {(s.group, s.label): s.settings for s in paper_specs}
     assert len(paper) == 40
     ub = paper[("MNIST NonIID-UB", "FedNNNN")]
-    assert (ub["algorithm"], ub["algorithm.beta"], ub["algorithm.gamma"]) == ("fednnnn", 0.7, 0.8)
+    assert (ub["algorithm"], ub["algorithm.beta"], ub["algorithm.server_momentum"]) == ("fednnnn", 0.7, 0.8)
     assert ub["algorithm.weighting"] == "uniform" and ub["partition"] == "unbalanced"
     assert paper[("MNIST NonIID-B", "FedNNNN")]["algorithm.weighting"] == "samples"
     assert paper[("CIFAR10 IID-UB", "FedProx")]["algorithm.mu"] == 0.005
-    assert paper[("CIFAR10 NonIID-B", "Momentum")]["algorithm.gamma"] == 0.9
+    assert paper[("CIFAR10 NonIID-B", "Momentum")]["algorithm.server_momentum"] == 0.9
     cifar = paper[("CIFAR10 IID-B", "FedAvg")]
     assert (cifar["rounds"], cifar["weight_decay"], cifar["model"]) == (250, 5e-4, "cnn-fednnnn-cifar")
     mnist = paper[("MNIST IID-B", "Norm-Norm")]

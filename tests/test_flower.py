@@ -384,7 +384,7 @@ def test_deploy_app_command_writes_the_app_and_refuses_bad_settings(tmp_path, ca
 
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     cfg, _ = resolve_settings(json.loads(config["fedhet-settings"]))
-    assert (cfg.algorithm, cfg.clients, cfg.algorithm_params["gamma"]) == ("fedavgm", 3, 0.5)
+    assert (cfg.algorithm, cfg.clients, cfg.algorithm_params["server_momentum"]) == ("fedavgm", 3, 0.5)
     bad = tmp_path / "bad"
     assert main(["deploy", "app", "--set", "lr=-1", "--out", "x", "--app-dir", str(bad)]) == 2
     assert "lr must be a positive number" in capsys.readouterr().err and not bad.exists()

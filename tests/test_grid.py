@@ -110,7 +110,7 @@ def test_unknown_algorithm_parameter_in_variant_names_its_line(tmp_path):
         algorithm = "fedavgm"
         "algorithm.mu" = 0.1
     """)
-    expected = r"grid.toml:7: unknown parameter algorithm.mu; valid parameters: gamma"
+    expected = r"grid.toml:7: unknown parameter algorithm.mu; valid parameters: server_momentum"
     with pytest.raises(FedhetError, match=expected):
         load_grid(path)
 
@@ -129,7 +129,8 @@ def test_value_valid_alone_but_not_for_the_run_names_its_line(tmp_path):
         algorithm = ["fedavgm"]
         "algorithm.gamma" = [0.5, 1.5]
     """)
-    with pytest.raises(FedhetError, match=r"grid.toml:5: algorithm.gamma must be in \[0, 1\)"):
+    expected = r"grid.toml:5: algorithm.server_momentum \(γ\) must be in \[0, 1\)"
+    with pytest.raises(FedhetError, match=expected):
         load_grid(path)
 
 

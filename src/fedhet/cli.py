@@ -157,7 +157,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"{title}:")
         for entry in registry:
             fields = dataclasses.fields(entry.params)
-            ps = ", ".join(f"{f.name}={_default(f)}" for f in fields)
+            old = {new: name for name, new in getattr(entry.params, "ALIASES", {}).items()}
+            ps = ", ".join(
+                f"{f.name}={_default(f)}" + (f" (formerly {old[f.name]})" if f.name in old else "")
+                for f in fields
+            )
             print(f"  {entry.name:<16} {entry.doc}")
             if ps:
                 print(f"  {'':<16} params: {ps}")

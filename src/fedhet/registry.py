@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterator, Mapping
@@ -96,10 +97,37 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     return value
 
 
+_WARNED: set[str] = set()
+
+
+def deprecated_name(old: str, new: str) -> None:
+    """One line on stderr, once per process, for a parameter spelt the old way."""
+    if old not in _WARNED:
+        _WARNED.add(old)
+        print(f"note: {old} is deprecated; use {new} (same meaning)", file=sys.stderr)
+
+
 def build_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
-    """Instantiate parameter dataclass `cls` from user `values`, checking names and types."""
+    """Instantiate parameter dataclass `cls` from user `values`, checking names and types.
+
+    A class may map old parameter names to current ones in `ALIASES` (a `ClassVar`): the old
+    name is accepted with a one-line deprecation note, and giving both is an error."""
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    aliases: dict[str, str] = getattr(cls, "ALIASES", {})
+    renamed: dict[str, Any] = {}
+    for key, value in values.items():
+        new = aliases.get(key)
+        if new is None:
+            renamed[key] = value
+            continue
+        if new in values:
+            raise FedhetError(
+                f"{where}.{key} and {where}.{new} are the same parameter; give only {where}.{new}"
+            )
+        deprecated_name(f"{where}.{key}", f"{where}.{new}")
+        renamed[new] = value
+    values = renamed
     kwargs = {}
     for key, value in values.items():
         if key not in names:
@@ -178,6 +206,14 @@ class Registry(Generic[T]):
     def names(self) -> list[str]:
         self._load()
         return sorted(self._entries)
+
+    def aliases(self) -> dict[str, str]:
+        """Old parameter name → current name, over every entry's `ALIASES`."""
+        self._load()
+        out: dict[str, str] = {}
+        for entry in self._entries.values():
+            out.update(getattr(entry.params, "ALIASES", {}))
+        return out
 
     def __iter__(self) -> Iterator[Entry[T]]:
         return iter(self._entries[n] for n in self.names())

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -117,13 +117,17 @@ class FedAvg(Algorithm):
 
 @dataclass(frozen=True)
 class FedAvgMParams:
-    gamma: float = 0.9
+    server_momentum: float = 0.9
+    """Server momentum `γ` (FedNNNN eqs. 10–11); `gamma` is its old name."""
     weighting: Literal["samples", "uniform"] = "samples"
     nwda: bool = False
+    ALIASES: ClassVar[dict[str, str]] = {"gamma": "server_momentum"}
 
     def validate(self) -> None:
-        if not 0.0 <= self.gamma < 1.0:
-            raise FedhetError(f"algorithm.gamma must be in [0, 1), got {self.gamma}")
+        if not 0.0 <= self.server_momentum < 1.0:
+            raise FedhetError(
+                f"algorithm.server_momentum (γ) must be in [0, 1), got {self.server_momentum}"
+            )
 
 
 @ALGORITHMS.register("fedavgm", FedAvgMParams, "FedAvgM: server momentum d ← γd + Σ p_i Δ_i")
@@ -136,6 +140,6 @@ class FedAvgM(FedAvg):
     def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
         nwda = self.nwda_collector()
         acc, delta = mean_delta(replies, self.params.weighting, nwda)
-        d = self.params.gamma * state["d"] + delta
+        d = self.params.server_momentum * state["d"] + delta
         new = {**state, "w": state["w"] + d, "d": d}
         return self.with_nwda(state, new, acc, delta, nwda, client_diagnostics(acc))

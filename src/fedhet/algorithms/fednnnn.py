@@ -5,7 +5,7 @@ NWDA (§3.1, eqs. 4–5). With client updates `Δ_i = w_(k,i)^τ − w_k` and we
 integrated server movement is `𝒩 = Σ_k ‖w_(k+1) − w_k‖` (Fig. 4).
 
 - `norm-norm` (eq. 8): `w_(k+1) = w_k + β (E/N) Δ̄`, so `‖w_(k+1) − w_k‖ = β E` (eq. 9).
-  It accepts `gamma` too (default 0); with `γ > 0` it is FedNNNN.
+  It accepts `server_momentum` (`γ`) too (default 0); with `γ > 0` it is FedNNNN.
 - `fednnnn` (eqs. 12–13, Algorithm 3): `d_(k+1) = γ d_k + β (E/N) Δ̄`, `w_(k+1) = w_k + d_(k+1)`,
   `d_0 = 0`. ("Momentum", eqs. 10–11, is `fedavgm` in `fedavg.py`.)
 - The `N ≈ 0` rule (§4.2): when `N = 0` or `N < ε E`, the server does not normalise and returns
@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -71,8 +71,9 @@ def normalized_step(
 class FedNNNNParams:
     beta: float = 0.7
     """Norm multiplier `β` (Table 5, MNIST non-IID balanced)."""
-    gamma: float = 0.8
-    """Server momentum `γ` (Table 5, MNIST non-IID balanced)."""
+    server_momentum: float = 0.8
+    """Server momentum `γ` (Table 5, MNIST non-IID balanced); `gamma` is its old name."""
+    ALIASES: ClassVar[dict[str, str]] = {"gamma": "server_momentum"}
     eps: float = 1e-4
     """`N ≈ 0` threshold: skip the round when `N < ε E` **[choice]**."""
     scope: Literal["model", "layer"] = "model"
@@ -84,8 +85,10 @@ class FedNNNNParams:
     def validate(self) -> None:
         if not (self.beta > 0 and math.isfinite(self.beta)):
             raise FedhetError(f"algorithm.beta must be a positive number, got {self.beta}")
-        if not 0.0 <= self.gamma < 1.0:
-            raise FedhetError(f"algorithm.gamma must be in [0, 1), got {self.gamma}")
+        if not 0.0 <= self.server_momentum < 1.0:
+            raise FedhetError(
+                f"algorithm.server_momentum (γ) must be in [0, 1), got {self.server_momentum}"
+            )
         if not 0.0 <= self.eps < 1.0:
             raise FedhetError(f"algorithm.eps must be in [0, 1), got {self.eps}")
 
@@ -94,8 +97,8 @@ class FedNNNNParams:
 class NormNormParams(FedNNNNParams):
     beta: float = 1.0
     """Norm multiplier `β` (Table 5, MNIST non-IID balanced)."""
-    gamma: float = 0.0
-    """0 gives eq. 8; any `γ > 0` turns Norm-Norm into FedNNNN."""
+    server_momentum: float = 0.0
+    """`γ`: 0 gives eq. 8; any `γ > 0` turns Norm-Norm into FedNNNN."""
 
 
 @ALGORITHMS.register("fednnnn", FedNNNNParams, "FedNNNN: d ← γd + β(E/N)Δ̄, w ← w + d (eqs. 12–13)")
@@ -126,7 +129,7 @@ class FedNNNN(Algorithm):
             idx = self.coordinates(group)
             w_g, d_g, applied = normalized_step(
                 w[idx], d[idx], stats.delta_bar[idx], stats.N(group), stats.E(group),
-                self.params.beta, self.params.gamma, self.params.eps,
+                self.params.beta, self.params.server_momentum, self.params.eps,
             )
             w[idx], d[idx] = w_g, d_g
             skipped += not applied

@@ -216,3 +216,13 @@ def resolve(values: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
         setattr(cfg, f"{kind}_params", params_dict(params[kind]))
     cfg.model = cfg.model_name
     return cfg, params
+
+
+def canonical_config(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved `config.json` as this version writes it: old parameter names mapped to the
+    current ones (`ALIASES`) and defaults added, so it compares equal to a fresh resolve of the
+    same settings. Returned unchanged when it no longer resolves (the caller reports that)."""
+    try:
+        return resolve(dict(saved))[0].to_dict()
+    except (FedhetError, TypeError, ValueError):
+        return saved

@@ -22,7 +22,7 @@ import torch
 from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Algorithm, ClientContext, Message, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.comm import CommLedger
-from fedhet.engine.config import RESUMABLE, RunConfig
+from fedhet.engine.config import RESUMABLE, RunConfig, canonical_config
 from fedhet.engine.executors import choose_executor, make_executor, resolve_device
 from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.engine.faults import FaultModel
@@ -395,6 +395,7 @@ def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any]) -> No
     ones (and `rounds` only upwards, and not under a cosine schedule, which depends on it)."""
     if saved is None:
         return
+    saved = canonical_config(saved)
     differ = sorted(k for k in set(saved) | set(current) if saved.get(k) != current.get(k))
     bad = [k for k in differ if k not in RESUMABLE]
     if "rounds" in differ and (

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet.algorithms.base import ALGORITHMS
 from fedhet.engine.config import RUNTIME
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
@@ -267,9 +268,19 @@ def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> str:
         raise loc.fail(culprit.section, culprit.key, message) from None
 
 
+def _names(message: str, key: str) -> bool:
+    return re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message) is not None
+
+
 def _culprit(message: str, settings: dict[str, _Setting]) -> _Setting | None:
     """The setting an error message is about: the longest key named in it, else a value."""
-    named = [k for k in settings if re.search(rf"(?<![\w.]){re.escape(k)}(?![\w])", message)]
+    aliases = ALGORITHMS.aliases()  # a setting spelt the old way is named in its current spelling
+
+    def current(key: str) -> str:
+        head, _, name = key.rpartition(".")
+        return f"{head}.{aliases[name]}" if head and name in aliases else key
+
+    named = [k for k in settings if _names(message, k) or _names(message, current(k))]
     if named:
         return settings[max(named, key=len)]
     for s in settings.values():

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedhet.engine.config import RUNTIME
+from fedhet.engine.config import RUNTIME, canonical_config
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 
@@ -163,7 +163,7 @@ def plan_jobs(
             cfg, _ = resolve_settings(spec.settings)
             wanted = json.loads(to_json(cfg.to_dict()))
             try:
-                saved = json.loads(config_path.read_text())
+                saved = json.loads(to_json(canonical_config(json.loads(config_path.read_text()))))
             except json.JSONDecodeError:
                 saved = None
             diff = sorted(k for k in wanted if saved is not None and saved.get(k) != wanted[k]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.engine import rundir
-from fedhet.engine.config import RESUMABLE, RunConfig, apply_settings, resolve
+from fedhet.engine.config import RESUMABLE, RunConfig, apply_settings, canonical_config, resolve
 from fedhet.engine.simulation import Simulation, check_resumable
 from fedhet.engine.store import RunStore
 from fedhet.errors import FedhetError
@@ -88,7 +88,7 @@ def _resume(
     if not (out / "config.json").is_file():
         raise FedhetError(f"{out} has no config.json: it is not a fedhet run directory")
     with rundir.exclusive(out, "run"):
-        saved = store.read_config()
+        saved = canonical_config(store.read_config())
         cfg, params = resolve(apply_settings(saved, changes or {}, "--resume"))
         if changes:
             check_resumable(saved, cfg.to_dict())

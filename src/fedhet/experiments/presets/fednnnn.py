@@ -80,9 +80,9 @@ def method_settings(method: str, hp: dict[str, float], unbalanced: bool) -> dict
     algorithm, params = {
         "FedAvg": ("fedavg", {}),
         "FedProx": ("fedprox", {"mu": hp["mu"]}),
-        "Norm-Norm": ("norm-norm", {"beta": hp["nn_beta"], "gamma": 0.0}),
-        "Momentum": ("fedavgm", {"gamma": hp["m_gamma"]}),
-        "FedNNNN": ("fednnnn", {"beta": hp["beta"], "gamma": hp["gamma"]}),
+        "Norm-Norm": ("norm-norm", {"beta": hp["nn_beta"], "server_momentum": 0.0}),
+        "Momentum": ("fedavgm", {"server_momentum": hp["m_gamma"]}),
+        "FedNNNN": ("fednnnn", {"beta": hp["beta"], "server_momentum": hp["gamma"]}),
     }[method]
     params["weighting"] = "uniform" if unbalanced else "samples"
     if "nwda" in _param_names(algorithm):
