@@ -1,4 +1,4 @@
-"""FedVeca (fedveca.txt Algorithms 1–2, SPEC.md "FedVeca"): eq. 15, the estimators, the update
+"""FedVeca (fedveca.txt Algorithms 1–2, docs/spec.md "FedVeca"): eq. 15, the estimators, the update
 rule, an end-to-end run, the fair-comparison protocol of §IV-A1, the preset and the plots."""
 
 from __future__ import annotations

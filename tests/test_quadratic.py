@@ -1,4 +1,4 @@
-"""FedNova's objective-inconsistency example (SPEC.md "FedNova"; fednova-summary.txt eq. 3).
+"""FedNova's objective-inconsistency example (docs/spec.md "FedNova"; fednova-summary.txt eq. 3).
 
 Two clients with `F_i(x) = ½‖x − e_i‖²`, data weights `p = (0.3, 0.7)` and `τ = (1, 2)` local
 gradient steps per round, run through the real engine. FedAvg converges to the surrogate optimum

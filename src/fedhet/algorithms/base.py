@@ -1,4 +1,4 @@
-"""The algorithm contract (DESIGN.md): client and server halves talk only through `Message`s.
+"""The algorithm contract (docs/design.md): client and server halves talk only through `Message`s.
 
 An algorithm is a subclass of `Algorithm` registered in `ALGORITHMS`. Its server half is
 `init`, `configure` (the downlink message for one client), `aggregate` (replies → new state and

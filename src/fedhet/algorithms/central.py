@@ -1,4 +1,4 @@
-"""Centralized SGD (SPEC.md): all training data on one node, the same model, plain SGD.
+"""Centralized SGD (docs/spec.md): all training data on one node, the same model, plain SGD.
 
 The engine gives this algorithm one client holding every training sample. Each round runs the
 configured number of steps (`local_steps`, or `⌊E·D/B⌋`), so `K` rounds of `τ_all / K` steps

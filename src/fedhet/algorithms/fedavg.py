@@ -1,4 +1,4 @@
-"""FedAvg and FedAvgM (SPEC.md "FedAvg", "FedAvgM").
+"""FedAvg and FedAvgM (docs/spec.md "FedAvg", "FedAvgM").
 
 FedAvg: each client runs `τ_i` local SGD steps from `w_k` and returns `Δ_i = w_(k,i)^τ − w_k`;
 the server sets `w_(k+1) = w_k + Σ_i p_i Δ_i`, with `p_i = D_i / Σ_S D_j` over the clients that

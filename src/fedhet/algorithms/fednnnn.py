@@ -1,4 +1,4 @@
-"""FedNNNN: norm-normalised aggregation with server momentum (Nagura et al.; SPEC.md "FedNNNN").
+"""FedNNNN: norm-normalised aggregation with server momentum (Nagura et al.; docs/spec.md "FedNNNN").
 
 NWDA (§3.1, eqs. 4–5). With client updates `Δ_i = w_(k,i)^τ − w_k` and weights `p_i`:
 `Δ̄ = Σ_i p_i Δ_i`, `N = ‖Δ̄‖`, `E = Σ_i p_i ‖Δ_i‖`, and `N ≤ E` (Proposition 1). The

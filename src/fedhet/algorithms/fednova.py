@@ -1,4 +1,4 @@
-"""FedNova (Wang et al., NeurIPS 2020, eq. 8; SPEC.md "FedNova"; reference code JYWa/FedNova).
+"""FedNova (Wang et al., NeurIPS 2020, eq. 8; docs/spec.md "FedNova"; reference code JYWa/FedNova).
 
 Client `i` runs `τ_i` local steps (SGD with the run's learning rate `η`, local momentum `ρ` and
 weight decay, plus an optional proximal term `μ (w − w_k)` as in FedProx) and returns its
@@ -17,7 +17,7 @@ normalised direction `d_i = −Δ_i / (η a_i)` and `a_i = ‖a_i‖₁`, the su
 The server sets `τ_eff` and `w_(k+1) = w_k − η τ_eff Σ_i p_i d_i`; with server momentum `γ > 0`:
 `u_(k+1) = γ u_k + τ_eff Σ_i p_i d_i`, `w_(k+1) = w_k − η u_(k+1)`. `τ_eff` scales the server
 step and does not move the fixed point:
-- `tau_eff = "normaliser"` (default, SPEC.md): `τ_eff = Σ_i p_i a_i`, so with equal `τ_i`
+- `tau_eff = "normaliser"` (default, docs/spec.md): `τ_eff = Σ_i p_i a_i`, so with equal `τ_i`
   FedNova takes exactly FedAvg's (FedProx's, FedAvg-with-momentum's) step;
 - `tau_eff = "steps"`: `τ_eff = Σ_i p_i τ_i`, eq. 8 of the paper as written, and what the
   authors' code uses when `μ > 0` (with `μ = 0` it uses `Σ p_i a_i`, as the default does).

@@ -1,4 +1,4 @@
-"""FedProx (Li et al., MLSys 2020; SPEC.md "FedProx").
+"""FedProx (Li et al., MLSys 2020; docs/spec.md "FedProx").
 
 Client `i` minimises `F_i(w) + (μ/2)‖w − w_k‖²` with `τ_i` local SGD steps: each step uses the
 gradient `g + μ (w − w_k)` (the proximal term's gradient at the current local model). The server

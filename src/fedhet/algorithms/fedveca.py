@@ -1,6 +1,6 @@
 """FedVeca: federated vectorized averaging with adaptive bi-directional step sizes.
 
-Seed: `fedveca.txt`, Algorithms 1 (server) and 2 (client); SPEC.md "FedVeca".
+Seed: `fedveca.txt`, Algorithms 1 (server) and 2 (client); docs/spec.md "FedVeca".
 
 Client `i` in round `k` runs `τ_(k,i)` plain local SGD steps from `w_k` (eq. 1) and returns
 
@@ -27,7 +27,7 @@ took), estimates
 `L_(k−1)` one round late (lines 11–16; `‖∇F(w_0)‖/‖w_0‖` at `k = 1`), keeps `L = max` so far,
 and predicts the next step counts by eq. 15,
 `τ_(k+1,i) = ⌊A_(k,i) / (A_(k,i) − α_k min_j A_(k,j))⌋` with `A = η_k β² δ`, reset to 2 when
-`≤ 1` and capped at `τ_max` (§IV-A4). Guards **[choice]** (SPEC.md): a non-finite or missing
+`≤ 1` and capped at `τ_max` (§IV-A4). Guards **[choice]** (docs/spec.md): a non-finite or missing
 estimate keeps the previous `τ`; `A ≤ 0` or a denominator `≤ 0` gives `τ_max`; the minimum runs
 over the clients with a finite positive `A`. The floor allows a 1e-9 slack so that
 `⌊1/(1 − 0.95)⌋` is 20 as in exact arithmetic, not 19.

@@ -1,4 +1,4 @@
-"""Hierarchical and decentralised FL (SPEC.md "Hierarchical and decentralised", seed fedsr.txt).
+"""Hierarchical and decentralised FL (docs/spec.md "Hierarchical and decentralised", seed fedsr.txt).
 
 - `ring` — ring-optimization (FedSR §III-B, eqs. 8–9): the devices form one ring; device 1
   trains from `w_t` for `E` local epochs and passes its model to device 2, …; `w_(t+1)` is the

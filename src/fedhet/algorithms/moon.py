@@ -1,4 +1,4 @@
-"""MOON: model-contrastive federated learning (SPEC.md "MOON"; a FedSR baseline).
+"""MOON: model-contrastive federated learning (docs/spec.md "MOON"; a FedSR baseline).
 
 The model is `encoder → projection head → classifier` (`moon-mlp`, `moon-cnn`), with `z` the
 projection. Each local step minimises `CE + μ ℓ_con` with

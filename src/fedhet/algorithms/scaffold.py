@@ -1,4 +1,4 @@
-"""SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1; SPEC.md "SCAFFOLD").
+"""SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1; docs/spec.md "SCAFFOLD").
 
 Server state: model `x` and control variate `c`; client state: its own control variate `c_i`
 (zeros before its first round, kept across rounds by the engine). The downlink carries `x` and
@@ -13,7 +13,7 @@ Weights **[choice]**: `weighting = "samples"` (default) uses the data weights
 `p_i = D_i / Σ_S D_j` in both means, matching FedAvg; `weighting = "uniform"` uses `1/|S|` in both,
 the paper's Algorithm 1. The two means must use the same weights: with full participation
 `c = Σ_i p_i c_i` at every round, so at a fixed point `c = 0` means `Σ_i p_i ∇F_i(x) = 0`. Mixing
-data-weighted `Δy` with a plain mean of `Δc` (SPEC.md's literal rule) makes SCAFFOLD converge to
+data-weighted `Δy` with a plain mean of `Δc` (docs/spec.md's literal rule) makes SCAFFOLD converge to
 the minimiser of `(1/N) Σ_i F_i` instead of `Σ_i p_i F_i` when client sizes differ (see
 tests/test_quadratic.py).
 

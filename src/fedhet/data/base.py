@@ -1,7 +1,7 @@
 """The in-memory dataset every layer above works on.
 
 A dataset is loaded once into tensors; a client is an index array into `x_train`/`y_train`
-(DESIGN.md, "Engine habits"). No per-client copies are made.
+(docs/design.md, "Engine habits"). No per-client copies are made.
 """
 
 from __future__ import annotations

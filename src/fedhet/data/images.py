@@ -411,7 +411,7 @@ def load_mnist(params: MnistParams, data_dir: Path) -> Dataset:
 
 @DATASETS.register("mnist-even-odd", MnistParams, "MNIST with binary labels: 1 = even digit, 0 = odd")
 def load_mnist_even_odd(params: MnistParams, data_dir: Path) -> Dataset:
-    """For the squared SVM (SPEC.md), which maps class 1/0 to +1/−1 itself."""
+    """For the squared SVM (docs/spec.md), which maps class 1/0 to +1/−1 itself."""
     (x_tr, y_tr, x_te, y_te), read = load_idx_arrays(MNIST, data_dir, params.download, params.source)
     if len(y_tr) and y_tr.max() > 9 or len(y_te) and y_te.max() > 9:
         raise FedhetError("mnist-even-odd: labels above 9; the files are not MNIST")

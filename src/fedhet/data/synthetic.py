@@ -1,6 +1,6 @@
 """Synthetic(α, β), the FedProx generator used in FedNova's logistic-regression experiment.
 
-SPEC.md: 60 features, 10 classes, `n_k = ⌊LogNormal(4, 2)⌋ + 50` samples for user k,
+docs/spec.md: 60 features, 10 classes, `n_k = ⌊LogNormal(4, 2)⌋ + 50` samples for user k,
 `u_k ~ N(0, α)`, `B_k ~ N(0, β)`, `W_k, b_k ~ N(u_k, 1)`, `v_k ~ N(B_k, 1)`,
 `x ~ N(v_k, diag(j^(−1.2)))`, `y = argmax(softmax(W_k x + b_k))`. α and β are standard
 deviations. Each user is one client (the natural partition); each user's samples are split

@@ -1,6 +1,6 @@
 """Communication accounting: model transfers and bytes per link kind, per round and in total.
 
-Link kinds follow SPEC.md: `device-cloud` (star), `device-edge`, `edge-cloud`, and
+Link kinds follow docs/spec.md: `device-cloud` (star), `device-edge`, `edge-cloud`, and
 `device-device` (ring hops). A direction is `up` (towards the cloud) or `down`; device-to-device
 hops are `peer`. A "transfer" is one message that carries a model-sized tensor; a message with
 scalars only (a sample count) adds bytes but no transfer. Per link kind the metrics carry the

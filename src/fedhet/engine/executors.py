@@ -1,4 +1,4 @@
-"""Executors: how a round's independent client halves run (DESIGN.md "Executors").
+"""Executors: how a round's independent client halves run (docs/design.md "Executors").
 
 - `sequential`: one client after another, exactly today's loop (`Simulation.client_update`).
 - `batched`: the clients' local SGD runs stacked (`fedhet.training.cohort.CohortTrainer`).

@@ -1,6 +1,6 @@
 """Linear models: multinomial logistic regression and the squared SVM.
 
-Squared SVM (SPEC.md "Datasets"; FedVeca §IV-A2, BHerd §2.3): binary labels `{0, 1}` are mapped
+Squared SVM (docs/spec.md "Datasets"; FedVeca §IV-A2, BHerd §2.3): binary labels `{0, 1}` are mapped
 to `y = ±1` (class 1 → +1), `score = wᵀx + b`, and the loss on a batch `B` is
 `(λ/2)‖w‖² + (1/2|B|) Σ max(0, 1 − y·score)²` with `λ = 0.1` **[choice]** (the bias is not
 regularised). A sample is predicted as class 1 when `score > 0`.

@@ -1,4 +1,4 @@
-"""Models with a projection head for MOON (SPEC.md "MOON").
+"""Models with a projection head for MOON (docs/spec.md "MOON").
 
 `encoder → projection head (2-layer MLP to a 256-d z) → classifier on z`, as in MOON.
 `forward(x)` returns the logits; `forward(x, with_z=True)` returns `(logits, z)` so the

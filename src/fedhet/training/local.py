@@ -1,7 +1,7 @@
 """Local computation on one client: mini-batch streams, gradients, SGD, full gradients.
 
 `LocalTrainer` is built once per worker around one `FlatModel` and the dataset tensors; a
-client is only an index array into those tensors (DESIGN.md). The SGD loop follows SPEC.md:
+client is only an index array into those tensors (docs/design.md). The SGD loop follows docs/spec.md:
 `w^(λ+1) = w^λ − η g^λ` with `g^λ` the mini-batch gradient at the current local model, plus
 optional weight decay and heavy-ball momentum (PyTorch's convention:
 `v ← ρ v + (g + wd·w)`, `w ← w − η v`).
