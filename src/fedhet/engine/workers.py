@@ -9,7 +9,7 @@ the same seeded streams (`stream_seed`) in whichever process it runs: the run is
 to one worker when every process computes with the same number of threads (run with
 `OMP_NUM_THREADS=1`, as `make test` does; the workers use `max(1, threads // N)` each).
 
-At most `2 N` tasks are in flight, so the replies waiting for the server are bounded as in the
+At most `8 N` tasks are in flight (`IN_FLIGHT`), so the replies waiting for the server are bounded as in the
 streaming round runners. A client that raises comes back as a `ClientFailure` (the round goes
 on without it); `Diverged`, `FedhetError` and interrupts end the run as in one process. The
 pool is forked on first use (`fork`: the copy of the run costs nothing up front) and closed
@@ -33,6 +33,10 @@ from fedhet.engine.executors import FATAL, SequentialExecutor, failure
 if TYPE_CHECKING:
     from fedhet.algorithms.base import Message
     from fedhet.engine.simulation import Simulation
+
+IN_FLIGHT = 8
+"""Clients in flight per worker: enough that one large client at the head of the queue does not
+leave the other workers idle, few enough that waiting replies stay a bounded multiple of one."""
 
 _RUN: Simulation | None = None
 """The run a forked worker computes with (set in the parent just before the fork)."""
@@ -93,7 +97,7 @@ class ProcessExecutor(SequentialExecutor):
                 has_state = client_id in sim.client_states
                 task = (client_id, message, round, has_state, sim.client_states.get(client_id))
                 pending.append((client_id, self.pool.apply_async(_client_task, task)))
-                if len(pending) >= 2 * self.workers:
+                if len(pending) >= IN_FLIGHT * self.workers:
                     return
 
         submit()
