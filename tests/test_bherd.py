@@ -130,6 +130,25 @@ def test_bherd_scaffold_with_zero_control_variates_is_bherd():
     assert torch.allclose(uniform.final_state["c"], cs.mean(0), atol=1e-6)
 
 
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_bherd_scaffold_option_one_is_the_gradient_at_the_received_model(executor):
+    """SCAFFOLD's option I: `c_i⁺ = ∇F_i(x)` at the model received at the start of the round.
+    With BatchNorm the value depends on the statistics the gradient pass sees: the received
+    ones, not those the local steps leave in the shared model (which an after-training pass
+    would use)."""
+    settings = {**BASE, "algorithm": "bherd-scaffold", "algorithm.option": "I", "rounds": 1,
+                "model": "cnn-fednnnn-cifar", "executor": executor}
+    cfg, params = resolve_settings(settings)
+    sim = Simulation(cfg, params, store=None, log=lambda s: None)
+    received = sim.buffers.clone()
+    assert received.numel() > 0  # the model has BatchNorm statistics
+    sim.run()
+    for i, indices in enumerate(sim.client_indices):
+        sim.model.buffers.copy_(received)
+        grad = sim.trainer.full_gradient(sim.w0, indices)
+        assert torch.allclose(sim.client_states[i]["c"], grad, atol=1e-6)
+
+
 def test_bherd_fednova_equals_bherd_when_steps_are_equal():
     same = {"local_steps": 5, "rounds": 2}
     a = run({"algorithm": "bherd", **same})

@@ -19,7 +19,8 @@ Variants:
 - `bherd-scaffold`: local steps use `g − c_i + c` (SCAFFOLD); the corrected gradients are
   herded; the model moves as BHerd's `x ← x − η_g η Σ p_i τ_i G_i`; control variates as
   SCAFFOLD (SPEC.md): option II `c_i⁺ = c_i − c + (x − y_i)/(τ_i η)` with `y_i` the client's
-  actual local model after its `τ_i` steps **[choice]** (option I: `c_i⁺ = ∇F_i(x)`),
+  actual local model after its `τ_i` steps **[choice]** (option I: `c_i⁺ = ∇F_i(x)` at the
+  received `x`, computed before the local steps as in `scaffold`),
   `c ← c + (|S|/N) Σ_S p_i Δc_i` with the weights of the model step (`weighting`), exactly
   `scaffold`'s rules and helpers (see its docstring for why the two means share weights).
 
@@ -342,11 +343,11 @@ class BHerdScaffold(_BHerdBase):
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         w0, c = message.tensors["w"], message.tensors["c"]
         c_i = state["c"]
+        if self.params.option == "I":  # at the received x, before the local steps move the
+            c_new = option_one_variate(ctx, w0)  # shared model's BatchNorm statistics
         batches, cursor = local_batches(ctx, self.params.order, state["cursor"])
         hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transform=corrected(c, c_i))
-        if self.params.option == "I":
-            c_new = option_one_variate(ctx, w0)
-        else:
+        if self.params.option == "II":
             c_new = option_two_variate(w0, hp.w, c, c_i, hp.steps, ctx.sgd.lr)
         reply = herd_reply(ctx, hp, {"delta_c": c_new if c_i is None else c_new - c_i})
         return reply, {"cursor": cursor, "c": c_new}
