@@ -155,9 +155,11 @@ class HerdSelection:
     mean_kept: torch.Tensor
     """`G_i` (eq. 6), float32."""
     distance: float
-    """`‖G_i − mean_λ g^λ‖` (Fig. 4d)."""
+    """`‖G_i − mean_λ g^λ‖` (Fig. 4d) of the herd, also when the guard fell back."""
     mean_all: torch.Tensor
     """`μ = mean_λ g^λ` over all `τ` rows (eq. 5), float64."""
+    fallback: bool = False
+    """The guard replaced the kept herd by all `τ` rows (`guarded`)."""
 
 
 def herd_select(x: torch.Tensor, alpha: float) -> HerdSelection:
@@ -167,6 +169,16 @@ def herd_select(x: torch.Tensor, alpha: float) -> HerdSelection:
     g_kept, mu = row_mean(x, kept), row_mean(x)
     distance = float(torch.linalg.vector_norm(g_kept - mu))
     return HerdSelection(order, kept, g_kept.to(torch.float32), distance, mu)
+
+
+def guarded(sel: HerdSelection, max_error: float) -> HerdSelection:
+    """Keep all rows instead when `‖G_i − μ‖ > max_error · ‖μ‖` (`max_error > 0`): the kept
+    herd no longer stands for the whole set (eq. 1's premise), so the client falls back to
+    `α = 1` for this round. `max_error = 0` turns the guard off."""
+    if max_error <= 0 or sel.distance <= max_error * float(torch.linalg.vector_norm(sel.mean_all)):
+        return sel
+    return HerdSelection(sel.order, sel.order, sel.mean_all.to(torch.float32), sel.distance,
+                         sel.mean_all, fallback=True)
 
 
 # -- client half ------------------------------------------------------------------------------
@@ -195,12 +207,12 @@ class HerdPass:
 
 def herd_local_pass(
     w0: torch.Tensor, ctx: ClientContext, batches: Any, alpha: float,
-    transform: GradTransform | None = None, fixed_point: bool = False,
+    transform: GradTransform | None = None, fixed_point: bool = False, max_error: float = 0.0,
 ) -> HerdPass:
     """Local SGD keeping each step's gradient in a preallocated `τ × d` buffer, then herd.
 
     `fixed_point`: the same pass with a zero step, so every gradient is taken at `w0`
-    (Definition 1); the returned `w` is `w0`."""
+    (Definition 1); the returned `w` is `w0`. `max_error`: the guard (`guarded`)."""
     grads = torch.empty(ctx.tau, w0.numel())
 
     def keep(step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
@@ -208,7 +220,7 @@ def herd_local_pass(
 
     sgd = replace(ctx.sgd, lr=0.0) if fixed_point else ctx.sgd
     w, steps, loss = ctx.trainer.sgd(w0, batches, sgd, transform=transform, on_step=keep)
-    return HerdPass(w, steps, loss, herd_select(grads[:steps], alpha))
+    return HerdPass(w, steps, loss, guarded(herd_select(grads[:steps], alpha), max_error))
 
 
 def herd_reply(ctx: ClientContext, hp: HerdPass, extra: dict[str, torch.Tensor] | None = None):
@@ -218,7 +230,7 @@ def herd_reply(ctx: ClientContext, hp: HerdPass, extra: dict[str, torch.Tensor] 
         {
             "num_samples": float(ctx.num_samples), "steps": float(hp.steps),
             "kept_steps": float(len(sel.kept)), "lr": ctx.sgd.lr, "train_loss": hp.loss,
-            "herd_dist": sel.distance,
+            "herd_dist": sel.distance, "herd_fallback": float(sel.fallback),
         },
     )
 
@@ -258,9 +270,16 @@ class BHerdParams:
     """`mean-tau` only: scale `G_i` by `τ_i` (True, FedAvg at α = 1) or by `m_i` (False)."""
     order: Literal["fixed", "reshuffle"] = "fixed"
     weighting: Literal["samples", "uniform"] = "samples"
+    max_herd_error: float = 0.0
+    """The guard `ρ` (`guarded`): a client whose kept mean is farther than `ρ ‖μ_i‖` from the
+    mean of all its gradients sends that mean instead (`α = 1` for the round); 0 = off."""
 
     def validate(self) -> None:
         _check_alpha(self.alpha)
+        if not (self.max_herd_error >= 0 and math.isfinite(self.max_herd_error)):
+            raise FedhetError(
+                f"algorithm.max_herd_error must be a number ≥ 0 (0 = off), got {self.max_herd_error}"
+            )
         if not (self.global_lr > 0 and math.isfinite(self.global_lr)):
             raise FedhetError(f"algorithm.global_lr must be a positive number, got {self.global_lr}")
         if not self.rescale and self.reading != "mean-tau":
@@ -273,6 +292,9 @@ class BHerdParams:
 @dataclass(frozen=True)
 class BHerdScaffoldParams(BHerdParams):
     option: Literal["II", "I"] = "II"
+    max_herd_error: float = 1.0
+    """On by default: without it BHerd-SCAFFOLD collapses where the herd's error outgrows the
+    small corrected mean (docs/bherd.md "BHerd-SCAFFOLD")."""
 
 
 # -- server helpers ----------------------------------------------------------------------------
@@ -285,6 +307,7 @@ def herd_diagnostics(num_clients: int, replies: Sequence[Reply]) -> dict[str, An
         diag[f"herd_dist_{i}"] = msg.scalars["herd_dist"] if msg else float("nan")
         diag[f"tau_{i}"] = msg.scalars["steps"] if msg else float("nan")
         diag[f"kept_{i}"] = msg.scalars["kept_steps"] if msg else float("nan")
+    diag["herd_fallbacks"] = sum(r.message.scalars.get("herd_fallback", 0.0) for r in replies)
     diag["kept_indices"] = {str(r.client_id): r.message.tensors["kept"].tolist() for r in replies}
     return diag
 
@@ -328,7 +351,8 @@ class _BHerdBase(Algorithm):
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         batches, cursor = local_batches(ctx, self.params.order, state["cursor"])
         hp = herd_local_pass(
-            message.tensors["w"], ctx, batches, self.params.alpha, fixed_point=self.fixed_point
+            message.tensors["w"], ctx, batches, self.params.alpha, fixed_point=self.fixed_point,
+            max_error=getattr(self.params, "max_herd_error", 0.0),
         )
         return herd_reply(ctx, hp), {**state, "cursor": cursor}
 
@@ -401,7 +425,7 @@ class BHerdScaffold(_BHerdBase):
             c_new = option_one_variate(ctx, w0)  # shared model's BatchNorm statistics
         batches, cursor = local_batches(ctx, self.params.order, state["cursor"])
         hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transform=corrected(c, c_i),
-                             fixed_point=self.fixed_point)
+                             fixed_point=self.fixed_point, max_error=self.params.max_herd_error)
         if self.params.option == "II" and self.fixed_point:  # mean corrected gradient at x
             c_new = hp.selection.mean_all.to(torch.float32).sub_(c)
             c_new = c_new if c_i is None else c_new.add_(c_i)
