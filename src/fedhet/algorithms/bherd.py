@@ -240,7 +240,7 @@ READINGS = ("mean-tau", "sum", "fixed-point")
 Reading = Literal["mean-tau", "sum", "fixed-point"]
 
 
-def _check_alpha(alpha: float) -> None:
+def check_alpha(alpha: float) -> None:
     if not 0.0 < alpha <= 1.0:
         raise FedhetError(
             f"algorithm.alpha must be in (0, 1] (the fraction of local gradients kept), got {alpha}"
@@ -256,7 +256,7 @@ class BHerdFedNovaParams:
     weighting: Literal["samples", "uniform"] = "samples"
 
     def validate(self) -> None:
-        _check_alpha(self.alpha)
+        check_alpha(self.alpha)
 
 
 @dataclass(frozen=True)
@@ -275,7 +275,7 @@ class BHerdParams:
     mean of all its gradients sends that mean instead (`α = 1` for the round); 0 = off."""
 
     def validate(self) -> None:
-        _check_alpha(self.alpha)
+        check_alpha(self.alpha)
         if not (self.max_herd_error >= 0 and math.isfinite(self.max_herd_error)):
             raise FedhetError(
                 f"algorithm.max_herd_error must be a number ≥ 0 (0 = off), got {self.max_herd_error}"
