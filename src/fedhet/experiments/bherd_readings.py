@@ -7,7 +7,9 @@ with random reshuffling (§1.3), the BHerd family and GraB their own orders (§4
 - `readings`: FedAvg against BHerd-FedAvg under each reading of eqs. 6–7 (`mean-tau`, `sum`,
   `fixed-point` with `η_g = 1` and with a stable `η_g`), `α = 0.5`;
 - `alpha`: BHerd-FedAvg, one reading, `α ∈ {0.1, 0.3, 0.5, 1.0}` (Fig. 3a);
-- `grab`: GraB-FedAvg without and with cropping (`α = 0.5`, one reading).
+- `grab`: GraB-FedAvg without and with cropping (`α = 0.5`, one reading);
+- `control`: `fixed-point` with `α = 1` and half the `η_g`, the same step size as the
+  `α = 0.5` runs (`m_i ≈ τ_i / 2`): herding or just gradient descent without client drift?
 
 A run lives in `root/<case>/<method slug>/seed<s>`; finished (or diverged) runs are skipped, a
 killed one is resumed from its checkpoint, so the command can be repeated. The git commit each
@@ -48,6 +50,7 @@ FIXED_POINT_LR = 0.005
 `η m_i ≈ 1.2` times the gradient, far above `2/L` (`L ≈ 250` for the standardised pixels), and
 the run diverges; 10-round pilots on Case 1 diverged at `η_g = 0.03`, oscillated at `0.01`."""
 EARLY = (1, 2, 3, 4, 5)
+STUDIES = ("readings", "alpha", "grab", "control")
 FEDAVG = "FedAvg"
 
 
@@ -77,6 +80,9 @@ def methods(study: str, reading: str) -> dict[str, dict[str, Any]]:
                 "algorithm": "grab-fedavg", "algorithm.alpha": 0.5, "algorithm.reading": reading,
             },
         }
+    if study == "control":  # fixed-point without cropping, at the same step as α = 0.5
+        return {**fedavg, f"fixed-point α=1 ηg={FIXED_POINT_LR / 2}": bherd(
+            "fixed-point", 1.0, global_lr=FIXED_POINT_LR / 2)}
     raise ValueError(f"unknown study {study!r}")
 
 
@@ -232,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("run", "report"))
     ap.add_argument("--root", type=Path, default=Path("runs/bherd-study"))
-    ap.add_argument("--study", choices=("readings", "alpha", "grab"), default="readings")
+    ap.add_argument("--study", choices=STUDIES, default="readings")
     ap.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0-9"))
     ap.add_argument("--reading", default="mean-tau",
                     help="the reading of the alpha and grab studies (default mean-tau)")
