@@ -122,6 +122,9 @@ def test_study_runs_resume_and_reports(tmp_path, monkeypatch):
     rows = {line.split("|")[2].strip(): line for line in table[2:]}
     assert set(rows) == {"FedAvg", "GraB-FedAvg", "GraB-FedAvg crop α=0.5 mean-tau"}
     assert "| 2 |" in rows["GraB-FedAvg"] and " ± " in rows["GraB-FedAvg"]
+    one = br.report(tmp_path, "grab", "mean-tau", ["case1"], seeds=[1], baseline="GraB-FedAvg")
+    assert "vs GraB-FedAvg" in one.splitlines()[0]
+    assert all("| 1 |" in line for line in one.splitlines()[2:])
 
 
 def test_paired_difference_marks_only_what_is_outside_the_noise():

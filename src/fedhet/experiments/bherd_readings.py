@@ -18,6 +18,8 @@ run was made at goes to `root/commits.jsonl`.
     python -m fedhet.experiments.bherd_readings run --root runs/bherd-study --study readings \\
         --seeds 0-9
     python -m fedhet.experiments.bherd_readings report --root runs/bherd-study --study readings
+    python -m fedhet.experiments.bherd_readings report --root runs/bherd-study --study alpha \
+        --seeds 0-2 --baseline "BHerd mean-tau α=1.0"
 
 The report is a markdown table per study: mean ± std over seeds of the final accuracy, final
 test loss, test loss at rounds 1–5 and rounds to reach FedAvg's final accuracy (FedAvg of the
@@ -180,20 +182,26 @@ def paired(diffs: Sequence[float], digits: int = 4) -> str:
     return f"{d.mean():+.{digits}f} ± {d.std(ddof=1):.{digits}f}{mark}"
 
 
-def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CASES)) -> str:
+def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CASES),
+           seeds: Sequence[int] | None = None, baseline: str = FEDAVG) -> str:
+    """The study's table; `seeds` restricts it to those seeds, `baseline` names the method the
+    paired differences are taken against (FedAvg; rounds to reach are always FedAvg's)."""
+    short = "FedAvg" if baseline == FEDAVG else baseline
     head = ["case", "method", "n", "final acc", "final loss",
             *(f"loss r{k}" for k in EARLY), "rounds to FedAvg's final acc",
-            "Δ final acc vs FedAvg", "Δ mean loss r1–5 vs FedAvg"]
+            f"Δ final acc vs {short}", f"Δ mean loss r1–5 vs {short}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     table = methods(study, reading)
     for case in cases:
         runs = {label: {} for label in table}
         for label, method in table.items():
             for d in sorted((Path(root) / case / slug(method)).glob("seed*")):
+                if seeds is not None and int(d.name[4:]) not in seeds:
+                    continue
                 r = seed_metrics(d)
                 if r is not None:
                     runs[label][int(d.name[4:])] = r
-        base = runs[FEDAVG]
+        fedavg, base = runs[FEDAVG], runs[baseline]
         for label, by_seed in runs.items():
             if not by_seed:
                 continue
@@ -205,8 +213,8 @@ def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CA
                 continue
             reach, never = [], 0
             for s, r in ok.items():
-                if s in base and not base[s]["diverged"]:
-                    hit = rounds_to_reach(r["m"], base[s]["acc"])
+                if s in fedavg and not fedavg[s]["diverged"]:
+                    hit = rounds_to_reach(r["m"], fedavg[s]["acc"])
                     if hit is None:
                         never += 1
                     else:
@@ -218,8 +226,8 @@ def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CA
             reached = mean_std(reach, 1) + (f" ({never} never)" if never else "")
             cells = [case, label, n, mean_std([r["acc"] for r in ok.values()]),
                      mean_std([r["loss"] for r in ok.values()]), *early, reached,
-                     "—" if label == FEDAVG else paired(d_acc),
-                     "—" if label == FEDAVG else paired(d_early)]
+                     "—" if label == baseline else paired(d_acc),
+                     "—" if label == baseline else paired(d_early)]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -239,15 +247,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("command", choices=("run", "report"))
     ap.add_argument("--root", type=Path, default=Path("runs/bherd-study"))
     ap.add_argument("--study", choices=STUDIES, default="readings")
-    ap.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0-9"))
+    ap.add_argument("--seeds", type=parse_seeds, default=None,
+                    help="e.g. 0-4 or 0,2 (run: default 0-9; report: default every seed found)")
     ap.add_argument("--reading", default="mean-tau",
                     help="the reading of the alpha and grab studies (default mean-tau)")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--baseline", default=FEDAVG,
+                    help="report: the method of the paired differences (default FedAvg)")
     args = ap.parse_args(argv)
     if args.command == "run":
-        run_study(args.root, args.study, args.seeds, args.reading, args.cases)
+        run_study(args.root, args.study, args.seeds or parse_seeds("0-9"), args.reading, args.cases)
     else:
-        print(report(args.root, args.study, args.reading, args.cases), end="")
+        table = report(args.root, args.study, args.reading, args.cases, args.seeds, args.baseline)
+        print(table, end="")
 
 
 if __name__ == "__main__":
