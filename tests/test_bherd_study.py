@@ -86,3 +86,50 @@ def test_main_report_table_counts_rounds_to_fedavgs_final_accuracy(tmp_path):
     assert rows[("case1", "BHerd-FedAvg")] == "2" and rows[("case3", "FedAvg")] == "3"
     assert rows[("case2", "Centralized")] == "—"
     assert len(pngs) == 7 and all(p.exists() for p in pngs)
+
+
+# -- the multi-seed study (experiments/bherd_readings.py) ---------------------------------------
+def test_study_methods_have_distinct_directories_and_valid_settings():
+    from fedhet.experiments import bherd_readings as br
+    from fedhet.experiments.single import resolve_settings
+
+    for study in ("readings", "alpha", "grab", "control"):
+        table = br.methods(study, "sum")
+        assert len({br.slug(m) for m in table.values()}) == len(table)
+        assert br.FEDAVG in table
+        for method in table.values():
+            cfg, _ = resolve_settings(br.settings("case3", method, 7))
+            assert (cfg.rounds, cfg.clients, cfg.batch_size, cfg.lr, cfg.seed) == (100, 5, 50, 0.01, 7)
+            assert cfg.partition == "half-iid" and cfg.model == "svm"
+    assert br.parse_seeds("0-2,5") == [0, 1, 2, 5]
+
+
+def test_study_runs_resume_and_reports(tmp_path, monkeypatch):
+    from fedhet.experiments import bherd_readings as br
+
+    tiny = {"dataset": "digits", "model": "logreg", "clients": 3, "rounds": 5, "lr": 0.1,
+            "batch_size": 32, "local_epochs": 1.0}
+    monkeypatch.setattr(br, "settings", lambda case, method, seed: {
+        **tiny, "partition": br.CASES[case], "seed": seed, **method})
+    logged: list[str] = []
+    br.run_study(tmp_path, "grab", [0, 1], "mean-tau", ["case1"], log=logged.append)
+    assert len(logged) == 6 and all("finished" in line for line in logged)
+    commits = (tmp_path / "commits.jsonl").read_text().splitlines()
+    br.run_study(tmp_path, "grab", [0, 1], "mean-tau", ["case1"], log=logged.append)
+    assert len(logged) == 6  # finished runs are skipped
+    assert (tmp_path / "commits.jsonl").read_text().splitlines() == commits
+    table = br.report(tmp_path, "grab", "mean-tau", ["case1"]).splitlines()
+    rows = {line.split("|")[2].strip(): line for line in table[2:]}
+    assert set(rows) == {"FedAvg", "GraB-FedAvg", "GraB-FedAvg crop α=0.5 mean-tau"}
+    assert "| 2 |" in rows["GraB-FedAvg"] and " ± " in rows["GraB-FedAvg"]
+    one = br.report(tmp_path, "grab", "mean-tau", ["case1"], seeds=[1], baseline="GraB-FedAvg")
+    assert "vs GraB-FedAvg" in one.splitlines()[0]
+    assert all("| 1 |" in line for line in one.splitlines()[2:])
+
+
+def test_paired_difference_marks_only_what_is_outside_the_noise():
+    from fedhet.experiments.bherd_readings import paired
+
+    assert paired([0.1, 0.11, 0.09]).endswith("*")  # mean 0.1, std 0.01: far outside 2 SE
+    assert not paired([0.1, -0.1, 0.05]).endswith("*")
+    assert paired([0.1]) == "—"

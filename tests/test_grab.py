@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from fedhet.algorithms.grab import grab_epoch, grab_init
+from fedhet.algorithms.base import ALGORITHMS, ClientContext, Reply, RunInfo
+from fedhet.algorithms.grab import GraBParams, grab_epoch, grab_init, round_order
 from fedhet.engine.simulation import Simulation
+from fedhet.errors import FedhetError
 from fedhet.experiments.single import resolve_settings
+from fedhet.training.flat import FlatModel
+from fedhet.training.local import LocalTrainer, SGDConfig
 
 
 def unit_vectors(n: int, d: int, seed: int) -> torch.Tensor:
@@ -86,3 +91,65 @@ def test_grab_fedavg_keeps_its_order_across_rounds_and_learns():
         assert state["order"].tolist() != list(range(n))  # reordered after the first epoch
         assert float(state["mean"].norm()) > 0  # a stale mean from a finished epoch
     assert sim.summary_["final_accuracy"] > 0.6
+
+
+# -- cropping (the seed's "top ⌊α τ⌋" with GraB's order) ---------------------------------------
+class Quadratic(torch.nn.Module):
+    """`f(w; y) = ½ (w − y)²` for a scalar `w`; the inputs are ignored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w.expand(x.shape[0])
+
+    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (out - target).pow(2).mean()
+
+
+class InOrder(ClientContext):
+    """A client whose units are its samples one by one, in index order."""
+
+    def batches(self, steps, order=None, purpose=0):
+        return iter([torch.tensor([j % self.num_samples]) for j in range(steps)])
+
+
+def grab_round(alpha: float, reading: str = "mean-tau"):
+    """One GraB-FedAvg round, one client, `y = (1, 2, 3, 10)`, `B = 1`, `w_0 = 0`, `η = ½`.
+
+    Steps (stale mean 0 in the first epoch, `s = 0`): `g = −1`: tie → `+`, `s = −1`;
+    `g = −1.5`: `|−2.5| > |0.5|` → `−`, `s = 0.5`; `g = −1.75`: `|−1.25| < |2.25|` → `+`,
+    `s = −1.25`; `g = −7.875`: `|−9.125| > |6.625|` → `−`. GraB's order: `(0, 2, 3, 1)`."""
+    model = FlatModel(Quadratic())
+    y = torch.tensor([1.0, 2.0, 3.0, 10.0])
+    run_info = RunInfo(num_clients=1, rounds=1, lr=0.5, momentum=0.0, weight_decay=0.0, seed=0,
+                       dim=1, layers=model.layers)
+    algo = ALGORITHMS.get("grab-fedavg").factory(GraBParams(alpha=alpha, reading=reading), run_info)
+    ctx = InOrder(client_id=0, round=0, indices=torch.arange(4),
+                  trainer=LocalTrainer(model, torch.zeros(4, 1), y), tau=4, batch_size=1,
+                  sgd=SGDConfig(0.5), seed=0)
+    state = algo.init(torch.zeros(1))
+    reply, client_state = algo.client_update(algo.configure(state, 0, 0), ctx, None)
+    new, _ = algo.aggregate(state, 0, [Reply(0, reply)])
+    return float(new["w"]), reply, client_state
+
+
+def test_cropping_keeps_the_top_of_grabs_order_by_hand():
+    w, reply, state = grab_round(0.5)
+    assert state["order"].tolist() == [0, 2, 3, 1]  # the same permutation GraB keeps
+    assert reply.scalars["kept_steps"] == 2
+    # kept steps 0 and 2: G = (−1 − 1.75)/2 = −1.375; mean-tau Δ = −η τ G = 2.75
+    assert w == pytest.approx(2.75)
+    assert grab_round(0.5, "sum")[0] == pytest.approx(1.375)  # Δ = −η m G
+    assert grab_round(1.0)[0] == pytest.approx(6.0625)  # no cropping: FedAvg's local model
+    assert round_order([True, False, True, False]) == [0, 2, 3, 1]
+
+
+def test_grab_fedavg_with_cropping_learns_and_differs():
+    full = run({"algorithm": "grab-fedavg"})
+    crop = run({"algorithm": "grab-fedavg", "algorithm.alpha": 0.5})
+    assert crop.summary_["final_accuracy"] > 0.6
+    assert not torch.allclose(crop.final_state["w"], full.final_state["w"], atol=1e-4)
+    with pytest.raises(FedhetError, match="alpha"):
+        resolve_settings({"algorithm": "grab-fedavg", "algorithm.alpha": 0.0})

@@ -1,25 +1,39 @@
 """BHerd: select a beneficial herd of local gradients (SPEC.md "BHerd"; seed bherd.txt).
 
-Client `i` in round `k` runs `τ_i` local SGD steps from `w_k` keeping every mini-batch gradient
-`g^λ` (at the evolving local model, eq. 3). It then
+Client `i` in round `k` computes `τ_i` mini-batch gradients `g^λ`, `λ = 0 … τ_i − 1`, in the
+client's batch order. It then
 
 1. orders them by herding (Algorithm 2): `μ = mean_λ g^λ` (eq. 5), `z^λ = g^λ − μ`, `s = 0`;
    repeatedly append the unused `λ` minimising `‖s + z^λ‖` and set `s ← s + z^λ` (ties → the
    lowest index). With the Gram matrix `Γ = Z Zᵀ`, `‖s + z^j‖² = ‖s‖² + 2 sᵀz^j + Γ_jj` and
    `sᵀz^j` is a running sum of rows of `Γ`, so the cost is `O(τ² d)` once plus `O(τ²)`;
 2. keeps the first `m_i = max(1, ⌊α τ_i⌋)` of the order (eq. 1, default `α = 0.5`);
-3. uploads `G_i = (1/m_i) Σ_(λ ∈ kept) g^λ` (eq. 6) with `D_i`, `τ_i`, `m_i`.
+3. uploads `G_i = (1/m_i) Σ_(λ ∈ kept) g^λ` with `D_i`, `τ_i`, `m_i` (`S_i = m_i G_i` is the
+   sum of eq. 6).
 
-Server, eq. 7 **[choice]**: `w_(k+1) = w_k − η Σ_i p_i τ_i G_i`, which is FedAvg exactly when
-`α = 1` (then `τ_i G_i = Σ_λ g^λ = −Δ_i / η`); `rescale=False` uses `m_i` in place of `τ_i`.
+Eqs. 6–7 are lost in our copy; three readings of them survive the text (`reading`):
+- `mean-tau` **[choice]** (SPEC.md): `g^λ` at the evolving local model (eq. 3),
+  `w_(k+1) = w_k − η_g η Σ_i p_i τ_i G_i`: FedAvg exactly when `α = 1` (then
+  `τ_i G_i = Σ_λ g^λ = −Δ_i / η`); `rescale=False` uses `m_i` in place of `τ_i`;
+- `sum`: the text's "we **sum** the gradients in the permutation" (eq. 6), `g^λ` at the evolving
+  local model, `w_(k+1) = w_k − η_g η Σ_i p_i S_i`; with `η_g = 1` (default) `α = 1` is FedAvg
+  exactly, and `α < 1` takes a step about `α` times FedAvg's (identical to `mean-tau` with
+  `rescale=False`); `η_g = 1/α` is `mean-tau` up to the floor in `m_i` ("this allows us to
+  increase the step size of the global gradient");
+- `fixed-point`: Definition 1: every `g^λ = ∇f(w_k; ξ^λ)` at the global model held fixed for
+  the round (no local movement), herded and summed as in `sum`:
+  `w_(k+1) = w_k − η_g η Σ_i p_i S_i`. With `α = 1` this is one gradient step of size
+  `η_g η τ_i` on the client's batches, so it needs `η_g η τ_i < 2/L` to be stable.
 
 Variants:
 - `bherd-fednova`: FedNova's rule with `G_i` as the normalised direction:
   `τ_eff = Σ_i p_i a_i`, `w ← w − η τ_eff Σ_i p_i G_i`, `a_i = τ_i` (or `m_i`, `rescale=False`).
 - `bherd-scaffold`: local steps use `g − c_i + c` (SCAFFOLD); the corrected gradients are
-  herded; the model moves as BHerd's `x ← x − η_g η Σ p_i τ_i G_i`; control variates as
-  SCAFFOLD (SPEC.md): option II `c_i⁺ = c_i − c + (x − y_i)/(τ_i η)` with `y_i` the client's
-  actual local model after its `τ_i` steps **[choice]** (option I: `c_i⁺ = ∇F_i(x)`),
+  herded; the model moves as BHerd's (`reading`); control variates as SCAFFOLD (SPEC.md):
+  option II `c_i⁺ = c_i − c + (x − y_i)/(τ_i η)` with `y_i` the client's actual local model
+  after its `τ_i` steps **[choice]** (under `fixed-point`, where `y_i = x`, the mean corrected
+  gradient, which `(x − y_i)/(τ_i η)` equals for plain SGD); option I `c_i⁺ = ∇F_i(x)` at the
+  received `x`, computed before the local steps as in `scaffold`;
   `c ← c + (|S|/N) Σ_S p_i Δc_i` with the weights of the model step (`weighting`), exactly
   `scaffold`'s rules and helpers (see its docstring for why the two means share weights).
 
@@ -34,8 +48,9 @@ Memory: one client at a time holds its `τ × d` float32 gradient buffer (`4 τ 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -140,16 +155,30 @@ class HerdSelection:
     mean_kept: torch.Tensor
     """`G_i` (eq. 6), float32."""
     distance: float
-    """`‖G_i − mean_λ g^λ‖` (Fig. 4d)."""
+    """`‖G_i − mean_λ g^λ‖` (Fig. 4d) of the herd, also when the guard fell back."""
+    mean_all: torch.Tensor
+    """`μ = mean_λ g^λ` over all `τ` rows (eq. 5), float64."""
+    fallback: bool = False
+    """The guard replaced the kept herd by all `τ` rows (`guarded`)."""
 
 
 def herd_select(x: torch.Tensor, alpha: float) -> HerdSelection:
     """Herd the rows of `x`, keep the first `max(1, ⌊α τ⌋)`, return their mean (eqs. 1, 6)."""
     order = herding_order(x)
     kept = order[: kept_count(alpha, x.shape[0])]
-    g_kept = row_mean(x, kept)
-    distance = float(torch.linalg.vector_norm(g_kept - row_mean(x)))
-    return HerdSelection(order, kept, g_kept.to(torch.float32), distance)
+    g_kept, mu = row_mean(x, kept), row_mean(x)
+    distance = float(torch.linalg.vector_norm(g_kept - mu))
+    return HerdSelection(order, kept, g_kept.to(torch.float32), distance, mu)
+
+
+def guarded(sel: HerdSelection, max_error: float) -> HerdSelection:
+    """Keep all rows instead when `‖G_i − μ‖ > max_error · ‖μ‖` (`max_error > 0`): the kept
+    herd no longer stands for the whole set (eq. 1's premise), so the client falls back to
+    `α = 1` for this round. `max_error = 0` turns the guard off."""
+    if max_error <= 0 or sel.distance <= max_error * float(torch.linalg.vector_norm(sel.mean_all)):
+        return sel
+    return HerdSelection(sel.order, sel.order, sel.mean_all.to(torch.float32), sel.distance,
+                         sel.mean_all, fallback=True)
 
 
 # -- client half ------------------------------------------------------------------------------
@@ -178,16 +207,20 @@ class HerdPass:
 
 def herd_local_pass(
     w0: torch.Tensor, ctx: ClientContext, batches: Any, alpha: float,
-    transform: GradTransform | None = None,
+    transform: GradTransform | None = None, fixed_point: bool = False, max_error: float = 0.0,
 ) -> HerdPass:
-    """Local SGD keeping each step's gradient in a preallocated `τ × d` buffer, then herd."""
+    """Local SGD keeping each step's gradient in a preallocated `τ × d` buffer, then herd.
+
+    `fixed_point`: the same pass with a zero step, so every gradient is taken at `w0`
+    (Definition 1); the returned `w` is `w0`. `max_error`: the guard (`guarded`)."""
     grads = torch.empty(ctx.tau, w0.numel())
 
     def keep(step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
         grads[step].copy_(g)
 
-    w, steps, loss = ctx.trainer.sgd(w0, batches, ctx.sgd, transform=transform, on_step=keep)
-    return HerdPass(w, steps, loss, herd_select(grads[:steps], alpha))
+    sgd = replace(ctx.sgd, lr=0.0) if fixed_point else ctx.sgd
+    w, steps, loss = ctx.trainer.sgd(w0, batches, sgd, transform=transform, on_step=keep)
+    return HerdPass(w, steps, loss, guarded(herd_select(grads[:steps], alpha), max_error))
 
 
 def herd_reply(ctx: ClientContext, hp: HerdPass, extra: dict[str, torch.Tensor] | None = None):
@@ -197,13 +230,17 @@ def herd_reply(ctx: ClientContext, hp: HerdPass, extra: dict[str, torch.Tensor] 
         {
             "num_samples": float(ctx.num_samples), "steps": float(hp.steps),
             "kept_steps": float(len(sel.kept)), "lr": ctx.sgd.lr, "train_loss": hp.loss,
-            "herd_dist": sel.distance,
+            "herd_dist": sel.distance, "herd_fallback": float(sel.fallback),
         },
     )
 
 
 # -- parameters --------------------------------------------------------------------------------
-def _check_alpha(alpha: float) -> None:
+READINGS = ("mean-tau", "sum", "fixed-point")
+Reading = Literal["mean-tau", "sum", "fixed-point"]
+
+
+def check_alpha(alpha: float) -> None:
     if not 0.0 < alpha <= 1.0:
         raise FedhetError(
             f"algorithm.alpha must be in (0, 1] (the fraction of local gradients kept), got {alpha}"
@@ -211,26 +248,53 @@ def _check_alpha(alpha: float) -> None:
 
 
 @dataclass(frozen=True)
-class BHerdParams:
+class BHerdFedNovaParams:
     alpha: float = 0.5
     rescale: bool = True
-    """Eq. 7 **[choice]**: scale `G_i` by `τ_i` (True, FedAvg at α = 1) or by `m_i` (False)."""
+    """`a_i = τ_i` (True) or `m_i` (False) in FedNova's `τ_eff`."""
     order: Literal["fixed", "reshuffle"] = "fixed"
     weighting: Literal["samples", "uniform"] = "samples"
 
     def validate(self) -> None:
-        _check_alpha(self.alpha)
+        check_alpha(self.alpha)
+
+
+@dataclass(frozen=True)
+class BHerdParams:
+    alpha: float = 0.5
+    reading: Reading = "mean-tau"
+    """Eqs. 6–7 (module docstring): `mean-tau`, `sum` or `fixed-point`."""
+    global_lr: float = 1.0
+    """`η_g`, multiplies the server step in every reading."""
+    rescale: bool = True
+    """`mean-tau` only: scale `G_i` by `τ_i` (True, FedAvg at α = 1) or by `m_i` (False)."""
+    order: Literal["fixed", "reshuffle"] = "fixed"
+    weighting: Literal["samples", "uniform"] = "samples"
+    max_herd_error: float = 0.0
+    """The guard `ρ` (`guarded`): a client whose kept mean is farther than `ρ ‖μ_i‖` from the
+    mean of all its gradients sends that mean instead (`α = 1` for the round); 0 = off."""
+
+    def validate(self) -> None:
+        check_alpha(self.alpha)
+        if not (self.max_herd_error >= 0 and math.isfinite(self.max_herd_error)):
+            raise FedhetError(
+                f"algorithm.max_herd_error must be a number ≥ 0 (0 = off), got {self.max_herd_error}"
+            )
+        if not (self.global_lr > 0 and math.isfinite(self.global_lr)):
+            raise FedhetError(f"algorithm.global_lr must be a positive number, got {self.global_lr}")
+        if not self.rescale and self.reading != "mean-tau":
+            raise FedhetError(
+                f"algorithm.rescale=false applies to reading=mean-tau only (reading={self.reading} "
+                "already scales by m_i)"
+            )
 
 
 @dataclass(frozen=True)
 class BHerdScaffoldParams(BHerdParams):
     option: Literal["II", "I"] = "II"
-    global_lr: float = 1.0
-
-    def validate(self) -> None:
-        _check_alpha(self.alpha)
-        if not self.global_lr > 0:
-            raise FedhetError(f"algorithm.global_lr must be > 0, got {self.global_lr}")
+    max_herd_error: float = 1.0
+    """On by default: without it BHerd-SCAFFOLD collapses where the herd's error outgrows the
+    small corrected mean (docs/bherd.md "BHerd-SCAFFOLD")."""
 
 
 # -- server helpers ----------------------------------------------------------------------------
@@ -243,14 +307,20 @@ def herd_diagnostics(num_clients: int, replies: Sequence[Reply]) -> dict[str, An
         diag[f"herd_dist_{i}"] = msg.scalars["herd_dist"] if msg else float("nan")
         diag[f"tau_{i}"] = msg.scalars["steps"] if msg else float("nan")
         diag[f"kept_{i}"] = msg.scalars["kept_steps"] if msg else float("nan")
+    diag["herd_fallbacks"] = sum(r.message.scalars.get("herd_fallback", 0.0) for r in replies)
     diag["kept_indices"] = {str(r.client_id): r.message.tensors["kept"].tolist() for r in replies}
     return diag
 
 
 def step_scale(reply: Reply, rescale: bool) -> float:
-    """`η_i τ_i` (eq. 7) or `η_i m_i` (`rescale=False`)."""
+    """`η_i τ_i` (`mean-tau`) or `η_i m_i` (`rescale=False`, `sum`, `fixed-point`)."""
     s = reply.message.scalars
     return s["lr"] * (s["steps"] if rescale else s["kept_steps"])
+
+
+def reading_scale(params: BHerdParams) -> bool:
+    """Whether the server scales `G_i` by `τ_i` (else by `m_i`, i.e. steps with `S_i`)."""
+    return params.reading == "mean-tau" and params.rescale
 
 
 class _BHerdBase(Algorithm):
@@ -274,9 +344,16 @@ class _BHerdBase(Algorithm):
     def client_init(self, client_id: int) -> Any:
         return {"cursor": 0}
 
+    @property
+    def fixed_point(self) -> bool:
+        return getattr(self.params, "reading", "mean-tau") == "fixed-point"
+
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         batches, cursor = local_batches(ctx, self.params.order, state["cursor"])
-        hp = herd_local_pass(message.tensors["w"], ctx, batches, self.params.alpha)
+        hp = herd_local_pass(
+            message.tensors["w"], ctx, batches, self.params.alpha, fixed_point=self.fixed_point,
+            max_error=getattr(self.params, "max_herd_error", 0.0),
+        )
         return herd_reply(ctx, hp), {**state, "cursor": cursor}
 
     def stream(
@@ -308,11 +385,13 @@ class BHerd(_BHerdBase):
     name = "bherd"
 
     def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
-        acc, light = self.stream(replies, lambda r: step_scale(r, self.params.rescale))
-        return {**state, "w": state["w"] - _step(acc)}, self.round_diagnostics(acc, light)
+        by_tau = reading_scale(self.params)
+        acc, light = self.stream(replies, lambda r: step_scale(r, by_tau))
+        w = state["w"] - _step(acc, self.params.global_lr)
+        return {**state, "w": w}, self.round_diagnostics(acc, light)
 
 
-@ALGORITHMS.register("bherd-fednova", BHerdParams, "BHerd-FedNova: FedNova's τ_eff with G_i")
+@ALGORITHMS.register("bherd-fednova", BHerdFedNovaParams, "BHerd-FedNova: FedNova's τ_eff with G_i")
 class BHerdFedNova(_BHerdBase):
     name = "bherd-fednova"
 
@@ -342,20 +421,24 @@ class BHerdScaffold(_BHerdBase):
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         w0, c = message.tensors["w"], message.tensors["c"]
         c_i = state["c"]
+        if self.params.option == "I":  # at the received x, before the local steps move the
+            c_new = option_one_variate(ctx, w0)  # shared model's BatchNorm statistics
         batches, cursor = local_batches(ctx, self.params.order, state["cursor"])
-        hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transform=corrected(c, c_i))
-        if self.params.option == "I":
-            c_new = option_one_variate(ctx, w0)
-        else:
+        hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transform=corrected(c, c_i),
+                             fixed_point=self.fixed_point, max_error=self.params.max_herd_error)
+        if self.params.option == "II" and self.fixed_point:  # mean corrected gradient at x
+            c_new = hp.selection.mean_all.to(torch.float32).sub_(c)
+            c_new = c_new if c_i is None else c_new.add_(c_i)
+        elif self.params.option == "II":
             c_new = option_two_variate(w0, hp.w, c, c_i, hp.steps, ctx.sgd.lr)
         reply = herd_reply(ctx, hp, {"delta_c": c_new if c_i is None else c_new - c_i})
         return reply, {"cursor": cursor, "c": c_new}
 
     def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
-        acc, light = self.stream(
-            replies, lambda r: step_scale(r, self.params.rescale), extra=("delta_c",)
-        )
+        by_tau = reading_scale(self.params)
+        acc, light = self.stream(replies, lambda r: step_scale(r, by_tau), extra=("delta_c",))
         delta_c = variate_step(acc, self.run.num_clients)  # SCAFFOLD's rule and weights
-        step = _step(acc)
-        new = {**state, "w": state["w"] - self.params.global_lr * step, "c": state["c"] + delta_c}
-        return new, self.round_diagnostics(acc, light)
+        w = state["w"] - _step(acc, self.params.global_lr)
+        c = state["c"] + delta_c
+        diag = {**self.round_diagnostics(acc, light), "c_norm": float(c.norm())}
+        return {**state, "w": w, "c": c}, diag

@@ -6,10 +6,18 @@ the client's current order `σ`; for each unit's gradient `g` it forms `c = g �
 mean gradient of the *previous* epoch (stale mean; zero in the first epoch), and picks the sign
 that keeps the running signed sum small: `+` if `‖s + c‖ ≤ ‖s − c‖` (then `s ← s + c` and the
 unit goes to the next free slot from the front of `σ'`), else `−` (`s ← s − c`, next free slot
-from the back). At the end of the epoch `σ ← σ'` and `m ←` this epoch's mean gradient. All
-gradients are used (no selection); the server is FedAvg's. The order, pointers and the two
-running sums are client state kept across rounds, so an epoch may span rounds (`E < 1`). Extra
-memory: three `d`-vectors per client.
+from the back). At the end of the epoch `σ ← σ'` and `m ←` this epoch's mean gradient. The
+order, pointers and the two running sums are client state kept across rounds, so an epoch may
+span rounds (`E < 1`). Extra memory: three `d`-vectors per client.
+
+By default all gradients are used (no selection) and the server is FedAvg's. Cropping
+(`alpha < 1`): the seed pairs GraB-FedAvg with BHerd's selection ("the GraB operation replaces
+the herding operation in the BHerd strategy", "top ⌊α τ⌋"), so GraB's permutation of the round's
+`τ` steps, the `+` steps in visit order then the `−` steps in reverse (the order `σ'` gives
+them), replaces the herding order: the client keeps its first `m = max(1, ⌊α τ⌋)`, forms their
+mean `G` and uploads `Δ = −η τ G` (`reading="mean-tau"`, FedAvg at `α = 1`) or `Δ = −η m G`
+(`reading="sum"`), which FedAvg's server averages. This needs the round's `τ × d` gradients
+(BHerd's buffer) on the client.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Any, Literal
 import torch
 
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Message
+from fedhet.algorithms.bherd import check_alpha, kept_count, row_mean
 from fedhet.algorithms.fedavg import FedAvg
 
 
@@ -39,11 +48,17 @@ def grab_current_unit(state: dict[str, Any]) -> int:
 
 def grab_step(state: dict[str, Any], g: torch.Tensor) -> float:
     """Balance the gradient `g` of the current unit; advance; returns `‖s‖` after the step."""
+    return grab_balance(state, g)[1]
+
+
+def grab_balance(state: dict[str, Any], g: torch.Tensor) -> tuple[bool, float]:
+    """`grab_step` that also says whether the unit took the `+` sign (front of `σ'`)."""
     unit = grab_current_unit(state)
     g64 = g.to(torch.float64)
     c = g64 - state["mean"].to(torch.float64)
     s = state["s"]
-    if torch.linalg.vector_norm(s + c) <= torch.linalg.vector_norm(s - c):
+    plus = bool(torch.linalg.vector_norm(s + c) <= torch.linalg.vector_norm(s - c))
+    if plus:
         s.add_(c)
         state["next"][state["left"]] = unit
         state["left"] += 1
@@ -55,7 +70,7 @@ def grab_step(state: dict[str, Any], g: torch.Tensor) -> float:
     state["pos"] += 1
     if state["pos"] == len(state["order"]):
         grab_end_epoch(state)
-    return float(torch.linalg.vector_norm(s))
+    return plus, float(torch.linalg.vector_norm(s))
 
 
 def grab_end_epoch(state: dict[str, Any]) -> None:
@@ -77,9 +92,23 @@ def grab_epoch(vectors: torch.Tensor, state: dict[str, Any]) -> list[float]:
     return norms
 
 
+def round_order(plus: list[bool]) -> list[int]:
+    """GraB's permutation of one round's steps: `+` steps in visit order, then `−` reversed."""
+    front = [j for j, p in enumerate(plus) if p]
+    back = [j for j, p in enumerate(plus) if not p]
+    return front + back[::-1]
+
+
 @dataclass(frozen=True)
 class GraBParams:
     weighting: Literal["samples", "uniform"] = "samples"
+    alpha: float = 1.0
+    """Cropping: keep the first `max(1, ⌊α τ⌋)` steps of GraB's order; 1 = keep all."""
+    reading: Literal["mean-tau", "sum"] = "mean-tau"
+    """With cropping, the upload `−η τ G` (`mean-tau`) or `−η m G` (`sum`), as `bherd`'s."""
+
+    def validate(self) -> None:
+        check_alpha(self.alpha)
 
 
 @ALGORITHMS.register("grab-fedavg", GraBParams, "GraB-FedAvg: GraB online balancing order, FedAvg")
@@ -97,12 +126,20 @@ class GraBFedAvg(FedAvg):
             for _ in range(ctx.tau):
                 yield units[grab_current_unit(state)]
 
+        crop = self.params.alpha < 1.0
+        grads = torch.empty(ctx.tau, w0.numel()) if crop else None
+        plus: list[bool] = []
+
         def balance(step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
-            grab_step(state, g)
+            plus.append(grab_balance(state, g)[0])
+            if grads is not None:
+                grads[step].copy_(g)
 
         w, steps, loss = ctx.trainer.sgd(w0, batches(), ctx.sgd, on_step=balance)
-        reply = Message(
-            {"delta": w - w0},
-            {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss},
-        )
-        return reply, state
+        scalars = {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss}
+        if grads is None:
+            return Message({"delta": w - w0}, scalars), state
+        kept = torch.tensor(round_order(plus)[: kept_count(self.params.alpha, steps)])
+        scale = ctx.sgd.lr * (steps if self.params.reading == "mean-tau" else len(kept))
+        delta = row_mean(grads[:steps], kept).mul_(-scale).to(torch.float32)
+        return Message({"delta": delta}, {**scalars, "kept_steps": float(len(kept))}), state

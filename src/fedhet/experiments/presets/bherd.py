@@ -10,7 +10,9 @@ Sensitivity studies on SVM + MNIST with BHerd-FedAvg (Figs. 3, 4e), Cases 1–3:
 `α ∈ {0.1, 0.3, 0.5, 1.0}`, `E ∈ {0.1, 0.5, 1, 2}`, `B ∈ {10, 20, 50, 100}` **[choice]** (the
 paper's values are lost; it reports optima 10, 10, 50), `N ∈ {5, 10, 15, 20}`, RR vs non-RR.
 
-Scales: `paper` as above (one seed; the paper averages 10 runs); `small` the SVM part only with
+Scales: `paper` as above (one seed; the paper averages 10 runs; the multi-seed SVM study of
+the readings of eqs. 6–7, the α sweep and GraB's cropping is `fedhet.experiments.bherd_readings`);
+`small` the SVM part only with
 `K = 30`; `smoke` digits with logistic regression, `K = 3`, sensitivity on Case 3 only (about a
 minute on 2 CPU cores). Batch size `B = 50` **[choice]** (the paper's value is lost; 50 is one
 of its reported optima and keeps the CNN clients' gradient buffers at a few hundred MB).

@@ -1,0 +1,266 @@
+"""BHerd's multi-seed study on SVM + MNIST even/odd (docs/bherd.md "Multi-seed study").
+
+The paper's protocol (seed bherd.txt §2, preset `bherd` at `paper` scale): 5 clients, Cases 1–3
+(`iid`, `label-per-client`, `half-iid`), `E = 1`, `K = 100`, `B = 50`, `η = 0.01`; FedAvg
+with random reshuffling (§1.3), the BHerd family and GraB their own orders (§4.1). Studies:
+
+- `readings`: FedAvg against BHerd-FedAvg under each reading of eqs. 6–7 (`mean-tau`, `sum`,
+  `fixed-point` with `η_g = 1` and with a stable `η_g`), `α = 0.5`;
+- `alpha`: BHerd-FedAvg, one reading, `α ∈ {0.1, 0.3, 0.5, 1.0}` (Fig. 3a);
+- `grab`: GraB-FedAvg without and with cropping (`α = 0.5`, one reading);
+- `control`: `fixed-point` with `α = 1` and half the `η_g`, the same step size as the
+  `α = 0.5` runs (`m_i ≈ τ_i / 2`): herding or just gradient descent without client drift?
+
+A run lives in `root/<case>/<method slug>/seed<s>`; finished (or diverged) runs are skipped, a
+killed one is resumed from its checkpoint, so the command can be repeated. The git commit each
+run was made at goes to `root/commits.jsonl`.
+
+    python -m fedhet.experiments.bherd_readings run --root runs/bherd-study --study readings \\
+        --seeds 0-9
+    python -m fedhet.experiments.bherd_readings report --root runs/bherd-study --study readings
+    python -m fedhet.experiments.bherd_readings report --root runs/bherd-study --study alpha \
+        --seeds 0-2 --baseline "BHerd mean-tau α=1.0"
+
+The report is a markdown table per study: mean ± std over seeds of the final accuracy, final
+test loss, test loss at rounds 1–5 and rounds to reach FedAvg's final accuracy (FedAvg of the
+same case and seed), and the paired difference to FedAvg over seeds, marked `*` when it is
+outside the noise: `|mean Δ| > 2 · std(Δ)/√n`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedhet.engine.federate import load
+from fedhet.engine.simulation import Simulation
+from fedhet.engine.store import RunStore
+from fedhet.experiments.plots_bherd import read_metrics, rounds_to_reach
+from fedhet.experiments.presets.bherd import CASES, common
+from fedhet.experiments.single import execute, prepare_out, resolve_settings
+
+SVM = {"dataset": "mnist-even-odd", "model": "svm"}
+FIXED_POINT_LR = 0.005
+"""`η_g` of the stable `fixed-point` runs **[choice]**: with `η_g = 1` one round's step is
+`η m_i ≈ 1.2` times the gradient, far above `2/L` (`L ≈ 250` for the standardised pixels), and
+the run diverges; 10-round pilots on Case 1 diverged at `η_g = 0.03`, oscillated at `0.01`."""
+EARLY = (1, 2, 3, 4, 5)
+STUDIES = ("readings", "alpha", "grab", "control")
+FEDAVG = "FedAvg"
+
+
+def bherd(reading: str, alpha: float = 0.5, **extra: Any) -> dict[str, Any]:
+    return {"algorithm": "bherd", "algorithm.alpha": alpha, "algorithm.reading": reading,
+            **{f"algorithm.{k}": v for k, v in extra.items()}}
+
+
+def methods(study: str, reading: str) -> dict[str, dict[str, Any]]:
+    """Label → algorithm settings for one study (`reading` for the `alpha` and `grab` studies)."""
+    fedavg = {FEDAVG: {"algorithm": "fedavg"}}
+    if study == "readings":
+        return {
+            **fedavg,
+            "BHerd mean-tau": bherd("mean-tau"),
+            "BHerd sum": bherd("sum"),
+            "BHerd fixed-point ηg=1": bherd("fixed-point"),
+            f"BHerd fixed-point ηg={FIXED_POINT_LR}": bherd("fixed-point", global_lr=FIXED_POINT_LR),
+        }
+    if study == "alpha":
+        return {**fedavg, **{f"BHerd {reading} α={a}": bherd(reading, a) for a in (0.1, 0.3, 0.5, 1.0)}}
+    if study == "grab":
+        return {
+            **fedavg,
+            "GraB-FedAvg": {"algorithm": "grab-fedavg"},
+            f"GraB-FedAvg crop α=0.5 {reading}": {
+                "algorithm": "grab-fedavg", "algorithm.alpha": 0.5, "algorithm.reading": reading,
+            },
+        }
+    if study == "control":  # fixed-point without cropping, at the same step as α = 0.5
+        return {**fedavg, f"fixed-point α=1 ηg={FIXED_POINT_LR / 2}": bherd(
+            "fixed-point", 1.0, global_lr=FIXED_POINT_LR / 2)}
+    raise ValueError(f"unknown study {study!r}")
+
+
+def slug(method: dict[str, Any]) -> str:
+    """A directory name from the algorithm settings, e.g. `bherd-alpha0.5-readingsum`."""
+    extra = sorted((k.split(".", 1)[1], v) for k, v in method.items() if k.startswith("algorithm."))
+    return "-".join([method["algorithm"], *(f"{k}{v}" for k, v in extra)])
+
+
+def run_dir(root: Path, case: str, method: dict[str, Any], seed: int) -> Path:
+    return Path(root) / case / slug(method) / f"seed{seed}"
+
+
+def settings(case: str, method: dict[str, Any], seed: int) -> dict[str, Any]:
+    return {**common("paper"), **SVM, "partition": CASES[case], "seed": seed, **method}
+
+
+def status(out: Path) -> str:
+    """`missing`, `running` (killed part-way), `finished` or `diverged`."""
+    path = out / "summary.json"
+    if not path.exists():
+        return "missing"
+    return str(json.loads(path.read_text()).get("status", "running"))
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run_one(spec: dict[str, Any], out: Path, data_cache: dict[str, Any], log: Callable[[str], None]) -> None:
+    """Run `spec` into `out` with the dataset loaded once per process (resume if killed)."""
+    if status(out) == "running":
+        execute(None, out, resume=True, log=log)
+        return
+    cfg, params = resolve_settings(spec)
+    key = cfg.dataset
+    if key not in data_cache:
+        data_cache[key] = load(cfg, params["dataset"])
+    sim = Simulation(cfg, params, RunStore(out), data=data_cache[key], log=log)
+    prepare_out(out, force=True, warn=log)
+    RunStore(out).write_config(cfg.to_dict())
+    sim.run()
+
+
+def run_study(root: Path, study: str, seeds: Sequence[int], reading: str,
+              cases: Sequence[str] = tuple(CASES), log: Callable[[str], None] = print) -> None:
+    data: dict[str, Any] = {}
+    commit = git_commit()
+    for seed in seeds:
+        for case in cases:
+            for label, method in methods(study, reading).items():
+                out = run_dir(root, case, method, seed)
+                if status(out) in ("finished", "diverged"):
+                    continue
+                t0 = time.perf_counter()
+                run_one(settings(case, method, seed), out, data, lambda m: None)
+                log(f"{case} {label} seed {seed}: {status(out)} in {time.perf_counter() - t0:.1f} s")
+                with open(Path(root) / "commits.jsonl", "a") as f:
+                    f.write(json.dumps({"run": str(out.relative_to(root)), "commit": commit}) + "\n")
+
+
+# -- report --------------------------------------------------------------------------------------
+def seed_metrics(out: Path) -> dict[str, Any] | None:
+    """Final accuracy and loss, losses at `EARLY` rounds; None when the run is missing."""
+    if status(out) not in ("finished", "diverged"):
+        return None
+    m = read_metrics(out)
+    by_round = dict(zip(m["round"].astype(int), m["test_loss"], strict=True))
+    if status(out) == "diverged":
+        return {"diverged": True, "m": m}
+    return {"diverged": False, "m": m, "acc": float(m["test_accuracy"][-1]),
+            "loss": float(m["test_loss"][-1]), "early": [float(by_round[k]) for k in EARLY]}
+
+
+def mean_std(values: Sequence[float], digits: int = 4) -> str:
+    v = np.asarray(values, dtype=float)
+    if len(v) == 0:
+        return "—"
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
+
+
+def paired(diffs: Sequence[float], digits: int = 4) -> str:
+    """Mean ± std of paired differences; `*` when `|mean| > 2 · std/√n` (outside the noise)."""
+    d = np.asarray(diffs, dtype=float)
+    if len(d) < 2:
+        return "—"
+    se = d.std(ddof=1) / np.sqrt(len(d))
+    mark = " *" if abs(d.mean()) > 2 * se else ""
+    return f"{d.mean():+.{digits}f} ± {d.std(ddof=1):.{digits}f}{mark}"
+
+
+def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CASES),
+           seeds: Sequence[int] | None = None, baseline: str = FEDAVG) -> str:
+    """The study's table; `seeds` restricts it to those seeds, `baseline` names the method the
+    paired differences are taken against (FedAvg; rounds to reach are always FedAvg's)."""
+    short = "FedAvg" if baseline == FEDAVG else baseline
+    head = ["case", "method", "n", "final acc", "final loss",
+            *(f"loss r{k}" for k in EARLY), "rounds to FedAvg's final acc",
+            f"Δ final acc vs {short}", f"Δ mean loss r1–5 vs {short}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    table = methods(study, reading)
+    for case in cases:
+        runs = {label: {} for label in table}
+        for label, method in table.items():
+            for d in sorted((Path(root) / case / slug(method)).glob("seed*")):
+                if seeds is not None and int(d.name[4:]) not in seeds:
+                    continue
+                r = seed_metrics(d)
+                if r is not None:
+                    runs[label][int(d.name[4:])] = r
+        fedavg, base = runs[FEDAVG], runs[baseline]
+        for label, by_seed in runs.items():
+            if not by_seed:
+                continue
+            ok = {s: r for s, r in by_seed.items() if not r["diverged"]}
+            lost = len(by_seed) - len(ok)
+            n = f"{len(by_seed)}" + (f" ({lost} diverged)" if lost else "")
+            if not ok:
+                lines.append(f"| {case} | {label} | {n} |" + " — |" * (len(head) - 3))
+                continue
+            reach, never = [], 0
+            for s, r in ok.items():
+                if s in fedavg and not fedavg[s]["diverged"]:
+                    hit = rounds_to_reach(r["m"], fedavg[s]["acc"])
+                    if hit is None:
+                        never += 1
+                    else:
+                        reach.append(hit)
+            common_seeds = [s for s in ok if s in base and not base[s]["diverged"]]
+            d_acc = [ok[s]["acc"] - base[s]["acc"] for s in common_seeds]
+            d_early = [np.mean(ok[s]["early"]) - np.mean(base[s]["early"]) for s in common_seeds]
+            early = [mean_std([r["early"][j] for r in ok.values()], 3) for j in range(len(EARLY))]
+            reached = mean_std(reach, 1) + (f" ({never} never)" if never else "")
+            cells = [case, label, n, mean_std([r["acc"] for r in ok.values()]),
+                     mean_std([r["loss"] for r in ok.values()]), *early, reached,
+                     "—" if label == baseline else paired(d_acc),
+                     "—" if label == baseline else paired(d_early)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """`0-4`, `5,7` or `3`."""
+    seeds: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        seeds.extend(range(int(lo), int(hi or lo) + 1))
+    return seeds
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m fedhet.experiments.bherd_readings",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=("run", "report"))
+    ap.add_argument("--root", type=Path, default=Path("runs/bherd-study"))
+    ap.add_argument("--study", choices=STUDIES, default="readings")
+    ap.add_argument("--seeds", type=parse_seeds, default=None,
+                    help="e.g. 0-4 or 0,2 (run: default 0-9; report: default every seed found)")
+    ap.add_argument("--reading", default="mean-tau",
+                    help="the reading of the alpha and grab studies (default mean-tau)")
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--baseline", default=FEDAVG,
+                    help="report: the method of the paired differences (default FedAvg)")
+    args = ap.parse_args(argv)
+    if args.command == "run":
+        run_study(args.root, args.study, args.seeds or parse_seeds("0-9"), args.reading, args.cases)
+    else:
+        table = report(args.root, args.study, args.reading, args.cases, args.seeds, args.baseline)
+        print(table, end="")
+
+
+if __name__ == "__main__":
+    main()
