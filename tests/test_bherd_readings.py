@@ -63,7 +63,7 @@ def one_round(monkeypatch, name: str, params, w0: float = 0.0):
 
 
 @pytest.mark.parametrize(
-    "reading,global_lr,expected",
+    "reading,server_lr,expected",
     [
         ("mean-tau", 1.0, 0.0 - LR * 4 * -1.625),  # w − η τ G = 3.25
         ("sum", 1.0, 0.0 - LR * -3.25),  # w − η S = 1.625
@@ -71,8 +71,8 @@ def one_round(monkeypatch, name: str, params, w0: float = 0.0):
         ("fixed-point", 1.0, 0.0 - LR * -5.0),  # w − η S(w_k) = 2.5
     ],
 )
-def test_server_step_by_hand(monkeypatch, reading, global_lr, expected):
-    params = bherd.BHerdParams(alpha=0.5, reading=reading, global_lr=global_lr)
+def test_server_step_by_hand(monkeypatch, reading, server_lr, expected):
+    params = bherd.BHerdParams(alpha=0.5, reading=reading, server_lr=server_lr)
     new, reply, _, _ = one_round(monkeypatch, "bherd", params)
     assert reply.tensors["kept"].tolist() == [2, 1]
     assert float(new["w"]) == pytest.approx(expected, abs=1e-6)
@@ -114,8 +114,8 @@ def test_bherd_scaffold_readings_by_hand(monkeypatch):
 def test_rescale_false_only_with_mean_tau():
     with pytest.raises(FedhetError, match="rescale"):
         bherd.BHerdParams(reading="sum", rescale=False).validate()
-    with pytest.raises(FedhetError, match="global_lr"):
-        bherd.BHerdParams(global_lr=0.0).validate()
+    with pytest.raises(FedhetError, match="server_lr"):
+        bherd.BHerdParams(server_lr=0.0).validate()
     with pytest.raises(FedhetError, match="reading"):
         resolve_settings({"algorithm": "bherd", "algorithm.reading": "mean"})
 
@@ -152,3 +152,11 @@ def test_fixed_point_runs_on_both_executors(executor):
                 "executor": executor}
     assert torch.allclose(final_w(settings), final_w({**settings, "executor": "sequential"}),
                           rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["bherd", "bherd-scaffold"])
+def test_global_lr_is_a_deprecated_alias_of_server_lr(name):
+    """SCAFFOLD and the BHerd family name the global step size `server_lr`."""
+    from fedhet.algorithms.base import ALGORITHMS
+
+    assert ALGORITHMS.params(name, {"global_lr": 0.5}) == ALGORITHMS.params(name, {"server_lr": 0.5})

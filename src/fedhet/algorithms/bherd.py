@@ -1,4 +1,4 @@
-"""BHerd: select a beneficial herd of local gradients (SPEC.md "BHerd"; seed bherd.txt).
+"""BHerd: select a beneficial herd of local gradients (docs/spec.md "BHerd"; seed bherd.txt).
 
 Client `i` in round `k` computes `τ_i` mini-batch gradients `g^λ`, `λ = 0 … τ_i − 1`, in the
 client's batch order. It then
@@ -12,7 +12,7 @@ client's batch order. It then
    sum of eq. 6).
 
 Eqs. 6–7 are lost in our copy; three readings of them survive the text (`reading`):
-- `mean-tau` **[choice]** (SPEC.md): `g^λ` at the evolving local model (eq. 3),
+- `mean-tau` **[choice]** (docs/spec.md): `g^λ` at the evolving local model (eq. 3),
   `w_(k+1) = w_k − η_g η Σ_i p_i τ_i G_i`: FedAvg exactly when `α = 1` (then
   `τ_i G_i = Σ_λ g^λ = −Δ_i / η`); `rescale=False` uses `m_i` in place of `τ_i`;
 - `sum`: the text's "we **sum** the gradients in the permutation" (eq. 6), `g^λ` at the evolving
@@ -29,7 +29,7 @@ Variants:
 - `bherd-fednova`: FedNova's rule with `G_i` as the normalised direction:
   `τ_eff = Σ_i p_i a_i`, `w ← w − η τ_eff Σ_i p_i G_i`, `a_i = τ_i` (or `m_i`, `rescale=False`).
 - `bherd-scaffold`: local steps use `g − c_i + c` (SCAFFOLD); the corrected gradients are
-  herded; the model moves as BHerd's (`reading`); control variates as SCAFFOLD (SPEC.md):
+  herded; the model moves as BHerd's (`reading`); control variates as SCAFFOLD (docs/spec.md):
   option II `c_i⁺ = c_i − c + (x − y_i)/(τ_i η)` with `y_i` the client's actual local model
   after its `τ_i` steps **[choice]** (under `fixed-point`, where `y_i = x`, the mean corrected
   gradient, which `(x − y_i)/(τ_i η)` equals for plain SGD); option I `c_i⁺ = ∇F_i(x)` at the
@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -264,8 +264,9 @@ class BHerdParams:
     alpha: float = 0.5
     reading: Reading = "mean-tau"
     """Eqs. 6–7 (module docstring): `mean-tau`, `sum` or `fixed-point`."""
-    global_lr: float = 1.0
-    """`η_g`, multiplies the server step in every reading."""
+    server_lr: float = 1.0
+    """`η_g`, multiplies the server step in every reading (as SCAFFOLD's `server_lr`);
+    `global_lr` is its old name."""
     rescale: bool = True
     """`mean-tau` only: scale `G_i` by `τ_i` (True, FedAvg at α = 1) or by `m_i` (False)."""
     order: Literal["fixed", "reshuffle"] = "fixed"
@@ -274,14 +275,16 @@ class BHerdParams:
     """The guard `ρ` (`guarded`): a client whose kept mean is farther than `ρ ‖μ_i‖` from the
     mean of all its gradients sends that mean instead (`α = 1` for the round); 0 = off."""
 
+    ALIASES: ClassVar[dict[str, str]] = {"global_lr": "server_lr"}
+
     def validate(self) -> None:
         check_alpha(self.alpha)
         if not (self.max_herd_error >= 0 and math.isfinite(self.max_herd_error)):
             raise FedhetError(
                 f"algorithm.max_herd_error must be a number ≥ 0 (0 = off), got {self.max_herd_error}"
             )
-        if not (self.global_lr > 0 and math.isfinite(self.global_lr)):
-            raise FedhetError(f"algorithm.global_lr must be a positive number, got {self.global_lr}")
+        if not (self.server_lr > 0 and math.isfinite(self.server_lr)):
+            raise FedhetError(f"algorithm.server_lr must be a positive number, got {self.server_lr}")
         if not self.rescale and self.reading != "mean-tau":
             raise FedhetError(
                 f"algorithm.rescale=false applies to reading=mean-tau only (reading={self.reading} "
@@ -387,7 +390,7 @@ class BHerd(_BHerdBase):
     def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
         by_tau = reading_scale(self.params)
         acc, light = self.stream(replies, lambda r: step_scale(r, by_tau))
-        w = state["w"] - _step(acc, self.params.global_lr)
+        w = state["w"] - _step(acc, self.params.server_lr)
         return {**state, "w": w}, self.round_diagnostics(acc, light)
 
 
@@ -438,7 +441,7 @@ class BHerdScaffold(_BHerdBase):
         by_tau = reading_scale(self.params)
         acc, light = self.stream(replies, lambda r: step_scale(r, by_tau), extra=("delta_c",))
         delta_c = variate_step(acc, self.run.num_clients)  # SCAFFOLD's rule and weights
-        w = state["w"] - _step(acc, self.params.global_lr)
+        w = state["w"] - _step(acc, self.params.server_lr)
         c = state["c"] + delta_c
         diag = {**self.round_diagnostics(acc, light), "c_norm": float(c.norm())}
         return {**state, "w": w, "c": c}, diag

@@ -70,7 +70,7 @@ def methods(study: str, reading: str) -> dict[str, dict[str, Any]]:
             "BHerd mean-tau": bherd("mean-tau"),
             "BHerd sum": bherd("sum"),
             "BHerd fixed-point ηg=1": bherd("fixed-point"),
-            f"BHerd fixed-point ηg={FIXED_POINT_LR}": bherd("fixed-point", global_lr=FIXED_POINT_LR),
+            f"BHerd fixed-point ηg={FIXED_POINT_LR}": bherd("fixed-point", server_lr=FIXED_POINT_LR),
         }
     if study == "alpha":
         return {**fedavg, **{f"BHerd {reading} α={a}": bherd(reading, a) for a in (0.1, 0.3, 0.5, 1.0)}}
@@ -84,7 +84,7 @@ def methods(study: str, reading: str) -> dict[str, dict[str, Any]]:
         }
     if study == "control":  # fixed-point without cropping, at the same step as α = 0.5
         return {**fedavg, f"fixed-point α=1 ηg={FIXED_POINT_LR / 2}": bherd(
-            "fixed-point", 1.0, global_lr=FIXED_POINT_LR / 2)}
+            "fixed-point", 1.0, server_lr=FIXED_POINT_LR / 2)}
     raise ValueError(f"unknown study {study!r}")
 
 
