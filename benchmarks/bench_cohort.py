@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import platform
 import statistics
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ import torch
 from fedhet.data.base import Dataset
 from fedhet.engine.config import resolve
 from fedhet.engine.simulation import Simulation
+from fedhet.experiments.results import git_commit
 
 
 @dataclass
@@ -120,13 +120,6 @@ def machine() -> str:
     return f"{cpu}, {torch.get_num_threads()} torch threads{gpu}; torch {torch.__version__}"
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -145,7 +138,7 @@ def main() -> None:
         ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     )
     lines = [
-        f"commit {commit()}; {machine()}; {args.rounds} rounds, {'full' if args.full else 'small'} sizes",
+        f"commit {git_commit()}; {machine()}; {args.rounds} rounds, {'full' if args.full else 'small'} sizes",
         "",
         "| workload | device | sequential s/round | batched s/round | speed-up |"
         + (f" {args.workers} workers s/round | speed-up |" if args.workers > 1 else ""),

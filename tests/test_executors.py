@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from faulty import make_client_fail
 
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.engine.config import resolve
@@ -155,14 +156,7 @@ def test_closed_form_linear_gradients(model):
 def test_a_failing_client_is_reported_not_fatal(executor):
     cfg, params = resolve({**BASE, "algorithm": "fedavg", "executor": executor})
     sim = Simulation(cfg, params, log=lambda _: None)
-    inner = sim.algorithm.client_update
-
-    def flaky(message, ctx, state):
-        if ctx.client_id == 2:
-            raise RuntimeError("disk on fire")
-        return inner(message, ctx, state)
-
-    sim.algorithm.client_update = flaky
+    make_client_fail(sim, 2, "disk on fire")
     state = sim.algorithm.init(sim.w0)
     requests = [(i, sim.configure(state, i, 0)) for i in range(4)]
     out = list(sim.client_updates(0, requests))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from faulty import make_client_fail
 
 from fedhet.cli import main
 from fedhet.engine.failures import Diverged
@@ -62,14 +63,7 @@ def test_two_workers_are_bit_identical_to_one(algorithm, extra):
 
 def test_a_client_that_raises_in_a_worker_is_dropped_and_logged_once():
     def patch(sim):
-        update = sim.algorithm.client_update
-
-        def faulty(message, ctx, state):
-            if ctx.client_id == 3:
-                raise RuntimeError("sensor offline")
-            return update(message, ctx, state)
-
-        sim.algorithm.client_update = faulty
+        make_client_fail(sim, 3, "sensor offline")
 
     lines: dict[int, list[str]] = {1: [], 2: []}
     sims = {w: simulate(w, log=lines[w].append, patch=patch, algorithm="scaffold") for w in (1, 2)}

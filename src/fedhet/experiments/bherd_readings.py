@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,6 +43,7 @@ from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore
 from fedhet.experiments.plots_bherd import read_metrics, rounds_to_reach
 from fedhet.experiments.presets.bherd import CASES, common
+from fedhet.experiments.results import git_commit
 from fedhet.experiments.single import execute, prepare_out, resolve_settings
 
 SVM = {"dataset": "mnist-even-odd", "model": "svm"}
@@ -109,13 +109,6 @@ def status(out: Path) -> str:
         return "missing"
     return str(json.loads(path.read_text()).get("status", "running"))
 
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def run_one(spec: dict[str, Any], out: Path, data_cache: dict[str, Any], log: Callable[[str], None]) -> None:

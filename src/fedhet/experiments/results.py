@@ -14,6 +14,7 @@ import io
 import json
 import math
 import statistics
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -253,3 +254,13 @@ def published_markdown(comparison: list[dict[str, Any]]) -> str:
         for c in comparison
     ]
     return "\n".join(lines) + "\n"
+
+
+def git_commit() -> str:
+    """The short hash of the checkout's HEAD, recorded beside measured figures ("unknown"
+    outside a git checkout)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
