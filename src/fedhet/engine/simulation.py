@@ -124,7 +124,7 @@ class Simulation:
         self.client_states: dict[int, Any] = {}
         self.w0 = self.model.params.clone()
         self.buffers = self.model.buffers.clone()
-        self._round_buffers: list[tuple[int, torch.Tensor]] = []
+        self._round_buffers: list[tuple[float, torch.Tensor]] = []
         self.executor_name = choose_executor(
             cfg.executor, self.device, cfg.model_name, module, cfg.workers
         )
