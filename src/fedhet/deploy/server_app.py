@@ -26,7 +26,7 @@ from flwr.app import Context
 from flwr.app import Message as FlowerMessage
 from flwr.serverapp import Grid, ServerApp
 
-from fedhet.algorithms.base import BUFFERS, Message, Reply
+from fedhet.algorithms.base import Message, Reply
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.records import from_record, to_record, wire_bytes
 from fedhet.engine import rundir
@@ -232,8 +232,7 @@ class FlowerRoundContext(Simulation):
 
     def _received(self, client_id: int, reply: FlowerMessage) -> Message:
         up, _ = from_record(reply.content)
-        if BUFFERS in up.tensors:
-            self._round_buffers.append((self.buffer_weight(client_id), up.tensors[BUFFERS]))
+        self.keep_buffers(client_id, up)
         return up
 
     def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:

@@ -123,6 +123,8 @@ class Simulation:
         self.comm = CommLedger(self.model.dim)
         self.client_states: dict[int, Any] = {}
         self.w0 = self.model.params.clone()
+        self.split = split_digest(self.client_indices)
+        """The data split this run trains on, stored in every checkpoint (`check_same_split`)."""
         self.buffers = self.model.buffers.clone()
         self._round_buffers: list[tuple[float, torch.Tensor]] = []
         self.executor_name = choose_executor(
@@ -184,8 +186,14 @@ class Simulation:
         round's average."""
         if buffers is not None and buffers.numel():
             reply.tensors[BUFFERS] = buffers.clone()
-            self._round_buffers.append((self.buffer_weight(client_id), reply.tensors[BUFFERS]))
+            self.keep_buffers(client_id, reply)
         return reply
+
+    def keep_buffers(self, client_id: int, reply: Message) -> None:
+        """Keep a reply's BatchNorm statistics, if it carries any, for the round's average
+        (`_average_buffers`), with the client's `buffer_weight`."""
+        if BUFFERS in reply.tensors:
+            self._round_buffers.append((self.buffer_weight(client_id), reply.tensors[BUFFERS]))
 
     def buffer_weight(self, client_id: int) -> float:
         """A client's weight in the BatchNorm average: `1` when the algorithm weights clients
@@ -222,7 +230,7 @@ class Simulation:
             ckpt = self.store.load_checkpoint(warn=self.log)
             if ckpt is not None:
                 check_resumable(ckpt.get("config"), cfg.to_dict())
-                check_same_split(ckpt.get("split"), split_digest(self.client_indices))
+                check_same_split(ckpt.get("split"), self.split)
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
                 state, self.client_states = ckpt["server"], ckpt["clients"]
                 self.buffers = ckpt["buffers"]
@@ -355,7 +363,7 @@ class Simulation:
             self.store.save_checkpoint({
                 "round": done, "elapsed": elapsed, "server": state, "clients": self.client_states,
                 "buffers": self.buffers, "comm": self.comm.state(), "config": self.cfg.to_dict(),
-                "split": split_digest(self.client_indices),
+                "split": self.split,
             })
         self.store.write_summary(self.summary(rows, finished=done == self.cfg.rounds))
 
