@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedhet.algorithms.base import BUFFERS
 from fedhet.engine.executors import FATAL, SequentialExecutor, failure
 
 if TYPE_CHECKING:
@@ -70,6 +69,9 @@ class ProcessExecutor(SequentialExecutor):
         super().__init__(sim)
         self.workers = workers
         self.pool: Any = None
+        self.pending: deque[tuple[int, Any]] = deque()
+        """`(client_id, AsyncResult)` of the tasks submitted and not yet handed to the server."""
+        self.interrupted = False
 
     def _start(self) -> None:
         global _RUN
@@ -89,7 +91,7 @@ class ProcessExecutor(SequentialExecutor):
         if self.pool is None:
             self._start()
         sim = self.sim
-        pending: deque[tuple[int, Any]] = deque()
+        pending = self.pending = deque()
         queue = iter(requests)
 
         def submit() -> None:
@@ -102,8 +104,13 @@ class ProcessExecutor(SequentialExecutor):
 
         submit()
         while pending:
-            client_id, result = pending.popleft()
-            kind, payload = result.get()
+            client_id, result = pending[0]
+            try:
+                kind, payload = result.get()
+            except KeyboardInterrupt:
+                self.interrupted = True
+                raise
+            pending.popleft()
             submit()
             if kind == "fatal":
                 raise payload
@@ -112,15 +119,25 @@ class ProcessExecutor(SequentialExecutor):
                 continue
             reply, state = payload
             sim.client_states[client_id] = state
-            if BUFFERS in reply.tensors:
-                sim._round_buffers.append((sim.buffer_weight(client_id), reply.tensors[BUFFERS]))
+            sim.keep_buffers(client_id, reply)
             yield client_id, reply
 
     def close(self) -> None:
-        if self.pool is not None:
+        """Shut the workers down. After an early stop (a diverged or failed round) the clients
+        still in flight (at most `IN_FLIGHT · N`) are let finish first: `Pool.terminate` with
+        tasks outstanding can fail inside the standard library ("Cannot have cache with
+        result_handler not alive"). After Ctrl-C the workers are terminated at once."""
+        if self.pool is None:
+            return
+        if self.interrupted:
             self.pool.terminate()
-            self.pool.join()
-            self.pool = None
+        else:
+            for _, result in self.pending:
+                result.wait()
+            self.pool.close()
+        self.pool.join()
+        self.pool = None
+        self.pending.clear()
 
 
 __all__ = ["ProcessExecutor"]
