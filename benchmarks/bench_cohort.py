@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from fedhet.data.base import Dataset
-from fedhet.engine.config import resolve
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.experiments.results import git_commit
 
@@ -100,10 +100,10 @@ def seconds_per_round(
 ) -> float:
     values = {**w.settings, **(w.full if full else {}), "rounds": rounds, "executor": executor,
               "device": device, "dataset": "digits", "eval_every": rounds, "workers": workers}
-    cfg, params = resolve(values)
+    cfg = config_of(values)
     data = random_dataset(w, w.full_samples if full else w.samples)
     rows: list[dict] = []
-    sim = Simulation(cfg, params, data=data, log=lambda _: None, on_round=rows.append)
+    sim = Simulation(cfg, data=data, log=lambda _: None, on_round=rows.append)
     sim.run()
     times = [r["round_time_s"] for r in rows]
     return statistics.median(times[1:] if len(times) > 1 else times)

@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation, sample_clients
-from fedhet.experiments.single import resolve_settings
 
 
 def ensure_mnist(data_dir: Path) -> None:
@@ -86,8 +86,8 @@ def main() -> None:
         "local_epochs": 1, "batch_size": 32, "lr": 0.01, "data_dir": args.data_dir,
         "eval_every": args.rounds + 1,
     }
-    cfg, params = resolve_settings(settings)
-    sim = Simulation(cfg, params)
+    cfg = config_of(settings)
+    sim = Simulation(cfg)
     steps = sum(math.floor(len(i) / 32) for i in sim.client_indices)
     print(f"MNIST train {tuple(sim.data.x_train.shape)}, {args.clients} clients, "
           f"{steps} SGD steps per round, model {sim.model.dim} parameters")

@@ -13,7 +13,7 @@ import argparse
 import resource
 import time
 
-from fedhet.engine.config import apply_settings, resolve
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 
 
@@ -32,8 +32,8 @@ def main() -> None:
         "clients": args.clients, "rounds": args.rounds, "local_steps": 1, "batch_size": 2,
         "model": "mlp", "eval_every": args.rounds,
     }
-    cfg, params = resolve(apply_settings({}, settings, "bench_memory"))
-    sim = Simulation(cfg, params, store=None, log=lambda _: None)
+    cfg = config_of(settings, "bench_memory")
+    sim = Simulation(cfg, store=None, log=lambda _: None)
     before = peak_mb()
     start = time.perf_counter()
     sim.run()

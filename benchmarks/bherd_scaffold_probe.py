@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from fedhet.algorithms import bherd
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
-from fedhet.experiments.single import resolve_settings
 
 ISSUE = {"dataset": "digits", "model": "mlp", "partition": "half-iid", "clients": 5, "rounds": 10,
          "seed": 0, "batch_size": 16, "local_epochs": 2}
@@ -55,8 +55,8 @@ def probe(settings: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, lis
     bherd.herd_local_pass = recording
     try:
         rows: list[dict[str, Any]] = []
-        cfg, params = resolve_settings(settings)
-        sim = Simulation(cfg, params, store=None, log=lambda m: None, on_round=rows.append)
+        cfg = config_of(settings)
+        sim = Simulation(cfg, store=None, log=lambda m: None, on_round=rows.append)
         summary = sim.run()
     finally:
         bherd.herd_local_pass = original

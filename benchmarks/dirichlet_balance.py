@@ -14,16 +14,16 @@ import argparse
 
 import numpy as np
 
+from fedhet.engine.config import config_of
 from fedhet.engine.federate import federate
-from fedhet.experiments.single import resolve_settings
 
 
 def sizes(dataset: str, data_dir: str, clients: int, alpha: float, balance: str, seed: int) -> np.ndarray:
-    cfg, params = resolve_settings({
+    cfg = config_of({
         "dataset": dataset, "data_dir": data_dir, "clients": clients, "seed": seed,
         "partition": "dirichlet", "partition.alpha": alpha, "partition.balance": balance,
     })
-    return np.array([len(p) for p in federate(cfg, params["dataset"], params["partition"], cache=True).parts])
+    return np.array([len(p) for p in federate(cfg, cache=True).parts])
 
 
 def main() -> None:

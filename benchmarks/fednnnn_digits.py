@@ -20,8 +20,8 @@ from pathlib import Path
 
 from torch import nn
 
-from fedhet.experiments.plots_fednnnn import plot_study
-from fedhet.experiments.presets.fednnnn import run_specs
+from fedhet.experiments.papers.fednnnn.plots import plot_study
+from fedhet.experiments.papers.fednnnn.preset import run_specs
 from fedhet.experiments.seeds import Stat
 from fedhet.experiments.single import execute
 from fedhet.models.registry import MODELS

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from fedhet.data.base import Dataset
-from fedhet.engine.config import resolve
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
@@ -60,8 +60,8 @@ def run_quadratic(
         "client_steps": list(steps), "eval_every": rounds, **settings,
     }
     with registered_models():
-        cfg, params = resolve(values)
-        sim = Simulation(cfg, params, store=None, data=quadratic_data(e, sizes), log=lambda _: None)
+        cfg = config_of(values)
+        sim = Simulation(cfg, store=None, data=quadratic_data(e, sizes), log=lambda _: None)
         sim.run()
     return sim
 

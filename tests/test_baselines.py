@@ -13,7 +13,7 @@ from quadratic import LINEAR_MODEL, run_quadratic
 from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo
 from fedhet.algorithms.fednova import normaliser
 from fedhet.algorithms.fedprox import proximal
-from fedhet.engine.config import resolve
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
 from fedhet.training.flat import FlatModel
@@ -26,8 +26,8 @@ BASE = {
 
 
 def simulate(algorithm: str, **settings) -> Simulation:
-    cfg, params = resolve({**BASE, "algorithm": algorithm, **settings})
-    sim = Simulation(cfg, params, store=None, log=lambda _: None)
+    cfg = config_of({**BASE, "algorithm": algorithm, **settings})
+    sim = Simulation(cfg, store=None, log=lambda _: None)
     sim.run()
     return sim
 
@@ -70,7 +70,7 @@ def test_proximal_transform_adds_mu_times_distance():
 
 def test_fedprox_rejects_negative_mu():
     with pytest.raises(FedhetError, match="mu"):
-        resolve({**BASE, "algorithm": "fedprox", "algorithm_params": {"mu": -1}})
+        config_of({**BASE, "algorithm": "fedprox", "algorithm_params": {"mu": -1}})
 
 
 # -- SCAFFOLD -----------------------------------------------------------------------------
@@ -263,8 +263,8 @@ def test_fedavgm_gamma_zero_equals_fedavg_bit_for_bit():
 def test_baselines_learn_on_digits(algorithm):
     """Five Dirichlet(0.5) clients, one local epoch, 10 rounds: FedAvg reaches about 0.89."""
     settings = {"rounds": 10, "local_steps": 0, "local_epochs": 1, "model_params": {"hidden": 64}}
-    cfg, params = resolve({**BASE, "algorithm": algorithm, **settings})
-    summary = Simulation(cfg, params, store=None, log=lambda _: None).run()
+    cfg = config_of({**BASE, "algorithm": algorithm, **settings})
+    summary = Simulation(cfg, store=None, log=lambda _: None).run()
     assert summary["final_accuracy"] > 0.8
 
 
@@ -287,8 +287,8 @@ def test_scaffold_with_momentum_learns_where_it_used_to_diverge():
     }
     accuracy = {}
     for name in ("scaffold", "fedavg"):
-        cfg, params = resolve({**BASE, "algorithm": name, **settings})
-        summary = Simulation(cfg, params, store=None, log=lambda _: None).run()
+        cfg = config_of({**BASE, "algorithm": name, **settings})
+        summary = Simulation(cfg, store=None, log=lambda _: None).run()
         accuracy[name] = summary["final_accuracy"]
     assert accuracy["scaffold"] > 0.8
     assert accuracy["scaffold"] > accuracy["fedavg"] - 0.03

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from fedhet.algorithms.base import BUFFERS
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
-from fedhet.experiments.single import resolve_settings
 from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
 
@@ -57,8 +57,8 @@ class Recorder:
 
 
 def run(**settings) -> tuple[Simulation, Recorder]:
-    cfg, params = resolve_settings({**BASE, **settings}, "test")
-    sim = Simulation(cfg, params, store=None, log=lambda _: None)
+    cfg = config_of({**BASE, **settings}, "test")
+    sim = Simulation(cfg, store=None, log=lambda _: None)
     rec = Recorder(sim)
     sim.run()
     return sim, rec

@@ -16,10 +16,10 @@ from fedhet.algorithms.bherd import (
     herding_order_direct,
     kept_count,
 )
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, read_checkpoint
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import resolve_settings
 
 
 def prefix_norms(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
@@ -91,7 +91,7 @@ def test_guard_falls_back_to_all_gradients_when_the_herd_misses_the_mean():
 
 def test_max_herd_error_must_be_a_non_negative_number():
     with pytest.raises(FedhetError, match="max_herd_error"):
-        resolve_settings({**BASE, "algorithm": "bherd", "algorithm.max_herd_error": -1.0})
+        config_of({**BASE, "algorithm": "bherd", "algorithm.max_herd_error": -1.0})
 
 
 # -- through the engine -------------------------------------------------------------------------
@@ -100,8 +100,8 @@ BASE = {"dataset": "digits", "partition": "iid", "clients": 3, "rounds": 2, "lr"
 
 
 def run(settings: dict, store: RunStore | None = None) -> Simulation:
-    cfg, params = resolve_settings({**BASE, **settings})
-    sim = Simulation(cfg, params, store=store, log=lambda s: None)
+    cfg = config_of({**BASE, **settings})
+    sim = Simulation(cfg, store=store, log=lambda s: None)
     sim.summary_ = sim.run()
     return sim
 
@@ -157,8 +157,8 @@ def test_bherd_scaffold_option_one_is_the_gradient_at_the_received_model(executo
     would use)."""
     settings = {**BASE, "algorithm": "bherd-scaffold", "algorithm.option": "I", "rounds": 1,
                 "model": "cnn-fednnnn-cifar", "executor": executor}
-    cfg, params = resolve_settings(settings)
-    sim = Simulation(cfg, params, store=None, log=lambda s: None)
+    cfg = config_of(settings)
+    sim = Simulation(cfg, store=None, log=lambda s: None)
     received = sim.buffers.clone()
     assert received.numel() > 0  # the model has BatchNorm statistics
     sim.run()
@@ -197,20 +197,20 @@ def test_diagnostics_and_learning(tmp_path):
 @pytest.mark.parametrize("alpha", [0.0, -0.1, 1.5])
 def test_alpha_outside_unit_interval_is_rejected(alpha):
     with pytest.raises(FedhetError, match="alpha"):
-        resolve_settings({**BASE, "algorithm": "bherd", "algorithm.alpha": alpha})
+        config_of({**BASE, "algorithm": "bherd", "algorithm.alpha": alpha})
 
 
 @pytest.mark.parametrize("algorithm", ["bherd", "bherd-fednova", "bherd-scaffold"])
 def test_zero_local_steps_is_rejected_before_training(algorithm):
-    cfg, params = resolve_settings({**BASE, "algorithm": algorithm, "local_epochs": 0.05})
+    cfg = config_of({**BASE, "algorithm": algorithm, "local_epochs": 0.05})
     with pytest.raises(FedhetError, match="0 local steps"):
-        Simulation(cfg, params, store=None, log=lambda s: None)
+        Simulation(cfg, store=None, log=lambda s: None)
 
 
 def test_local_momentum_is_rejected():
-    cfg, params = resolve_settings({**BASE, "algorithm": "bherd", "momentum": 0.9})
+    cfg = config_of({**BASE, "algorithm": "bherd", "momentum": 0.9})
     with pytest.raises(FedhetError, match="momentum"):
-        Simulation(cfg, params, store=None, log=lambda s: None)
+        Simulation(cfg, store=None, log=lambda s: None)
 
 
 @pytest.mark.parametrize("algorithm", ["bherd-scaffold", "grab-fedavg"])
@@ -238,8 +238,8 @@ def test_bherd_scaffold_keeps_learning_on_the_mlp_with_its_guard():
     fallbacks: list[float] = []
 
     def result(algorithm: str) -> float:
-        cfg, params = resolve_settings({**mlp, "algorithm": algorithm})
-        sim = Simulation(cfg, params, store=None, log=lambda s: None,
+        cfg = config_of({**mlp, "algorithm": algorithm})
+        sim = Simulation(cfg, store=None, log=lambda s: None,
                          on_round=lambda row: fallbacks.append(row.get("herd_fallbacks", 0.0)))
         return sim.run()["final_accuracy"]
 

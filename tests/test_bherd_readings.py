@@ -21,9 +21,9 @@ from torch import nn
 
 from fedhet.algorithms import bherd
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Reply, RunInfo
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import resolve_settings
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig
 
@@ -117,7 +117,7 @@ def test_rescale_false_only_with_mean_tau():
     with pytest.raises(FedhetError, match="server_lr"):
         bherd.BHerdParams(server_lr=0.0).validate()
     with pytest.raises(FedhetError, match="reading"):
-        resolve_settings({"algorithm": "bherd", "algorithm.reading": "mean"})
+        config_of({"algorithm": "bherd", "algorithm.reading": "mean"})
 
 
 # -- through the engine -------------------------------------------------------------------------
@@ -126,8 +126,8 @@ BASE = {"dataset": "digits", "partition": "iid", "clients": 3, "rounds": 2, "lr"
 
 
 def final_w(settings: dict) -> torch.Tensor:
-    cfg, params = resolve_settings({**BASE, **settings})
-    sim = Simulation(cfg, params, store=None, log=lambda s: None)
+    cfg = config_of({**BASE, **settings})
+    sim = Simulation(cfg, store=None, log=lambda s: None)
     sim.run()
     return sim.final_state["w"]
 

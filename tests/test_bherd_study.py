@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedhet.engine.config import RunConfig, apply_settings
+from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
-from fedhet.experiments import plots_bherd
-from fedhet.experiments.presets import PRESETS
-from fedhet.experiments.presets.bherd import METHODS
+from fedhet.experiments.papers.base import PRESETS
+from fedhet.experiments.papers.bherd import plots as plots_bherd
+from fedhet.experiments.papers.bherd.preset import METHODS
 from fedhet.experiments.single import execute
 
 
@@ -29,8 +29,8 @@ def test_preset_covers_the_paper_grid(scale):
     assert len(main) == n_setups * 3 * len(METHODS)
     assert {r.settings["partition"] for r in main} == {"iid", "label-per-client", "half-iid"}
     for r in runs:
-        values = apply_settings({}, r.settings, r.name)  # every key is a valid setting
-        assert RunConfig(**values).clients >= 5
+        cfg = config_of(r.settings, r.name)  # every key is a valid setting
+        assert cfg.clients >= 5
     alphas = {r.settings.get("algorithm.alpha") for r in runs if r.name.startswith("alpha-")}
     assert alphas == {0.1, 0.3, 0.5, 1.0}
     epochs = {r.settings["local_epochs"] for r in runs if r.name.startswith("epochs-")}
@@ -75,7 +75,7 @@ def fake_run(path: Path, acc: list[float], kept: list[list[int]]) -> None:
 
 
 def test_main_report_table_counts_rounds_to_fedavgs_final_accuracy(tmp_path):
-    from fedhet.experiments.presets.bherd import main_runs
+    from fedhet.experiments.papers.bherd.preset import main_runs
 
     for spec in main_runs("smoke"):
         acc = [0.1, 0.5, 0.7, 0.8] if spec.label == "BHerd-FedAvg" else [0.1, 0.4, 0.6, 0.7]
@@ -90,22 +90,22 @@ def test_main_report_table_counts_rounds_to_fedavgs_final_accuracy(tmp_path):
 
 # -- the multi-seed study (experiments/bherd_readings.py) ---------------------------------------
 def test_study_methods_have_distinct_directories_and_valid_settings():
-    from fedhet.experiments import bherd_readings as br
-    from fedhet.experiments.single import resolve_settings
+    from fedhet.engine.config import config_of
+    from fedhet.experiments.papers.bherd import readings as br
 
     for study in ("readings", "alpha", "grab", "control"):
         table = br.methods(study, "sum")
         assert len({br.slug(m) for m in table.values()}) == len(table)
         assert br.FEDAVG in table
         for method in table.values():
-            cfg, _ = resolve_settings(br.settings("case3", method, 7))
+            cfg = config_of(br.settings("case3", method, 7))
             assert (cfg.rounds, cfg.clients, cfg.batch_size, cfg.lr, cfg.seed) == (100, 5, 50, 0.01, 7)
             assert cfg.partition == "half-iid" and cfg.model == "svm"
     assert br.parse_seeds("0-2,5") == [0, 1, 2, 5]
 
 
 def test_study_runs_resume_and_reports(tmp_path, monkeypatch):
-    from fedhet.experiments import bherd_readings as br
+    from fedhet.experiments.papers.bherd import readings as br
 
     tiny = {"dataset": "digits", "model": "logreg", "clients": 3, "rounds": 5, "lr": 0.1,
             "batch_size": 32, "local_epochs": 1.0}
@@ -128,7 +128,7 @@ def test_study_runs_resume_and_reports(tmp_path, monkeypatch):
 
 
 def test_paired_difference_marks_only_what_is_outside_the_noise():
-    from fedhet.experiments.bherd_readings import paired
+    from fedhet.experiments.papers.bherd.readings import paired
 
     assert paired([0.1, 0.11, 0.09]).endswith("*")  # mean 0.1, std 0.01: far outside 2 SE
     assert not paired([0.1, -0.1, 0.05]).endswith("*")

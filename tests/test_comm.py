@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore
 from fedhet.experiments.commcost import transfers_to_target
-from fedhet.experiments.single import resolve_settings
 
 BASE = {"dataset": "digits", "partition": "iid", "lr": 0.05, "seed": 1, "clients": 4, "rounds": 2}
 
 
 def run(tmp_path=None, **settings) -> tuple[Simulation, list[dict]]:
-    cfg, params = resolve_settings({**BASE, **settings}, "test")
+    cfg = config_of({**BASE, **settings}, "test")
     store = RunStore(tmp_path) if tmp_path is not None else None
-    sim = Simulation(cfg, params, store=store, log=lambda _: None)
+    sim = Simulation(cfg, store=store, log=lambda _: None)
     sim.run()
     rows = []
     if tmp_path is not None:

@@ -89,7 +89,7 @@ def test_a_preset_with_two_identical_runs_is_refused():
 
 
 def test_shipped_presets_have_no_duplicate_runs():
-    from fedhet.experiments.presets import PRESETS
+    from fedhet.experiments.papers.base import PRESETS
     from fedhet.experiments.reproduce import _check_specs, load_preset
 
     for paper in PRESETS.names():

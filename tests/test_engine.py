@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedhet.engine.config import RunConfig
+from fedhet.engine.config import RunConfig, config_of
 from fedhet.engine.simulation import Simulation, learning_rate, local_steps, sample_clients
 from fedhet.engine.store import TIME_COLUMNS
-from fedhet.experiments.single import execute, resolve_settings
+from fedhet.experiments.single import execute
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 10, "lr": 0.1}
 
@@ -73,8 +73,8 @@ def test_same_seed_same_metrics_apart_from_time(tmp_path: Path):
 
 
 def test_bytes_count_every_model_sent():
-    cfg, params = resolve_settings({**BASE, "rounds": 2, "sample_fraction": 0.5})
-    sim = Simulation(cfg, params)
+    cfg = config_of({**BASE, "rounds": 2, "sample_fraction": 0.5})
+    sim = Simulation(cfg)
     sim.run()
     model_bytes = sim.model.dim * 4
     # FedAvg: each sampled client gets w and returns Δ plus 3 scalars (8 bytes each).
@@ -86,8 +86,8 @@ def test_bytes_count_every_model_sent():
 
 
 def test_central_uses_all_data_as_one_client():
-    cfg, params = resolve_settings({**BASE, "algorithm": "central", "rounds": 1, "local_steps": 5})
-    sim = Simulation(cfg, params)
+    cfg = config_of({**BASE, "algorithm": "central", "rounds": 1, "local_steps": 5})
+    sim = Simulation(cfg)
     assert len(sim.client_indices) == 1
     assert len(sim.client_indices[0]) == len(sim.data.y_train)
     w0 = sim.w0.clone()

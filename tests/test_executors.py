@@ -15,7 +15,7 @@ import torch
 from faulty import make_client_fail
 
 from fedhet.algorithms.base import ALGORITHMS
-from fedhet.engine.config import resolve
+from fedhet.engine.config import config_of
 from fedhet.engine.failures import ClientFailure
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
@@ -59,9 +59,9 @@ SEQUENTIAL_ANYWAY = {"ring", "fedsr", "moon"}
 
 def _run(case: str, executor: str) -> tuple[Simulation, list[dict]]:
     values = {**BASE, "algorithm": case, **CASES[case], "executor": executor}
-    cfg, params = resolve(values)
+    cfg = config_of(values)
     rows: list[dict] = []
-    sim = Simulation(cfg, params, log=lambda _: None, on_round=rows.append)
+    sim = Simulation(cfg, log=lambda _: None, on_round=rows.append)
     sim.stacked_jobs = 0
     if executor == "batched":
         stacked = sim.executor.cohort.sgd_many
@@ -154,8 +154,8 @@ def test_closed_form_linear_gradients(model):
 
 @pytest.mark.parametrize("executor", ["sequential", "batched"])
 def test_a_failing_client_is_reported_not_fatal(executor):
-    cfg, params = resolve({**BASE, "algorithm": "fedavg", "executor": executor})
-    sim = Simulation(cfg, params, log=lambda _: None)
+    cfg = config_of({**BASE, "algorithm": "fedavg", "executor": executor})
+    sim = Simulation(cfg, log=lambda _: None)
     make_client_fail(sim, 2, "disk on fire")
     state = sim.algorithm.init(sim.w0)
     requests = [(i, sim.configure(state, i, 0)) for i in range(4)]
@@ -169,29 +169,29 @@ def test_a_failing_client_is_reported_not_fatal(executor):
 
 def test_settings_are_validated():
     with pytest.raises(FedhetError, match="executor must be"):
-        resolve({"executor": "fast"})
+        config_of({"executor": "fast"})
     with pytest.raises(FedhetError, match="device must be"):
-        resolve({"device": "tpu"})
+        config_of({"device": "tpu"})
     with pytest.raises(FedhetError, match="cohort_chunk"):
-        resolve({"cohort_chunk": -1})
+        config_of({"cohort_chunk": -1})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
 def test_cuda_without_gpu_is_one_clear_error():
-    cfg, params = resolve({**BASE, "device": "cuda"})
+    cfg = config_of({**BASE, "device": "cuda"})
     with pytest.raises(FedhetError, match="device=cuda"):
-        Simulation(cfg, params, log=lambda _: None)
+        Simulation(cfg, log=lambda _: None)
 
 
 def test_auto_rule_and_chunks():
-    cfg, params = resolve({**BASE, "algorithm": "fedavg"})
-    assert Simulation(cfg, params, log=lambda _: None).executor_name == "sequential"
-    cfg, params = resolve({**BASE, "algorithm": "fedavg", "model": "logreg", "model_params": {}})
-    assert Simulation(cfg, params, log=lambda _: None).executor_name == "batched"
+    cfg = config_of({**BASE, "algorithm": "fedavg"})
+    assert Simulation(cfg, log=lambda _: None).executor_name == "sequential"
+    cfg = config_of({**BASE, "algorithm": "fedavg", "model": "logreg", "model_params": {}})
+    assert Simulation(cfg, log=lambda _: None).executor_name == "batched"
     # chunks of 3 clients give the same trajectory as one chunk
     one, _ = _run("fedavg", "batched")
-    cfg, params = resolve({**BASE, "algorithm": "fedavg", "executor": "batched", "cohort_chunk": 3})
-    sim = Simulation(cfg, params, log=lambda _: None)
+    cfg = config_of({**BASE, "algorithm": "fedavg", "executor": "batched", "cohort_chunk": 3})
+    sim = Simulation(cfg, log=lambda _: None)
     sim.run()
     assert torch.allclose(sim.final_state["w"], one.final_state["w"], atol=1e-6)
 
@@ -207,12 +207,12 @@ def test_batchnorm_model_end_to_end():
     )
     sims = {}
     for executor in ("sequential", "batched"):
-        cfg, params = resolve({
+        cfg = config_of({
             "algorithm": "fedavg", "model": "cnn-fednnnn-cifar", "clients": 3, "rounds": 2,
             "batch_size": 16, "client_steps": [2, 1, 3], "lr": 0.01, "partition": "iid",
             "executor": executor,
         })
-        sims[executor] = sim = Simulation(cfg, params, data=data, log=lambda _: None)
+        sims[executor] = sim = Simulation(cfg, data=data, log=lambda _: None)
         sim.run()
     seq, bat = sims["sequential"], sims["batched"]
     assert seq.buffers.numel() and bat.executor_name == "batched"

@@ -13,7 +13,7 @@ import torch
 
 from fedhet.algorithms.base import ALGORITHMS, Message, RunInfo
 from fedhet.engine.comm import CommLedger
-from fedhet.engine.config import apply_settings, resolve
+from fedhet.engine.config import build, config_of, parse
 from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.engine.faults import DROPPED, LATE, OK, FaultModel, isolate
 from fedhet.engine.rounds import edge_ring_round, ring_round, star_round
@@ -27,9 +27,9 @@ BASE = {
 
 
 def simulate(algorithm: str = "fedavg", **settings) -> tuple[Simulation, list[str]]:
-    cfg, params = resolve(apply_settings({**BASE, "algorithm": algorithm}, settings, "test"))
+    cfg = config_of({**BASE, "algorithm": algorithm, **settings}, "test")
     lines: list[str] = []
-    sim = Simulation(cfg, params, store=None, log=lines.append)
+    sim = Simulation(cfg, store=None, log=lines.append)
     sim.run()
     return sim, lines
 
@@ -116,16 +116,16 @@ def test_outcomes_are_fixed_by_seed_round_and_client():
     ],
 )
 def test_settings_are_validated_with_one_line(key, value, message):
-    values = apply_settings({}, {key: value}, "--set")
+    values = parse([f"{key}={value}"], "--set")
     with pytest.raises(FedhetError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
-        resolve(values)
+        build(values)
     assert "\n" not in str(err.value)
 
 
 def test_straggler_policy_accepts_only_drop():
-    assert resolve(apply_settings({}, {"straggler_policy": "drop"}, "--set"))[0].straggler_policy == "drop"
+    assert build(parse(["straggler_policy=drop"], "--set")).straggler_policy == "drop"
     with pytest.raises(FedhetError):
-        apply_settings({}, {"straggler_policy": "stale"}, "--set")
+        parse(["straggler_policy=stale"], "--set")
 
 
 # -- partial participation: each algorithm against a hand computation ----------------------
@@ -329,9 +329,9 @@ def test_all_clients_dropped_keeps_the_initial_model(algo):
 
 
 def test_a_raising_client_is_dropped_and_the_run_finishes():
-    cfg, params = resolve({**BASE, "algorithm": "fedavg"})
+    cfg = config_of({**BASE, "algorithm": "fedavg"})
     lines: list[str] = []
-    sim = Simulation(cfg, params, store=None, log=lines.append)
+    sim = Simulation(cfg, store=None, log=lines.append)
     update = sim.algorithm.client_update
 
     def flaky(message, ctx, state):
@@ -353,12 +353,12 @@ def test_a_resumed_run_drops_the_same_clients(tmp_path):
     from fedhet.engine.store import RunStore
 
     settings = {"algorithm": "scaffold", "client_dropout": 0.4, "straggler_fraction": 0.2, "seed": 2}
-    cfg, params = resolve(apply_settings({**BASE, "rounds": 4}, settings, "test"))
-    whole = Simulation(cfg, params, store=None, log=lambda _: None)
+    cfg = config_of({**BASE, "rounds": 4, **settings}, "test")
+    whole = Simulation(cfg, store=None, log=lambda _: None)
     whole.run()
-    cfg2, params2 = resolve(apply_settings({**BASE, "rounds": 2}, settings, "test"))
-    Simulation(cfg2, params2, store=RunStore(tmp_path), log=lambda _: None).run()
-    resumed = Simulation(cfg, params, store=RunStore(tmp_path), log=lambda _: None)
+    cfg2 = config_of({**BASE, "rounds": 2, **settings}, "test")
+    Simulation(cfg2, store=RunStore(tmp_path), log=lambda _: None).run()
+    resumed = Simulation(cfg, store=RunStore(tmp_path), log=lambda _: None)
     runner, rounds = resumed.runner, []
     resumed.runner = lambda rc, state, k, clients: (rounds.append(k), runner(rc, state, k, clients))[1]
     resumed.run(resume=True)

@@ -6,19 +6,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
-from fedhet.experiments.fedveca_protocol import client_sizes
+from fedhet.experiments.papers.fedveca.protocol import client_sizes
 from fedhet.experiments.partition_report import describe_partition
 from fedhet.experiments.report import partition_counts
-from fedhet.experiments.single import resolve_settings
 
 
 @pytest.mark.parametrize("validation_fraction", [0.0, 0.25])
 def test_every_caller_sees_the_runs_partition(validation_fraction):
     settings = {"dataset": "digits", "partition": "dirichlet", "clients": 6, "seed": 3,
                 "validation_fraction": validation_fraction, "rounds": 1}
-    cfg, params = resolve_settings(settings)
-    sim = Simulation(cfg, params)
+    cfg = config_of(settings)
+    sim = Simulation(cfg)
     sizes = tuple(len(p) for p in sim.partition)
     assert client_sizes(settings) == sizes
     counts = describe_partition(dict(settings), out=lambda _: None)

@@ -274,7 +274,7 @@ def test_fednnnn_learns_on_digits(tmp_path) -> None:
 
 # -- the preset and the figures -------------------------------------------------------------
 def test_preset_follows_tables_1_2_and_5() -> None:
-    from fedhet.experiments.presets import PRESETS
+    from fedhet.experiments.papers.base import PRESETS
 
     smoke = PRESETS.get("fednnnn").factory("smoke")
     specs = smoke.stages[0](Path("."))
@@ -300,17 +300,17 @@ def test_preset_follows_tables_1_2_and_5() -> None:
 
 def test_preset_settings_are_valid() -> None:
     """Every run's settings resolve, with the weighting each scenario asks for."""
-    from fedhet.experiments.presets.fednnnn import run_specs
-    from fedhet.experiments.single import resolve_settings
+    from fedhet.engine.config import config_of
+    from fedhet.experiments.papers.fednnnn.preset import run_specs
 
     for scale in ("smoke", "small", "paper"):
         for spec in run_specs(scale):
-            cfg, _ = resolve_settings(spec.settings)
-            assert cfg.algorithm_params["weighting"] == spec.settings["algorithm.weighting"]
+            cfg = config_of(spec.settings)
+            assert cfg.algorithm_params.weighting == spec.settings["algorithm.weighting"]
 
 
 def test_plots_render(tmp_path) -> None:
-    from fedhet.experiments.plots_fednnnn import plot_study
+    from fedhet.experiments.papers.fednnnn.plots import plot_study
 
     base = {"dataset": "digits", "partition": "iid", "clients": 4, "rounds": 3, "lr": 0.1,
             "model.hidden": 16}

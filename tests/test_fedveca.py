@@ -22,10 +22,11 @@ from fedhet.algorithms.fedveca import (
     smoothness,
 )
 from fedhet.cli import main
+from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
-from fedhet.experiments import fedveca_protocol as protocol
-from fedhet.experiments.fedveca_protocol import FairBudget
-from fedhet.experiments.single import execute, resolve_settings
+from fedhet.experiments.papers.fedveca import protocol
+from fedhet.experiments.papers.fedveca.protocol import FairBudget
+from fedhet.experiments.single import execute
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig
 
@@ -271,7 +272,7 @@ def test_digits_run_adapts_tau_within_bounds_and_learns(tmp_path):
 ])
 def test_bad_parameters_fail_before_training(key, value):
     with pytest.raises(FedhetError):
-        resolve_settings({"algorithm": "fedveca", f"algorithm.{key}": value})
+        config_of({"algorithm": "fedveca", f"algorithm.{key}": value})
 
 
 def test_short_schedule_and_momentum_fail_before_the_run_directory_is_made(tmp_path):
@@ -358,8 +359,8 @@ def test_fedveca_params_do_not_leak_into_baselines():
 
 # -- the preset --------------------------------------------------------------------------------
 def test_preset_structure():
-    from fedhet.experiments.presets import PRESETS
-    from fedhet.experiments.presets.fedveca import groups
+    from fedhet.experiments.papers.base import PRESETS
+    from fedhet.experiments.papers.fedveca.preset import groups
 
     for scale in ("smoke", "small", "paper"):
         preset = PRESETS.get("fedveca").factory(scale)
@@ -384,7 +385,7 @@ def test_preset_structure():
 
 
 def test_preset_stage_two_reads_tau_all_from_stage_one(tmp_path):
-    from fedhet.experiments.presets.fedveca import baseline_specs, fedveca_specs, groups
+    from fedhet.experiments.papers.fedveca.preset import baseline_specs, fedveca_specs, groups
 
     group = next(g for g in groups("smoke") if g.key == "logreg-digits-case1")
     (spec,) = fedveca_specs(group)
@@ -400,29 +401,42 @@ def test_preset_stage_two_reads_tau_all_from_stage_one(tmp_path):
 
 
 def test_preset_settings_resolve():
-    from fedhet.experiments.presets.fedveca import groups
+    from fedhet.experiments.papers.fedveca.preset import groups
 
     budget = FairBudget(1000, 100, (100,) * 5, 32)
     for scale in ("smoke", "small", "paper"):
         for g in groups(scale):
             for run in g.fedveca_runs:
-                resolve_settings(protocol.fedveca_settings(g.settings_of(run)))
+                config_of(protocol.fedveca_settings(g.settings_of(run)))
             for method in g.baselines:
-                resolve_settings(protocol.baseline_settings(g.settings_of(g.fair_from), budget, method))
+                config_of(protocol.baseline_settings(g.settings_of(g.fair_from), budget, method))
 
 
-def test_fedveca_compare_cli(tmp_path, capsys):
+def test_fair_protocol_cli(tmp_path, capsys):
+    """`fedhet reproduce fedveca --protocol fair` on the user's settings (the former
+    `fedveca-compare` verb, which still works with a note)."""
     out = tmp_path / "cli"
-    assert main(["fedveca-compare", "-a", "fedavg", "--out", str(out)]) == 2
+    assert main(["reproduce", "fedveca", "--protocol", "fair", "-a", "fedavg", "--out", str(out)]) == 2
     assert "drop --algorithm" in capsys.readouterr().err
-    code = main(["fedveca-compare", "-d", "digits", "-m", "logreg", "-p", "iid", "-r", "2",
-                 "--baselines", "fedavg", "--set", "algorithm.alpha=0.9", "-q", "--out", str(out)])
+    assert main(["reproduce", "fedveca", "--protocol", "nope", "--out", str(out)]) == 2
+    assert "paper fedveca has no protocol 'nope'; its protocols: fair" in capsys.readouterr().err
+    assert main(["reproduce", "fedveca", "--set", "lr=0.1", "--out", str(out)]) == 2
+    assert "a preset fixes its own settings" in capsys.readouterr().err
+    assert not out.exists()
+    code = main(["reproduce", "fedveca", "--protocol", "fair", "-d", "digits", "-m", "logreg", "-p",
+                 "iid", "-r", "2", "--baselines", "fedavg", "--set", "algorithm.alpha=0.9", "-q",
+                 "--out", str(out)])
     assert code == 0
     assert "FedVeca" in capsys.readouterr().out
     veca = json.loads((out / "fedveca" / "config.json").read_text())
     assert veca["algorithm_params"]["alpha"] == 0.9 and veca["lr"] == 0.01 and veca["clients"] == 5
     fedavg = json.loads((out / "fedavg" / "config.json").read_text())
     assert fedavg["algorithm"] == "fedavg" and "alpha" not in fedavg["algorithm_params"]
+    old = tmp_path / "old-verb"
+    assert main(["fedveca-compare", "-d", "digits", "-m", "logreg", "-p", "iid", "-r", "2",
+                 "--baselines", "fedavg", "-q", "--out", str(old)]) == 0
+    assert "is now `fedhet reproduce fedveca --protocol fair`" in capsys.readouterr().err
+    assert (old / "comparison.md").is_file()
 
 
 def test_resumed_run_matches_uninterrupted(tmp_path):
@@ -432,10 +446,10 @@ def test_resumed_run_matches_uninterrupted(tmp_path):
     settings = {**DIGITS, "algorithm": "fedveca", "rounds": 6}
     execute(settings, tmp_path / "full", log=lambda *_: None)
     out = tmp_path / "cut"
-    cfg, params = resolve_settings(settings)
+    cfg = config_of(settings)
     store = RunStore(out)
     store.write_config(cfg.to_dict())
-    sim = Simulation(cfg, params, store, log=lambda *_: None)
+    sim = Simulation(cfg, store, log=lambda *_: None)
     aggregate = sim.algorithm.aggregate
 
     def stop_at_four(state, round, replies):

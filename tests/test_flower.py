@@ -28,11 +28,11 @@ from fedhet.deploy import client_app  # noqa: E402
 from fedhet.deploy.project import app_pyproject  # noqa: E402
 from fedhet.deploy.records import from_record, pack_state, to_record, unpack_state  # noqa: E402
 from fedhet.deploy.server_app import FlowerRoundContext  # noqa: E402
+from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.engine.rounds import ROUND_RUNNERS  # noqa: E402
 from fedhet.engine.simulation import Simulation  # noqa: E402
 from fedhet.engine.store import read_checkpoint  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
-from fedhet.experiments.single import resolve_settings  # noqa: E402
 from fedhet.registry import NoParams  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -148,12 +148,12 @@ def task_identity():
 
 
 def run_both(settings: dict[str, Any], timeout: float = 0.5):
-    cfg, params = resolve_settings(settings)
-    local = Simulation(cfg, params, store=None, log=lambda _: None)
+    cfg = config_of(settings)
+    local = Simulation(cfg, store=None, log=lambda _: None)
     local.run()
     grid = InProcessGrid(settings, cfg.clients)
-    cfg, params = resolve_settings(settings)
-    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=timeout, log=lambda _: None)
+    cfg = config_of(settings)
+    remote = FlowerRoundContext(cfg, None, grid, round_timeout=timeout, log=lambda _: None)
     remote.roster.wait_for_all(1.0)
     summary = remote.run()
     return local, remote, grid, summary
@@ -256,8 +256,8 @@ def test_relayed_topology_runs_unchanged_and_counts_peer_hops(test_algorithms):
 def test_silent_node_is_dropped_and_the_run_goes_on():
     settings = {**BASE, "algorithm": "fedavg", "rounds": 3}
     grid_probe = InProcessGrid(settings, 3)
-    cfg, params = resolve_settings(settings)
-    remote = FlowerRoundContext(cfg, params, None, grid_probe, round_timeout=0.3, log=lambda _: None)
+    cfg = config_of(settings)
+    remote = FlowerRoundContext(cfg, None, grid_probe, round_timeout=0.3, log=lambda _: None)
     remote.roster.wait_for_all(1.0)
     grid_probe.silent = {102}  # node of client 2 goes quiet after joining
     summary = remote.run()
@@ -272,9 +272,9 @@ def test_each_dropped_client_is_reported_in_each_round():
     """A line per dropped client per round (the deploy console echoes `fedhet:` lines)."""
     settings = {**BASE, "algorithm": "fedavg", "rounds": 3}
     grid = InProcessGrid(settings, 3)
-    cfg, params = resolve_settings(settings)
+    cfg = config_of(settings)
     lines: list[str] = []
-    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=0.3, log=lines.append)
+    remote = FlowerRoundContext(cfg, None, grid, round_timeout=0.3, log=lines.append)
     remote.roster.wait_for_all(1.0)
     grid.silent = {102}
     remote.run()
@@ -289,8 +289,8 @@ def test_each_dropped_client_is_reported_in_each_round():
 def test_silent_node_on_a_relayed_topology_fails_clearly(test_algorithms):
     settings = {**BASE, "algorithm": ChainAvg.name}
     grid = InProcessGrid(settings, 3)
-    cfg, params = resolve_settings(settings)
-    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=0.3, log=lambda _: None)
+    cfg = config_of(settings)
+    remote = FlowerRoundContext(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
     remote.roster.wait_for_all(1.0)
     grid.silent = {101}
     with pytest.raises(FedhetError, match="cannot skip a client"):
@@ -300,8 +300,8 @@ def test_silent_node_on_a_relayed_topology_fails_clearly(test_algorithms):
 def test_node_with_a_different_partition_is_refused():
     settings = {**BASE, "algorithm": "fedavg"}
     grid = InProcessGrid({**settings, "seed": 4}, 3)  # nodes partition with another seed
-    cfg, params = resolve_settings(settings)
-    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=0.3, log=lambda _: None)
+    cfg = config_of(settings)
+    remote = FlowerRoundContext(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
     with pytest.raises(FedhetError, match="different partition"):
         remote.roster.wait_for_all(1.0)
 
@@ -309,8 +309,8 @@ def test_node_with_a_different_partition_is_refused():
 def test_missing_nodes_are_reported_by_partition_id():
     settings = {**BASE, "algorithm": "fedavg"}
     grid = InProcessGrid(settings, 2)
-    cfg, params = resolve_settings(settings)
-    remote = FlowerRoundContext(cfg, params, None, grid, round_timeout=0.3, log=lambda _: None)
+    cfg = config_of(settings)
+    remote = FlowerRoundContext(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
     with pytest.raises(FedhetError, match="missing partition-id 2"):
         remote.roster.wait_for_all(0.2)
 
@@ -337,8 +337,8 @@ def test_superlink_and_three_supernodes_match_the_engine(tmp_path):
             write_app(tmp_path / f"app-{algorithm}", settings, out, round_timeout=120)
             summary = fed.run(tmp_path / f"app-{algorithm}", out, timeout=400)
             assert summary["finished"] and summary["rounds_done"] == 2
-            cfg, params = resolve_settings(settings)
-            local = Simulation(cfg, params, store=None, log=lambda _: None)
+            cfg = config_of(settings)
+            local = Simulation(cfg, store=None, log=lambda _: None)
             local.run()
             remote = read_checkpoint(out / "checkpoint.pt")["server"]["w"]
             assert torch.allclose(remote, local.final_state["w"], atol=1e-6, rtol=0)
@@ -383,8 +383,8 @@ def test_deploy_app_command_writes_the_app_and_refuses_bad_settings(tmp_path, ca
     import tomllib
 
     config = tomllib.loads((app / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    cfg, _ = resolve_settings(json.loads(config["fedhet-settings"]))
-    assert (cfg.algorithm, cfg.clients, cfg.algorithm_params["server_momentum"]) == ("fedavgm", 3, 0.5)
+    cfg = config_of(json.loads(config["fedhet-settings"]))
+    assert (cfg.algorithm, cfg.clients, cfg.algorithm_params.server_momentum) == ("fedavgm", 3, 0.5)
     bad = tmp_path / "bad"
     assert main(["deploy", "app", "--set", "lr=-1", "--out", "x", "--app-dir", str(bad)]) == 2
     assert "lr must be a positive number" in capsys.readouterr().err and not bad.exists()
@@ -439,7 +439,7 @@ def test_batchnorm_statistics_travel_with_the_messages():
 
     settings = {**BASE, "algorithm": "fedavg", "model": "flower-test-bn"}
     with MODELS.added("flower-test-bn", bn_mlp, NoParams, "MLP with BatchNorm (test only)"):
-        initial = Simulation(*resolve_settings(settings), store=None, log=lambda _: None).buffers
+        initial = Simulation(config_of(settings), store=None, log=lambda _: None).buffers
         local, remote, _, _ = run_both(settings)
     assert initial.numel() > 0 and not torch.equal(remote.buffers, initial)
     assert torch.equal(remote.buffers, local.buffers)

@@ -7,9 +7,9 @@ import torch
 
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Reply, RunInfo
 from fedhet.algorithms.grab import GraBParams, grab_epoch, grab_init, round_order
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import resolve_settings
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig
 
@@ -77,8 +77,8 @@ def test_reordering_lemma_and_convergence_to_the_signed_bound():
 def run(settings: dict) -> Simulation:
     base = {"dataset": "digits", "partition": "iid", "clients": 3, "rounds": 3, "lr": 0.1,
             "batch_size": 32}
-    cfg, params = resolve_settings({**base, **settings})
-    sim = Simulation(cfg, params, store=None, log=lambda s: None)
+    cfg = config_of({**base, **settings})
+    sim = Simulation(cfg, store=None, log=lambda s: None)
     sim.summary_ = sim.run()
     return sim
 
@@ -152,4 +152,4 @@ def test_grab_fedavg_with_cropping_learns_and_differs():
     assert crop.summary_["final_accuracy"] > 0.6
     assert not torch.allclose(crop.final_state["w"], full.final_state["w"], atol=1e-4)
     with pytest.raises(FedhetError, match="alpha"):
-        resolve_settings({"algorithm": "grab-fedavg", "algorithm.alpha": 0.0})
+        config_of({"algorithm": "grab-fedavg", "algorithm.alpha": 0.0})

@@ -16,7 +16,8 @@ from fedhet.cli import main
 from fedhet.errors import FedhetError
 from fedhet.experiments.compare import compare
 from fedhet.experiments.grid import load_grid
-from fedhet.experiments.presets import PRESETS, Preset, RunSpec
+from fedhet.experiments.papers.base import PRESETS
+from fedhet.experiments.presets import Preset, RunSpec
 from fedhet.experiments.results import summary_tables, to_target
 from fedhet.experiments.runner import Job, Progress
 
@@ -293,8 +294,8 @@ def test_tensorboard_logs_each_round(tmp_path):
 
 def test_every_shipped_grid_loads_and_resolves():
     """The grids in configs/ (documented study and tuning commands) stay valid."""
+    from fedhet.engine.config import config_of
     from fedhet.experiments.grid import load_grid
-    from fedhet.experiments.single import resolve_settings
 
     grids = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
     assert len(grids) >= 5
@@ -302,4 +303,4 @@ def test_every_shipped_grid_loads_and_resolves():
         specs = load_grid(path).specs
         assert specs, path
         for spec in specs:
-            resolve_settings(spec.settings, str(path))
+            config_of(spec.settings, str(path))

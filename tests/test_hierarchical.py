@@ -9,9 +9,10 @@ import torch
 
 from fedhet.algorithms.base import Message, Reply
 from fedhet.algorithms.hierarchical import assign_edges, parse_edge_map, ring_order
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import execute, resolve_settings
+from fedhet.experiments.single import execute
 from fedhet.training.local import SGDConfig, stream_seed
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "lr": 0.05,
@@ -19,8 +20,8 @@ BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "
 
 
 def simulate(**settings) -> Simulation:
-    cfg, params = resolve_settings({**BASE, **settings}, "test")
-    sim = Simulation(cfg, params, store=None, log=lambda _: None)
+    cfg = config_of({**BASE, **settings}, "test")
+    sim = Simulation(cfg, store=None, log=lambda _: None)
     sim.run()
     return sim
 
@@ -34,8 +35,8 @@ def test_ring_of_one_device_is_local_sgd():
     sim = simulate(algorithm="ring", clients=1, rounds=1, momentum=0.5, local_epochs=2)
     indices = sim.client_indices[0]
     tau = 2 * len(indices) // 32
-    cfg, params = resolve_settings({**BASE, "algorithm": "fedavg", "clients": 1, "rounds": 1}, "t")
-    fresh = Simulation(cfg, params, store=None, log=lambda _: None)
+    cfg = config_of({**BASE, "algorithm": "fedavg", "clients": 1, "rounds": 1}, "t")
+    fresh = Simulation(cfg, store=None, log=lambda _: None)
     batches = fresh.trainer.batches(indices, 32, tau, stream_seed(3, 0, 0, 0))
     w, steps, _ = fresh.trainer.sgd(fresh.w0, batches, SGDConfig(0.05, 0.5))
     assert steps == tau
@@ -70,9 +71,9 @@ def test_hierfavg_kappa1_sets_local_steps_and_kappa2_repeats_edge_rounds():
 
 
 def test_fedsr_cloud_aggregation_is_eq_15():
-    cfg, params = resolve_settings({**BASE, "algorithm": "fedsr", "clients": 4,
+    cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 4,
                                     "algorithm.clusters": 2}, "t")
-    algo = Simulation(cfg, params, store=None, log=lambda _: None).algorithm
+    algo = Simulation(cfg, store=None, log=lambda _: None).algorithm
     w1, w2 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 4.0])
     replies = [Reply(0, Message({"w": w1}, {"num_samples": 30.0, "train_loss": 1.0})),
                Reply(1, Message({"w": w2}, {"num_samples": 10.0, "train_loss": 3.0}))]
@@ -100,16 +101,16 @@ def test_ring_order_is_redrawn_per_round_and_fixed_per_seed():
 
 
 def test_sampling_and_per_round_regrouping():
-    cfg, params = resolve_settings({**BASE, "algorithm": "fedsr", "clients": 12,
+    cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 12,
                                     "algorithm.cluster_size": 4}, "t")
-    algo = Simulation(cfg, params, store=None, log=lambda _: None).algorithm
+    algo = Simulation(cfg, store=None, log=lambda _: None).algorithm
     sampled = [0, 2, 3, 5, 7, 8, 11]
     groups = algo.edge_groups(sampled, round=4)
     assert sorted(d for _, g in groups for d in g) == sampled
     assert [len(g) for _, g in groups] == [4, 3]
-    cfg, params = resolve_settings({**BASE, "algorithm": "hierfavg", "clients": 8,
+    cfg = config_of({**BASE, "algorithm": "hierfavg", "clients": 8,
                                     "algorithm.clusters": 4}, "t")
-    algo = Simulation(cfg, params, store=None, log=lambda _: None).algorithm
+    algo = Simulation(cfg, store=None, log=lambda _: None).algorithm
     assert [m for m, _ in algo.edge_groups([0, 1, 6], round=0)] == [0, 3]
 
 
@@ -134,17 +135,17 @@ def test_bad_input_fails_before_training(tmp_path: Path, settings, message):
 
 def test_fedsr_learns_on_digits():
     """20 devices in 5 rings of 4, α = 0.3, cosine η, momentum 0.5: the paper's setting, shrunk."""
-    cfg, params = resolve_settings({**BASE, "algorithm": "fedsr", "clients": 20, "rounds": 5,
+    cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 20, "rounds": 5,
                                     "lr": 0.1, "momentum": 0.5, "lr_schedule": "cosine",
                                     "partition.alpha": 0.3}, "t")
-    summary = Simulation(cfg, params, store=None, log=lambda _: None).run()
+    summary = Simulation(cfg, store=None, log=lambda _: None).run()
     assert summary["final_accuracy"] > 0.8
 
 
 def test_fedsr_preset_specs_resolve_and_match_published_rows():
     from fedhet.algorithms.base import ALGORITHMS
     from fedhet.data.partition import PARTITIONS
-    from fedhet.experiments.presets import PRESETS
+    from fedhet.experiments.papers.base import PRESETS
     from fedhet.models.registry import MODELS
 
     paper = PRESETS.get("fedsr").factory("paper")
@@ -157,7 +158,7 @@ def test_fedsr_preset_specs_resolve_and_match_published_rows():
     for spec in smoke:
         st = spec.settings
         if st["algorithm"] in ALGORITHMS and st["partition"] in PARTITIONS and st["model"] in MODELS:
-            cfg, _ = resolve_settings(st, spec.name)
+            cfg = config_of(st, spec.name)
             assert cfg.dataset == "digits"
     fedsr = [s.settings for s in specs if s.label == "FedSR" and s.name.startswith("t2__")]
     assert all(s["local_epochs"] == 1 and s["algorithm.ring_passes"] == 5 for s in fedsr)

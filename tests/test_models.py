@@ -148,7 +148,7 @@ def test_svm_needs_binary_labels_and_valid_lambda():
 def test_svm_learns_even_odd_digits_through_the_engine():
     from fedhet.data.base import Dataset
     from fedhet.data.registry import DATASETS
-    from fedhet.engine.config import resolve
+    from fedhet.engine.config import config_of
     from fedhet.engine.simulation import Simulation
 
     digits = DATASETS.get("digits").factory(DATASETS.params("digits"), None)
@@ -156,9 +156,9 @@ def test_svm_learns_even_odd_digits_through_the_engine():
         "digits-even-odd", digits.x_train, (digits.y_train % 2 == 0).long(), digits.x_test,
         (digits.y_test % 2 == 0).long(), num_classes=2,
     )
-    cfg, params = resolve({
+    cfg = config_of({
         "algorithm": "fedavg", "dataset": "digits", "partition": "iid", "model": "svm",
         "clients": 4, "rounds": 10, "lr": 0.1, "local_epochs": 1,
     })
-    summary = Simulation(cfg, params, store=None, data=binary, log=lambda _: None).run()
+    summary = Simulation(cfg, store=None, data=binary, log=lambda _: None).run()
     assert summary["final_accuracy"] > 0.8

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from fedhet.algorithms.moon import contrastive_loss
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import resolve_settings
 from fedhet.models.moon import MoonParams
 from fedhet.models.registry import build_model, num_parameters
 
@@ -19,8 +19,8 @@ BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "
 
 
 def simulate(**settings) -> Simulation:
-    cfg, params = resolve_settings({**BASE, **settings}, "test")
-    sim = Simulation(cfg, params, store=None, log=lambda _: None)
+    cfg = config_of({**BASE, **settings}, "test")
+    sim = Simulation(cfg, store=None, log=lambda _: None)
     sim.run()
     return sim
 
@@ -87,8 +87,8 @@ def test_moon_models_and_bad_model():
 
 def resolve_and_build(**settings) -> Simulation:
     base = {k: v for k, v in BASE.items() if not k.startswith("model")}
-    cfg, params = resolve_settings({**base, **settings}, "test")
-    return Simulation(cfg, params, store=None, log=lambda _: None)
+    cfg = config_of({**base, **settings}, "test")
+    return Simulation(cfg, store=None, log=lambda _: None)
 
 
 def test_moon_learns_on_digits():

@@ -14,9 +14,9 @@ from test_partitions import balanced, make_data
 from fedhet.cli import main
 from fedhet.data.partition import PARTITIONS, partition_dataset, read_index_map, write_index_map
 from fedhet.engine import simulation
+from fedhet.engine.config import config_of
 from fedhet.engine.federate import federate
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import resolve_settings
 
 DIGITS_TRAIN = 1347
 
@@ -130,7 +130,7 @@ def test_missing_unreadable_and_binary_files(tmp_path):
 def test_file_errors_are_caught_when_the_settings_are_built(tmp_path):
     """Everything that does not need the data is refused before any loading (and before a grid runs)."""
     with pytest.raises(FedhetError, match="client 0 lists sample 1 twice"):
-        resolve_settings({"partition": "file", "partition_params": {"path": write(tmp_path, [[1, 1]])}})
+        config_of({"partition": "file", "partition_params": {"path": write(tmp_path, [[1, 1]])}})
 
 
 def settings(**extra) -> dict:
@@ -149,12 +149,12 @@ def test_round_trip_save_indices_then_file(tmp_path, capsys, sets):
     assert f"indices saved to {path}" in capsys.readouterr().out
     assert list(json.loads(path.read_text())) == ["0", "1", "2", "3"]
 
-    cfg, params = resolve_settings(settings(**sets))
-    original = federate(cfg, params["dataset"], params["partition"]).parts
+    cfg = config_of(settings(**sets))
+    original = federate(cfg).parts
     kept = {k: v for k, v in sets.items() if not k.startswith("partition")}
     back = settings(**kept, seed=11, partition="file", **{"partition.path": str(path)})
-    cfg, params = resolve_settings(back)
-    fed = federate(cfg, params["dataset"], params["partition"])
+    cfg = config_of(back)
+    fed = federate(cfg)
     assert as_lists(fed.parts) == as_lists(original)
     assert sum(map(len, fed.parts)) == len(fed.data.y_train)
     assert (len(fed.data.y_train) < DIGITS_TRAIN) == ("validation_fraction" in sets)
@@ -164,12 +164,12 @@ def test_indices_count_in_the_training_set_left_after_the_validation_hold_out(tm
     """With validation_fraction, index j is the j-th training sample kept; the hold-out shrinks the range."""
     path = write(tmp_path, [[0], [DIGITS_TRAIN - 1]])
     whole = settings(partition="file", clients=2, partition_params={"path": path})
-    cfg, params = resolve_settings(whole)
-    fed = federate(cfg, params["dataset"], params["partition"])
+    cfg = config_of(whole)
+    fed = federate(cfg)
     assert as_lists(fed.parts) == [[0], [DIGITS_TRAIN - 1]]
-    cfg, params = resolve_settings({**whole, "validation_fraction": 0.25})
+    cfg = config_of({**whole, "validation_fraction": 0.25})
     with pytest.raises(FedhetError, match=rf"sample {DIGITS_TRAIN - 1}, outside \[0, 1010\)"):
-        federate(cfg, params["dataset"], params["partition"])
+        federate(cfg)
 
 
 def test_fedhet_run_trains_on_exactly_the_files_clients(tmp_path, capsys, monkeypatch):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.experiments.presets import PRESETS
+from fedhet.experiments.papers.base import PRESETS
 from fedhet.experiments.reproduce import reproduce
 
 

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from fedhet.experiments import seeds
+from fedhet.experiments.papers.fedveca import seeds as fedveca_seeds
 from fedhet.experiments.seeds import Stat, inside_noise
 
 # per seed: FedVeca's and FedAvg's test accuracy/loss in rounds 0..3
@@ -54,7 +55,7 @@ def test_inside_noise_is_range_overlap():
 
 def test_fedveca_table(tmp_path):
     groups = _groups(tmp_path)
-    columns, stats = seeds.fedveca_stats(groups, methods=("fedveca", "fedavg"), acc=(0.85,), loss=(0.25,))
+    columns, stats = fedveca_seeds.fedveca_stats(groups, methods=("fedveca", "fedavg"), acc=(0.85,), loss=(0.25,))
     assert columns == ["final accuracy", "final loss", "acc ≥ 0.85", "loss ≤ 0.25"]
     fv, fa = stats["FedVeca"], stats["FedAvg"]
     assert fv["final accuracy"].text() == "0.8800 ± 0.0100"
@@ -64,7 +65,7 @@ def test_fedveca_table(tmp_path):
     assert fv["loss ≤ 0.25"].values == (2.0, 2.0, 3.0)
     assert fa["acc ≥ 0.85"].text("{:.1f}") == "3.0 (1/3 reach)"
     assert fa["loss ≤ 0.25"].text() == "— (0/3 reach)"
-    assert seeds.tau_all(groups).text("{:.0f}") == "110 ± 10"
+    assert fedveca_seeds.tau_all(groups).text("{:.0f}") == "110 ± 10"
     md = seeds.stats_markdown(columns, stats)
     assert "| FedVeca | 0.8800 ± 0.0100 | 0.2100 ± 0.0100 | 1.7 ± 0.6 | 2.3 ± 0.6 |" in md
     pairs = seeds.noise_pairs(columns, stats)

@@ -7,9 +7,9 @@ import pytest
 
 from fedhet.data.registry import DATASETS, load_dataset
 from fedhet.data.split import hold_out_validation
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import resolve_settings
 
 
 def digits():
@@ -36,9 +36,9 @@ def test_split_is_stratified_disjoint_and_fixed():
 
 
 def test_run_evaluates_on_validation_and_partitions_the_rest():
-    cfg, params = resolve_settings({"dataset": "digits", "clients": 5, "rounds": 1,
+    cfg = config_of({"dataset": "digits", "clients": 5, "rounds": 1,
                                     "validation_fraction": 0.25})
-    sim = Simulation(cfg, params)
+    sim = Simulation(cfg)
     total = len(digits().y_train)
     assert sum(len(ix) for ix in sim.client_indices) == len(sim.data.y_train)
     assert len(sim.data.y_train) + len(sim.data.y_test) == total
@@ -47,8 +47,8 @@ def test_run_evaluates_on_validation_and_partitions_the_rest():
 
 def test_bad_fractions_and_natural_partitions_are_refused():
     with pytest.raises(FedhetError, match="validation_fraction must be in"):
-        resolve_settings({"validation_fraction": 1.0})
-    cfg, params = resolve_settings({"dataset": "synthetic", "partition": "natural", "clients": 30,
+        config_of({"validation_fraction": 1.0})
+    cfg = config_of({"dataset": "synthetic", "partition": "natural", "clients": 30,
                                     "validation_fraction": 0.1})
     with pytest.raises(FedhetError, match="users are the clients"):
-        Simulation(cfg, params)
+        Simulation(cfg)

@@ -9,10 +9,10 @@ import torch
 from faulty import make_client_fail
 
 from fedhet.cli import main
+from fedhet.engine.config import config_of
 from fedhet.engine.failures import Diverged
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.workers import ProcessExecutor
-from fedhet.experiments.single import resolve_settings
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 6, "rounds": 2, "lr": 0.05,
         "batch_size": 32, "seed": 4, "model": "mlp", "model.hidden": 16, "executor": "sequential"}
@@ -33,8 +33,8 @@ CASES = [
 
 
 def simulate(workers: int, log=None, patch=None, **settings) -> tuple[Simulation, dict]:
-    cfg, params = resolve_settings({**BASE, **settings, "workers": workers}, "test")
-    sim = Simulation(cfg, params, store=None, log=log or (lambda _: None))
+    cfg = config_of({**BASE, **settings, "workers": workers}, "test")
+    sim = Simulation(cfg, store=None, log=log or (lambda _: None))
     if patch is not None:
         patch(sim)
     return sim, sim.run()

@@ -25,16 +25,6 @@ class _Parser(argparse.ArgumentParser):
         raise FedhetError(f"{message} (see `{self.prog} --help`)")
 
 
-def _parse_sets(pairs: list[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, eq, value = pair.partition("=")
-        if not eq or not key:
-            raise FedhetError(f"--set expects key=value, got {pair!r}")
-        out[key.strip()] = value.strip()
-    return out
-
-
 def _read_toml(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
@@ -46,11 +36,13 @@ def _read_toml(path: str) -> dict[str, Any]:
 
 
 def _run_values(args: argparse.Namespace) -> dict[str, Any]:
-    from fedhet.engine.config import apply_settings
+    """The run's settings as config paths: `--config` file, then flags, then `--set` (later
+    wins), each read by the one parser (`fedhet.engine.config.parse`)."""
+    from fedhet.engine.config import parse
 
     values: dict[str, Any] = {}
     if args.config:
-        values = apply_settings(values, _read_toml(args.config), args.config)
+        values.update(parse(_read_toml(args.config), args.config))
     flags = {
         k: getattr(args, k)
         for k in ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
@@ -59,8 +51,9 @@ def _run_values(args: argparse.Namespace) -> dict[str, Any]:
     }
     if args.data_dir:
         flags["data_dir"] = args.data_dir
-    values = apply_settings(values, flags, "command line")
-    return apply_settings(values, _parse_sets(args.set), "--set")
+    values.update(parse(flags, "command line"))
+    values.update(parse(args.set, "--set"))
+    return values
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -114,13 +107,39 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+SETTING_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed",
+                 "data_dir", "config", "set")
+
+
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    if args.protocol:
+        return _reproduce_protocol(args)
+    given = [f"--{k.replace('_', '-')}" for k in SETTING_FLAGS if getattr(args, k)]
+    if given or args.baselines:
+        raise FedhetError(
+            f"{', '.join(given or ['--baselines'])}: a preset fixes its own settings; run settings "
+            "go with --protocol (--device, --executor and --workers choose where a preset runs)"
+        )
     from fedhet.experiments.reproduce import reproduce
 
     out = Path(args.out or f"runs/{args.paper}-{args.scale}")
     reproduce(args.paper, args.scale, out, args.jobs, args.force, args.tensorboard,
               overrides=_overrides(args))
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
+    return 0
+
+
+def _reproduce_protocol(args: argparse.Namespace) -> int:
+    from fedhet.engine.config import parse
+    from fedhet.experiments.papers.base import protocol
+
+    proto = protocol(args.paper, args.protocol)
+    settings = {**parse(proto.defaults, f"{args.paper} {args.protocol} defaults"), **_run_values(args)}
+    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()] if args.baselines else None
+    show = sys.stderr.isatty() and not args.quiet
+    out = Path(args.out or f"runs/{args.paper}-{args.protocol}")
+    for line in proto.run(settings, out, baselines=baselines, force=args.force, progress=show):
+        print(line)
     return 0
 
 
@@ -194,26 +213,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_fedveca_compare(args: argparse.Namespace) -> int:
-    from fedhet.engine.config import apply_settings
-    from fedhet.experiments.fedveca_protocol import PAPER_DEFAULTS, compare
-
-    if args.algorithm:
-        raise FedhetError("fedveca-compare runs fedveca, central and the baselines; drop --algorithm")
+    """The former verb, kept for old scripts: `fedhet reproduce fedveca --protocol fair`."""
+    print("note: `fedhet fedveca-compare` is now `fedhet reproduce fedveca --protocol fair`",
+          file=sys.stderr)
     if not args.out:
         raise FedhetError("--out DIR is required (one run directory per method goes there)")
-    values = apply_settings(apply_settings({}, PAPER_DEFAULTS, "defaults"), _run_values(args), "")
-    settings = {k: v for k, v in values.items() if not k.endswith("_params")}
-    settings.update({f"{k[:-7]}.{p}": v for k, t in values.items() if k.endswith("_params")
-                     for p, v in t.items()})
-    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
-    show = sys.stderr.isatty() and not args.quiet
-    table = compare(settings, Path(args.out), baselines, force=args.force, progress=show)
-    for row in table:
-        reach = row.get("rounds_to_central_accuracy", "-")
-        print(f"{row['method']:<16} final accuracy {row['final_accuracy']:.4f}  final loss "
-              f"{row['final_loss']:.4f}  rounds to centralized accuracy: {reach or 'not reached'}")
-    print(f"table in {Path(args.out) / 'comparison.md'}")
-    return 0
+    args.paper, args.protocol = "fedveca", "fair"
+    return _reproduce_protocol(args)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -241,6 +247,11 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    _add_setting_flags(p)
+    _add_device_flags(p)
+
+
+def _add_setting_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--algorithm", "-a")
     p.add_argument("--dataset", "-d")
     p.add_argument("--partition", "-p")
@@ -249,7 +260,6 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", "-r", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--data-dir", help="where dataset files are read from (default: data)")
-    _add_device_flags(p)
     p.add_argument("--config", help="TOML file with run settings")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other setting, e.g. lr=0.1 or algorithm.mu=0.01 (repeatable)")
@@ -305,7 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("reproduce", help="re-run a seed paper's experiment (a preset)")
     rep.add_argument("paper", help="fedveca, fednnnn, bherd, fedsr or fednova")
     rep.add_argument("--scale", choices=("smoke", "small", "paper"), default="smoke")
-    rep.add_argument("--out", "-o", help="output directory (default runs/PAPER-SCALE)")
+    rep.add_argument("--out", "-o", help="output directory (default runs/PAPER-SCALE, or "
+                     "runs/PAPER-PROTOCOL)")
+    rep.add_argument("--protocol", metavar="NAME",
+                     help="run one of the paper's protocols on your settings instead of its preset "
+                          "(fedveca: fair, the fair comparison of §IV-A1); takes the run flags below")
+    rep.add_argument("--baselines", help="--protocol: comma-separated methods to compare against "
+                     "(fedveca fair: default fedavg,fednova)")
+    rep.add_argument("--quiet", "-q", action="store_true", help="--protocol: no progress bar")
+    _add_setting_flags(rep)
     _add_pool_flags(rep)
     rep.set_defaults(func=cmd_reproduce)
     report = sub.add_parser("report", help="HTML report with plots of a run or grid directory")
@@ -343,12 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--force", action="store_true")
     demo.set_defaults(func=cmd_demo)
     fv = sub.add_parser(
-        "fedveca-compare",
-        help="FedVeca's fair comparison (§IV-A1): FedVeca, then centralized SGD and fixed-τ "
-        "baselines with its total local steps",
-        description="Runs FedVeca, reads τ_all from its metrics, then centralized SGD (τ_all/K "
-        "steps per round) and each baseline with local_epochs = E_avg = τ_all/K × B/D. Defaults "
-        "follow the paper: 5 clients, 100 rounds, lr 0.01. algorithm.* settings go to FedVeca.",
+        "fedveca-compare", help="deprecated: fedhet reproduce fedveca --protocol fair",
     )
     _add_run_flags(fv)
     fv.add_argument("--out", "-o", help="group directory: one run directory per method")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import sys
 import types
 import typing
@@ -153,18 +152,9 @@ def params_dict(params: Any) -> dict[str, Any]:
 class Registry(Generic[T]):
     """A name → `Entry` table whose lookups fail with the list of valid names."""
 
-    def __init__(self, kind: str, modules: tuple[str, ...] = ()) -> None:
+    def __init__(self, kind: str) -> None:
         self.kind = kind
-        self._modules = modules
-        self._loaded = not modules
         self._entries: dict[str, Entry[T]] = {}
-
-    def _load(self) -> None:
-        """Import the modules whose entries register themselves here (once, lazily)."""
-        if not self._loaded:
-            self._loaded = True
-            for module in self._modules:
-                importlib.import_module(module)
 
     def register(
         self, name: str, params: type = NoParams, doc: str = "", tags: tuple[str, ...] = ()
@@ -185,7 +175,6 @@ class Registry(Generic[T]):
         """`factory` registered under `name` for the length of a `with` block only (a test's
         model or algorithm, a component tried out): the entry is gone afterwards, and a name
         that is already taken is refused as by `register`."""
-        self._load()
         self.register(name, params, doc)(factory)
         try:
             yield factory
@@ -193,7 +182,6 @@ class Registry(Generic[T]):
             self._entries.pop(name, None)
 
     def get(self, name: str) -> Entry[T]:
-        self._load()
         if name not in self._entries:
             raise FedhetError(
                 f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self._entries))}"
@@ -204,12 +192,10 @@ class Registry(Generic[T]):
         return build_params(self.get(name).params, values or {}, self.kind)
 
     def names(self) -> list[str]:
-        self._load()
         return sorted(self._entries)
 
     def aliases(self) -> dict[str, str]:
         """Old parameter name → current name, over every entry's `ALIASES`."""
-        self._load()
         out: dict[str, str] = {}
         for entry in self._entries.values():
             out.update(getattr(entry.params, "ALIASES", {}))
@@ -219,5 +205,4 @@ class Registry(Generic[T]):
         return iter(self._entries[n] for n in self.names())
 
     def __contains__(self, name: str) -> bool:
-        self._load()
         return name in self._entries

@@ -159,16 +159,9 @@ class Algorithm:
         raise NotImplementedError
 
 
-ALGORITHMS: Registry[type[Algorithm]] = Registry(
-    "algorithm",
-    tuple(
-        f"fedhet.algorithms.{m}"
-        for m in (
-            "fedavg", "central", "fedprox", "scaffold", "fednova", "fedveca", "fednnnn",
-            "bherd", "grab", "hierarchical", "moon",
-        )
-    ),
-)
+ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+"""Every algorithm module registers its classes here; importing `fedhet.algorithms` (which any
+import of this module does first) imports them all."""
 
 
 def sample_weights(replies: Sequence[Reply], weighting: str = "samples") -> torch.Tensor:

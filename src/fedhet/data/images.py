@@ -36,7 +36,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from fedhet.data import download as dl
+import fedhet.data.download as dl
 from fedhet.data.base import Dataset
 from fedhet.data.registry import DATASETS
 from fedhet.errors import FedhetError

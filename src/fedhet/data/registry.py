@@ -16,9 +16,8 @@ class DatasetLoader(Protocol):
     def __call__(self, params: Any, data_dir: Path) -> Dataset: ...
 
 
-DATASETS: Registry[DatasetLoader] = Registry(
-    "dataset", ("fedhet.data.embedded", "fedhet.data.synthetic", "fedhet.data.images")
-)
+DATASETS: Registry[DatasetLoader] = Registry("dataset")
+"""Filled by the loader modules, which `fedhet.data` imports (so any import of this one does)."""
 
 
 def load_dataset(name: str, params: Any, data_dir: Path | str) -> Dataset:

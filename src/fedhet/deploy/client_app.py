@@ -42,12 +42,12 @@ so that the warm parent can build it too."""
 
 def build_world(settings: dict[str, Any]) -> Simulation:
     """The world for these settings, from the cache or built (and announced) now."""
-    from fedhet.experiments.single import resolve_settings
+    from fedhet.engine.config import config_of
 
     key = json.dumps(settings, sort_keys=True)
     if key not in _worlds:
-        cfg, params = resolve_settings(settings, "run config")
-        _worlds[key] = Simulation(cfg, params, store=None, log=lambda _: None)
+        cfg = config_of(settings, "run config")
+        _worlds[key] = Simulation(cfg, store=None, log=lambda _: None)
         if announce is not None:
             announce(settings)
     return _worlds[key]

@@ -14,9 +14,9 @@ from fedhet.errors import FedhetError
 def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: float,
                node_wait: float, force: bool = False) -> Path:
     """Write the Flower App for this run and print how to start the federation by hand."""
-    from fedhet.engine.config import resolve
+    from fedhet.engine.config import config_of
 
-    cfg, _ = resolve(values)  # bad settings fail here, before anything is written
+    cfg = config_of(values)  # bad settings fail here, before anything is written
     path = write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait,
                      force=force)
     q = shlex.quote
@@ -46,10 +46,10 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     import json
 
     from fedhet.deploy.launch import LocalFederation
-    from fedhet.engine.config import resolve
+    from fedhet.engine.config import config_of
     from fedhet.experiments.single import prepare_out
 
-    cfg, _ = resolve(values)
+    cfg = config_of(values)
     prepare_out(out, force)
     t0 = time.perf_counter()
     with LocalFederation(cfg.clients, workdir=keep_logs, simulation=simulation,

@@ -162,10 +162,10 @@ class FlowerRoundContext(Simulation):
     """`Simulation` whose client updates run on SuperNodes (see the module docstring)."""
 
     def __init__(
-        self, cfg: RunConfig, params: dict[str, Any], store: RunStore | None, grid: Grid,
+        self, cfg: RunConfig, store: RunStore | None, grid: Grid,
         round_timeout: float, log: Any = say,
     ) -> None:
-        super().__init__(cfg, params, store, log=log)
+        super().__init__(cfg, store, log=log)
         self.grid = grid
         self.round_timeout = round_timeout
         self.roster = Roster(grid, self, log)
@@ -290,14 +290,15 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
-    from fedhet.experiments.single import prepare_out, resolve_settings
+    from fedhet.engine.config import config_of
+    from fedhet.experiments.single import prepare_out
 
-    cfg, params = resolve_settings(json.loads(str(context.run_config[SETTINGS_KEY])), "run config")
+    cfg = config_of(json.loads(str(context.run_config[SETTINGS_KEY])), "run config")
     prepare_out(out, bool(context.run_config.get(FORCE_KEY, False)))
     store = RunStore(out)
     store.write_config(cfg.to_dict())
     rc = FlowerRoundContext(
-        cfg, params, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)),
+        cfg, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)),
     )
     t0 = time.perf_counter()
     rc.roster.wait_for_all(float(context.run_config.get(NODE_WAIT_KEY, 300.0)))

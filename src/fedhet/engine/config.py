@@ -1,10 +1,17 @@
-"""`RunConfig`: everything one run needs, resolved and validated before any work starts.
+"""`RunConfig`: everything one run needs, typed, validated and immutable (docs/design.md).
 
-Top-level fields are the engine's; `algorithm_params`, `dataset_params`, `partition_params`
-and `model_params` hold the named component's own parameters, checked against its parameter
-dataclass. From the CLI, `--set lr=0.1` sets a top-level field and `--set algorithm.mu=0.01`
-(or `algorithm_params.mu`) a component parameter; a TOML `--config` file uses the same names,
-with `[algorithm_params]` etc. as tables.
+One representation, one parser, one serialiser:
+
+- A **setting** is a config path and a value: `lr` (an engine field), `algorithm` (a
+  component's name) or `algorithm.mu` (a component parameter). `parse` turns every source
+  into `{path: value}`: `--set key=value` pairs, CLI flags, TOML run files, grid cells,
+  presets and a saved `config.json`. Nested tables are the same paths
+  (`[algorithm] name = "fedprox", mu = 0.01`, or the older `[algorithm_params] mu = 0.01`).
+- `build(*layers)` merges layers of settings (later wins), coerces each value to its field's
+  type, builds each component's frozen parameter dataclass and validates everything: the
+  result is a frozen `RunConfig` whose `algorithm_params` etc. are those typed objects.
+- `RunConfig.to_dict()` is `config.json`; `RunConfig.flat()` is the same as paths, which is
+  what grids vary, tables print and `build` reads back (`build(cfg.flat()) == cfg`).
 """
 
 from __future__ import annotations
@@ -12,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedhet.errors import FedhetError
-from fedhet.registry import _coerce, build_params, params_dict
+from fedhet.registry import Registry, _coerce, build_params, params_dict
 
 DEFAULT_MODEL = {
     "digits": "mlp",
@@ -39,8 +47,10 @@ RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "
 """Settings a resumed run may change: they do not alter the rounds already done."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
+    """Engine fields, then each component's name and typed parameters (after `build`)."""
+
     algorithm: str = "fedavg"
     dataset: str = "digits"
     partition: str = "dirichlet"
@@ -55,7 +65,7 @@ class RunConfig:
     local_epochs: float = 1.0
     local_steps: int = 0
     """Explicit τ for every client (overrides `local_epochs` when > 0)."""
-    client_steps: list[int] = field(default_factory=list)
+    client_steps: tuple[int, ...] = ()
     """Explicit τ_i per client, one entry per client (overrides `local_steps` and epochs):
     heterogeneous local work as in FedNova's objective-inconsistency example."""
     epochs_min: int = 0
@@ -91,10 +101,11 @@ class RunConfig:
     workers: int = 1
     """Sequential executor on CPU: processes a round's clients are spread over
     (`fedhet.engine.workers`; bit-identical to 1 with equal threads per process)."""
-    algorithm_params: dict[str, Any] = field(default_factory=dict)
-    dataset_params: dict[str, Any] = field(default_factory=dict)
-    partition_params: dict[str, Any] = field(default_factory=dict)
-    model_params: dict[str, Any] = field(default_factory=dict)
+    algorithm_params: Any = None
+    dataset_params: Any = None
+    partition_params: Any = None
+    model_params: Any = None
+    """The components' frozen parameter dataclasses (`None` until `build` fills them)."""
 
     def validate(self) -> None:
         checks = [
@@ -156,73 +167,133 @@ class RunConfig:
             return self.model
         return DEFAULT_MODEL.get(self.dataset, "mlp")
 
+    @property
+    def components(self) -> dict[str, Any]:
+        """Component kind → its typed parameters: `{"algorithm": FedProxParams(mu=0.01), ...}`."""
+        return {kind: getattr(self, f"{kind}_params") for kind in COMPONENTS}
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The serialised form (`config.json`): engine fields, component names, and each
+        component's parameters as a table under `<component>_params`."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_params"):
+                out[f.name] = {} if value is None else params_dict(value)
+            else:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def flat(self) -> dict[str, Any]:
+        """Every setting as `{path: value}` (`lr`, `algorithm`, `algorithm.mu`, ...)."""
+        out: dict[str, Any] = {}
+        for key, value in self.to_dict().items():
+            if key.endswith("_params"):
+                out.update({f"{key.removesuffix('_params')}.{k}": v for k, v in value.items()})
+            else:
+                out[key] = value
+        return out
 
 
-def _field_hints() -> dict[str, Any]:
-    return typing.get_type_hints(RunConfig)
+
+ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig) if not f.name.endswith("_params"))
+_HINTS = typing.get_type_hints(RunConfig)
 
 
-def apply_settings(values: dict[str, Any], settings: dict[str, Any], where: str) -> dict[str, Any]:
-    """Merge `settings` (TOML tables or `key=value` pairs) into the raw `values` mapping."""
-    names = {f.name for f in dataclasses.fields(RunConfig)}
-    hints = _field_hints()
-    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in values.items()}
-    for key, value in settings.items():
-        head, _, rest = key.partition(".")
-        table = head if head.endswith("_params") else f"{head}_params"
-        if rest and head.removesuffix("_params") in COMPONENTS:
-            out.setdefault(table, {})[rest] = value
-        elif key.endswith("_params") and key.removesuffix("_params") in COMPONENTS:
-            if not isinstance(value, dict):
-                raise FedhetError(f"{where}: {key} must be a table of parameters")
-            out.setdefault(key, {}).update(value)
-        elif key in names:
-            out[key] = _coerce(value, hints[key], f"{where}: {key}")
+def path_of(key: str) -> str:
+    """The one spelling of a config path: `algorithm_params.mu` and `algorithm.mu` are
+    `algorithm.mu`; `algorithm.name` is `algorithm`."""
+    head, dot, rest = key.partition(".")
+    head = head.removesuffix("_params") if head.removesuffix("_params") in COMPONENTS else head
+    if head in COMPONENTS and rest == "name":
+        return head
+    return f"{head}{dot}{rest}"
+
+
+def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables → dotted keys in their one spelling
+    (`{"algorithm_params": {"mu": 1}}` → `{"algorithm.mu": 1}`); lists are values."""
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, Mapping):
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
-            valid = ", ".join(sorted(names - {f"{c}_params" for c in COMPONENTS}))
+            out[path_of(f"{prefix}{key}")] = value
+    return out
+
+
+def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, Any]:
+    """Settings from any source → `{path: value}`, engine fields already typed.
+
+    `source` is a mapping (TOML, a preset, a grid cell, a saved `config.json`; nested or
+    dotted) or a sequence of `key=value` strings (`--set`). An unknown path or a value of the
+    wrong type is one `FedhetError` naming `where`. Component parameters are checked by `build`,
+    once the component they belong to is known.
+    """
+    if isinstance(source, Mapping):
+        flat = flatten(source)
+    else:
+        flat = {}
+        for pair in source:
+            key, eq, value = pair.partition("=")
+            if not eq or not key.strip():
+                raise FedhetError(f"{where} expects key=value, got {pair!r}")
+            flat[path_of(key.strip())] = value.strip()
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        head, dot, rest = key.partition(".")
+        if dot and head in COMPONENTS and rest:
+            out[key] = value
+        elif key in ENGINE_FIELDS:
+            out[key] = _coerce(value, _HINTS[key], f"{where}: {key}")
+        else:
             raise FedhetError(
-                f"{where}: unknown setting {key!r}; valid settings: {valid}, "
+                f"{where}: unknown setting {key!r}; valid settings: {', '.join(sorted(ENGINE_FIELDS))}, "
                 "or algorithm.<param>, dataset.<param>, partition.<param>, model.<param>"
             )
     return out
 
 
-def resolve(values: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
-    """Build and validate a `RunConfig` and its component parameter objects.
-
-    Returns the config (with every component parameter filled with its default) and the
-    parameter dataclass instances by component.
-    """
-    from fedhet.algorithms.base import ALGORITHMS
+def _registries() -> dict[str, Registry]:
+    from fedhet.algorithms.base import ALGORITHMS  # the component packages, imported on first use
     from fedhet.data.partition import PARTITIONS
     from fedhet.data.registry import DATASETS
     from fedhet.models.registry import MODELS
 
-    cfg = RunConfig(**values)
+    return {"algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONS, "model": MODELS}
+
+
+def build(*layers: Mapping[str, Any], only: Sequence[str] = COMPONENTS) -> RunConfig:
+    """Merge `parse`d layers (later wins), then type, build and validate: the one way a
+    `RunConfig` is made. `only` limits the components built (a partition report needs no
+    algorithm); the others keep `None` parameters and their settings are not read."""
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged.update(layer)
+    engine = {k: v for k, v in merged.items() if "." not in k}
+    cfg = RunConfig(**engine)
     cfg.validate()
-    registries = {
-        "algorithm": (ALGORITHMS, cfg.algorithm),
-        "dataset": (DATASETS, cfg.dataset),
-        "partition": (PARTITIONS, cfg.partition),
-        "model": (MODELS, cfg.model_name),
-    }
-    params = {}
-    for kind, (registry, name) in registries.items():
-        entry = registry.get(name)
-        raw = getattr(cfg, f"{kind}_params")
-        params[kind] = build_params(entry.params, raw, kind)
-        setattr(cfg, f"{kind}_params", params_dict(params[kind]))
-    cfg.model = cfg.model_name
-    return cfg, params
+    names = {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "partition": cfg.partition,
+             "model": cfg.model_name}
+    registries = _registries()
+    built: dict[str, Any] = {}
+    for kind in only:
+        raw = {k.partition(".")[2]: v for k, v in merged.items() if k.startswith(f"{kind}.")}
+        built[f"{kind}_params"] = build_params(registries[kind].get(names[kind]).params, raw, kind)
+    return dataclasses.replace(cfg, model=cfg.model_name, **built)
 
 
-def canonical_config(saved: dict[str, Any]) -> dict[str, Any]:
+def config_of(settings: Mapping[str, Any], where: str = "settings") -> RunConfig:
+    """One source of settings (`{"algorithm": "fedprox", "algorithm.mu": 0.1, "lr": 0.05}`, or
+    nested tables) → its `RunConfig`: `build(parse(settings, where))`."""
+    return build(parse(settings, where))
+
+
+def canonical_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A saved `config.json` as this version writes it: old parameter names mapped to the
-    current ones (`ALIASES`) and defaults added, so it compares equal to a fresh resolve of the
-    same settings. Returned unchanged when it no longer resolves (the caller reports that)."""
+    current ones (`ALIASES`) and defaults added, so it compares equal to a fresh build of the
+    same settings. Returned unchanged when it no longer builds (the caller reports that)."""
     try:
-        return resolve(dict(saved))[0].to_dict()
+        return build(parse(saved, "config.json")).to_dict()
     except (FedhetError, TypeError, ValueError):
-        return saved
+        return dict(saved)

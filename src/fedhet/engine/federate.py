@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -33,29 +32,29 @@ class Federation:
 _LOADED: dict[str, Dataset] = {}
 
 
-def load(cfg: RunConfig, dataset_params: Any, cache: bool = False) -> Dataset:
+def load(cfg: RunConfig, cache: bool = False) -> Dataset:
     """The run's dataset; with `cache`, loaded once per process for equal data settings."""
     if not cache:
-        return load_dataset(cfg.dataset, dataset_params, cfg.data_dir)
-    key = json.dumps([cfg.dataset, params_dict(dataset_params), str(cfg.data_dir)],
+        return load_dataset(cfg.dataset, cfg.dataset_params, cfg.data_dir)
+    key = json.dumps([cfg.dataset, params_dict(cfg.dataset_params), str(cfg.data_dir)],
                      sort_keys=True, default=str)
     if key not in _LOADED:
-        _LOADED[key] = load_dataset(cfg.dataset, dataset_params, cfg.data_dir)
+        _LOADED[key] = load_dataset(cfg.dataset, cfg.dataset_params, cfg.data_dir)
     return _LOADED[key]
 
 
 def federate(
-    cfg: RunConfig, dataset_params: Any, partition_params: Any, *, centralized: bool = False,
-    data: Dataset | None = None, cache: bool = False,
+    cfg: RunConfig, *, centralized: bool = False, data: Dataset | None = None,
+    cache: bool = False,
 ) -> Federation:
     """Load (unless `data` is given), hold out `cfg.validation_fraction`, partition.
 
     `centralized` gives one client holding the whole training set (centralised SGD)."""
     if data is None:
-        data = load(cfg, dataset_params, cache)
+        data = load(cfg, cache)
     if cfg.validation_fraction:
         data = hold_out_validation(data, cfg.validation_fraction)
     if centralized:
         return Federation(data, [np.arange(len(data.y_train))])
-    parts = partition_dataset(data, cfg.partition, cfg.clients, partition_params, cfg.seed)
+    parts = partition_dataset(data, cfg.partition, cfg.clients, cfg.partition_params, cfg.seed)
     return Federation(data, list(parts))

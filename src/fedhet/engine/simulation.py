@@ -80,7 +80,7 @@ class Simulation:
     """One run: data, clients, model, algorithm, and the loop over rounds."""
 
     def __init__(
-        self, cfg: RunConfig, params: dict[str, Any], store: RunStore | None = None,
+        self, cfg: RunConfig, store: RunStore | None = None,
         data: Dataset | None = None, log: Callable[[str], None] = print,
         on_round: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
@@ -90,11 +90,10 @@ class Simulation:
         self.on_round = on_round
         """Called with each round's metrics row once it is saved (TensorBoard, live views)."""
         algo_cls = ALGORITHMS.get(cfg.algorithm).factory
-        fed = federate(cfg, params["dataset"], params["partition"],
-                       centralized=algo_cls.centralized, data=data)
+        fed = federate(cfg, centralized=algo_cls.centralized, data=data)
         self.data, parts = fed.data, fed.parts
         torch.manual_seed(cfg.seed)
-        module = build_model(cfg.model, self.data.input_shape, self.data.num_classes, params["model"])
+        module = build_model(cfg.model, self.data.input_shape, self.data.num_classes, cfg.model_params)
         self.device = resolve_device(cfg.device)
         self.model = FlatModel(module.to(self.device))
         self.partition = parts
@@ -111,7 +110,7 @@ class Simulation:
             weight_decay=cfg.weight_decay, seed=cfg.seed, dim=self.model.dim,
             layers=self.model.layers,
         )
-        self.algorithm: Algorithm = algo_cls(params["algorithm"], self.run_info)
+        self.algorithm: Algorithm = algo_cls(cfg.algorithm_params, self.run_info)
         self.algorithm.check_local_steps(
             [local_steps(cfg, len(ix), i, 0, clamp=False) for i, ix in enumerate(self.client_indices)]
         )

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.algorithms.base import ALGORITHMS
-from fedhet.engine.config import RUNTIME
+from fedhet.engine.config import RUNTIME, flatten, parse, path_of
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 
@@ -72,23 +72,6 @@ def key_lines(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
-def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested TOML tables → dotted keys (`{"algorithm_params": {"mu": 1}}` → `algorithm_params.mu`)."""
-    out: dict[str, Any] = {}
-    for key, value in table.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def canonical(key: str) -> str:
-    """`algorithm_params.mu` → `algorithm.mu` (the `--set` spelling)."""
-    head, dot, rest = key.partition(".")
-    return f"{head.removesuffix('_params')}{dot}{rest}" if rest else key
-
-
 # -- parsing and expansion -----------------------------------------------------------------
 class _Locator:
     def __init__(self, path: Path, lines: dict[str, dict[str, int]]) -> None:
@@ -96,11 +79,11 @@ class _Locator:
 
     def line(self, section: str, key: str) -> int | None:
         table = self.lines.get(section, {})
-        for k in (key, canonical(key)):
+        for k in (key, path_of(key)):
             if k in table:
                 return table[k]
         for k, n in table.items():
-            if canonical(k) == canonical(key):
+            if path_of(k) == path_of(key):
                 return n
         return None
 
@@ -132,7 +115,7 @@ def _methods(doc: dict[str, Any], axes: dict[str, Any], loc: _Locator) -> list[d
     named = set()
     for i, variant in enumerate(variants):
         section = f"variant#{i}"
-        flat = _flatten(variant)
+        flat = flatten(variant)
         label = flat.pop("label", None)
         if label is not None and not isinstance(label, str):
             raise loc.fail(section, "label", f"label must be a string, got {label!r}")
@@ -160,8 +143,8 @@ def _product(axes: dict[str, tuple[list[Any], str]]) -> list[dict[str, _Setting]
     for combo in itertools.product(*(axes[k][0] for k in keys)):
         settings: dict[str, _Setting] = {}
         for k, v in zip(keys, combo, strict=True):
-            bundle = _flatten(v) if isinstance(v, dict) else {k: v}
-            settings.update({canonical(kk): _Setting(vv, axes[k][1], k) for kk, vv in bundle.items()})
+            bundle = flatten(v) if isinstance(v, dict) else {k: v}
+            settings.update({path_of(kk): _Setting(vv, axes[k][1], k) for kk, vv in bundle.items()})
         out.append(settings)
     return out
 
@@ -194,14 +177,14 @@ def load_grid(path: str | Path) -> Grid:
     for name, table in (("base", base_raw), ("axes", axes_raw)):
         if not isinstance(table, dict):
             raise loc.fail("", name, f"{name} must be a table: [{name}]")
-    base = {k: _Setting(v, "base", k) for k, v in _flatten(base_raw).items()}
+    base = {k: _Setting(v, "base", k) for k, v in flatten(base_raw).items()}
     axes: dict[str, tuple[list[Any], str]] = {}
-    for key, values in _flatten(axes_raw).items():
+    for key, values in flatten(axes_raw).items():
         if not isinstance(values, list) or not values:
             raise loc.fail(
                 "axes", key, f"axes.{key} must be a non-empty list of values, e.g. {key} = [a, b]"
             )
-        axes[canonical(key)] = (values, "axes")
+        axes[path_of(key)] = (values, "axes")
     target = doc.get("target_accuracy")
     if target is not None and (
         isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1
@@ -218,10 +201,10 @@ def load_grid(path: str | Path) -> Grid:
     if columns is not None:
         used = {k for _, settings in runs for k in settings}
         for c in columns:
-            if canonical(c) not in used:
+            if path_of(c) not in used:
                 raise loc.fail("", "columns", f"columns names {c!r}, which no run sets; "
                                f"choose from: {', '.join(sorted(used))}")
-        columns = [canonical(c) for c in columns]
+        columns = [path_of(c) for c in columns]
     specs = _to_specs(runs, methods, axes, columns, loc)
     _check_duplicates(runs, keys, specs, methods, axes, loc)
     return Grid(path, str(title), specs, float(target) if target is not None else None, loc.lines)
@@ -229,13 +212,11 @@ def load_grid(path: str | Path) -> Grid:
 
 def _check_keys(base: dict[str, _Setting], axes: dict[str, tuple[list[Any], str]], loc: _Locator) -> None:
     """Each setting name and (top-level) value type on its own, so the error has its line."""
-    from fedhet.engine.config import apply_settings
-
     for key, s in base.items():
-        apply_settings({}, {key: s.value}, loc.where(s.section, key))
+        parse({key: s.value}, loc.where(s.section, key))
     for key, (values, section) in axes.items():
         for v in values:
-            apply_settings({}, _flatten(v) if isinstance(v, dict) else {key: v}, loc.where(section, key))
+            parse(v if isinstance(v, dict) else {key: v}, loc.where(section, key))
 
 
 def _expand(base, axes, methods, loc) -> list[tuple[int, dict[str, _Setting]]]:
@@ -245,9 +226,9 @@ def _expand(base, axes, methods, loc) -> list[tuple[int, dict[str, _Setting]]]:
         _check_keys(method["settings"], method["axes"], loc)
         for inner in _product(method["axes"]):
             for outer in _product(axes):
-                settings = {canonical(k): s for k, s in base.items()}
-                settings.update({canonical(k): s for k, s in method["settings"].items()})
-                settings.update({canonical(k): s for k, s in inner.items()})
+                settings = {path_of(k): s for k, s in base.items()}
+                settings.update({path_of(k): s for k, s in method["settings"].items()})
+                settings.update({path_of(k): s for k, s in inner.items()})
                 settings.update(outer)
                 runs.append((m, settings))
     return runs
@@ -255,10 +236,10 @@ def _expand(base, axes, methods, loc) -> list[tuple[int, dict[str, _Setting]]]:
 
 def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> str:
     """Resolve one run (its error names the line of the culprit); returns its `cell_key`."""
-    from fedhet.experiments.single import resolve_settings
+    from fedhet.engine.config import config_of
 
     try:
-        cfg, _ = resolve_settings({k: s.value for k, s in settings.items()}, "grid")
+        cfg = config_of({k: s.value for k, s in settings.items()}, "grid")
         return cell_key(cfg.to_dict())
     except FedhetError as e:
         message = str(e).removeprefix("grid: ")
@@ -353,11 +334,11 @@ def _repeated(methods, axes, settings: dict[str, _Setting]) -> tuple[_Setting | 
         tables += [(k, v) for k, (v, _) in m["axes"].items()]
     setters: dict[str, list[str]] = {}
     for key, values in tables:
-        bundles = [{canonical(kk): vv for kk, vv in
-                    (_flatten(v) if isinstance(v, dict) else {key: v}).items()} for v in values]
+        bundles = [{path_of(kk): vv for kk, vv in
+                    (flatten(v) if isinstance(v, dict) else {key: v}).items()} for v in values]
         seen = [_same(b) for b in bundles]
         if len(set(seen)) < len(seen):
-            return settings.get(canonical(key)) or _Setting(None, "axes", key), (
+            return settings.get(path_of(key)) or _Setting(None, "axes", key), (
                 f"{key} lists one value twice")
         for k in {k for b in bundles for k in b}:
             setters.setdefault(k, []).append(key)
@@ -380,7 +361,7 @@ def _to_specs(runs, methods, axes, columns, loc) -> list[RunSpec]:
         values = {k: s.value for k, s in settings.items()}
         given = methods[m]["label"]
         label = (
-            _auto_label(values, [canonical(k) for k in methods[m]["axes"]], columns, given)
+            _auto_label(values, [path_of(k) for k in methods[m]["axes"]], columns, given)
             if given else _auto_label(values, varying, columns)
         )
         group = ", ".join(f"{k}={_fmt(values[k])}" for k in columns if k in values) or "all"

@@ -13,12 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.data.partition import PARTITIONS, label_counts, write_index_map
-from fedhet.data.registry import DATASETS
-from fedhet.engine.config import RunConfig
+from fedhet.data.partition import label_counts, write_index_map
+from fedhet.engine.config import RunConfig, build
 from fedhet.engine.federate import federate
 from fedhet.errors import FedhetError
-from fedhet.registry import build_params, params_dict
+from fedhet.registry import params_dict
 
 FULL_TABLE_MAX_LABELS = 20
 """Above this many labels the table lists each client's largest labels instead of every column."""
@@ -31,11 +30,11 @@ def describe_partition(
     """Print the partition that `values` (run settings) describe; returns `counts[client, label]`.
 
     `indices`: also write each client's training-sample indices there (`write_index_map`)."""
-    cfg, data_params, part_params = resolve_data(values)
-    fed = federate(cfg, data_params, part_params)
+    cfg = data_config(values)
+    fed = federate(cfg)
     data, parts = fed.data, fed.parts
     counts = label_counts(data.split_labels, parts, data.split_classes)
-    settings = ", ".join(f"{k}={v}" for k, v in params_dict(part_params).items())
+    settings = ", ".join(f"{k}={v}" for k, v in params_dict(cfg.partition_params).items())
     out(
         f"{data.name}: {len(data.train_labels)} train samples, {data.split_classes} labels; partition "
         f"{cfg.partition}({settings}), {cfg.clients} clients, seed {cfg.seed}"
@@ -52,17 +51,13 @@ def describe_partition(
     return counts
 
 
-def resolve_data(values: dict[str, Any]) -> tuple[RunConfig, Any, Any]:
-    """The run config and validated dataset and partition parameters, as `fedhet run` builds them.
+def data_config(values: dict[str, Any]) -> RunConfig:
+    """The run config with its dataset and partition built, as `fedhet run` builds them.
 
     Only the data side is resolved: the model and algorithm (and their parameters) play no part
     in a partition, so a dataset whose models are not installed can still be inspected.
     """
-    cfg = RunConfig(**values)
-    cfg.validate()
-    data_params = build_params(DATASETS.get(cfg.dataset).params, cfg.dataset_params, "dataset")
-    part_params = build_params(PARTITIONS.get(cfg.partition).params, cfg.partition_params, "partition")
-    return cfg, data_params, part_params
+    return build(values, only=("dataset", "partition"))
 
 
 def format_table(counts: np.ndarray) -> list[str]:

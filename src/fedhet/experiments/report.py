@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
-import importlib
 import json
 import math
 import re
@@ -26,6 +25,8 @@ from typing import Any
 
 from fedhet.engine.store import TIME_COLUMNS
 from fedhet.errors import FedhetError
+from fedhet.experiments import papers  # noqa: F401  (registers the papers' figures)
+from fedhet.experiments.figures import EXTRA_PLOTTERS, slug
 from fedhet.experiments.grid import read_manifest
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.results import (
@@ -35,14 +36,7 @@ from fedhet.experiments.results import (
     summary_tables,
     tables_html,
 )
-
-EXTRA_PLOTTERS: dict[str, str | Callable[..., list[tuple[str, Path]]]] = {
-    **dict.fromkeys(("bherd", "bherd-fednova", "bherd-scaffold"),
-                    "fedhet.experiments.report:bherd_figures"),
-    **dict.fromkeys(("fednnnn", "norm-norm"), "fedhet.experiments.report:fednnnn_figures"),
-    "fedveca": "fedhet.experiments.report:fedveca_figures",
-}
-"""Algorithm name → `"module:function"` (or the function); see the module docstring."""
+from fedhet.registry import params_dict
 
 STANDARD = {
     "round", "test_loss", "test_accuracy", "lr", "uplink_bytes", "downlink_bytes", "peer_bytes",
@@ -109,10 +103,6 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()[:80] or "all"
 
 
 def _colors(labels: list[str]) -> dict[str, Any]:
@@ -238,16 +228,16 @@ def partition_counts(config: dict[str, Any]):
     """`(counts[client, class], title)` recomputed from a run's config, or None (centralised)."""
     from fedhet.algorithms.base import ALGORITHMS
     from fedhet.data.partition import label_counts
-    from fedhet.engine.config import resolve
+    from fedhet.engine.config import config_of
     from fedhet.engine.federate import federate
 
-    cfg, params = resolve(dict(config))
+    cfg = config_of(dict(config))
     if ALGORITHMS.get(cfg.algorithm).factory.centralized:
         return None
-    fed = federate(cfg, params["dataset"], params["partition"], cache=True)
+    fed = federate(cfg, cache=True)
     data, parts = fed.data, fed.parts
     counts = label_counts(data.split_labels, parts, data.split_classes)
-    extra = ", ".join(f"{k}={v}" for k, v in cfg.partition_params.items())
+    extra = ", ".join(f"{k}={v}" for k, v in params_dict(cfg.partition_params).items())
     title = f"{cfg.dataset} / {cfg.partition}" + (f" ({extra})" if extra else "") + f", seed {cfg.seed}"
     return counts, title
 
@@ -276,14 +266,6 @@ def plot_partition(counts, title: str, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
-
-
-def _extra_plotter(algorithm: str) -> Callable[..., list[tuple[str, Path]]] | None:
-    target = EXTRA_PLOTTERS.get(algorithm)
-    if target is None or callable(target):
-        return target
-    module, _, func = target.partition(":")
-    return getattr(importlib.import_module(module), func)
 
 
 # -- the page ----------------------------------------------------------------------------------
@@ -379,7 +361,7 @@ def _curves_section(runs: list[RunData], out: Path) -> str:
     parts = ["<h2>Accuracy and loss</h2>"]
     for group in dict.fromkeys(r.group for r in runs):
         mine = [r for r in runs if r.group == group]
-        name = f"fig_curves_{_slug(group)}.png"
+        name = f"fig_curves_{slug(group)}.png"
         plot_curves(mine, out / name, group or mine[0].name, colors)
         parts.append(_figure(name, f"{group or mine[0].name}: test accuracy and loss vs round and "
                                    "vs cumulative communication; band: min–max over seeds"))
@@ -393,7 +375,7 @@ def _diagnostics_section(runs: list[RunData], out: Path) -> str:
         if (run.group, run.label) in seen:
             continue
         seen.add((run.group, run.label))
-        name = f"fig_diag_{_slug(run.name)}.png"
+        name = f"fig_diag_{slug(run.name)}.png"
         if plot_diagnostics(run, out / name):
             parts.append(_figure(name, f"{run.label} [{run.group or run.name}], run {run.name}: "
                                        "every diagnostic column of metrics.csv"))
@@ -429,7 +411,7 @@ def _extra_section(runs: list[RunData], out: Path, warn: Callable[[str], None]) 
     parts = []
     for algorithm in dict.fromkeys(r.algorithm for r in runs):
         try:
-            plotter = _extra_plotter(algorithm)
+            plotter = EXTRA_PLOTTERS.get(algorithm)
             if plotter is None:
                 continue
             figures = plotter([r for r in runs if r.algorithm == algorithm], out)
@@ -441,52 +423,3 @@ def _extra_section(runs: list[RunData], out: Path, warn: Callable[[str], None]) 
         for caption, path in figures:
             parts.append(_figure(str(Path(path).relative_to(out)), caption))
     return "<h2>Paper figures</h2>\n" + "\n".join(parts) if parts else ""
-
-
-# -- adapters to the papers' plot modules ----------------------------------------------------------
-def bherd_figures(runs: list[RunData], out: Path) -> list[tuple[str, Path]]:
-    """BHerd Fig. 4: kept local-step indices (first run of each setting) and herding distances."""
-    from fedhet.experiments import plots_bherd
-
-    firsts = list({(r.group, r.label): r for r in reversed(runs)}.values())[::-1][:4]
-    figures = []
-    for run in firsts:
-        if (run.dir / "diagnostics.jsonl").exists():
-            path = out / f"fig_bherd_kept_{_slug(run.name)}.png"
-            plots_bherd.kept_index_map(run.dir, path)
-            figures.append((f"kept local gradients per client and round (BHerd Fig. 4a–c): {run.name}", path))
-    with_dist = [r for r in firsts if any(c.startswith("herd_dist_") for c in r.metrics)]
-    if with_dist:
-        path = out / "fig_bherd_herd_distance.png"
-        plots_bherd.herd_distance([r.dir for r in with_dist], path, [r.name for r in with_dist])
-        figures.append(("‖G_i − mean g‖ per client (BHerd Fig. 4d)", path))
-    return figures
-
-
-def fednnnn_figures(runs: list[RunData], out: Path) -> list[tuple[str, Path]]:
-    """FedNNNN Figs. 3, 11–33: N and E per round, whole model and by layer kind."""
-    from fedhet.experiments import plots_fednnnn
-
-    figures = []
-    for kind in ("all", "conv", "fc"):
-        suffix = "" if kind == "all" else f"_{kind}"
-        if not any(f"E{suffix}" in r.metrics for r in runs):
-            continue
-        path = out / f"fig_fednnnn_norms_{kind}.png"
-        plots_fednnnn.plot_norms([r.dir for r in runs], path, kind=kind)
-        figures.append((f"N and E per round ({kind})", path))
-    return figures
-
-
-def fedveca_figures(runs: list[RunData], out: Path) -> list[tuple[str, Path]]:
-    """FedVeca Fig. 4 (`η τ_k L` per round) and Fig. 6 (per-client τ, β, δ, A; first 4 runs)."""
-    from fedhet.experiments import plots_fedveca
-
-    path = out / "fig_fedveca_eta_tau_L.png"
-    plots_fedveca.plot_eta_tau_L({r.name: r.dir for r in runs}, path)
-    figures = [("η τ_k L per round, Theorem 1's premise (FedVeca Fig. 4)", path)]
-    for run in runs[:4]:
-        trace = out / f"fig_fedveca_traces_{_slug(run.name)}.png"
-        plots_fedveca.plot_client_traces(run.dir, trace)
-        figures.append((f"per-client τ, β, δ, A and τ_k, L_k (FedVeca Fig. 6): {run.name}", trace))
-    return figures

@@ -18,7 +18,8 @@ from fedhet.engine import rundir
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
 from fedhet.experiments.grid import cell_key, duplicate_groups, write_manifest
-from fedhet.experiments.presets import PRESETS, SCALES, Preset, RunSpec
+from fedhet.experiments.papers.base import PRESETS
+from fedhet.experiments.presets import SCALES, Preset, RunSpec
 from fedhet.experiments.results import collect, compare_published, published_markdown
 from fedhet.experiments.runner import plan_jobs, run_specs, with_overrides
 
@@ -30,7 +31,7 @@ def load_preset(paper: str, scale: str) -> Preset:
 
 
 def _check_specs(paper: str, specs: list[RunSpec]) -> None:
-    from fedhet.experiments.single import resolve_settings
+    from fedhet.engine.config import config_of
 
     names, keys = set(), []
     for spec in specs:
@@ -38,7 +39,7 @@ def _check_specs(paper: str, specs: list[RunSpec]) -> None:
             raise FedhetError(f"preset {paper}: two runs are named {spec.name!r}")
         names.add(spec.name)
         try:
-            cfg, _ = resolve_settings(spec.settings, f"preset {paper}, run {spec.name}")
+            cfg = config_of(spec.settings, f"preset {paper}, run {spec.name}")
         except FedhetError as e:
             raise FedhetError(f"preset {paper}, run {spec.name}: {e}") from None
         # the same settings may serve two tables (a sweep's default point is the main run),

@@ -151,8 +151,9 @@ def plan_jobs(
     A run directory whose saved config differs from the spec's is an error (unless `force`,
     which starts every run again), so a changed grid never silently mixes settings.
     """
+    from fedhet.engine.config import config_of
     from fedhet.engine.store import to_json
-    from fedhet.experiments.single import is_finished, resolve_settings
+    from fedhet.experiments.single import is_finished
 
     jobs, done = [], 0
     for spec in specs:
@@ -160,7 +161,7 @@ def plan_jobs(
         config_path = out / "config.json"
         resume = False
         if not force and config_path.exists():
-            cfg, _ = resolve_settings(spec.settings)
+            cfg = config_of(spec.settings)
             wanted = json.loads(to_json(cfg.to_dict()))
             try:
                 saved = json.loads(to_json(canonical_config(json.loads(config_path.read_text()))))

@@ -3,8 +3,6 @@
 A grid (`fedhet compare`) already writes mean ± std over its seeds in `summary.md`; this module
 adds what the docs need beyond that:
 
-- `fedveca_table(groups)`: one `fedveca-compare` group directory per seed → final accuracy and
-  loss and the first round each method reaches fixed accuracy/loss thresholds, mean ± std.
 - `grid_noise(results_csv, metric)`: from a grid's `results.csv`, the pairs of methods whose
   difference is outside the noise, per setting.
 
@@ -12,8 +10,6 @@ The noise rule (one rule for every doc): two methods differ **outside the noise*
 mean ± std ranges (sample std, n − 1) do not overlap; otherwise the difference is **inside the
 noise**. A "first round to X" value counts only when every seed reaches X.
 
-    python -m fedhet.experiments.seeds fedveca runs/g-s0 runs/g-s1 runs/g-s2 \\
-        --acc 0.85,0.86 --loss 0.25,0.23
     python -m fedhet.experiments.seeds grid runs/fednnnn-mnist-noniid-b --metric final_accuracy
 """
 
@@ -21,16 +17,11 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from fedhet.experiments.fedveca_runs import CENTRAL, FEDVECA, LABELS, read_metrics
-
-FEDVECA_METHODS = (FEDVECA, "fednova", "fedavg", CENTRAL)
 
 
 @dataclass(frozen=True)
@@ -71,41 +62,6 @@ def inside_noise(a: Stat, b: Stat) -> bool:
     if not (a.complete and b.complete):
         return True
     return abs(a.mean - b.mean) <= a.std + b.std
-
-
-# -- FedVeca comparison groups --------------------------------------------------------------------
-def fedveca_stats(
-    groups: Sequence[Path], methods: Sequence[str] = FEDVECA_METHODS,
-    acc: Sequence[float] = (0.85, 0.86), loss: Sequence[float] = (0.25, 0.23),
-) -> tuple[list[str], dict[str, dict[str, Stat]]]:
-    """Columns and, per method label, one `Stat` per column over the seed groups."""
-    from fedhet.experiments.fedveca_protocol import first_round
-
-    columns = ["final accuracy", "final loss"]
-    columns += [f"acc ≥ {t:g}" for t in acc] + [f"loss ≤ {t:g}" for t in loss]
-    out: dict[str, dict[str, Stat]] = {}
-    for method in methods:
-        per_seed: list[list[float | None]] = []
-        for g in groups:
-            rows = read_metrics(Path(g) / method)
-            last = [r for r in rows if math.isfinite(r.get("test_accuracy", math.nan))][-1]
-            vals: list[float | None] = [last["test_accuracy"], last["test_loss"]]
-            vals += [_f(first_round(rows, "test_accuracy", t, True)) for t in acc]
-            vals += [_f(first_round(rows, "test_loss", t, False)) for t in loss]
-            per_seed.append(vals)
-        out[LABELS.get(method, method)] = {
-            c: Stat(tuple(s[j] for s in per_seed)) for j, c in enumerate(columns)
-        }
-    return columns, out
-
-
-def _f(v: int | None) -> float | None:
-    return None if v is None else float(v)
-
-
-def tau_all(groups: Sequence[Path]) -> Stat:
-    """FedVeca's `τ_all` (protocol.json) over the seed groups."""
-    return Stat(tuple(float(json.loads((Path(g) / "protocol.json").read_text())["tau_all"]) for g in groups))
 
 
 def stats_markdown(columns: Sequence[str], stats: dict[str, dict[str, Stat]]) -> str:
@@ -164,23 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m fedhet.experiments.seeds", description=__doc__.split("\n\n")[0]
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    fv = sub.add_parser("fedveca", help="fedveca-compare groups, one per seed")
-    fv.add_argument("groups", nargs="+", type=Path)
-    fv.add_argument("--acc", default="0.85,0.86", help="accuracy thresholds (comma-separated)")
-    fv.add_argument("--loss", default="0.25,0.23", help="loss thresholds (comma-separated)")
     gr = sub.add_parser("grid", help="a compare directory's results.csv")
     gr.add_argument("dir", type=Path)
     gr.add_argument("--metric", default="final_accuracy")
     args = ap.parse_args(argv)
-    if args.cmd == "fedveca":
-        acc = [float(x) for x in args.acc.split(",") if x]
-        loss = [float(x) for x in args.loss.split(",") if x]
-        columns, stats = fedveca_stats(args.groups, acc=acc, loss=loss)
-        print(f"n = {len(args.groups)} seeds; τ_all = {tau_all(args.groups).text('{:.0f}')}\n")
-        print(stats_markdown(columns, stats))
-        pairs = noise_pairs(columns, stats)
-    else:
-        pairs = grid_noise(args.dir / "results.csv", args.metric)
+    pairs = grid_noise(args.dir / "results.csv", args.metric)
     print("outside the noise (mean ± std ranges do not overlap):")
     print("\n".join(f"- {p}" for p in pairs) if pairs else "- none")
     return 0

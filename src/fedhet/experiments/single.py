@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.engine import rundir
-from fedhet.engine.config import RESUMABLE, RunConfig, apply_settings, canonical_config, resolve
+from fedhet.engine.config import RESUMABLE, build, canonical_config, config_of, parse
 from fedhet.engine.simulation import Simulation, check_resumable
 from fedhet.engine.store import RunStore
 from fedhet.errors import FedhetError
@@ -46,11 +46,6 @@ def prepare_out(out: Path, force: bool, warn: Callable[[str], None] = print) -> 
     rundir.mark(out, "run")
 
 
-def resolve_settings(settings: dict[str, Any], where: str = "settings") -> tuple[RunConfig, dict]:
-    """Settings (`{"algorithm": "fedprox", "algorithm.mu": 0.1, "lr": 0.05, ...}`) → config."""
-    return resolve(apply_settings({}, settings, where))
-
-
 def is_finished(out: Path) -> bool:
     path = out / "summary.json"
     return path.exists() and '"finished": true' in path.read_text()
@@ -71,9 +66,9 @@ def execute(
     if resume:
         return _resume(settings, Path(out), progress, log, on_round)
     check_out(out, force)
-    cfg, params = resolve_settings(settings or {})
+    cfg = config_of(settings or {})
     store = RunStore(out)
-    sim = Simulation(cfg, params, store, log=log, on_round=on_round)
+    sim = Simulation(cfg, store, log=log, on_round=on_round)
     with rundir.exclusive(out, "run"):
         prepare_out(out, force, log)
         store.write_config(cfg.to_dict())
@@ -89,7 +84,7 @@ def _resume(
         raise FedhetError(f"{out} has no config.json: it is not a fedhet run directory")
     with rundir.exclusive(out, "run"):
         saved = canonical_config(store.read_config())
-        cfg, params = resolve(apply_settings(saved, changes or {}, "--resume"))
+        cfg = build(parse(saved, "config.json"), parse(changes or {}, "--resume"))
         if changes:
             check_resumable(saved, cfg.to_dict())
             changed = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
@@ -101,7 +96,7 @@ def _resume(
         if is_finished(out) and not grown:
             log(f"{out} is already finished; nothing to do")
             return store.read_summary()
-        sim = Simulation(cfg, params, store, log=log, on_round=on_round)
+        sim = Simulation(cfg, store, log=log, on_round=on_round)
         rundir.mark(out, "run")  # runs made before the marker existed become recognisable
         removed = rundir.remove_temporaries(out)
         if removed:

@@ -17,9 +17,8 @@ from torch.nn import functional as F
 from fedhet.registry import Registry
 
 ModelFactory = Callable[[tuple[int, ...], int, Any], nn.Module]
-MODELS: Registry[ModelFactory] = Registry(
-    "model", ("fedhet.models.linear", "fedhet.models.mlp", "fedhet.models.cnn", "fedhet.models.moon")
-)
+MODELS: Registry[ModelFactory] = Registry("model")
+"""Filled by the model modules, which `fedhet.models` imports (so any import of this one does)."""
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, params: Any) -> nn.Module:

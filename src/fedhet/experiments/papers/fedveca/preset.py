@@ -33,7 +33,8 @@ from typing import Any
 
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
-from fedhet.experiments.fedveca_protocol import (
+from fedhet.experiments.papers.base import PRESETS
+from fedhet.experiments.papers.fedveca.protocol import (
     CENTRAL,
     FEDVECA,
     LABELS,
@@ -41,7 +42,7 @@ from fedhet.experiments.fedveca_protocol import (
     budget_from_run,
     fedveca_settings,
 )
-from fedhet.experiments.presets import PRESETS, SCALES, Preset, RunSpec
+from fedhet.experiments.presets import SCALES, Preset, RunSpec
 
 CASES = {1: "iid", 2: "label-per-client", 3: "half-iid"}
 BASELINES = (CENTRAL, "fedavg", "fednova")

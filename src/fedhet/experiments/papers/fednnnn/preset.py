@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.errors import FedhetError
-from fedhet.experiments.presets import PRESETS, Preset, RunSpec
+from fedhet.experiments.papers.base import PRESETS
+from fedhet.experiments.presets import Preset, RunSpec
 
 SCENARIOS = ("IID-B", "NonIID-B", "IID-UB", "NonIID-UB")
 METHODS = ("FedAvg", "FedProx", "Norm-Norm", "Momentum", "FedNNNN")

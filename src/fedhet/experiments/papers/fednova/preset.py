@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedhet.experiments.presets import PRESETS, Preset, RunSpec
+from fedhet.experiments.papers.base import PRESETS
+from fedhet.experiments.presets import Preset, RunSpec
 
 METHODS = (
     ("FedAvg", {"algorithm": "fedavg"}),

@@ -35,7 +35,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedhet.experiments.presets import PRESETS, Preset, RunSpec
+from fedhet.experiments.papers.base import PRESETS
+from fedhet.experiments.presets import Preset, RunSpec
 
 COMMON: dict[str, Any] = {
     "clients": 20, "batch_size": 32, "lr": 0.01, "lr_schedule": "cosine", "lr_min": 1e-5,

@@ -11,7 +11,7 @@ Sensitivity studies on SVM + MNIST with BHerd-FedAvg (Figs. 3, 4e), Cases 1–3:
 paper's values are lost; it reports optima 10, 10, 50), `N ∈ {5, 10, 15, 20}`, RR vs non-RR.
 
 Scales: `paper` as above (one seed; the paper averages 10 runs; the multi-seed SVM study of
-the readings of eqs. 6–7, the α sweep and GraB's cropping is `fedhet.experiments.bherd_readings`);
+the readings of eqs. 6–7, the α sweep and GraB's cropping is `fedhet.experiments.papers.bherd.readings`);
 `small` the SVM part only with
 `K = 30`; `smoke` digits with logistic regression, `K = 3`, sensitivity on Case 3 only (about a
 minute on 2 CPU cores). Batch size `B = 50` **[choice]** (the paper's value is lost; 50 is one
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.experiments.presets import PRESETS, Preset, RunSpec
+from fedhet.experiments.papers.base import PRESETS
+from fedhet.experiments.presets import Preset, RunSpec
 
 CASES = {"case1": "iid", "case2": "label-per-client", "case3": "half-iid"}
 METHODS = {
@@ -121,6 +122,6 @@ def bherd_preset(scale: str) -> Preset:
         paper="bherd", scale=scale, stages=[stage],
         notes=(
             "BHerd (arXiv 2403.16557): our copy of the paper has no numeric results (figures "
-            "only), so nothing is quoted. Fig. 4 plots: fedhet.experiments.plots_bherd."
+            "only), so nothing is quoted. Fig. 4 plots: fedhet.experiments.papers.bherd.plots."
         ),
     )

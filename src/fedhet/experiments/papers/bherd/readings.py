@@ -15,10 +15,10 @@ A run lives in `root/<case>/<method slug>/seed<s>`; finished (or diverged) runs 
 killed one is resumed from its checkpoint, so the command can be repeated. The git commit each
 run was made at goes to `root/commits.jsonl`.
 
-    python -m fedhet.experiments.bherd_readings run --root runs/bherd-study --study readings \\
+    python -m fedhet.experiments.papers.bherd.readings run --root runs/bherd-study --study readings \\
         --seeds 0-9
-    python -m fedhet.experiments.bherd_readings report --root runs/bherd-study --study readings
-    python -m fedhet.experiments.bherd_readings report --root runs/bherd-study --study alpha \
+    python -m fedhet.experiments.papers.bherd.readings report --root runs/bherd-study --study readings
+    python -m fedhet.experiments.papers.bherd.readings report --root runs/bherd-study --study alpha \
         --seeds 0-2 --baseline "BHerd mean-tau α=1.0"
 
 The report is a markdown table per study: mean ± std over seeds of the final accuracy, final
@@ -38,13 +38,14 @@ from typing import Any
 
 import numpy as np
 
+from fedhet.engine.config import config_of
 from fedhet.engine.federate import load
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore
-from fedhet.experiments.plots_bherd import read_metrics, rounds_to_reach
-from fedhet.experiments.presets.bherd import CASES, common
+from fedhet.experiments.papers.bherd.plots import read_metrics, rounds_to_reach
+from fedhet.experiments.papers.bherd.preset import CASES, common
 from fedhet.experiments.results import git_commit
-from fedhet.experiments.single import execute, prepare_out, resolve_settings
+from fedhet.experiments.single import execute, prepare_out
 
 SVM = {"dataset": "mnist-even-odd", "model": "svm"}
 FIXED_POINT_LR = 0.005
@@ -116,11 +117,11 @@ def run_one(spec: dict[str, Any], out: Path, data_cache: dict[str, Any], log: Ca
     if status(out) == "running":
         execute(None, out, resume=True, log=log)
         return
-    cfg, params = resolve_settings(spec)
+    cfg = config_of(spec)
     key = cfg.dataset
     if key not in data_cache:
-        data_cache[key] = load(cfg, params["dataset"])
-    sim = Simulation(cfg, params, RunStore(out), data=data_cache[key], log=log)
+        data_cache[key] = load(cfg)
+    sim = Simulation(cfg, RunStore(out), data=data_cache[key], log=log)
     prepare_out(out, force=True, warn=log)
     RunStore(out).write_config(cfg.to_dict())
     sim.run()
@@ -235,7 +236,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m fedhet.experiments.bherd_readings",
+    ap = argparse.ArgumentParser(prog="python -m fedhet.experiments.papers.bherd.readings",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("run", "report"))
     ap.add_argument("--root", type=Path, default=Path("runs/bherd-study"))

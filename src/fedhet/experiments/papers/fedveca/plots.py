@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.experiments.fedveca_runs import CENTRAL, FEDVECA, LABELS, read_metrics
+from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
 
 TRACE_ROUNDS = 50
 """Fig. 6 shows the first 50 rounds."""

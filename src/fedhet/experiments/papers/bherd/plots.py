@@ -122,7 +122,7 @@ def main_report(root: Path, scale: str = "paper", setup: str = "svm-mnist",
     `root/<spec name>`): a markdown table per case (final and best accuracy, final loss, rounds
     to reach FedAvg's final accuracy) and loss/accuracy curves, kept-index maps and herding
     distances for Cases 1–3."""
-    from fedhet.experiments.presets.bherd import CASES, main_runs
+    from fedhet.experiments.papers.bherd.preset import CASES, main_runs
 
     out = Path(out or root / "report")
     specs = [s for s in main_runs(scale) if s.name.startswith(f"main-{setup}-")]

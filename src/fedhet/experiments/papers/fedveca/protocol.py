@@ -1,4 +1,4 @@
-"""FedVeca's fair-comparison protocol (§IV-A1), used by `fedhet fedveca-compare` and the preset.
+"""FedVeca's fair-comparison protocol (§IV-A1): `fedhet reproduce fedveca --protocol fair` and the preset.
 
 1. Run FedVeca and read `τ_all = Σ_k Σ_i τ_(k,i)` from its `metrics.csv` (`tau_sum` column).
 2. Centralized SGD trains `τ_all` iterations of batch `B` on the pooled data: `K` rounds of
@@ -26,7 +26,8 @@ from typing import Any
 
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
-from fedhet.experiments.fedveca_runs import CENTRAL, FEDVECA, LABELS, read_metrics
+from fedhet.experiments.papers.base import Protocol, register_protocol
+from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
 
 DEFAULT_BASELINES = ("fedavg", "fednova")
 PAPER_DEFAULTS: dict[str, Any] = {"clients": 5, "rounds": 100, "lr": 0.01}
@@ -102,15 +103,16 @@ def baseline_settings(settings: dict[str, Any], budget: FairBudget, method: str)
 
 def client_sizes(settings: dict[str, Any]) -> tuple[int, ...]:
     """`D_i` of the partition these settings describe (loads the data, as the run itself does)."""
+    from fedhet.engine.config import config_of
     from fedhet.engine.federate import federate
-    from fedhet.experiments.single import resolve_settings
 
-    cfg, params = resolve_settings(settings)
+    cfg = config_of(settings)
     fields = ("dataset", "dataset_params", "partition", "partition_params", "clients", "seed", "data_dir",
               "validation_fraction")
-    key = json.dumps({f: getattr(cfg, f) for f in fields}, sort_keys=True, default=str)
+    saved = cfg.to_dict()
+    key = json.dumps({f: saved[f] for f in fields}, sort_keys=True)
     if key not in _SIZES:
-        parts = federate(cfg, params["dataset"], params["partition"], cache=True).parts
+        parts = federate(cfg, cache=True).parts
         _SIZES[key] = tuple(len(p) for p in parts)
     return _SIZES[key]
 
@@ -136,9 +138,9 @@ def read_tau_all(run_dir: Path) -> int:
 
 def budget_from_run(fedveca_dir: Path, settings: dict[str, Any]) -> FairBudget:
     """The fair budget of §IV-A1 from a finished FedVeca run and the group's settings."""
-    from fedhet.experiments.single import resolve_settings
+    from fedhet.engine.config import config_of
 
-    cfg, _ = resolve_settings(fedveca_settings(settings))
+    cfg = config_of(fedveca_settings(settings))
     return FairBudget(read_tau_all(fedveca_dir), cfg.rounds, client_sizes(settings), cfg.batch_size)
 
 
@@ -207,10 +209,10 @@ def _cell(v: Any, md: bool = False) -> str:
 
 # -- running -----------------------------------------------------------------------------------
 def _same_config(run_dir: Path, settings: dict[str, Any]) -> bool:
+    from fedhet.engine.config import config_of
     from fedhet.engine.store import RunStore, to_json
-    from fedhet.experiments.single import resolve_settings
 
-    cfg, _ = resolve_settings(settings)
+    cfg = config_of(settings)
     wanted = json.loads(to_json(cfg.to_dict()))
     return RunStore(run_dir).read_config() == wanted
 
@@ -238,12 +240,12 @@ def run_method(
 
 def check_settings(settings: dict[str, Any], methods: Sequence[str]) -> None:
     """Resolve every method's settings (with a stand-in budget) so bad input fails up front."""
-    from fedhet.experiments.single import resolve_settings
+    from fedhet.engine.config import config_of
 
-    resolve_settings(fedveca_settings(settings), "fedveca settings")
+    config_of(fedveca_settings(settings), "fedveca settings")
     stand_in = FairBudget(1, 1, (1,), 1)
     for method in methods:
-        resolve_settings(baseline_settings(settings, stand_in, method), f"{method} settings")
+        config_of(baseline_settings(settings, stand_in, method), f"{method} settings")
 
 
 def compare(
@@ -276,10 +278,32 @@ def compare(
     table = comparison_table(out, [FEDVECA, *methods])
     write_table(table, out)
     if plots:
-        from fedhet.experiments.plots_fedveca import plot_fedveca
+        from fedhet.experiments.papers.fedveca.plots import plot_fedveca
 
         plot_fedveca(out, out / "plots")
     return table
+
+
+def _run_fair(settings: dict[str, Any], out: Path, *, baselines: Sequence[str] | None = None,
+              force: bool = False, progress: bool = False) -> list[str]:
+    """`fedhet reproduce fedveca --protocol fair`: `compare`, then the table as lines."""
+    if settings.get("algorithm", FEDVECA) != FEDVECA:
+        raise FedhetError("the fair protocol runs fedveca, central and the baselines; drop --algorithm "
+                          "(and name baselines with --baselines)")
+    table = compare(settings, out, list(baselines or DEFAULT_BASELINES), force=force, progress=progress)
+    lines = []
+    for row in table:
+        reach = row.get("rounds_to_central_accuracy", "-")
+        lines.append(f"{row['method']:<16} final accuracy {row['final_accuracy']:.4f}  final loss "
+                     f"{row['final_loss']:.4f}  rounds to centralized accuracy: {reach or 'not reached'}")
+    return [*lines, f"table in {out / 'comparison.md'}"]
+
+
+register_protocol("fedveca", "fair", Protocol(
+    help="FedVeca's fair comparison (§IV-A1): FedVeca, then centralized SGD and fixed-τ baselines "
+         "(default fedavg,fednova) with its total local steps; algorithm.* settings go to FedVeca",
+    defaults=PAPER_DEFAULTS, run=_run_fair,
+))
 
 
 __all__ = [

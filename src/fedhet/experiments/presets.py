@@ -1,4 +1,6 @@
-"""Paper presets for `fedhet reproduce PAPER --scale smoke|small|paper`.
+"""What a paper preset is, for `fedhet reproduce PAPER --scale smoke|small|paper`.
+
+The presets themselves live with their papers (`fedhet.experiments.papers.<paper>.preset`).
 
 A preset is a function `scale -> Preset`. A `Preset` lists its runs in stages: each stage is a
 callable that gets the preset's output directory (so it can read what earlier stages
@@ -12,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from fedhet.registry import Registry
 
 SCALES = ("smoke", "small", "paper")
 
@@ -53,10 +53,4 @@ class Preset:
 
 
 PresetFactory = Callable[[str], Preset]
-PRESETS: Registry[PresetFactory] = Registry(
-    "paper",
-    tuple(
-        f"fedhet.experiments.presets.{m}"
-        for m in ("fedveca", "fednnnn", "bherd", "fedsr", "fednova")
-    ),
-)
+"""A paper's preset: `scale -> Preset`, registered in `fedhet.experiments.papers.base.PRESETS`."""

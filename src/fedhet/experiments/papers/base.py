@@ -1,0 +1,62 @@
+"""The paper registry.
+
+- `PRESETS.get(paper).factory(scale)` is a paper's `Preset` (`fedhet reproduce PAPER`).
+- `protocol(paper, name)` is one of a paper's own procedures run on the user's settings
+  (`fedhet reproduce PAPER --protocol NAME`), e.g. FedVeca's fair comparison.
+
+Each paper is one package under `fedhet.experiments.papers` (its preset, protocols, plots and
+published numbers); its modules register here, and importing `fedhet.experiments.papers`
+(which any import of this module does first) imports every paper. Adding a paper is adding a
+folder and its name in `papers/__init__.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedhet.errors import FedhetError
+from fedhet.experiments.presets import PresetFactory
+from fedhet.registry import Registry
+
+PRESETS: Registry[PresetFactory] = Registry("paper")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """A paper's procedure on the user's settings.
+
+    `run(settings, out, baselines=..., force=..., progress=...)` gets the merged settings
+    (`defaults`, then the user's) as config paths and returns the lines to print at the end;
+    `baselines` is the user's list of methods to compare against, or None for the default."""
+
+    help: str
+    defaults: Mapping[str, Any]
+    run: Callable[..., list[str]]
+
+
+PROTOCOLS: dict[str, dict[str, Protocol]] = {}
+"""Paper → protocol name → `Protocol`."""
+
+
+def register_protocol(paper: str, name: str, entry: Protocol) -> None:
+    table = PROTOCOLS.setdefault(paper, {})
+    if name in table:
+        raise ValueError(f"protocol {paper} {name!r} registered twice")
+    table[name] = entry
+
+
+def protocol(paper: str, name: str) -> Protocol:
+    """The paper's protocol `name`, or one error line listing the paper's protocols."""
+    PRESETS.get(paper)  # an unknown paper fails with the list of papers
+    table = PROTOCOLS.get(paper, {})
+    if name not in table:
+        have = ", ".join(sorted(table)) or "none"
+        raise FedhetError(f"paper {paper} has no protocol {name!r}; its protocols: {have}")
+    return table[name]
+
+
+def run_protocol(paper: str, name: str, settings: Mapping[str, Any], out: Path, **kw: Any) -> list[str]:
+    return protocol(paper, name).run(dict(settings), Path(out), **kw)
