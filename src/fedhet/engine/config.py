@@ -271,7 +271,10 @@ def build(*layers: Mapping[str, Any], only: Sequence[str] = COMPONENTS) -> RunCo
     for layer in layers:
         merged.update(layer)
     engine = {k: v for k, v in merged.items() if "." not in k}
-    cfg = RunConfig(**engine)
+    unknown = sorted(set(engine) - set(ENGINE_FIELDS))
+    if unknown:
+        raise FedhetError(f"unknown setting {unknown[0]!r}; settings are read with parse() first")
+    cfg = RunConfig(**{k: _coerce(v, _HINTS[k], k) for k, v in engine.items()})
     cfg.validate()
     names = {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "partition": cfg.partition,
              "model": cfg.model_name}
