@@ -116,3 +116,26 @@ def test_tests_register_components_only_for_the_length_of_a_block():
                     assert not (isinstance(target, ast.Attribute) and target.attr == "register"), (
                         f"{path.name}:{node.lineno} registers at import time"
                     )
+
+
+def test_imports_inside_functions_say_why():
+    """An import inside a function guards an optional extra or a slow import, and a comment on
+    it or on the line above its block says which; anything else belongs at the top."""
+    missing = []
+    for path in (SRC / "fedhet").rglob("*.py"):
+        lines = path.read_text().splitlines()
+        tree = ast.parse("\n".join(lines))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            imports = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Import | ast.ImportFrom)),
+                             key=lambda n: n.lineno)
+            block_ok, prev_end = False, -1
+            for node in imports:
+                first = node.lineno != prev_end + 1
+                above = lines[node.lineno - 2].strip()
+                ok = "#" in lines[node.lineno - 1] or above.startswith("#") or (not first and block_ok)
+                if not ok:
+                    missing.append(f"{path.relative_to(SRC)}:{node.lineno}")
+                block_ok, prev_end = ok, node.end_lineno
+    assert missing == [], f"in-function imports without a reason: {missing}"

@@ -55,7 +55,8 @@ def test_inside_noise_is_range_overlap():
 
 def test_fedveca_table(tmp_path):
     groups = _groups(tmp_path)
-    columns, stats = fedveca_seeds.fedveca_stats(groups, methods=("fedveca", "fedavg"), acc=(0.85,), loss=(0.25,))
+    columns, stats = fedveca_seeds.fedveca_stats(groups, methods=("fedveca", "fedavg"), acc=(0.85,),
+                                                 loss=(0.25,))
     assert columns == ["final accuracy", "final loss", "acc ≥ 0.85", "loss ≤ 0.25"]
     fv, fa = stats["FedVeca"], stats["FedAvg"]
     assert fv["final accuracy"].text() == "0.8800 ± 0.0100"

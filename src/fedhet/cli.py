@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -38,6 +40,7 @@ def _read_toml(path: str) -> dict[str, Any]:
 def _run_values(args: argparse.Namespace) -> dict[str, Any]:
     """The run's settings as config paths: `--config` file, then flags, then `--set` (later
     wins), each read by the one parser (`fedhet.engine.config.parse`)."""
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.config import parse
 
     values: dict[str, Any] = {}
@@ -57,6 +60,7 @@ def _run_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.single import execute
 
     if args.resume:
@@ -71,6 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     show = sys.stderr.isatty() and not args.quiet
     logger = None
     if args.tensorboard:
+        # optional extra: fedhet[tensorboard]
         from fedhet.experiments.tensorboard import TensorBoardLogger, require_tensorboard
 
         require_tensorboard()
@@ -99,6 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.compare import compare
 
     rows = compare(args.config, args.out, args.jobs, args.force, args.tensorboard,
@@ -120,6 +126,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             f"{', '.join(given or ['--baselines'])}: a preset fixes its own settings; run settings "
             "go with --protocol (--device, --executor and --workers choose where a preset runs)"
         )
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.reproduce import reproduce
 
     out = Path(args.out or f"runs/{args.paper}-{args.scale}")
@@ -130,6 +137,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _reproduce_protocol(args: argparse.Namespace) -> int:
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.config import parse
     from fedhet.experiments.papers.base import protocol
 
@@ -144,6 +152,7 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.report import write_report
 
     page = write_report(Path(args.dir), Path(args.out) if args.out else None)
@@ -162,18 +171,12 @@ def _positive(text: str) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import dataclasses
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.engine.config import REGISTRIES
 
-    from fedhet.algorithms.base import ALGORITHMS
-    from fedhet.data.partition import PARTITIONS
-    from fedhet.data.registry import DATASETS
-    from fedhet.models.registry import MODELS
-
-    for title, registry in (
-        ("algorithms", ALGORITHMS), ("datasets", DATASETS),
-        ("partitions", PARTITIONS), ("models", MODELS),
-    ):
-        print(f"{title}:")
+    for kind in ("algorithm", "dataset", "partition", "model"):
+        registry = REGISTRIES[kind]
+        print(f"{kind}s:")
         for entry in registry:
             fields = dataclasses.fields(entry.params)
             old = {new: name for name, new in getattr(entry.params, "ALIASES", {}).items()}
@@ -188,8 +191,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _default(f: Any) -> Any:
-    import dataclasses
-
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
@@ -198,6 +199,7 @@ def _default(f: Any) -> Any:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.partition_report import describe_partition
 
     values = _run_values(args)
@@ -206,6 +208,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.demo import run_demo
 
     run_demo(Path(args.out), rounds=args.rounds, force=args.force)
@@ -223,9 +226,11 @@ def cmd_fedveca_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    # needs the optional extra fedhet[flower]
     from fedhet.deploy import require_flower
 
     require_flower()
+    # needs the optional extra fedhet[flower]
     from fedhet.deploy.command import check_timeouts, deploy_app, deploy_local
 
     if not args.out:
@@ -374,8 +379,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _set_threads(threads: int | None) -> None:
-    import os
-
     if threads is None:
         raw = os.environ.get("FEDHET_THREADS", "1")
         if not raw.isdigit():
@@ -384,6 +387,7 @@ def _set_threads(threads: int | None) -> None:
     if threads < 1:
         raise FedhetError(f"--threads must be ≥ 1, got {threads}")
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    # after OMP_NUM_THREADS is set: torch reads it when first imported
     import torch
 
     torch.set_num_threads(threads)
@@ -406,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     except FedhetError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except BrokenPipeError:  # `fedhet list | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as e:  # the file system said no: unwritable, not a directory, disk full
         print(f"error: {_os_error(e)}", file=sys.stderr)
         return EXIT_ERROR

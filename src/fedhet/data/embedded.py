@@ -25,6 +25,7 @@ class DigitsParams:
 
 @DATASETS.register("digits", DigitsParams, "scikit-learn digits, 8×8 images, 10 classes (embedded)")
 def load_digits(params: DigitsParams, data_dir: Path) -> Dataset:
+    # slow import (scikit-learn): only when the digits are loaded
     from sklearn.datasets import load_digits as sk_digits
     from sklearn.model_selection import train_test_split
 

@@ -21,7 +21,9 @@ from typing import Any
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fedhet.algorithms.base import Message as FedMessage
 from fedhet.deploy.records import STATE, from_record, pack_state, to_record, unpack_state
+from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
 
@@ -42,7 +44,6 @@ so that the warm parent can build it too."""
 
 def build_world(settings: dict[str, Any]) -> Simulation:
     """The world for these settings, from the cache or built (and announced) now."""
-    from fedhet.engine.config import config_of
 
     key = json.dumps(settings, sort_keys=True)
     if key not in _worlds:
@@ -86,7 +87,6 @@ def fingerprint(indices: Any) -> str:
 @app.query()
 def describe(msg: Message, context: Context) -> Message:
     """Who this node is: its client id, sample count and partition fingerprint."""
-    from fedhet.algorithms.base import Message as FedMessage
 
     world = node_world(context)
     client_id = node_client_id(context, world)

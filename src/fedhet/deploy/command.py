@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from pathlib import Path
 from typing import Any
 
 from fedhet.deploy.project import write_app
+from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
+from fedhet.experiments.single import prepare_out
 
 
 def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: float,
                node_wait: float, force: bool = False) -> Path:
     """Write the Flower App for this run and print how to start the federation by hand."""
-    from fedhet.engine.config import config_of
 
     cfg = config_of(values)  # bad settings fail here, before anything is written
     path = write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait,
@@ -43,11 +45,9 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     (SuperNodes joined, each dropped client per round) are echoed as they happen. The returned
     summary carries `supernodes_finished` (SuperNodes still in the run at its end).
     """
-    import json
 
+    # needs the optional extra fedhet[flower]
     from fedhet.deploy.launch import LocalFederation
-    from fedhet.engine.config import config_of
-    from fedhet.experiments.single import prepare_out
 
     cfg = config_of(values)
     prepare_out(out, force)

@@ -14,6 +14,7 @@ with TLS across machines.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fedhet
 from fedhet.errors import FedhetError
 
 HOST = "127.0.0.1"
@@ -94,7 +96,6 @@ def _alive(pid: int) -> bool:
 
 def flower_env(flwr_home: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for Flower processes: private home, no telemetry, fedhet importable."""
-    import fedhet
 
     env = dict(os.environ)
     src = str(Path(fedhet.__file__).resolve().parent.parent)
@@ -419,7 +420,6 @@ def wait_for_run(out: Path, timeout: float, procs: list[subprocess.Popen], logs:
     `procs[0]` is `flwr run`, `procs[1]` the SuperLink; with a `watchdog`, every process of the
     federation is watched instead and the first that dies ends the wait with its name.
     """
-    import json
 
     def finished() -> dict | None:
         path = out / "summary.json"

@@ -25,6 +25,7 @@ PULL_BACKOFF_S = (0.05, 0.5)
 
 def shorten_pull_backoff() -> None:
     """Make Flower's object pulls in this process retry after 0.05 s instead of 1 s."""
+    # optional extra: fedhet[flower]
     from flwr.supercore.inflatable import inflatable_utils
 
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
@@ -32,6 +33,7 @@ def shorten_pull_backoff() -> None:
 
 
 def main() -> None:
+    # optional extra: fedhet[flower]
     import flwr.supernode.start_client_internal as internal
     from flwr.supernode.cli import flower_supernode
 

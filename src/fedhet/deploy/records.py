@@ -77,6 +77,7 @@ def unpack_state(record: ConfigRecord) -> Any:
 def wire_bytes(obj: Any) -> int:
     """Serialized size of a Flower message or record: every object of its tree, as Flower
     sends it (protobuf/HTTP framing not included)."""
+    # optional extra: fedhet[flower]
     from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
     return sum(len(obj.deflate()) for obj in get_all_nested_objects(obj).values())

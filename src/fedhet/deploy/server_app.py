@@ -30,10 +30,11 @@ from fedhet.algorithms.base import Message, Reply
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.records import from_record, to_record, wire_bytes
 from fedhet.engine import rundir
-from fedhet.engine.config import RunConfig
+from fedhet.engine.config import RunConfig, config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, atomic_write_text, to_json
 from fedhet.errors import FedhetError
+from fedhet.experiments.single import prepare_out
 
 OUT_KEY = "out"
 ROUND_TIMEOUT_KEY = "round-timeout"
@@ -84,6 +85,7 @@ def node_failure(reply: FlowerMessage) -> str | None:
     """Why a reply carries no result: None (it does), UNREACHABLE, or the ClientApp's error."""
     if not reply.has_error():
         return None
+    # optional extra: fedhet[flower]
     from flwr.common.constant import ErrorCode
 
     if reply.error.code in (ErrorCode.NODE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
@@ -277,6 +279,7 @@ def main(grid: Grid, context: Context) -> None:
     """Run one fedhet experiment over the federation; results go to the run config's `out`."""
     out = Path(str(context.run_config[OUT_KEY]))
     if context.run_config.get(FAST_PULLS_KEY, False):
+        # needs the optional extra fedhet[flower]
         from fedhet.deploy.node import shorten_pull_backoff
 
         shorten_pull_backoff()
@@ -290,9 +293,6 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
-    from fedhet.engine.config import config_of
-    from fedhet.experiments.single import prepare_out
-
     cfg = config_of(json.loads(str(context.run_config[SETTINGS_KEY])), "run config")
     prepare_out(out, bool(context.run_config.get(FORCE_KEY, False)))
     store = RunStore(out)

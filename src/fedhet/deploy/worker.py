@@ -34,14 +34,17 @@ POLL_S = float(os.environ.get("FEDHET_WORKER_POLL_S", "0.1"))
 
 def _run_task(address: str, token: str, insecure: bool, announce_fd: int) -> int:
     """In the forked child: run one ClientApp task with Flower's own task runner."""
+    # optional extra: fedhet[flower]
     from flwr.supernode.runtime.run_clientapp import run_clientapp
 
+    # needs the optional extra fedhet[flower]
     from fedhet.deploy import client_app
 
     client_app.announce = lambda settings: os.write(announce_fd, (json.dumps(settings) + "\n").encode())
     profile_dir = os.environ.get("FEDHET_WORKER_PROFILE")  # a directory: one profile per task
     profiler = None
     if profile_dir:
+        # opt-in profiling only
         import cProfile
 
         profiler = cProfile.Profile()
@@ -82,6 +85,7 @@ def serve(address: str, insecure: bool = True, max_wait: float = 60.0,
     from flwr.supercore.retry import make_simple_http_retry_invoker
     from flwr.supercore.runtime import RuntimeHttpClient
 
+    # needs the optional extra fedhet[flower]
     from fedhet.deploy import client_app
     from fedhet.deploy.node import shorten_pull_backoff
 
@@ -144,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the SuperNode's PID: wait for its Runtime API while it lives, exit when it ends")
     args = ap.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # after OMP_NUM_THREADS is set: torch reads it when first imported
     import torch
 
     torch.set_num_threads(1)

@@ -23,7 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fedhet.algorithms.base import ALGORITHMS
+from fedhet.data.partition import PARTITIONS
+from fedhet.data.registry import DATASETS
 from fedhet.errors import FedhetError
+from fedhet.models.registry import MODELS
 from fedhet.registry import Registry, _coerce, build_params, params_dict
 
 DEFAULT_MODEL = {
@@ -254,13 +258,9 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
     return out
 
 
-def _registries() -> dict[str, Registry]:
-    from fedhet.algorithms.base import ALGORITHMS  # the component packages, imported on first use
-    from fedhet.data.partition import PARTITIONS
-    from fedhet.data.registry import DATASETS
-    from fedhet.models.registry import MODELS
-
-    return {"algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONS, "model": MODELS}
+REGISTRIES: dict[str, Registry] = {
+    "algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONS, "model": MODELS,
+}
 
 
 def build(*layers: Mapping[str, Any], only: Sequence[str] = COMPONENTS) -> RunConfig:
@@ -278,11 +278,10 @@ def build(*layers: Mapping[str, Any], only: Sequence[str] = COMPONENTS) -> RunCo
     cfg.validate()
     names = {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "partition": cfg.partition,
              "model": cfg.model_name}
-    registries = _registries()
     built: dict[str, Any] = {}
     for kind in only:
         raw = {k.partition(".")[2]: v for k, v in merged.items() if k.startswith(f"{kind}.")}
-        built[f"{kind}_params"] = build_params(registries[kind].get(names[kind]).params, raw, kind)
+        built[f"{kind}_params"] = build_params(REGISTRIES[kind].get(names[kind]).params, raw, kind)
     return dataclasses.replace(cfg, model=cfg.model_name, **built)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Algorithm, ClientContext, Message, RunInfo
 from fedhet.data.base import Dataset
@@ -441,7 +442,6 @@ def check_same_split(saved: str | None, current: str) -> None:
 def _progress(total: int, initial: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True)
 

@@ -16,7 +16,7 @@ from fedhet.engine import rundir
 from fedhet.errors import FedhetError
 from fedhet.experiments.grid import load_grid, write_manifest
 from fedhet.experiments.results import collect
-from fedhet.experiments.runner import run_specs, with_overrides
+from fedhet.experiments.runner import plan_jobs, run_specs, with_overrides
 
 
 def compare(
@@ -35,10 +35,10 @@ def compare(
     if out.exists() and not out.is_dir():
         raise FedhetError(f"--out {out} is a file; choose a directory")
     if tensorboard:
+        # optional extra: fedhet[tensorboard]
         from fedhet.experiments.tensorboard import require_tensorboard
 
         require_tensorboard()
-    from fedhet.experiments.runner import plan_jobs
 
     hint = f"fedhet compare --config {shlex.quote(str(config))} --out {shlex.quote(str(out))}"
     with rundir.exclusive(out, "compare"):

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.algorithms.base import ALGORITHMS
-from fedhet.engine.config import RUNTIME, flatten, parse, path_of
+from fedhet.engine.config import RUNTIME, config_of, flatten, parse, path_of
+from fedhet.engine.store import atomic_write_text, to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 
@@ -236,7 +237,6 @@ def _expand(base, axes, methods, loc) -> list[tuple[int, dict[str, _Setting]]]:
 
 def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> str:
     """Resolve one run (its error names the line of the culprit); returns its `cell_key`."""
-    from fedhet.engine.config import config_of
 
     try:
         cfg = config_of({k: s.value for k, s in settings.items()}, "grid")
@@ -396,7 +396,6 @@ def _auto_label(values: dict[str, Any], varying: list[str], columns: list[str], 
 
 def write_manifest(out: Path, title: str, specs: list[RunSpec], target: float | None, **extra: Any) -> None:
     """`DIR/grid.json`: what `report` and re-runs need to rebuild the tables."""
-    from fedhet.engine.store import atomic_write_text, to_json
 
     atomic_write_text(out / "grid.json", to_json({
         "title": title, "target_accuracy": target, **extra,

@@ -93,9 +93,11 @@ def summary_line(counts: np.ndarray) -> str:
 
 def save_heatmap(counts: np.ndarray, path: Path, title: str) -> None:
     """Clients (x) × labels (y), colour = samples, like FedSR Fig. 8; small maps show the counts."""
+    # slow import (matplotlib): only when drawing
     import matplotlib
 
     matplotlib.use("Agg")
+    # slow import (matplotlib): only when drawing
     from matplotlib import pyplot as plt
 
     n_clients, n_labels = counts.shape

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.store import TIME_COLUMNS
+import numpy as np
+
+from fedhet.algorithms.base import ALGORITHMS
+from fedhet.data.partition import label_counts
+from fedhet.engine.config import config_of
+from fedhet.engine.federate import federate
+from fedhet.engine.store import TIME_COLUMNS, atomic_write_text
 from fedhet.errors import FedhetError
 from fedhet.experiments import papers  # noqa: F401  (registers the papers' figures)
 from fedhet.experiments.figures import EXTRA_PLOTTERS, slug
@@ -97,9 +103,11 @@ def discover(root: Path) -> tuple[dict[str, Any], list[RunData]]:
 
 # -- figures -----------------------------------------------------------------------------------
 def _plt():
+    # slow import (matplotlib): only when drawing
     import matplotlib
 
     matplotlib.use("Agg")
+    # slow import (matplotlib): only when drawing
     import matplotlib.pyplot as plt
 
     return plt
@@ -112,7 +120,6 @@ def _colors(labels: list[str]) -> dict[str, Any]:
 
 def _series(runs: list[RunData], x_col: str, y_col: str):
     """Mean, min and max of `y_col` over runs (seeds), on the rounds all of them reached."""
-    import numpy as np
 
     n = min(len(r.metrics.get("round", [])) for r in runs)
     if n == 0 or any(y_col not in r.metrics for r in runs):
@@ -226,10 +233,6 @@ def plot_diagnostics(run: RunData, path: Path) -> bool:
 
 def partition_counts(config: dict[str, Any]):
     """`(counts[client, class], title)` recomputed from a run's config, or None (centralised)."""
-    from fedhet.algorithms.base import ALGORITHMS
-    from fedhet.data.partition import label_counts
-    from fedhet.engine.config import config_of
-    from fedhet.engine.federate import federate
 
     cfg = config_of(dict(config))
     if ALGORITHMS.get(cfg.algorithm).factory.centralized:
@@ -243,8 +246,6 @@ def partition_counts(config: dict[str, Any]):
 
 
 def plot_partition(counts, title: str, path: Path) -> None:
-    import numpy as np
-
     plt = _plt()
     n_clients, n_classes = counts.shape
     height = min(max(2.5, 0.22 * n_clients + 1.2), 14)
@@ -323,7 +324,6 @@ def write_report(root: Path, out: Path | None = None, warn: Callable[[str], None
         f"generated {stamp} by <code>fedhet report</code>.</p>\n"
         + "\n".join(s for s in sections if s) + "\n</body></html>\n"
     )
-    from fedhet.engine.store import atomic_write_text
 
     page_path = out / "report.html"
     atomic_write_text(page_path, page)

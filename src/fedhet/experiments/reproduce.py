@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedhet.engine import rundir
+from fedhet.engine.config import config_of
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
 from fedhet.experiments.grid import cell_key, duplicate_groups, write_manifest
 from fedhet.experiments.papers.base import PRESETS
 from fedhet.experiments.presets import SCALES, Preset, RunSpec
+from fedhet.experiments.report import write_report
 from fedhet.experiments.results import collect, compare_published, published_markdown
 from fedhet.experiments.runner import plan_jobs, run_specs, with_overrides
 
@@ -31,8 +33,6 @@ def load_preset(paper: str, scale: str) -> Preset:
 
 
 def _check_specs(paper: str, specs: list[RunSpec]) -> None:
-    from fedhet.engine.config import config_of
-
     names, keys = set(), []
     for spec in specs:
         if spec.name in names:
@@ -61,6 +61,7 @@ def reproduce(
     the preset. Ctrl-C stops it as in `compare` (`runner.Interrupted`); calling again resumes."""
     preset = load_preset(paper, scale)
     if tensorboard:
+        # optional extra: fedhet[tensorboard]
         from fedhet.experiments.tensorboard import require_tensorboard
 
         require_tensorboard()
@@ -116,7 +117,6 @@ def _run_stages(
 
 def _html_report(out: Path, stream: TextIO | None) -> None:
     """Also render report.html; a plotting problem is reported, never fatal to the results."""
-    from fedhet.experiments.report import write_report
 
     err = stream or sys.stderr
     try:

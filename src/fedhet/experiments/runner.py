@@ -23,9 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedhet.engine.config import RUNTIME, canonical_config
+from fedhet.engine import rundir
+from fedhet.engine.config import RUNTIME, canonical_config, config_of
+from fedhet.engine.store import to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
+from fedhet.experiments.single import execute, is_finished
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ _STOP: Any = None
 def _limit_threads() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
+    # after OMP_NUM_THREADS is set: torch reads it when first imported
     import torch
 
     torch.set_num_threads(1)
@@ -102,13 +106,13 @@ def run_job(job: Job) -> dict[str, Any]:
     """Execute one job (in a worker or in-process); errors come back as `{"error": ...}`, a job
     that never started because the grid is stopping as `{"cancelled": True}`, one stopped at a
     round boundary as `{"stopped": round}`."""
-    from fedhet.experiments.single import execute
 
     if _STOP is not None and _STOP.is_set():
         return {"name": job.name, "cancelled": True}
     tensorboard = None
     try:
         if job.tensorboard:
+            # optional extra: fedhet[tensorboard]
             from fedhet.experiments.tensorboard import TensorBoardLogger
 
             tensorboard = TensorBoardLogger(Path(job.out))
@@ -151,9 +155,6 @@ def plan_jobs(
     A run directory whose saved config differs from the spec's is an error (unless `force`,
     which starts every run again), so a changed grid never silently mixes settings.
     """
-    from fedhet.engine.config import config_of
-    from fedhet.engine.store import to_json
-    from fedhet.experiments.single import is_finished
 
     jobs, done = [], 0
     for spec in specs:
@@ -360,7 +361,6 @@ def clear_cells(cells: list[Path], stream: TextIO) -> None:
     then take for finished ones. Only what fedhet wrote is removed (`rundir.clear`); a run
     directory from before markers existed (it has a config.json) is recognised as fedhet's, any
     other unmarked one is refused before anything is cleared. Each is cleared under its lock."""
-    from fedhet.engine import rundir
 
     full = [c for c in cells if c.is_dir() and any(e.name != rundir.LOCK for e in c.iterdir())]
     for cell in full:

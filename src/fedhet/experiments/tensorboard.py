@@ -37,6 +37,7 @@ class TensorBoardLogger:
     def __call__(self, row: dict[str, Any]) -> None:
         step = int(row["round"])
         if self.writer is None:  # created at the first round: the run directory exists by then
+            # optional extra: fedhet[tensorboard]
             from torch.utils.tensorboard import SummaryWriter
 
             # a resumed run drops what a killed one logged after its last checkpoint

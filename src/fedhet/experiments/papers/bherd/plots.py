@@ -21,6 +21,7 @@ import numpy as np  # noqa: E402
 
 from fedhet.engine.store import read_metric_columns  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
+from fedhet.experiments.papers.bherd.preset import CASES, main_runs
 
 
 def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:
@@ -122,7 +123,6 @@ def main_report(root: Path, scale: str = "paper", setup: str = "svm-mnist",
     `root/<spec name>`): a markdown table per case (final and best accuracy, final loss, rounds
     to reach FedAvg's final accuracy) and loss/accuracy curves, kept-index maps and herding
     distances for Cases 1–3."""
-    from fedhet.experiments.papers.bherd.preset import CASES, main_runs
 
     out = Path(out or root / "report")
     specs = [s for s in main_runs(scale) if s.name.startswith(f"main-{setup}-")]

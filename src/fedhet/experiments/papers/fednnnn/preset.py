@@ -19,6 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from fedhet.algorithms.base import ALGORITHMS
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import PRESETS
 from fedhet.experiments.presets import Preset, RunSpec
@@ -92,8 +93,6 @@ def method_settings(method: str, hp: dict[str, float], unbalanced: bool) -> dict
 
 
 def _param_names(algorithm: str) -> set[str]:
-    from fedhet.algorithms.base import ALGORITHMS
-
     try:
         return {f.name for f in fields(ALGORITHMS.get(algorithm).params)}
     except FedhetError:

@@ -25,9 +25,11 @@ TRACE_ROUNDS = 50
 
 
 def _pyplot():
+    # slow import (matplotlib): only when drawing
     import matplotlib
 
     matplotlib.use("Agg")
+    # slow import (matplotlib): only when drawing
     import matplotlib.pyplot as plt
 
     return plt
@@ -175,6 +177,7 @@ def _log_if_wide(ax: Any, values: np.ndarray, ratio: float = 50) -> None:
 
 
 def _save(fig: Any, out_path: Path) -> Path:
+    # slow import (matplotlib): only when drawing
     from matplotlib.ticker import MaxNLocator
 
     for ax in fig.axes:

@@ -24,10 +24,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.store import atomic_write_text
+from fedhet.engine.config import config_of
+from fedhet.engine.federate import federate
+from fedhet.engine.store import RunStore, atomic_write_text, to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import Protocol, register_protocol
 from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
+from fedhet.experiments.single import execute, is_finished
 
 DEFAULT_BASELINES = ("fedavg", "fednova")
 PAPER_DEFAULTS: dict[str, Any] = {"clients": 5, "rounds": 100, "lr": 0.01}
@@ -103,8 +106,6 @@ def baseline_settings(settings: dict[str, Any], budget: FairBudget, method: str)
 
 def client_sizes(settings: dict[str, Any]) -> tuple[int, ...]:
     """`D_i` of the partition these settings describe (loads the data, as the run itself does)."""
-    from fedhet.engine.config import config_of
-    from fedhet.engine.federate import federate
 
     cfg = config_of(settings)
     fields = ("dataset", "dataset_params", "partition", "partition_params", "clients", "seed", "data_dir",
@@ -138,7 +139,6 @@ def read_tau_all(run_dir: Path) -> int:
 
 def budget_from_run(fedveca_dir: Path, settings: dict[str, Any]) -> FairBudget:
     """The fair budget of §IV-A1 from a finished FedVeca run and the group's settings."""
-    from fedhet.engine.config import config_of
 
     cfg = config_of(fedveca_settings(settings))
     return FairBudget(read_tau_all(fedveca_dir), cfg.rounds, client_sizes(settings), cfg.batch_size)
@@ -209,9 +209,6 @@ def _cell(v: Any, md: bool = False) -> str:
 
 # -- running -----------------------------------------------------------------------------------
 def _same_config(run_dir: Path, settings: dict[str, Any]) -> bool:
-    from fedhet.engine.config import config_of
-    from fedhet.engine.store import RunStore, to_json
-
     cfg = config_of(settings)
     wanted = json.loads(to_json(cfg.to_dict()))
     return RunStore(run_dir).read_config() == wanted
@@ -221,7 +218,6 @@ def run_method(
     settings: dict[str, Any], run_dir: Path, force: bool, progress: bool, log: Callable[[str], None]
 ) -> None:
     """Run one method into `run_dir`: skip it when finished, resume it when partial."""
-    from fedhet.experiments.single import execute, is_finished
 
     has_run = (run_dir / "config.json").exists()
     if has_run and not force:
@@ -240,7 +236,6 @@ def run_method(
 
 def check_settings(settings: dict[str, Any], methods: Sequence[str]) -> None:
     """Resolve every method's settings (with a stand-in budget) so bad input fails up front."""
-    from fedhet.engine.config import config_of
 
     config_of(fedveca_settings(settings), "fedveca settings")
     stand_in = FairBudget(1, 1, (1,), 1)
@@ -278,6 +273,7 @@ def compare(
     table = comparison_table(out, [FEDVECA, *methods])
     write_table(table, out)
     if plots:
+        # slow import (matplotlib): only when drawing
         from fedhet.experiments.papers.fedveca.plots import plot_fedveca
 
         plot_fedveca(out, out / "plots")
