@@ -108,7 +108,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from fedhet.experiments.compare import compare
 
     rows = compare(args.config, args.out, args.jobs, args.force, args.tensorboard,
-                   overrides=_overrides(args))
+                   overrides=_overrides(args), batch_runs=args.batch_runs)
     print(f"{len(rows)} runs; results in {args.out}/results.csv and {args.out}/summary.md")
     return 0
 
@@ -131,7 +131,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
     out = Path(args.out or f"runs/{args.paper}-{args.scale}")
     reproduce(args.paper, args.scale, out, args.jobs, args.force, args.tensorboard,
-              overrides=_overrides(args))
+              overrides=_overrides(args), batch_runs=args.batch_runs)
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
     return 0
 
@@ -166,7 +166,7 @@ def _positive(text: str) -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise FedhetError(f"--jobs must be a whole number ≥ 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1, got {text!r}")
     return value
 
 
@@ -288,6 +288,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _add_pool_flags(p: argparse.ArgumentParser) -> None:
     _add_device_flags(p)
     p.add_argument("--jobs", "-j", type=_positive, help="parallel runs (default: number of cores)")
+    p.add_argument("--batch-runs", type=_positive, default=8, metavar="N",
+                   help="runs that share data, model and device on the batched executor (a GPU, "
+                        "or the linear models) step as one cohort, N at a time (default 8; 1: "
+                        "each run on its own)")
     p.add_argument("--force", action="store_true", help="start every run again from scratch")
     p.add_argument("--tensorboard", action="store_true",
                    help="log each run's metrics for TensorBoard (needs tensorboard)")

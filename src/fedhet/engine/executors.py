@@ -178,6 +178,9 @@ class BatchedExecutor:
         self.sim = sim
         self.chunk = chunk
         self.cohort = CohortTrainer(sim.model, sim.trainer.x, sim.trainer.y, chunk=0, log=sim.log)
+        self.shared: Any = None
+        """A `fedhet.engine.batch.SharedCohort` while this run steps in a batch of runs: parked
+        clients then go to it, to be stacked with the other runs' clients."""
 
     def _chunk_size(self, n: int) -> int:
         if self.chunk > 0:
@@ -207,7 +210,7 @@ class BatchedExecutor:
             if not parked:
                 break
             try:
-                self.cohort.sgd_many([c.job for c in parked])
+                (self.shared or self.cohort).sgd_many([c.job for c in parked])
             except Exception as e:  # noqa: BLE001  (the stacked step itself failed)
                 for c in parked:
                     c.job.error = e

@@ -16,12 +16,13 @@ from fedhet.engine import rundir
 from fedhet.errors import FedhetError
 from fedhet.experiments.grid import load_grid, write_manifest
 from fedhet.experiments.results import collect
-from fedhet.experiments.runner import plan_jobs, run_specs, with_overrides
+from fedhet.experiments.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
 
 
 def compare(
     config: str | Path, out: str | Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
+    batch_runs: int = DEFAULT_BATCH_RUNS,
 ) -> list[dict[str, Any]]:
     """Validate the whole grid, run what is not finished, write results; returns the rows.
 
@@ -47,7 +48,8 @@ def compare(
         if Path(config).resolve() != (out / "grid.toml").resolve():
             shutil.copyfile(config, out / "grid.toml")
         write_manifest(out, grid.title, grid.specs, grid.target_accuracy)
-        errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream, hint)
+        errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream, hint,
+                           batch_runs=batch_runs)
         return _finish(out, grid.title, grid.specs, grid.target_accuracy, errors)
 
 

@@ -23,7 +23,7 @@ from fedhet.experiments.papers.base import PRESETS
 from fedhet.experiments.presets import SCALES, Preset, RunSpec
 from fedhet.experiments.report import write_report
 from fedhet.experiments.results import collect, compare_published, published_markdown
-from fedhet.experiments.runner import plan_jobs, run_specs, with_overrides
+from fedhet.experiments.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
 
 
 def load_preset(paper: str, scale: str) -> Preset:
@@ -56,6 +56,7 @@ def _check_specs(paper: str, specs: list[RunSpec]) -> None:
 def reproduce(
     paper: str, scale: str, out: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
+    batch_runs: int = DEFAULT_BATCH_RUNS,
 ) -> Preset:
     """Run `paper`'s preset at `scale` into `out` (marked and locked like `compare`'s); returns
     the preset. Ctrl-C stops it as in `compare` (`runner.Interrupted`); calling again resumes."""
@@ -70,13 +71,15 @@ def reproduce(
     hint = f"fedhet reproduce {paper} --scale {scale} --out {shlex.quote(str(out))}"
     with rundir.exclusive(out, "reproduce"):
         rundir.mark(out, "grid")
-        _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint, overrides)
+        _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint, overrides,
+                    batch_runs)
     return preset
 
 
 def _run_stages(
     paper: str, scale: str, preset: Preset, out: Path, jobs: int | None, force: bool,
     tensorboard: bool, stream: TextIO | None, hint: str, overrides: dict[str, Any] | None = None,
+    batch_runs: int = DEFAULT_BATCH_RUNS,
 ) -> None:
     """Run the preset's stages in order, then write results, report.md and report.html."""
     title = f"{paper} ({scale})"
@@ -91,7 +94,8 @@ def _run_stages(
                        published=preset.published, notes=preset.notes)
         if len(preset.stages) > 1:
             (stream or sys.stderr).write(f"stage {i}/{len(preset.stages)}: {len(new)} runs\n")
-        errors.update(run_specs(new, out / "runs", jobs, force, tensorboard, stream, hint))
+        errors.update(run_specs(new, out / "runs", jobs, force, tensorboard, stream, hint,
+                                batch_runs=batch_runs))
         if errors:
             break
     rows = collect(out, title, specs, preset.target_accuracy, errors)

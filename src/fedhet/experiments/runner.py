@@ -23,12 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+import torch
+
 from fedhet.engine import rundir
-from fedhet.engine.config import RUNTIME, canonical_config, config_of
+from fedhet.engine.config import RUNTIME, build, canonical_config, config_of, parse
+from fedhet.engine.executors import LINEAR_MODELS
 from fedhet.engine.store import to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
-from fedhet.experiments.single import execute, is_finished
+from fedhet.experiments.single import execute, execute_together, is_finished
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,11 @@ class Job:
     out: str
     resume: bool
     tensorboard: bool = False
+
+
+DEFAULT_BATCH_RUNS = 8
+"""[choice] Runs stepped as one cohort at most: enough to fill a GPU with the papers' small
+models (8 runs × 100 clients), few enough that one run's failure or a Ctrl-C stops little."""
 
 
 def default_jobs() -> int:
@@ -67,9 +75,6 @@ _STOP: Any = None
 def _limit_threads() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
-    # after OMP_NUM_THREADS is set: torch reads it when first imported
-    import torch
-
     torch.set_num_threads(1)
 
 
@@ -138,6 +143,98 @@ def run_job(job: Job) -> dict[str, Any]:
     finally:
         if tensorboard is not None:
             tensorboard.close()
+
+
+def run_unit(unit: list[Job]) -> list[dict[str, Any]]:
+    """One job, or a batch of jobs stepped as one cohort (`batch_units`); one result per job."""
+    if len(unit) == 1:
+        return [run_job(unit[0])]
+    if _STOP is not None and _STOP.is_set():
+        return [{"name": job.name, "cancelled": True} for job in unit]
+    items = [
+        ({k: v for k, v in job.settings.items() if k in RUNTIME} or None if job.resume else job.settings,
+         Path(job.out), job.resume)
+        for job in unit
+    ]
+    loggers: list[Any] = [None] * len(unit)
+    try:
+        for i, job in enumerate(unit):
+            if job.tensorboard:
+                # optional extra: fedhet[tensorboard]
+                from fedhet.experiments.tensorboard import TensorBoardLogger
+
+                loggers[i] = TensorBoardLogger(Path(job.out))
+        outcomes = execute_together(
+            items, force=True, log=_quiet,
+            on_round=[_stopper(job, logger) for job, logger in zip(unit, loggers, strict=True)],
+        )
+    except FedhetError:  # one run's settings or data are bad: let each run say for itself
+        return [run_job(job) for job in unit]
+    finally:
+        for logger in loggers:
+            if logger is not None:
+                logger.close()
+    return [_outcome(job, o) for job, o in zip(unit, outcomes, strict=True)]
+
+
+def _outcome(job: Job, outcome: dict[str, Any] | BaseException) -> dict[str, Any]:
+    """A batch member's summary or error as `run_job` reports it."""
+    if isinstance(outcome, StopRun):
+        return {"name": job.name, "stopped": outcome.args[0]}
+    if isinstance(outcome, FedhetError):
+        return {"name": job.name, "error": str(outcome)}
+    if isinstance(outcome, BaseException):
+        return {"name": job.name, "error": f"{type(outcome).__name__}: {outcome}"}
+    if outcome.get("status") == "diverged":
+        d = outcome["diverged"]
+        client = f", client {d['client']}" if d.get("client") is not None else ""
+        return {"name": job.name, "error": f"diverged in round {d['round']}{client} "
+                                           f"(non-finite {d['what']})"}
+    return {"name": job.name, "summary": outcome}
+
+
+def batch_key(job: Job) -> str | None:
+    """Jobs with the same key may step as one batch of runs (`fedhet.engine.batch`): the same
+    data, model and device, on the batched executor. None: this job runs on its own (it would
+    use the sequential executor, or its settings do not build; it then reports that itself)."""
+    try:
+        if job.resume:
+            saved = canonical_config(json.loads((Path(job.out) / "config.json").read_text()))
+            runtime = {k: v for k, v in job.settings.items() if k in RUNTIME}
+            cfg = build(parse(saved, "config.json"), parse(runtime, "settings"))
+        else:
+            cfg = config_of(job.settings)
+    except (FedhetError, OSError, ValueError):
+        return None
+    if cfg.workers > 1 or cfg.executor == "sequential":
+        return None
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if cfg.executor == "auto" and not (cuda or cfg.model in LINEAR_MODELS):
+        return None
+    d = cfg.to_dict()
+    fields = ("dataset", "dataset_params", "data_dir", "validation_fraction", "model",
+              "model_params", "device", "executor")
+    return json.dumps({f: d[f] for f in fields}, sort_keys=True)
+
+
+def batch_units(jobs: list[Job], limit: int) -> list[list[Job]]:
+    """`jobs` as units of work: runs that share a `batch_key` in batches of at most `limit`
+    (in grid order), every other run on its own."""
+    if limit <= 1:
+        return [[job] for job in jobs]
+    units: list[list[Job]] = []
+    open_units: dict[str, list[Job]] = {}
+    for job in jobs:
+        key = batch_key(job)
+        if key is None:
+            units.append([job])
+            continue
+        unit = open_units.get(key)
+        if unit is None or len(unit) >= limit:
+            unit = open_units[key] = []
+            units.append(unit)
+        unit.append(job)
+    return units
 
 
 def with_overrides(specs: list[RunSpec], overrides: dict[str, Any] | None) -> list[RunSpec]:
@@ -293,8 +390,13 @@ def _clock(seconds: float) -> str:
 def run_specs(
     specs: list[RunSpec], runs_dir: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, resume_hint: str | None = None,
+    batch_runs: int = DEFAULT_BATCH_RUNS,
 ) -> dict[str, str]:
     """Run every spec into `runs_dir/<name>`; returns `{name: error}` for runs that failed.
+
+    Runs that share data, model and device on the batched executor (a GPU, or the linear models)
+    step together, up to `batch_runs` at a time (`batch_units`; 1 runs each on its own); each
+    unit goes to one of `jobs` processes.
 
     Ctrl-C (SIGINT, in the main thread) stops the grid gracefully: queued runs are cancelled at
     once, running ones stop after their next saved round (so running the grid again resumes
@@ -307,22 +409,24 @@ def run_specs(
         return {}
     if force:
         clear_cells([Path(job.out) for job in todo], progress.stream)
-    n = max(1, min(jobs or default_jobs(), len(todo)))
+    units = batch_units(todo, batch_runs)
+    n = max(1, min(jobs or default_jobs(), len(units)))
     tally = _Tally()
     with _graceful_sigint(progress) as (requested, hard):
         global _STOP
         if n == 1:
             previous, _STOP = _STOP, requested
-            left = list(todo)
+            left = list(units)
             try:
                 while left:
                     t0 = time.monotonic()
-                    result = run_job(left[0])
+                    results = run_unit(left[0])
                     left.pop(0)
-                    tally.add(result, progress, time.monotonic() - t0)
+                    for result in results:
+                        tally.add(result, progress, time.monotonic() - t0)
             except KeyboardInterrupt:
                 hard.append(True)
-                tally.unfinished = len(left)
+                tally.unfinished = sum(len(u) for u in left)
             finally:
                 _STOP = previous
         else:
@@ -334,7 +438,7 @@ def run_specs(
             try:
                 pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx,
                                            initializer=_init_worker, initargs=(stop,))
-                pending: dict[Future, Job] = {pool.submit(run_job, job): job for job in todo}
+                pending: dict[Future, list[Job]] = {pool.submit(run_unit, u): u for u in units}
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             try:
@@ -343,7 +447,7 @@ def run_specs(
                 hard.append(True)
                 for proc in list(getattr(pool, "_processes", {}).values()):
                     proc.terminate()
-                tally.unfinished = sum(1 for f in pending if not f.done())
+                tally.unfinished = sum(len(u) for f, u in pending.items() if not f.done())
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
     progress.close()
@@ -408,7 +512,7 @@ class _Tally:
                 f"{stopped}, {self.cancelled} queued run(s) cancelled; run {again} to resume")
 
 
-def _drain(pending: dict[Future, Job], requested: threading.Event, stop: Any, tally: _Tally,
+def _drain(pending: dict[Future, list[Job]], requested: threading.Event, stop: Any, tally: _Tally,
            progress: Progress) -> None:
     """Collect results as workers finish; once a stop is `requested`, pass it on to the workers
     (`stop`) and cancel what has not started."""
@@ -420,16 +524,16 @@ def _drain(pending: dict[Future, Job], requested: threading.Event, stop: Any, ta
             stop.set()
             for fut in list(pending):
                 if fut.cancel():
-                    pending.pop(fut)
-                    tally.cancelled += 1
+                    tally.cancelled += len(pending.pop(fut))
         finished, _ = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
         for fut in finished:
-            job = pending.pop(fut)
+            unit = pending.pop(fut)
             try:
-                result = fut.result()
+                results = fut.result()
             except Exception as e:  # noqa: BLE001  (a worker that died, e.g. out of memory)
-                result = {"name": job.name, "error": f"worker process failed: {e}"}
-            tally.add(result, progress, time.monotonic() - started)
+                results = [{"name": job.name, "error": f"worker process failed: {e}"} for job in unit]
+            for result in results:
+                tally.add(result, progress, time.monotonic() - started)
         progress.tick()
 
 

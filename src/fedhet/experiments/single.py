@@ -6,12 +6,16 @@ long as the run writes it, and cleared by `force` only when it carries the marke
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedhet.engine import rundir
+from fedhet.engine.batch import run_together
 from fedhet.engine.config import RESUMABLE, build, canonical_config, config_of, parse
+from fedhet.engine.federate import load
 from fedhet.engine.simulation import Simulation, check_resumable
 from fedhet.engine.store import RunStore
 from fedhet.errors import FedhetError
@@ -51,6 +55,16 @@ def is_finished(out: Path) -> bool:
     return path.exists() and '"finished": true' in path.read_text()
 
 
+@dataclass
+class Opened:
+    """A run ready to go: its simulation and `Simulation.run` arguments, or (`summary` set) a
+    resumed run that is already finished."""
+
+    sim: Simulation | None
+    kwargs: dict[str, Any]
+    summary: dict[str, Any] | None = None
+
+
 def execute(
     settings: dict[str, Any] | None, out: Path, *, resume: bool = False, force: bool = False,
     progress: bool = False, log: Callable[[str], None] = print,
@@ -63,22 +77,64 @@ def execute(
     checkpoint intervals, data directory, device and executor) and anything else is refused.
     Invalid settings, data or partitions fail before `out` is created or changed.
     """
+    with opened(settings, Path(out), resume=resume, force=force, log=log, on_round=on_round) as run:
+        if run.summary is not None:
+            return run.summary
+        assert run.sim is not None
+        return run.sim.run(progress=progress, **run.kwargs)
+
+
+def execute_together(
+    items: Sequence[tuple[dict[str, Any] | None, Path, bool]], *, force: bool = False,
+    log: Callable[[str], None] = print,
+    on_round: Sequence[Callable[[dict[str, Any]], None] | None] | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> list[dict[str, Any] | BaseException]:
+    """`execute` for several runs `(settings, out, resume)` at once, stepping as one batch those
+    that can (`fedhet.engine.batch.run_together`): each run directory ends up exactly as if its
+    run had been executed alone. Returns each run's summary, or the error that ended it; a run
+    whose settings are invalid fails before anything of the others starts."""
+    hooks = list(on_round or [None] * len(items))
+    with contextlib.ExitStack() as stack:
+        runs = [
+            stack.enter_context(opened(settings, Path(out), resume=resume, force=force, log=log,
+                                       on_round=hook, data_cache=True))
+            for (settings, out, resume), hook in zip(items, hooks, strict=True)
+        ]
+        live = [r for r in runs if r.summary is None]
+        results = iter(run_together([r.sim for r in live], [r.kwargs for r in live], on_step))
+        return [r.summary if r.summary is not None else next(results) for r in runs]
+
+
+@contextlib.contextmanager
+def opened(
+    settings: dict[str, Any] | None, out: Path, *, resume: bool = False, force: bool = False,
+    log: Callable[[str], None] = print, on_round: Callable[[dict[str, Any]], None] | None = None,
+    data_cache: bool = False,
+) -> Iterator[Opened]:
+    """The run directory locked and ready, and the run's simulation: a fresh run's directory is
+    checked before anything is built and prepared (`prepare_out`) once the settings, data and
+    partition are known to be valid; a resumed run's saved settings are read under the lock."""
     if resume:
-        return _resume(settings, Path(out), progress, log, on_round)
+        with _resumed(settings, out, log, on_round, data_cache) as run:
+            yield run
+        return
     check_out(out, force)
     cfg = config_of(settings or {})
     store = RunStore(out)
-    sim = Simulation(cfg, store, log=log, on_round=on_round)
+    data = load(cfg, cache=True) if data_cache else None
+    sim = Simulation(cfg, store, data=data, log=log, on_round=on_round)
     with rundir.exclusive(out, "run"):
         prepare_out(out, force, log)
         store.write_config(cfg.to_dict())
-        return sim.run(progress=progress)
+        yield Opened(sim, {})
 
 
-def _resume(
-    changes: dict[str, Any] | None, out: Path, progress: bool, log: Callable[[str], None],
-    on_round: Callable[[dict[str, Any]], None] | None,
-) -> dict[str, Any]:
+@contextlib.contextmanager
+def _resumed(
+    changes: dict[str, Any] | None, out: Path, log: Callable[[str], None],
+    on_round: Callable[[dict[str, Any]], None] | None, data_cache: bool,
+) -> Iterator[Opened]:
     store = RunStore(out)
     if not (out / "config.json").is_file():
         raise FedhetError(f"{out} has no config.json: it is not a fedhet run directory")
@@ -95,12 +151,14 @@ def _resume(
         grown = cfg.rounds > int(saved.get("rounds", cfg.rounds))
         if is_finished(out) and not grown:
             log(f"{out} is already finished; nothing to do")
-            return store.read_summary()
-        sim = Simulation(cfg, store, log=log, on_round=on_round)
+            yield Opened(None, {}, store.read_summary())
+            return
+        data = load(cfg, cache=True) if data_cache else None
+        sim = Simulation(cfg, store, data=data, log=log, on_round=on_round)
         rundir.mark(out, "run")  # runs made before the marker existed become recognisable
         removed = rundir.remove_temporaries(out)
         if removed:
             log(f"removed {len(removed)} temporary file(s) a killed run left in {out}")
         # config.json changes only once the checkpoint has accepted the new settings
         accepted = (lambda: store.write_config(cfg.to_dict())) if changes else None
-        return sim.run(resume=True, progress=progress, accepted=accepted)
+        yield Opened(sim, {"resume": True, "accepted": accepted})

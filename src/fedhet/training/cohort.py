@@ -274,11 +274,7 @@ class CohortTrainer:
                 raise
             first = False
             losses = loss.tolist()
-            if len(set(wds)) == 1:
-                if wds[0]:
-                    g.add_(wa, alpha=wds[0])
-            else:
-                g.add_(wa * torch.tensor([wds[c] for c in active], device=device).unsqueeze(1))
+            _add_scaled(g, wa, [wds[c] for c in active])  # weight decay: g += λ w
             failed = []
             for pos, c in enumerate(active):
                 job = jobs[c]
@@ -303,10 +299,7 @@ class CohortTrainer:
                 step_dir = va
             else:
                 step_dir = g
-            if len(set(lrs)) == 1:
-                wa.add_(step_dir, alpha=-lrs[0])
-            else:
-                wa.sub_(step_dir * torch.tensor([lrs[c] for c in active], device=device).unsqueeze(1))
+            _add_scaled(wa, step_dir, [-lrs[c] for c in active])  # w -= η d
             if ix_all:
                 bufs.copy_(new_b)
             else:
@@ -323,6 +316,22 @@ class CohortTrainer:
             if job.error is None:
                 job.result = (w[c].clone(), steps[c], loss_sums[c] / max(steps[c], 1))
                 job.buffers_out = bufs[c].clone() if has_bufs else None
+
+
+def _add_scaled(y: torch.Tensor, x: torch.Tensor, coefs: list[float]) -> None:
+    """`y[i] += coefs[i] x[i]` row by row, with the arithmetic of `add_(alpha=...)` for every
+    row whatever the other rows' coefficients, so a client (or a run in a batch of runs with
+    other learning rates or weight decays) gets the same bits as when stacked alone."""
+    values = set(coefs)
+    if len(values) == 1:
+        if coefs[0]:
+            y.add_(x, alpha=coefs[0])
+        return
+    for value in values:
+        if not value:
+            continue
+        ix = torch.tensor([i for i, c in enumerate(coefs) if c == value], device=y.device)
+        y.index_copy_(0, ix, y.index_select(0, ix).add_(x.index_select(0, ix), alpha=value))
 
 
 class _FirstStepOOMError(Exception):

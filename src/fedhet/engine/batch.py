@@ -1,0 +1,171 @@
+"""Runs as a batch: several runs that differ only in seed (or in a scalar such as α, μ, β or the
+learning rate) step their clients' local SGD together, `runs × clients` trajectories in one
+stacked cohort (`fedhet.training.cohort`), each run keeping its own partition, sampling, RNG
+streams, algorithm state and run directory.
+
+How: every run executes its own loop (`Simulation.run`) in a thread of its own, with the batched
+executor; where that executor would run its parked clients' SGD stacked, it hands them to a
+`SharedCohort` instead and waits. Once every run still going has parked (or finished), the
+jobs of all runs are run stacked in one call and every run goes on. Only one run executes
+Python at a time (the `turn` lock, passed on at the barrier), so the runs never interleave
+their use of the process-wide RNG and each run computes what it computes alone; only the
+composition of the stack differs, and a stacked step treats every row on its own.
+
+A run whose executor is not the batched one (a model that cannot be stacked, `--workers`) does
+not join the cohort: `run_together` runs it on its own after the batch.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fedhet.errors import FedhetError
+from fedhet.training.cohort import CohortTrainer, SGDJob
+
+if TYPE_CHECKING:
+    from fedhet.engine.simulation import Simulation
+
+
+class SharedCohort:
+    """The barrier and the stacked step shared by the runs of a batch."""
+
+    def __init__(self, cohort: CohortTrainer) -> None:
+        self.cohort = cohort
+        self.turn = threading.Lock()
+        """Held by the one run executing Python; released while a run waits at the barrier."""
+        self._cond = threading.Condition()
+        self._members = 0
+        self._parked: list[list[SGDJob]] = []
+        self._generation = 0
+        self.steps = 0
+        """Stacked calls made (each one holds the parked jobs of every run still going)."""
+
+    def join(self) -> None:
+        with self._cond:
+            self._members += 1
+
+    def leave(self) -> None:
+        """A run is done (finished, stopped or failed): the others no longer wait for it."""
+        with self._cond:
+            self._members -= 1
+            if self._members and len(self._parked) == self._members:
+                self._step()
+
+    def sgd_many(self, jobs: list[SGDJob]) -> None:
+        """Park `jobs` until every run still going has parked, then run them all stacked.
+        Results and errors end up on the jobs, as with `CohortTrainer.sgd_many`."""
+        with self._cond:
+            self._parked.append(jobs)
+            if len(self._parked) == self._members:
+                self._step()
+                return
+            generation = self._generation
+            self.turn.release()
+            while self._generation == generation:
+                self._cond.wait()
+        self.turn.acquire()
+
+    def _step(self) -> None:
+        jobs = [job for parked in self._parked for job in parked]
+        try:
+            self.cohort.sgd_many(jobs)
+        except Exception as e:  # noqa: BLE001  (the stacked step failed: every job gets the error)
+            for job in jobs:
+                job.error = e
+        self.steps += 1
+        self._parked = []
+        self._generation += 1
+        self._cond.notify_all()
+
+
+@dataclass
+class _Member:
+    sim: Simulation
+    kwargs: dict[str, Any]
+    result: Any = None
+    error: BaseException | None = None
+    thread: threading.Thread | None = field(default=None, repr=False)
+
+
+def can_share(sims: Sequence[Simulation]) -> list[int]:
+    """Positions of the runs that can step in one cohort with the first batched one: the batched
+    executor, the same model architecture on the same device, and the same training data (a
+    client's batches are indices into it)."""
+    first = next((s for s in sims if s.executor_name == "batched"), None)
+    if first is None:
+        return []
+    out = []
+    for i, sim in enumerate(sims):
+        if (
+            sim.executor_name == "batched"
+            and sim.device == first.device
+            and sim.model.layers == first.model.layers
+            and type(sim.model.module) is type(first.model.module)
+            and sim.trainer.x.shape == first.trainer.x.shape
+            and bool((sim.trainer.x is first.trainer.x) or sim.trainer.x.equal(first.trainer.x))
+            and bool((sim.trainer.y is first.trainer.y) or sim.trainer.y.equal(first.trainer.y))
+        ):
+            out.append(i)
+    return out
+
+
+def run_together(
+    sims: Sequence[Simulation], kwargs: Sequence[dict[str, Any]] | None = None,
+    on_step: Callable[[], None] | None = None,
+) -> list[Any]:
+    """Run `sims` (each with `Simulation.run(**kwargs[i])`), those that `can_share` as one
+    batch; returns each run's summary, or the exception that ended it, in order.
+
+    A `KeyboardInterrupt` in the calling thread is re-raised once the runs' threads have been
+    told nothing (they are daemons, and every run resumes from its last checkpoint)."""
+    kwargs = list(kwargs or [{} for _ in sims])
+    if len(kwargs) != len(sims):
+        raise FedhetError("run_together needs one kwargs mapping per simulation")
+    members = [_Member(sim, kw) for sim, kw in zip(sims, kwargs, strict=True)]
+    shared_ix = can_share(sims)
+    if len(shared_ix) > 1:
+        first = sims[shared_ix[0]]
+        cohort = CohortTrainer(first.model, first.trainer.x, first.trainer.y, log=first.log)
+        cohort.chunk = max(1, (1 << 30) // (3 * 4 * max(first.model.dim, 1)))  # ~1 GiB stacked
+        shared = SharedCohort(cohort)
+        batch = [members[i] for i in shared_ix]
+        for m in batch:
+            m.sim.executor.shared = shared
+            shared.join()
+        for m in batch:
+            m.thread = threading.Thread(target=_member_main, args=(m, shared), daemon=True,
+                                        name=f"fedhet-run-{m.sim.cfg.seed}")
+            m.thread.start()
+        for m in batch:
+            while m.thread.is_alive():
+                m.thread.join(timeout=0.2)
+                if on_step is not None:
+                    on_step()
+        for m in batch:
+            m.sim.executor.shared = None
+    alone = [m for i, m in enumerate(members) if i not in shared_ix or len(shared_ix) == 1]
+    for m in alone:
+        try:
+            m.result = m.sim.run(**m.kwargs)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001  (reported per run, like a batch member)
+            m.error = e
+    return [m.error if m.error is not None else m.result for m in members]
+
+
+def _member_main(member: _Member, shared: SharedCohort) -> None:
+    shared.turn.acquire()
+    try:
+        member.result = member.sim.run(**member.kwargs)
+    except BaseException as e:  # noqa: BLE001  (handed back to the caller, per run)
+        member.error = e
+    finally:
+        shared.leave()
+        shared.turn.release()
+
+
+__all__ = ["SharedCohort", "can_share", "run_together"]

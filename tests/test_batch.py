@@ -1,0 +1,111 @@
+"""Runs as a batch (`fedhet.engine.batch`): runs that differ in seed or in a scalar step their
+clients in one stacked cohort and end exactly as they end alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedhet.engine.batch import SharedCohort, run_together
+from fedhet.engine.config import config_of
+from fedhet.engine.simulation import Simulation
+from fedhet.engine.store import RunStore, read_metric_rows
+from fedhet.experiments.compare import compare
+from fedhet.experiments.runner import Job, batch_units
+
+BASE = {
+    "dataset": "digits", "partition": "dirichlet", "clients": 6, "rounds": 3, "model": "mlp",
+    "model.hidden": 16, "executor": "batched", "local_epochs": 1, "batch_size": 32, "lr": 0.1,
+}
+
+
+def _curves(out: Path) -> list[tuple[float, float]]:
+    return [(r["test_accuracy"], r["test_loss"]) for r in read_metric_rows(out / "metrics.csv")]
+
+
+def _alone_and_together(tmp_path: Path, variants: list[dict]) -> tuple[list, list, list]:
+    alone = []
+    for i, v in enumerate(variants):
+        Simulation(config_of({**BASE, **v}), RunStore(tmp_path / f"alone{i}"), log=lambda _: None).run()
+        alone.append(_curves(tmp_path / f"alone{i}"))
+    sims = [Simulation(config_of({**BASE, **v}), RunStore(tmp_path / f"batch{i}"), log=lambda _: None)
+            for i, v in enumerate(variants)]
+    outcomes = run_together(sims)
+    together = [_curves(tmp_path / f"batch{i}") for i in range(len(variants))]
+    return alone, together, outcomes
+
+
+def test_three_seeds_in_one_cohort_give_the_runs_one_by_one(tmp_path, monkeypatch):
+    sizes: list[int] = []
+    step = SharedCohort._step
+
+    def spy(self):
+        sizes.append(sum(len(p) for p in self._parked))
+        step(self)
+
+    monkeypatch.setattr(SharedCohort, "_step", spy)
+    alone, together, outcomes = _alone_and_together(
+        tmp_path, [{"algorithm": "fedavg", "seed": s} for s in (0, 1, 2)])
+    assert together == alone  # bit for bit: every row of a stacked step is its own
+    assert all(isinstance(o, dict) and o["finished"] for o in outcomes)
+    assert len({tuple(c) for c in alone}) == 3  # the seeds really differ
+    assert sizes and max(sizes) == 3 * BASE["clients"]  # the three runs' clients in one stack
+
+
+def test_a_scalar_sweep_steps_together(tmp_path):
+    """FedProx μ and the learning rate differ per run; each run keeps its own."""
+    variants = [{"algorithm": "fedprox", "algorithm.mu": mu, "lr": lr, "seed": 4}
+                for mu, lr in ((0.0, 0.1), (0.5, 0.1), (0.5, 0.05))]
+    alone, together, _ = _alone_and_together(tmp_path, variants)
+    assert together == alone
+    assert len({tuple(c) for c in alone}) == 3
+
+
+def test_a_diverging_run_stops_alone(tmp_path):
+    variants = [{"algorithm": "fedavg", "seed": 1}, {"algorithm": "fedavg", "seed": 1, "lr": 1e12},
+                {"algorithm": "fedavg", "seed": 2}]
+    alone, together, outcomes = _alone_and_together(tmp_path, variants)
+    assert outcomes[1]["status"] == "diverged"
+    assert together[0] == alone[0] and together[2] == alone[2]
+
+
+def test_a_run_that_cannot_be_stacked_runs_on_its_own(tmp_path):
+    variants = [{"algorithm": "fedavg", "seed": 0}, {"algorithm": "fedavg", "seed": 1,
+                                                     "executor": "sequential"}]
+    alone, together, outcomes = _alone_and_together(tmp_path, variants)
+    assert together == alone and all(o["finished"] for o in outcomes)
+
+
+def test_batch_units_group_runs_that_share_data_model_and_executor(tmp_path):
+    def job(name, **settings):
+        return Job(name, {**BASE, "algorithm": "fedavg", **settings}, str(tmp_path / name), False)
+
+    jobs = [job("s0", seed=0), job("s1", seed=1), job("seq", executor="sequential"),
+            job("mu", algorithm="fedprox", **{"algorithm.mu": 0.1}), job("wide", **{"model.hidden": 32}),
+            job("s2", seed=2)]
+    units = batch_units(jobs, limit=3)
+    assert [[j.name for j in u] for u in units] == [["s0", "s1", "mu"], ["seq"], ["wide"], ["s2"]]
+    assert [[j.name for j in u] for u in batch_units(jobs, limit=1)] == [[j.name] for j in jobs]
+
+
+def test_compare_with_batches_writes_what_compare_without_them_writes(tmp_path):
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        '[base]\ndataset = "digits"\npartition = "dirichlet"\nclients = 5\nrounds = 2\n'
+        'model = "logreg"\nlocal_epochs = 1\nlr = 0.1\n'
+        '[axes]\nalgorithm = ["fedavg", "fedprox"]\nseed = [0, 1, 2]\n'
+    )
+    one = compare(grid, tmp_path / "one", jobs=1, batch_runs=1)
+    many = compare(grid, tmp_path / "many", jobs=1, batch_runs=8)
+    assert len(one) == len(many) == 6
+    for run in (tmp_path / "one" / "runs").iterdir():
+        assert _curves(run) == _curves(tmp_path / "many" / "runs" / run.name)
+        a = (run / "config.json").read_text()
+        assert a == (tmp_path / "many" / "runs" / run.name / "config.json").read_text()
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_run_together_of_one_or_two_plain_runs(tmp_path, n):
+    sims = [Simulation(config_of({**BASE, "seed": s}), None, log=lambda _: None) for s in range(n)]
+    assert all(o["finished"] for o in run_together(sims))
