@@ -5,9 +5,11 @@
 
 Builds `--runs` simulations that differ only in seed (batched executor), runs them one after
 another and then as one batch, `--repeats` times each, and prints the median seconds per run of
-each and their ratio. The first repeat of each also checks that the final test losses agree bit
-for bit. Data: `--dataset` (default `mnist-even-odd` with the SVM: MNIST must be in `data/`, see
-DATA.md; `digits` works offline with `--model mlp`).
+each and their ratio. The first repeat also prints the largest relative difference between a
+run's final test loss alone and in the batch (float32 rounding: a batched matrix product may
+round differently with another number of matrices in the stack). Data: `--dataset` (default
+`mnist-even-odd` with the SVM: MNIST must be in `data/`, see DATA.md; `digits` works offline
+with `--model mlp`).
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ def main() -> None:
         sync()
         together_t.append((time.perf_counter() - t0) / args.runs)
         if r == 0:
-            same = [a["final_loss"] == b["final_loss"] for a, b in zip(alone, together, strict=True)]
-            print(f"final losses equal bit for bit: {all(same)}")
+            diff = max(abs(a["final_loss"] - b["final_loss"]) / abs(a["final_loss"])
+                       for a, b in zip(alone, together, strict=True))
+            print(f"largest relative difference of a final loss, alone vs in the batch: {diff:.1e}")
     a, b = statistics.median(alone_t), statistics.median(together_t)
     print(f"{args.runs} runs of {args.algorithm}/{args.model} on {args.dataset}, {args.clients} "
           f"clients, {args.rounds} rounds, device {args.device}: median {a:.3f} s/run one by one, "

@@ -1,5 +1,6 @@
 """Runs as a batch (`fedhet.engine.batch`): runs that differ in seed or in a scalar step their
-clients in one stacked cohort and end exactly as they end alone."""
+clients in one stacked cohort and end as they end alone, to float32 rounding (a batched matrix
+product may round differently with another number of matrices in the stack)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,23 @@ def _curves(out: Path) -> list[tuple[float, float]]:
     return [(r["test_accuracy"], r["test_loss"]) for r in read_metric_rows(out / "metrics.csv")]
 
 
-def _alone_and_together(tmp_path: Path, variants: list[dict]) -> tuple[list, list, list]:
+def same(a: list, b: list) -> bool:
+    """Two lists of curves equal to float32 rounding: the same accuracies, losses to 1e-6."""
+    return len(a) == len(b) and all(
+        len(x) == len(y) and all(
+            acc == pytest.approx(acc2, abs=1e-9) and loss == pytest.approx(loss2, rel=1e-6)
+            for (acc, loss), (acc2, loss2) in zip(x, y, strict=True)
+        )
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _alone_and_together(tmp_path: Path, variants: list[dict], base: dict = BASE) -> tuple[list, list, list]:
     alone = []
     for i, v in enumerate(variants):
-        Simulation(config_of({**BASE, **v}), RunStore(tmp_path / f"alone{i}"), log=lambda _: None).run()
+        Simulation(config_of({**base, **v}), RunStore(tmp_path / f"alone{i}"), log=lambda _: None).run()
         alone.append(_curves(tmp_path / f"alone{i}"))
-    sims = [Simulation(config_of({**BASE, **v}), RunStore(tmp_path / f"batch{i}"), log=lambda _: None)
+    sims = [Simulation(config_of({**base, **v}), RunStore(tmp_path / f"batch{i}"), log=lambda _: None)
             for i, v in enumerate(variants)]
     outcomes = run_together(sims)
     together = [_curves(tmp_path / f"batch{i}") for i in range(len(variants))]
@@ -47,18 +59,22 @@ def test_three_seeds_in_one_cohort_give_the_runs_one_by_one(tmp_path, monkeypatc
     monkeypatch.setattr(SharedCohort, "_step", spy)
     alone, together, outcomes = _alone_and_together(
         tmp_path, [{"algorithm": "fedavg", "seed": s} for s in (0, 1, 2)])
-    assert together == alone  # bit for bit: every row of a stacked step is its own
+    assert same(together, alone)
     assert all(isinstance(o, dict) and o["finished"] for o in outcomes)
     assert len({tuple(c) for c in alone}) == 3  # the seeds really differ
     assert sizes and max(sizes) == 3 * BASE["clients"]  # the three runs' clients in one stack
 
 
-def test_a_scalar_sweep_steps_together(tmp_path):
+@pytest.mark.parametrize("model", ["mlp", "logreg"])  # autodiff'd and closed-form gradients
+def test_a_scalar_sweep_steps_together(tmp_path, model):
     """FedProx μ and the learning rate differ per run; each run keeps its own."""
     variants = [{"algorithm": "fedprox", "algorithm.mu": mu, "lr": lr, "seed": 4}
                 for mu, lr in ((0.0, 0.1), (0.5, 0.1), (0.5, 0.05))]
-    alone, together, _ = _alone_and_together(tmp_path, variants)
-    assert together == alone
+    base = {**BASE, "model": model}
+    if model == "logreg":
+        del base["model.hidden"]
+    alone, together, _ = _alone_and_together(tmp_path, variants, base)
+    assert same(together, alone)
     assert len({tuple(c) for c in alone}) == 3
 
 
@@ -67,14 +83,14 @@ def test_a_diverging_run_stops_alone(tmp_path):
                 {"algorithm": "fedavg", "seed": 2}]
     alone, together, outcomes = _alone_and_together(tmp_path, variants)
     assert outcomes[1]["status"] == "diverged"
-    assert together[0] == alone[0] and together[2] == alone[2]
+    assert same([together[0], together[2]], [alone[0], alone[2]])
 
 
 def test_a_run_that_cannot_be_stacked_runs_on_its_own(tmp_path):
     variants = [{"algorithm": "fedavg", "seed": 0}, {"algorithm": "fedavg", "seed": 1,
                                                      "executor": "sequential"}]
     alone, together, outcomes = _alone_and_together(tmp_path, variants)
-    assert together == alone and all(o["finished"] for o in outcomes)
+    assert same(together, alone) and all(o["finished"] for o in outcomes)
 
 
 def test_batch_units_group_runs_that_share_data_model_and_executor(tmp_path):
@@ -100,7 +116,7 @@ def test_compare_with_batches_writes_what_compare_without_them_writes(tmp_path):
     many = compare(grid, tmp_path / "many", jobs=1, batch_runs=8)
     assert len(one) == len(many) == 6
     for run in (tmp_path / "one" / "runs").iterdir():
-        assert _curves(run) == _curves(tmp_path / "many" / "runs" / run.name)
+        assert same([_curves(run)], [_curves(tmp_path / "many" / "runs" / run.name)])
         a = (run / "config.json").read_text()
         assert a == (tmp_path / "many" / "runs" / run.name / "config.json").read_text()
 
