@@ -171,11 +171,6 @@ class RunConfig:
             return self.model
         return DEFAULT_MODEL.get(self.dataset, "mlp")
 
-    @property
-    def components(self) -> dict[str, Any]:
-        """Component kind → its typed parameters: `{"algorithm": FedProxParams(mu=0.01), ...}`."""
-        return {kind: getattr(self, f"{kind}_params") for kind in COMPONENTS}
-
     def to_dict(self) -> dict[str, Any]:
         """The serialised form (`config.json`): engine fields, component names, and each
         component's parameters as a table under `<component>_params`."""
@@ -197,7 +192,6 @@ class RunConfig:
             else:
                 out[key] = value
         return out
-
 
 
 ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(RunConfig) if not f.name.endswith("_params"))
