@@ -121,25 +121,13 @@ def run_job(job: Job) -> dict[str, Any]:
             from fedhet.experiments.tensorboard import TensorBoardLogger
 
             tensorboard = TensorBoardLogger(Path(job.out))
-        settings = job.settings
-        if job.resume:  # the run's own config, with this call's device and executor
-            settings = {k: v for k, v in job.settings.items() if k in RUNTIME} or None
         summary = execute(
-            settings, Path(job.out), resume=job.resume, force=True,
+            _settings(job), Path(job.out), resume=job.resume, force=True,
             log=_quiet, on_round=_stopper(job, tensorboard),
         )
-        if summary.get("status") == "diverged":
-            d = summary["diverged"]
-            client = f", client {d['client']}" if d.get("client") is not None else ""
-            return {"name": job.name, "error": f"diverged in round {d['round']}{client} "
-                                               f"(non-finite {d['what']})"}
-        return {"name": job.name, "summary": summary}
-    except StopRun as e:
-        return {"name": job.name, "stopped": e.args[0]}
-    except FedhetError as e:
-        return {"name": job.name, "error": str(e)}
+        return _outcome(job, summary)
     except Exception as e:  # noqa: BLE001  (a crash in one run must not stop the others)
-        return {"name": job.name, "error": f"{type(e).__name__}: {e}"}
+        return _outcome(job, e)
     finally:
         if tensorboard is not None:
             tensorboard.close()
@@ -151,11 +139,7 @@ def run_unit(unit: list[Job]) -> list[dict[str, Any]]:
         return [run_job(unit[0])]
     if _STOP is not None and _STOP.is_set():
         return [{"name": job.name, "cancelled": True} for job in unit]
-    items = [
-        ({k: v for k, v in job.settings.items() if k in RUNTIME} or None if job.resume else job.settings,
-         Path(job.out), job.resume)
-        for job in unit
-    ]
+    items = [(_settings(job), Path(job.out), job.resume) for job in unit]
     loggers: list[Any] = [None] * len(unit)
     try:
         for i, job in enumerate(unit):
@@ -177,8 +161,15 @@ def run_unit(unit: list[Job]) -> list[dict[str, Any]]:
     return [_outcome(job, o) for job, o in zip(unit, outcomes, strict=True)]
 
 
+def _settings(job: Job) -> dict[str, Any] | None:
+    """What `execute` gets: a resumed run's own config, with this call's device and executor."""
+    if job.resume:
+        return {k: v for k, v in job.settings.items() if k in RUNTIME} or None
+    return job.settings
+
+
 def _outcome(job: Job, outcome: dict[str, Any] | BaseException) -> dict[str, Any]:
-    """A batch member's summary or error as `run_job` reports it."""
+    """A run's summary, or the exception that ended it, as a result line of the grid."""
     if isinstance(outcome, StopRun):
         return {"name": job.name, "stopped": outcome.args[0]}
     if isinstance(outcome, FedhetError):
