@@ -93,7 +93,7 @@ def test_study_methods_have_distinct_directories_and_valid_settings():
     from fedhet.engine.config import config_of
     from fedhet.experiments.papers.bherd import readings as br
 
-    for study in ("readings", "alpha", "grab", "control"):
+    for study in br.STUDIES:
         table = br.methods(study, "sum")
         assert len({br.slug(m) for m in table.values()}) == len(table)
         assert br.FEDAVG in table
@@ -102,6 +102,12 @@ def test_study_methods_have_distinct_directories_and_valid_settings():
             assert (cfg.rounds, cfg.clients, cfg.batch_size, cfg.lr, cfg.seed) == (100, 5, 50, 0.01, 7)
             assert cfg.partition == "half-iid" and cfg.model == "svm"
     assert br.parse_seeds("0-2,5") == [0, 1, 2, 5]
+    scaffold = br.methods("scaffold", "mean-tau")
+    assert scaffold[br.SCAFFOLD] == {"algorithm": "scaffold"}
+    guarded = scaffold["BHerd-SCAFFOLD mean-tau ρ=1.0"]
+    cfg, params = resolve_settings(br.settings("case2", guarded, 0))
+    assert cfg.algorithm == "bherd-scaffold" and cfg.partition == "label-per-client"
+    assert (params["algorithm"].alpha, params["algorithm"].max_herd_error) == (0.5, 1.0)
 
 
 def test_study_runs_resume_and_reports(tmp_path, monkeypatch):
@@ -133,3 +139,40 @@ def test_paired_difference_marks_only_what_is_outside_the_noise():
     assert paired([0.1, 0.11, 0.09]).endswith("*")  # mean 0.1, std 0.01: far outside 2 SE
     assert not paired([0.1, -0.1, 0.05]).endswith("*")
     assert paired([0.1]) == "—"
+
+
+def test_scaffold_study_runs_and_reports_the_guard(tmp_path, monkeypatch):
+    from fedhet.experiments import bherd_readings as br
+
+    tiny = {"dataset": "digits", "model": "logreg", "clients": 3, "rounds": 5, "lr": 0.1,
+            "batch_size": 32, "local_epochs": 1.0}
+    monkeypatch.setattr(br, "settings", lambda case, method, seed: {
+        **tiny, "partition": br.CASES[case], "seed": seed, **method})
+    logged: list[str] = []
+    br.run_study(tmp_path, "scaffold", [0, 1], "mean-tau", ["case3"], log=logged.append)
+    assert len(logged) == 6 and all("finished" in line for line in logged)
+    table = br.report(tmp_path, "scaffold", "mean-tau", ["case3"], baseline=br.SCAFFOLD)
+    rows = {line.split("|")[2].strip(): line for line in table.splitlines()[2:]}
+    assert set(rows) == {"FedAvg", "SCAFFOLD", "BHerd-SCAFFOLD mean-tau ρ=1.0"}
+    assert "vs SCAFFOLD" in table.splitlines()[0]
+    guard = br.guard_report(tmp_path, "scaffold", "mean-tau", ["case3"]).splitlines()
+    assert len(guard) == 3 and "| case3 | BHerd-SCAFFOLD mean-tau ρ=1.0 | 2 |" in guard[2]
+
+
+def test_guard_report_counts_fallbacks(tmp_path):
+    import json
+
+    from fedhet.engine.store import RunStore
+    from fedhet.experiments import bherd_readings as br
+
+    method = br.methods("scaffold", "mean-tau")["BHerd-SCAFFOLD mean-tau ρ=1.0"]
+    for seed, fallbacks in ((0, [0, 2, 0, 1, 0]), (1, [0, 0, 0, 0, 0])):
+        out = br.run_dir(tmp_path, "case2", method, seed)
+        out.mkdir(parents=True)
+        RunStore(out).write_metrics([
+            {"round": k, "test_loss": 0.3, "test_accuracy": 0.8,
+             "herd_fallbacks": fallbacks[k - 1] if k else float("nan")} for k in range(6)])
+        (out / "summary.json").write_text(json.dumps({"status": "finished"}))
+    lines = br.guard_report(tmp_path, "scaffold", "mean-tau", ["case2"]).splitlines()
+    assert lines[2] == ("| case2 | BHerd-SCAFFOLD mean-tau ρ=1.0 | 2 | 1.5 ± 2.1 | 1/2 | 2.0 | 4.0 "
+                        "| 1.0 ± 1.4 |")

@@ -10,6 +10,10 @@ with random reshuffling (§1.3), the BHerd family and GraB their own orders (§4
 - `grab`: GraB-FedAvg without and with cropping (`α = 0.5`, one reading);
 - `control`: `fixed-point` with `α = 1` and half the `η_g`, the same step size as the
   `α = 0.5` runs (`m_i ≈ τ_i / 2`): herding or just gradient descent without client drift?
+- `scaffold`: BHerd-SCAFFOLD (`α = 0.5`, one reading, the herd-error guard at its default
+  `ρ = max_herd_error = 1`) against SCAFFOLD (random reshuffling, as the other baselines) and
+  FedAvg; `report` adds a table of how often the guard replaced a client's herd
+  (`herd_fallbacks`).
 
 A run lives in `root/<case>/<method slug>/seed<s>`; finished (or diverged) runs are skipped, a
 killed one is resumed from its checkpoint, so the command can be repeated. The git commit each
@@ -20,6 +24,8 @@ run was made at goes to `root/commits.jsonl`.
     python -m fedhet.experiments.papers.bherd.readings report --root runs/bherd-study --study readings
     python -m fedhet.experiments.papers.bherd.readings report --root runs/bherd-study --study alpha \
         --seeds 0-2 --baseline "BHerd mean-tau α=1.0"
+    python -m fedhet.experiments.bherd_readings report --root runs/bherd-study --study scaffold \
+        --baseline SCAFFOLD
 
 The report is a markdown table per study: mean ± std over seeds of the final accuracy, final
 test loss, test loss at rounds 1–5 and rounds to reach FedAvg's final accuracy (FedAvg of the
@@ -53,8 +59,11 @@ FIXED_POINT_LR = 0.005
 `η m_i ≈ 1.2` times the gradient, far above `2/L` (`L ≈ 250` for the standardised pixels), and
 the run diverges; 10-round pilots on Case 1 diverged at `η_g = 0.03`, oscillated at `0.01`."""
 EARLY = (1, 2, 3, 4, 5)
-STUDIES = ("readings", "alpha", "grab", "control")
+STUDIES = ("readings", "alpha", "grab", "control", "scaffold")
 FEDAVG = "FedAvg"
+SCAFFOLD = "SCAFFOLD"
+GUARD = 1.0
+"""`ρ` of the `scaffold` study: `bherd-scaffold`'s default `max_herd_error`, written out."""
 
 
 def bherd(reading: str, alpha: float = 0.5, **extra: Any) -> dict[str, Any]:
@@ -86,6 +95,14 @@ def methods(study: str, reading: str) -> dict[str, dict[str, Any]]:
     if study == "control":  # fixed-point without cropping, at the same step as α = 0.5
         return {**fedavg, f"fixed-point α=1 ηg={FIXED_POINT_LR / 2}": bherd(
             "fixed-point", 1.0, server_lr=FIXED_POINT_LR / 2)}
+    if study == "scaffold":  # BHerd-SCAFFOLD with its herd-error guard
+        return {
+            **fedavg,
+            SCAFFOLD: {"algorithm": "scaffold"},
+            f"BHerd-SCAFFOLD {reading} ρ={GUARD}": {
+                **bherd(reading, max_herd_error=GUARD), "algorithm": "bherd-scaffold",
+            },
+        }
     raise ValueError(f"unknown study {study!r}")
 
 
@@ -226,6 +243,40 @@ def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CA
     return "\n".join(lines) + "\n"
 
 
+def guard_report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CASES),
+                 seeds: Sequence[int] | None = None) -> str:
+    """How often the herd-error guard acted, per case and guarded method: client-rounds whose
+    herd was replaced by all the client's gradients (`herd_fallbacks`, summed over the run),
+    runs in which it acted at all, and the first and last round it acted (over those runs)."""
+    head = ["case", "method", "n", "fallbacks per run (client-rounds)", "runs with any",
+            "first round", "last round", "rounds with any, per run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for case in cases:
+        for label, method in methods(study, reading).items():
+            if float(method.get("algorithm.max_herd_error", 0.0)) <= 0:
+                continue
+            totals, per_round, first, last = [], [], [], []
+            for d in sorted((Path(root) / case / slug(method)).glob("seed*")):
+                if seeds is not None and int(d.name[4:]) not in seeds:
+                    continue
+                r = seed_metrics(d)
+                if r is None or "herd_fallbacks" not in r["m"]:
+                    continue
+                fb = np.nan_to_num(r["m"]["herd_fallbacks"])
+                acted = r["m"]["round"][fb > 0].astype(int)
+                totals.append(float(fb.sum()))
+                per_round.append(float(len(acted)))
+                if len(acted):
+                    first.append(float(acted[0]))
+                    last.append(float(acted[-1]))
+            if not totals:
+                continue
+            lines.append("| " + " | ".join([
+                case, label, str(len(totals)), mean_std(totals, 1), f"{len(first)}/{len(totals)}",
+                mean_std(first, 1), mean_std(last, 1), mean_std(per_round, 1)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def parse_seeds(text: str) -> list[int]:
     """`0-4`, `5,7` or `3`."""
     seeds: list[int] = []
@@ -244,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seeds", type=parse_seeds, default=None,
                     help="e.g. 0-4 or 0,2 (run: default 0-9; report: default every seed found)")
     ap.add_argument("--reading", default="mean-tau",
-                    help="the reading of the alpha and grab studies (default mean-tau)")
+                    help="the reading of the alpha, grab and scaffold studies (default mean-tau)")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--baseline", default=FEDAVG,
                     help="report: the method of the paired differences (default FedAvg)")
@@ -254,6 +305,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         table = report(args.root, args.study, args.reading, args.cases, args.seeds, args.baseline)
         print(table, end="")
+        if args.study == "scaffold":
+            print("\n" + guard_report(args.root, args.study, args.reading, args.cases, args.seeds),
+                  end="")
 
 
 if __name__ == "__main__":
