@@ -88,7 +88,7 @@ def test_main_report_table_counts_rounds_to_fedavgs_final_accuracy(tmp_path):
     assert len(pngs) == 7 and all(p.exists() for p in pngs)
 
 
-# -- the multi-seed study (experiments/bherd_readings.py) ---------------------------------------
+# -- the multi-seed study (experiments/papers/bherd/readings.py) --------------------------------
 def test_study_methods_have_distinct_directories_and_valid_settings():
     from fedhet.engine.config import config_of
     from fedhet.experiments.papers.bherd import readings as br
@@ -105,9 +105,9 @@ def test_study_methods_have_distinct_directories_and_valid_settings():
     scaffold = br.methods("scaffold", "mean-tau")
     assert scaffold[br.SCAFFOLD] == {"algorithm": "scaffold"}
     guarded = scaffold["BHerd-SCAFFOLD mean-tau ρ=1.0"]
-    cfg, params = resolve_settings(br.settings("case2", guarded, 0))
+    cfg = config_of(br.settings("case2", guarded, 0))
     assert cfg.algorithm == "bherd-scaffold" and cfg.partition == "label-per-client"
-    assert (params["algorithm"].alpha, params["algorithm"].max_herd_error) == (0.5, 1.0)
+    assert (cfg.algorithm_params.alpha, cfg.algorithm_params.max_herd_error) == (0.5, 1.0)
 
 
 def test_study_runs_resume_and_reports(tmp_path, monkeypatch):
@@ -142,7 +142,7 @@ def test_paired_difference_marks_only_what_is_outside_the_noise():
 
 
 def test_scaffold_study_runs_and_reports_the_guard(tmp_path, monkeypatch):
-    from fedhet.experiments import bherd_readings as br
+    from fedhet.experiments.papers.bherd import readings as br
 
     tiny = {"dataset": "digits", "model": "logreg", "clients": 3, "rounds": 5, "lr": 0.1,
             "batch_size": 32, "local_epochs": 1.0}
@@ -163,7 +163,7 @@ def test_guard_report_counts_fallbacks(tmp_path):
     import json
 
     from fedhet.engine.store import RunStore
-    from fedhet.experiments import bherd_readings as br
+    from fedhet.experiments.papers.bherd import readings as br
 
     method = br.methods("scaffold", "mean-tau")["BHerd-SCAFFOLD mean-tau ρ=1.0"]
     for seed, fallbacks in ((0, [0, 2, 0, 1, 0]), (1, [0, 0, 0, 0, 0])):

@@ -24,7 +24,7 @@ run was made at goes to `root/commits.jsonl`.
     python -m fedhet.experiments.papers.bherd.readings report --root runs/bherd-study --study readings
     python -m fedhet.experiments.papers.bherd.readings report --root runs/bherd-study --study alpha \
         --seeds 0-2 --baseline "BHerd mean-tau α=1.0"
-    python -m fedhet.experiments.bherd_readings report --root runs/bherd-study --study scaffold \
+    python -m fedhet.experiments.papers.bherd.readings report --root runs/bherd-study --study scaffold \
         --baseline SCAFFOLD
 
 The report is a markdown table per study: mean ± std over seeds of the final accuracy, final
