@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
+import pkgutil
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -206,3 +208,11 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
+
+
+def import_all(package: str, path: Sequence[str]) -> None:
+    """Import every module and subpackage of `package` (its `__path__`), in name order, so each
+    registers what it defines: a package's `__init__` calls this, and a new module or folder is
+    found without any list to edit."""
+    for info in sorted(pkgutil.iter_modules(path), key=lambda m: m.name):
+        importlib.import_module(f"{package}.{info.name}")

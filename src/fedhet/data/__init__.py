@@ -1,5 +1,7 @@
 """Datasets, generators and partitioners. The loader modules register themselves in `DATASETS`
 (registry.py) and the partitioners in `PARTITIONS` (partition.py) when imported; importing this
-package imports them all."""
+package imports every module in it."""
 
-from fedhet.data import embedded, images, partition, synthetic  # noqa: F401  (registrations)
+from fedhet.registry import import_all
+
+import_all(__name__, __path__)

@@ -1,4 +1,6 @@
 """fedhet.models: each model module registers its architectures in `MODELS` (registry.py) when
-imported, and importing this package imports them all."""
+imported, and importing this package imports every module in it."""
 
-from fedhet.models import cnn, linear, mlp, moon  # noqa: F401  (imported for their registrations)
+from fedhet.registry import import_all
+
+import_all(__name__, __path__)

@@ -1,12 +1,9 @@
 """The seed papers, one package each: `preset` (the runs of `fedhet reproduce <paper>`, with the
-published numbers), and where the paper has them its protocol, plots, report figures and
-studies. Importing this package registers every paper's preset (`papers.base.PRESETS`) and
-report figures (`fedhet.experiments.figures.EXTRA_PLOTTERS`)."""
+published numbers), and where the paper has them its protocols, plots, report figures and
+studies. Importing this package imports every paper folder in it, which registers each paper's
+preset (`papers.base.PRESETS`), protocols and report figures
+(`fedhet.experiments.figures.EXTRA_PLOTTERS`): adding a paper is adding a folder."""
 
-from fedhet.experiments.papers import (  # noqa: F401  (imported for their registrations)
-    bherd,
-    fednnnn,
-    fednova,
-    fedsr,
-    fedveca,
-)
+from fedhet.registry import import_all
+
+import_all(__name__, __path__)

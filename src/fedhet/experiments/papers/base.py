@@ -7,7 +7,7 @@
 Each paper is one package under `fedhet.experiments.papers` (its preset, protocols, plots and
 published numbers); its modules register here, and importing `fedhet.experiments.papers`
 (which any import of this module does first) imports every paper. Adding a paper is adding a
-folder and its name in `papers/__init__.py`.
+folder.
 """
 
 from __future__ import annotations
