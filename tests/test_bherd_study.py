@@ -26,7 +26,9 @@ def test_preset_covers_the_paper_grid(scale):
     assert len({r.name for r in runs}) == len(runs)
     main = [r for r in runs if r.name.startswith("main-")]
     n_setups = {"smoke": 1, "small": 1, "paper": 3}[scale]
-    assert len(main) == n_setups * 3 * len(METHODS)
+    n_seeds = {"smoke": 1, "small": 1, "paper": 10}[scale]  # the paper averages 10 runs
+    assert len(main) == n_setups * 3 * len(METHODS) * n_seeds
+    assert len({r.settings["seed"] for r in runs}) == n_seeds
     assert {r.settings["partition"] for r in main} == {"iid", "label-per-client", "half-iid"}
     for r in runs:
         cfg = config_of(r.settings, r.name)  # every key is a valid setting

@@ -281,7 +281,10 @@ def test_preset_follows_tables_1_2_and_5() -> None:
     assert len(specs) == 20 and len({s.name for s in specs}) == 20
     paper_specs = PRESETS.get("fednnnn").factory("paper").stages[0](Path("."))
     paper = {(s.group, s.label): s.settings for s in paper_specs}
-    assert len(paper) == 40
+    assert len(paper) == 40 and len(paper_specs) == 120  # every cell over seeds 0, 1, 2
+    cell = [s.settings["seed"] for s in paper_specs if (s.group, s.label) == ("MNIST IID-B", "FedAvg")]
+    assert sorted(cell) == [0, 1, 2]
+    assert len({s.name for s in paper_specs}) == 120
     ub = paper[("MNIST NonIID-UB", "FedNNNN")]
     assert (ub["algorithm"], ub["algorithm.beta"], ub["algorithm.server_momentum"]) == ("fednnnn", 0.7, 0.8)
     assert ub["algorithm.weighting"] == "uniform" and ub["partition"] == "unbalanced"

@@ -151,6 +151,7 @@ def test_fedsr_preset_specs_resolve_and_match_published_rows():
     paper = PRESETS.get("fedsr").factory("paper")
     specs = paper.stages[0](Path("."))
     assert len({s.name for s in specs}) == len(specs)
+    assert {s.settings["seed"] for s in specs} == {0, 1, 2}  # every paper-scale cell over 3 seeds
     cells = {(s.group, s.label) for s in specs}
     missing = [(p["group"], p["label"]) for p in paper.published if (p["group"], p["label"]) not in cells]
     assert missing == []

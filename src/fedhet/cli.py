@@ -130,8 +130,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from fedhet.experiments.reproduce import reproduce
 
     out = Path(args.out or f"runs/{args.paper}-{args.scale}")
+    only = tuple(d.strip() for d in args.only.split(",") if d.strip()) if args.only else None
     reproduce(args.paper, args.scale, out, args.jobs, args.force, args.tensorboard,
-              overrides=_overrides(args), batch_runs=args.batch_runs)
+              overrides=_overrides(args), batch_runs=args.batch_runs, only=only)
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
     return 0
 
@@ -332,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--baselines", help="--protocol: comma-separated methods to compare against "
                      "(fedveca fair: default fedavg,fednova)")
     rep.add_argument("--quiet", "-q", action="store_true", help="--protocol: no progress bar")
+    rep.add_argument("--only", metavar="DATASETS",
+                     help="only the runs on these datasets (comma-separated, e.g. mnist,mnist-even-odd): "
+                          "the parts whose data is here when some are not (CIFAR offline)")
     _add_setting_flags(rep)
     _add_pool_flags(rep)
     rep.set_defaults(func=cmd_reproduce)

@@ -54,3 +54,20 @@ class Preset:
 
 PresetFactory = Callable[[str], Preset]
 """A paper's preset: `scale -> Preset`, registered in `fedhet.experiments.papers.base.PRESETS`."""
+
+
+PAPER_SEEDS = (0, 1, 2)
+"""[choice] Seeds of a `paper`-scale preset where the paper does not say (the tables in docs/
+use at least three); BHerd's paper averages 10 runs and its preset runs 10."""
+
+
+def with_seeds(specs: list[RunSpec], seeds: tuple[int, ...]) -> list[RunSpec]:
+    """Every spec once per seed, in the same table cell (group and label), so the tables show
+    mean ± std over the seeds. Seed 0 keeps the spec's own name (a run directory made before
+    seeds were added stays that run's); the others get `_s<seed>`."""
+    out = []
+    for spec in specs:
+        for seed in seeds:
+            name = spec.name if seed == 0 else f"{spec.name}_s{seed}"
+            out.append(RunSpec(name, spec.group, spec.label, {**spec.settings, "seed": seed}))
+    return out

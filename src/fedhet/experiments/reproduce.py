@@ -16,6 +16,7 @@ from typing import Any, TextIO
 
 from fedhet.engine import rundir
 from fedhet.engine.config import config_of
+from fedhet.engine.federate import load
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
 from fedhet.experiments.grid import cell_key, duplicate_groups, write_manifest
@@ -30,6 +31,37 @@ def load_preset(paper: str, scale: str) -> Preset:
     if scale not in SCALES:
         raise FedhetError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
     return PRESETS.get(paper).factory(scale)
+
+
+def check_data(paper: str, scale: str, specs: list[RunSpec], datasets: tuple[str, ...] | None) -> None:
+    """Load each dataset the runs need once, before any run starts: a missing one is one line
+    naming its files (the loader's message) and how to run the parts whose data is here."""
+    seen: dict[str, RunSpec] = {}
+    for spec in specs:
+        cfg = config_of(spec.settings, f"preset {paper}, run {spec.name}")
+        seen.setdefault(json.dumps([cfg.dataset, cfg.to_dict()["dataset_params"], cfg.data_dir]), spec)
+    missing, here = [], []
+    for spec in seen.values():
+        name = spec.settings.get("dataset", "digits")
+        try:
+            load(config_of(spec.settings), cache=True)
+        except FedhetError as e:
+            missing.append((name, str(e)))
+        else:
+            here.append(name)
+    if missing:
+        name, message = missing[0]
+        others = sorted(set(here) - {m for m, _ in missing})
+        hint = (f"; run the parts whose data is here with --only {','.join(others)}" if others
+                else "")
+        raise FedhetError(f"preset {paper} ({scale}) needs {name}: {message}{hint}")
+
+
+def select(specs: list[RunSpec], datasets: tuple[str, ...] | None) -> list[RunSpec]:
+    """The runs on `datasets` (all of them when None)."""
+    if datasets is None:
+        return specs
+    return [s for s in specs if s.settings.get("dataset", "digits") in datasets]
 
 
 def _check_specs(paper: str, specs: list[RunSpec]) -> None:
@@ -56,7 +88,7 @@ def _check_specs(paper: str, specs: list[RunSpec]) -> None:
 def reproduce(
     paper: str, scale: str, out: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
-    batch_runs: int = DEFAULT_BATCH_RUNS,
+    batch_runs: int = DEFAULT_BATCH_RUNS, only: tuple[str, ...] | None = None,
 ) -> Preset:
     """Run `paper`'s preset at `scale` into `out` (marked and locked like `compare`'s); returns
     the preset. Ctrl-C stops it as in `compare` (`runner.Interrupted`); calling again resumes."""
@@ -72,22 +104,25 @@ def reproduce(
     with rundir.exclusive(out, "reproduce"):
         rundir.mark(out, "grid")
         _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint, overrides,
-                    batch_runs)
+                    batch_runs, only)
     return preset
 
 
 def _run_stages(
     paper: str, scale: str, preset: Preset, out: Path, jobs: int | None, force: bool,
     tensorboard: bool, stream: TextIO | None, hint: str, overrides: dict[str, Any] | None = None,
-    batch_runs: int = DEFAULT_BATCH_RUNS,
+    batch_runs: int = DEFAULT_BATCH_RUNS, only: tuple[str, ...] | None = None,
 ) -> None:
     """Run the preset's stages in order, then write results, report.md and report.html."""
     title = f"{paper} ({scale})"
     specs: list[RunSpec] = []
     errors: dict[str, str] = {}
     for i, stage in enumerate(preset.stages, 1):
-        new = with_overrides(stage(out), overrides)
+        new = with_overrides(select(stage(out), only), overrides)
+        if only is not None and i == 1 and not new:
+            raise FedhetError(f"preset {paper} ({scale}) has no runs on {', '.join(only)}")
         _check_specs(paper, specs + new)
+        check_data(paper, scale, new, only)
         plan_jobs(new, out / "runs", force)
         specs += new
         write_manifest(out, title, specs, preset.target_accuracy, paper=paper, scale=scale,

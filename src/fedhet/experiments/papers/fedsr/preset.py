@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.experiments.papers.base import PRESETS
-from fedhet.experiments.presets import Preset, RunSpec
+from fedhet.experiments.presets import PAPER_SEEDS, Preset, RunSpec, with_seeds
 
 COMMON: dict[str, Any] = {
     "clients": 20, "batch_size": 32, "lr": 0.01, "lr_schedule": "cosine", "lr_min": 1e-5,
@@ -271,7 +271,7 @@ def published() -> list[dict[str, Any]]:
 @PRESETS.register("fedsr", doc="FedSR: FedAvg/FedProx/MOON/HierFAVG/ring/FedSR, Tables II-IV, Figs 9-10")
 def fedsr_preset(scale: str) -> Preset:
     def stage(out: Path) -> list[RunSpec]:
-        return scale_runs(scale)
+        return with_seeds(scale_runs(scale), PAPER_SEEDS) if scale == "paper" else scale_runs(scale)
 
     return Preset(
         paper="fedsr", scale=scale, stages=[stage], published=published(), target_accuracy=0.9,
