@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from fedhet.algorithms.base import Message
 from fedhet.engine.store import SAFE_GLOBALS
@@ -77,7 +78,4 @@ def unpack_state(record: ConfigRecord) -> Any:
 def wire_bytes(obj: Any) -> int:
     """Serialized size of a Flower message or record: every object of its tree, as Flower
     sends it (protobuf/HTTP framing not included)."""
-    # optional extra: fedhet[flower]
-    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-
     return sum(len(obj.deflate()) for obj in get_all_nested_objects(obj).values())

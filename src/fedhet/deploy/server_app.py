@@ -24,10 +24,12 @@ from typing import Any
 
 from flwr.app import Context
 from flwr.app import Message as FlowerMessage
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedhet.algorithms.base import Message, Reply
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
+from fedhet.deploy.node import shorten_pull_backoff
 from fedhet.deploy.records import from_record, to_record, wire_bytes
 from fedhet.engine import rundir
 from fedhet.engine.config import RunConfig, config_of
@@ -85,9 +87,6 @@ def node_failure(reply: FlowerMessage) -> str | None:
     """Why a reply carries no result: None (it does), UNREACHABLE, or the ClientApp's error."""
     if not reply.has_error():
         return None
-    # optional extra: fedhet[flower]
-    from flwr.common.constant import ErrorCode
-
     if reply.error.code in (ErrorCode.NODE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE,
                             ErrorCode.MESSAGE_UNAVAILABLE):
         return UNREACHABLE
@@ -279,9 +278,6 @@ def main(grid: Grid, context: Context) -> None:
     """Run one fedhet experiment over the federation; results go to the run config's `out`."""
     out = Path(str(context.run_config[OUT_KEY]))
     if context.run_config.get(FAST_PULLS_KEY, False):
-        # needs the optional extra fedhet[flower]
-        from fedhet.deploy.node import shorten_pull_backoff
-
         shorten_pull_backoff()
     try:
         with rundir.exclusive(out, "deploy"):
