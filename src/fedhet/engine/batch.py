@@ -8,8 +8,9 @@ executor; where that executor would run its parked clients' SGD stacked, it hand
 `SharedCohort` instead and waits. Once every run still going has parked (or finished), the
 jobs of all runs are run stacked in one call and every run goes on. Only one run executes
 Python at a time (the `turn` lock, passed on at the barrier), so the runs never interleave
-their use of the process-wide RNG and each run computes what it computes alone; only the
-composition of the stack differs, and a stacked step treats every row on its own.
+their use of the process-wide RNG and each run computes what it computes alone, to float32
+rounding: only the composition of the stack differs, a stacked step treats every row on its
+own, and a batched matrix product may round differently with another number of matrices.
 
 A run whose executor is not the batched one (a model that cannot be stacked, `--workers`) does
 not join the cohort: `run_together` runs it on its own after the batch.

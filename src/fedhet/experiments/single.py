@@ -91,9 +91,9 @@ def execute_together(
     on_step: Callable[[], None] | None = None,
 ) -> list[dict[str, Any] | BaseException]:
     """`execute` for several runs `(settings, out, resume)` at once, stepping as one batch those
-    that can (`fedhet.engine.batch.run_together`): each run directory ends up exactly as if its
-    run had been executed alone. Returns each run's summary, or the error that ended it; a run
-    whose settings are invalid fails before anything of the others starts."""
+    that can (`fedhet.engine.batch.run_together`): each run directory ends up as if its run had
+    been executed alone (to float32 rounding, docs/gpu.md). Returns each run's summary, or the
+    error that ended it; a run whose settings are invalid fails before any of the others start."""
     hooks = list(on_round or [None] * len(items))
     with contextlib.ExitStack() as stack:
         runs = [
