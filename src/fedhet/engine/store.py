@@ -23,6 +23,7 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -168,15 +169,8 @@ class RunStore:
 
     def write_metrics(self, rows: list[dict[str, Any]]) -> None:
         """Rewrite `metrics.csv` with all rows; columns are the union, in order of appearance."""
-        columns: list[str] = []
-        for row in rows:
-            columns.extend(k for k in row if k not in columns)
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow([format_value(row.get(c, float("nan"))) for c in columns])
-        atomic_write_text(self.metrics_path, buf.getvalue())
+        text, columns = csv_table(rows, format_value, float("nan"))
+        atomic_write_text(self.metrics_path, text)
         self._columns = columns
 
     def append_metrics(self, rows: list[dict[str, Any]]) -> None:
@@ -276,3 +270,17 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(state, dict) or "round" not in state:
         raise ValueError("not a fedhet checkpoint")
     return state
+
+
+def csv_table(rows: list[dict[str, Any]], cell: Callable[[Any], Any], missing: Any) -> tuple[str, list[str]]:
+    """CSV text of `rows` and its columns: the union of the rows' keys in order of appearance,
+    each value written through `cell` (`missing` where a row lacks the column)."""
+    columns: list[str] = []
+    for row in rows:
+        columns.extend(k for k in row if k not in columns)
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([cell(row.get(c, missing)) for c in columns])
+    return buf.getvalue(), columns

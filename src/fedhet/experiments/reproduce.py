@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedhet.engine import rundir
-from fedhet.engine.config import config_of
+from fedhet.engine.config import RunConfig, config_of
 from fedhet.engine.federate import load
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
@@ -33,22 +33,21 @@ def load_preset(paper: str, scale: str) -> Preset:
     return PRESETS.get(paper).factory(scale)
 
 
-def check_data(paper: str, scale: str, specs: list[RunSpec], datasets: tuple[str, ...] | None) -> None:
+def check_data(paper: str, scale: str, specs: list[RunSpec]) -> None:
     """Load each dataset the runs need once, before any run starts: a missing one is one line
     naming its files (the loader's message) and how to run the parts whose data is here."""
-    seen: dict[str, RunSpec] = {}
+    seen: dict[str, RunConfig] = {}
     for spec in specs:
         cfg = config_of(spec.settings, f"preset {paper}, run {spec.name}")
-        seen.setdefault(json.dumps([cfg.dataset, cfg.to_dict()["dataset_params"], cfg.data_dir]), spec)
+        seen.setdefault(json.dumps([cfg.dataset, cfg.to_dict()["dataset_params"], cfg.data_dir]), cfg)
     missing, here = [], []
-    for spec in seen.values():
-        name = spec.settings.get("dataset", "digits")
+    for cfg in seen.values():
         try:
-            load(config_of(spec.settings), cache=True)
+            load(cfg, cache=True)
         except FedhetError as e:
-            missing.append((name, str(e)))
+            missing.append((cfg.dataset, str(e)))
         else:
-            here.append(name)
+            here.append(cfg.dataset)
     if missing:
         name, message = missing[0]
         others = sorted(set(here) - {m for m, _ in missing})
@@ -122,7 +121,7 @@ def _run_stages(
         if only is not None and i == 1 and not new:
             raise FedhetError(f"preset {paper} ({scale}) has no runs on {', '.join(only)}")
         _check_specs(paper, specs + new)
-        check_data(paper, scale, new, only)
+        check_data(paper, scale, new)
         plan_jobs(new, out / "runs", force)
         specs += new
         write_manifest(out, title, specs, preset.target_accuracy, paper=paper, scale=scale,

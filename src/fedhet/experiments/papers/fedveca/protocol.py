@@ -15,8 +15,6 @@ loss).
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -26,7 +24,7 @@ from typing import Any
 
 from fedhet.engine.config import config_of
 from fedhet.engine.federate import federate
-from fedhet.engine.store import RunStore, atomic_write_text, to_json
+from fedhet.engine.store import RunStore, atomic_write_text, csv_table, to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import Protocol, register_protocol
 from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
@@ -178,15 +176,8 @@ def comparison_table(group_dir: Path, methods: Sequence[str]) -> list[dict[str, 
 
 def write_table(table: list[dict[str, Any]], group_dir: Path) -> str:
     """Write `comparison.csv` and `comparison.md`; return the Markdown."""
-    columns: list[str] = []
-    for row in table:
-        columns.extend(k for k in row if k not in columns)
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(columns)
-    for row in table:
-        writer.writerow([_cell(row.get(c, _ABSENT)) for c in columns])
-    atomic_write_text(Path(group_dir) / "comparison.csv", buf.getvalue())
+    text, columns = csv_table(table, _cell, _ABSENT)
+    atomic_write_text(Path(group_dir) / "comparison.csv", text)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row.get(c, _ABSENT), md=True) for c in columns) + " |" for row in table]
     text = "\n".join(lines) + "\n"
