@@ -41,7 +41,8 @@ class Recorder:
         self.received: list[tuple[int, float, torch.Tensor]] = []
         self.returned: list[tuple[int, torch.Tensor]] = []
         self.visits: list[float] = []
-        update, finish = sim.client_update, sim.finish_client
+        work = sim.clients
+        update, finish = work.update, work.finish
 
         def client_update(client_id, message, round):
             visit = message.scalars.get("edge_iter", 0.0)
@@ -49,11 +50,11 @@ class Recorder:
             self.visits.append(visit)
             return update(client_id, message, round)
 
-        def finish_client(client_id, reply, buffers):  # called inside client_update
+        def finish_client(client_id, reply, buffers):  # called inside update
             self.returned.append((client_id, buffers.clone()))
             return finish(client_id, reply, buffers)
 
-        sim.client_update, sim.finish_client = client_update, finish_client
+        work.update, work.finish = client_update, finish_client
 
 
 def run(**settings) -> tuple[Simulation, Recorder]:

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedhet.engine.clients import learning_rate, local_steps
 from fedhet.engine.config import RunConfig, config_of
-from fedhet.engine.simulation import Simulation, learning_rate, local_steps, sample_clients
+from fedhet.engine.simulation import Simulation, sample_clients
 from fedhet.engine.store import TIME_COLUMNS
 from fedhet.experiments.single import execute
 

@@ -29,6 +29,7 @@ from fedhet.deploy.project import app_pyproject  # noqa: E402
 from fedhet.deploy.records import from_record, pack_state, to_record, unpack_state  # noqa: E402
 from fedhet.deploy.server_app import FlowerRoundContext  # noqa: E402
 from fedhet.engine.config import config_of  # noqa: E402
+from fedhet.engine.executors import BatchedExecutor  # noqa: E402
 from fedhet.engine.rounds import ROUND_RUNNERS  # noqa: E402
 from fedhet.engine.simulation import Simulation  # noqa: E402
 from fedhet.engine.store import read_checkpoint  # noqa: E402
@@ -242,6 +243,42 @@ def test_client_state_lives_in_the_node_context(test_algorithms):
     assert remote.client_states == {}  # the server holds no client state ...
     for ctx in grid.contexts.values():  # ... each node holds its own
         assert unpack_state(ctx.state.config_records["fedhet.client-state"]) == 3
+
+
+def test_nodes_train_through_the_runs_executor(monkeypatch):
+    """A SuperNode runs its client update through the run's executor (here `batched`, as the
+    settings ask), one request per message, and ends where the in-process batched run ends."""
+    settings = {**BASE, "algorithm": "scaffold", "executor": "batched"}
+    requests: list[list[int]] = []
+    original = BatchedExecutor.run
+
+    def spy(self, round, reqs):
+        requests.append([c for c, _ in reqs])
+        yield from original(self, round, reqs)
+
+    monkeypatch.setattr(BatchedExecutor, "run", spy)
+    local, remote, _, _ = run_both(settings)
+    assert torch.equal(remote.final_state["w"], local.final_state["w"])
+    in_process = [r for r in requests if len(r) == BASE["clients"]]
+    on_nodes = sorted(r[0] for r in requests if len(r) == 1)
+    assert len(in_process) == BASE["rounds"]
+    assert on_nodes == sorted(list(range(BASE["clients"])) * BASE["rounds"])
+
+
+def test_a_failing_client_fails_its_node_clearly(monkeypatch):
+    """A client half that raises on a node is a node failure naming the client and round."""
+    def broken(self, message, ctx, state):
+        raise ValueError("bad local data")
+
+    monkeypatch.setattr(ALGORITHMS.get("fedavg").factory, "client_update", broken)
+    settings = {**BASE, "algorithm": "fedavg"}
+    remote = FlowerRoundContext(
+        config_of(settings), None, InProcessGrid(settings, BASE["clients"]), round_timeout=0.5,
+        log=lambda _: None,
+    )
+    remote.roster.wait_for_all(1.0)
+    with pytest.raises(FedhetError, match=r"client 0 failed in round 1: .*bad local data"):
+        remote.run()
 
 
 def test_relayed_topology_runs_unchanged_and_counts_peer_hops(test_algorithms):

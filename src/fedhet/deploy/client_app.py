@@ -3,10 +3,11 @@
 The node reads its client id from its node config (`partition-id`), rebuilds the run from the
 run config (the same settings the server resolves), re-runs the deterministic partitioner on
 its own copy of the dataset and keeps only its partition: no training data crosses the
-network. Each `train` message carries the algorithm's downlink message; the node runs the
-engine's `client_update` (the very code the in-process simulator runs, with the same random
-streams), keeps the algorithm's client state (SCAFFOLD's `c_i`, …) in the node's
-`Context.state` between rounds and replies with the uplink message. A `query` message asks the
+network. Each `train` message carries the algorithm's downlink message; the node runs it
+through the run's executor (`Simulation.executor` over its `ClientWork`: the very code the
+in-process simulator runs, with the same random streams), keeps the algorithm's client state
+(SCAFFOLD's `c_i`, …) in the node's `Context.state` between rounds and replies with the uplink
+message. A `query` message asks the
 node who it is, so the server can map client ids to nodes and check that both sides hold the
 same partition.
 """
@@ -24,6 +25,7 @@ from flwr.clientapp import ClientApp
 from fedhet.algorithms.base import Message as FedMessage
 from fedhet.deploy.records import STATE, from_record, pack_state, to_record, unpack_state
 from fedhet.engine.config import config_of
+from fedhet.engine.failures import ClientFailure
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
 
@@ -107,11 +109,16 @@ def train(msg: Message, context: Context) -> Message:
         raise FedhetError(
             f"message for client {meta['client_id']} reached the node of client {client_id}"
         )
-    world.client_states = {}
+    work = world.clients
     if STATE in context.state:
-        world.client_states[client_id] = unpack_state(context.state.config_records[STATE])
-    up = world.client_update(client_id, down, int(meta["round"]))
-    context.state[STATE] = pack_state(world.client_states[client_id])
-    world._round_buffers = []
+        work.hold_only(client_id, unpack_state(context.state.config_records[STATE]))
+    else:
+        work.hold_only(client_id)
+    round = int(meta["round"])
+    ((_, up),) = world.executor.run(round, [(client_id, down)])
+    work.take_buffers()  # the server averages what the reply carries
+    if isinstance(up, ClientFailure):
+        raise FedhetError(f"client {client_id} failed in round {round + 1}: {up.error}")
+    context.state[STATE] = pack_state(work.states[client_id])
     return Message(to_record(up, client_id=client_id), reply_to=msg)
 

@@ -1,6 +1,6 @@
 """Executors: how a round's independent client halves run (docs/design.md "Executors").
 
-- `sequential`: one client after another, exactly today's loop (`Simulation.client_update`).
+- `sequential`: one client after another, exactly today's loop (`ClientWork.update`).
 - `batched`: the clients' local SGD runs stacked (`fedhet.training.cohort.CohortTrainer`).
 
 The batched executor keeps every algorithm's `client_update` unchanged. Each client of a chunk
@@ -41,7 +41,7 @@ from fedhet.training.local import LocalTrainer
 
 if TYPE_CHECKING:
     from fedhet.algorithms.base import Message
-    from fedhet.engine.simulation import Simulation
+    from fedhet.engine.clients import ClientWork
 
 EXECUTORS = ("sequential", "batched", "auto")
 
@@ -104,13 +104,13 @@ class SequentialExecutor:
 
     name = "sequential"
 
-    def __init__(self, sim: Simulation) -> None:
-        self.sim = sim
+    def __init__(self, work: ClientWork) -> None:
+        self.work = work
 
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
         for client_id, message in requests:
             try:
-                reply = self.sim.client_update(client_id, message, round)
+                reply = self.work.update(client_id, message, round)
             except FATAL:
                 raise
             except Exception as e:  # noqa: BLE001  (one client's fault is not the run's)
@@ -174,10 +174,10 @@ class BatchedExecutor:
 
     name = "batched"
 
-    def __init__(self, sim: Simulation, chunk: int = 0) -> None:
-        self.sim = sim
+    def __init__(self, work: ClientWork, chunk: int = 0) -> None:
+        self.work = work
         self.chunk = chunk
-        self.cohort = CohortTrainer(sim.model, sim.trainer.x, sim.trainer.y, chunk=0, log=sim.log)
+        self.cohort = CohortTrainer(work.model, work.trainer.x, work.trainer.y, chunk=0, log=work.log)
         self.shared: Any = None
         """A `fedhet.engine.batch.SharedCohort` while this run steps in a batch of runs: parked
         clients then go to it, to be stacked with the other runs' clients."""
@@ -186,7 +186,7 @@ class BatchedExecutor:
         if self.chunk > 0:
             return self.chunk
         # [choice] keep the stacked (w, g, momentum) state under ~1 GiB
-        per_client = 3 * 4 * max(self.sim.model.dim, 1)
+        per_client = 3 * 4 * max(self.work.model.dim, 1)
         return max(1, min(n, (1 << 30) // per_client))
 
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
@@ -197,8 +197,8 @@ class BatchedExecutor:
 
     # -- one chunk ------------------------------------------------------------------------
     def _run_chunk(self, round: int, requests: Sequence[tuple[int, Message]]):
-        sim = self.sim
-        clients = [_Client(cid, msg, sim.initial_buffers(msg)) for cid, msg in requests]
+        work = self.work
+        clients = [_Client(cid, msg, work.initial_buffers(msg)) for cid, msg in requests]
         for client in clients:
             client.thread = threading.Thread(
                 target=self._client_main, args=(client, round), daemon=True,
@@ -223,12 +223,12 @@ class BatchedExecutor:
                     raise client.error
                 yield client.client_id, failure(client.client_id, round, client.error)
             else:
-                yield client.client_id, sim.finish_client(client.client_id, client.reply, client.buffers)
+                yield client.client_id, work.finish(client.client_id, client.reply, client.buffers)
 
     def _switch_to(self, client: _Client, start: bool = False) -> None:
         """Give `client` the baton and wait until it parks again or finishes."""
         if client.buffers is not None:
-            self.sim.model.buffers.copy_(client.buffers)
+            self.work.model.buffers.copy_(client.buffers)
         client.yielded.clear()
         if start:
             client.thread.start()
@@ -244,8 +244,8 @@ class BatchedExecutor:
 
     def _client_main(self, client: _Client, round: int) -> None:
         try:
-            trainer = _ParkingTrainer(self.sim.trainer, client, self._park)
-            client.reply = self.sim.run_client(client.client_id, client.message, round, trainer)
+            trainer = _ParkingTrainer(self.work.trainer, client, self._park)
+            client.reply = self.work.run_client(client.client_id, client.message, round, trainer)
         except BaseException as e:  # noqa: BLE001  (reported to the executor's thread)
             client.error = e
         finally:
@@ -253,10 +253,11 @@ class BatchedExecutor:
             client.yielded.set()
 
 
-def make_executor(sim: Simulation, name: str, chunk: int = 0) -> SequentialExecutor | BatchedExecutor:
+def make_executor(work: ClientWork, name: str, chunk: int = 0) -> SequentialExecutor | BatchedExecutor:
+    """The executor `name` (`sequential` or `batched`) over `work`'s clients."""
     if name == "batched":
-        return BatchedExecutor(sim, chunk)
-    return SequentialExecutor(sim)
+        return BatchedExecutor(work, chunk)
+    return SequentialExecutor(work)
 
 
 __all__ = [

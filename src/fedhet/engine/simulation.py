@@ -20,10 +20,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Algorithm, ClientContext, Message, RunInfo
+from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Algorithm, Message, RunInfo
 from fedhet.data.base import Dataset
+from fedhet.engine.clients import ClientWork, local_steps
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RESUMABLE, RunConfig, canonical_config
+from fedhet.engine.evaluation import Evaluator
+from fedhet.engine.evaluation import summary as run_summary
 from fedhet.engine.executors import choose_executor, make_executor, resolve_device
 from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.engine.faults import FaultModel
@@ -34,35 +37,7 @@ from fedhet.engine.workers import ProcessExecutor
 from fedhet.errors import FedhetError
 from fedhet.models.registry import build_model
 from fedhet.training.flat import FlatModel
-from fedhet.training.local import LocalTrainer, SGDConfig, evaluate, stream_seed
-
-_UNSET = object()
-
-
-def learning_rate(cfg: RunConfig, round: int) -> float:
-    """Constant `η`, or cosine decay (FedSR §IV) over rounds `k = 0 … K−1`:
-    `η_k = η_min + (η − η_min)(1 + cos(π k / (K − 1))) / 2`, so the first round trains with `η`
-    and the last with `η_min` (a one-round run uses `η`)."""
-    if cfg.lr_schedule == "constant" or cfg.rounds == 1:
-        return cfg.lr
-    return cfg.lr_min + (cfg.lr - cfg.lr_min) * 0.5 * (1 + math.cos(math.pi * round / (cfg.rounds - 1)))
-
-
-def local_steps(
-    cfg: RunConfig, num_samples: int, client_id: int, round: int, clamp: bool = True
-) -> int:
-    """`τ_(k,i)`: explicit steps (per client or for all), or `⌊E·D_i/B⌋` (at least 1 unless
-    `clamp=False`) with `E` fixed or drawn per round."""
-    if cfg.client_steps and client_id < len(cfg.client_steps):
-        return cfg.client_steps[client_id]
-    if cfg.local_steps:
-        return cfg.local_steps
-    epochs: float = cfg.local_epochs
-    if cfg.epochs_max:
-        rng = stream_seed(cfg.seed, round, client_id, 3)
-        epochs = int(rng.integers(cfg.epochs_min, cfg.epochs_max + 1))
-    steps = math.floor(epochs * num_samples / min(cfg.batch_size, num_samples))
-    return max(1, steps) if clamp else steps
+from fedhet.training.local import LocalTrainer, stream_seed
 
 
 def sample_clients(cfg: RunConfig, num_clients: int, round: int) -> list[int]:
@@ -112,6 +87,10 @@ class Simulation:
             layers=self.model.layers,
         )
         self.algorithm: Algorithm = algo_cls(cfg.algorithm_params, self.run_info)
+        self.clients = ClientWork(
+            cfg, self.model, self.trainer, self.client_indices, self.algorithm, log
+        )
+        self.evaluator = Evaluator(cfg, self.model, self.data, self.algorithm)
         self.algorithm.check_local_steps(
             [local_steps(cfg, len(ix), i, 0, clamp=False) for i, ix in enumerate(self.client_indices)]
         )
@@ -121,19 +100,17 @@ class Simulation:
         self.runner = runner
         self.faults = FaultModel.from_config(cfg)
         self.comm = CommLedger(self.model.dim)
-        self.client_states: dict[int, Any] = {}
         self.w0 = self.model.params.clone()
         self.split = split_digest(self.client_indices)
         """The data split this run trains on, stored in every checkpoint (`check_same_split`)."""
         self.buffers = self.model.buffers.clone()
-        self._round_buffers: list[tuple[float, torch.Tensor]] = []
         self.executor_name = choose_executor(
             cfg.executor, self.device, cfg.model_name, module, cfg.workers
         )
         if cfg.workers > 1 and self.executor_name == "sequential":
-            self.executor = ProcessExecutor(self, cfg.workers)
+            self.executor = ProcessExecutor(self.clients, cfg.workers)
         else:
-            self.executor = make_executor(self, self.executor_name, cfg.cohort_chunk)
+            self.executor = make_executor(self.clients, self.executor_name, cfg.cohort_chunk)
 
     # -- the round runner's protocol -----------------------------------------------------
     def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
@@ -145,63 +122,16 @@ class Simulation:
 
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
         """One client, in place on the shared model (the sequential executor, ring hops)."""
-        if BUFFERS in message.tensors:
-            self.model.buffers.copy_(message.tensors[BUFFERS])
-        reply = self.run_client(client_id, message, round, self.trainer)
-        return self.finish_client(client_id, reply, self.model.buffers)
-
-    def run_client(self, client_id: int, message: Message, round: int, trainer: Any) -> Message:
-        """The algorithm's client half with `trainer` as `ctx.trainer`; keeps the client's state."""
-        cfg = self.cfg
-        indices = self.client_indices[client_id]
-        torch.default_generator.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
-        ctx = ClientContext(
-            client_id=client_id, round=round, indices=indices, trainer=trainer,
-            tau=local_steps(cfg, len(indices), client_id, round), batch_size=cfg.batch_size,
-            sgd=SGDConfig(learning_rate(cfg, round), cfg.momentum, cfg.weight_decay),
-            seed=cfg.seed, batch_order=cfg.batch_order,
-        )
-        state = self.client_states.get(client_id, _UNSET)
-        if state is _UNSET:
-            state = self.algorithm.client_init(client_id)
-        try:
-            reply, state = self.algorithm.client_update(message, ctx, state)
-        except (OverflowError, FloatingPointError) as e:
-            raise Diverged(round, f"local step ({e})", client_id) from e
-        except RuntimeError as e:  # torch: "value cannot be converted to type float without overflow"
-            if "overflow" not in str(e):
-                raise
-            raise Diverged(round, "local step (overflow)", client_id) from e
-        self.client_states[client_id] = state
-        return reply
-
-    def initial_buffers(self, message: Message) -> torch.Tensor | None:
-        """A client's BatchNorm statistics before its local work (None without BatchNorm)."""
-        if not self.model.buffers.numel():
-            return None
-        return message.tensors.get(BUFFERS, self.model.buffers).clone()
-
-    def finish_client(self, client_id: int, reply: Message, buffers: torch.Tensor | None) -> Message:
-        """Attach the client's final BatchNorm statistics to its reply and keep them for the
-        round's average."""
-        if buffers is not None and buffers.numel():
-            reply.tensors[BUFFERS] = buffers.clone()
-            self.keep_buffers(client_id, reply)
-        return reply
+        return self.clients.update(client_id, message, round)
 
     def keep_buffers(self, client_id: int, reply: Message) -> None:
-        """Keep a reply's BatchNorm statistics, if it carries any, for the round's average
-        (`_average_buffers`), with the client's `buffer_weight`."""
-        if BUFFERS in reply.tensors:
-            self._round_buffers.append((self.buffer_weight(client_id), reply.tensors[BUFFERS]))
+        """Keep the BatchNorm statistics of a reply made elsewhere (a worker, a SuperNode)."""
+        self.clients.keep_buffers(client_id, reply)
 
-    def buffer_weight(self, client_id: int) -> float:
-        """A client's weight in the BatchNorm average: `1` when the algorithm weights clients
-        uniformly (`weighting="uniform"`, FedNNNN's unbalanced setting), else `D_i` — the
-        weights of the model average."""
-        if getattr(self.algorithm.params, "weighting", "samples") == "uniform":
-            return 1.0
-        return float(len(self.client_indices[client_id]))
+    @property
+    def client_states(self) -> dict[int, Any]:
+        """Each client's algorithm state between rounds (`ClientWork.states`)."""
+        return self.clients.states
 
     def client_updates(
         self, round: int, requests: list[tuple[int, Message]]
@@ -232,7 +162,7 @@ class Simulation:
                 check_resumable(ckpt.get("config"), cfg.to_dict())
                 check_same_split(ckpt.get("split"), self.split)
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
-                state, self.client_states = ckpt["server"], ckpt["clients"]
+                state, self.clients.states = ckpt["server"], ckpt["clients"]
                 self.buffers = ckpt["buffers"]
                 self.comm.restore(ckpt["comm"])
                 rows = self.store.rows_until(start)
@@ -292,14 +222,7 @@ class Simulation:
         return summary
 
     def _check_finite(self, state: dict[str, Any], row: dict[str, Any], round: int) -> None:
-        """Raise `Diverged` when the global model or its evaluated loss is not finite."""
-        if not bool(torch.isfinite(self.algorithm.eval_params(state)).all()):
-            raise Diverged(round, "global model parameters")
-        if self._evaluated(row["round"]) and not math.isfinite(row["test_loss"]):
-            raise Diverged(round, "test loss")
-
-    def _evaluated(self, round: int) -> bool:
-        return round % self.cfg.eval_every == 0 or round == self.cfg.rounds
+        self.evaluator.check_finite(state, row, round)
 
     def _diverged(self, error: Exception, rows: list[dict[str, Any]], round: int) -> dict[str, Any]:
         """Mark the run `diverged` (strict JSON summary) and keep the last good checkpoint."""
@@ -324,33 +247,16 @@ class Simulation:
         if BUFFERS in state:
             state = dict(state)
             self.buffers = state.pop(BUFFERS).to(self.buffers.device, torch.float32)
-        elif self._round_buffers:
-            stacked = torch.stack([b.to(torch.float64) for _, b in self._round_buffers])
-            weights = torch.tensor(
-                [w for w, _ in self._round_buffers], dtype=torch.float64, device=stacked.device
-            )
+            self.clients.take_buffers()
+        elif kept := self.clients.take_buffers():
+            stacked = torch.stack([b.to(torch.float64) for _, b in kept])
+            weights = torch.tensor([w for w, _ in kept], dtype=torch.float64, device=stacked.device)
             self.buffers = ((weights / weights.sum()) @ stacked).to(torch.float32)
-        self._round_buffers = []
         return state
 
     def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:
-        cfg = self.cfg
-        row: dict[str, Any] = {"round": round}
-        if self._evaluated(round):
-            models = {"": self.algorithm.eval_params(state)}
-            models.update({f"_{s}": w for s, w in self.algorithm.extra_eval_params(state).items()})
-            for suffix, w in models.items():
-                loss, acc = evaluate(self.model, w, self.buffers, self.data.x_test, self.data.y_test)
-                row[f"test_loss{suffix}"], row[f"test_accuracy{suffix}"] = loss, acc
-            if cfg.train_loss:
-                row["train_loss"], row["train_accuracy"] = evaluate(
-                    self.model, models[""], self.buffers, self.data.x_train, self.data.y_train
-                )
-        else:
-            row["test_loss"], row["test_accuracy"] = float("nan"), float("nan")
-        row["lr"] = learning_rate(cfg, max(round - 1, 0))
-        row.update(diag)
-        return row
+        """Round `round`'s metrics row (`Evaluator.row`) with the server's BatchNorm statistics."""
+        return self.evaluator.row(state, round, diag, self.buffers)
 
     def _save(self, done: int, state, rows, record: dict[str, Any] | None, elapsed: float) -> None:
         """Append the round's metrics row and diagnostics record; checkpoint the state."""
@@ -361,41 +267,15 @@ class Simulation:
             self.store.append_diagnostics(record)
         if done % self.cfg.checkpoint_every == 0 or done == self.cfg.rounds:
             self.store.save_checkpoint({
-                "round": done, "elapsed": elapsed, "server": state, "clients": self.client_states,
+                "round": done, "elapsed": elapsed, "server": state, "clients": self.clients.states,
                 "buffers": self.buffers, "comm": self.comm.state(), "config": self.cfg.to_dict(),
                 "split": self.split,
             })
         self.store.write_summary(self.summary(rows, finished=done == self.cfg.rounds))
 
     def summary(self, rows: list[dict[str, Any]], finished: bool) -> dict[str, Any]:
-        """Final and best accuracy, time and traffic; rows may hold numbers or saved text cells."""
-        rows = [{k: _number(v) for k, v in r.items()} for r in rows]
-        evaluated = [r for r in rows if not math.isnan(r.get("test_accuracy", float("nan")))]
-        best = max(evaluated, key=lambda r: r["test_accuracy"]) if evaluated else {}
-        last = evaluated[-1] if evaluated else {}
-        nan = float("nan")
-        return {
-            "algorithm": self.cfg.algorithm, "dataset": self.cfg.dataset,
-            "partition": self.cfg.partition, "model": self.cfg.model, "seed": self.cfg.seed,
-            "clients": self.run_info.num_clients, "rounds": self.cfg.rounds,
-            "rounds_done": int(rows[-1]["round"]), "finished": finished,
-            "status": "finished" if finished else "running",
-            "final_accuracy": last.get("test_accuracy", nan), "final_loss": last.get("test_loss", nan),
-            "best_accuracy": best.get("test_accuracy", nan), "best_round": int(best.get("round", 0)),
-            "total_time_s": rows[-1].get("wall_time_s", 0.0),
-            "cum_bytes": int(rows[-1].get("cum_bytes", 0)),
-            "cum_model_transfers": int(rows[-1].get("cum_model_transfers", 0)),
-        }
-
-
-def _number(value: Any) -> Any:
-    """A saved metrics cell (text) as a number; numbers pass through."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return float(value) if value else float("nan")
-    except ValueError:
-        return value
+        """The run's `summary.json` from its metrics rows (`evaluation.summary`)."""
+        return run_summary(self.cfg, self.run_info.num_clients, rows, finished)
 
 
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
@@ -446,4 +326,4 @@ def _progress(total: int, initial: int, enabled: bool):
     return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True)
 
 
-__all__ = ["Simulation", "TIME_COLUMNS", "learning_rate", "local_steps", "sample_clients"]
+__all__ = ["Simulation", "TIME_COLUMNS", "sample_clients"]

@@ -31,13 +31,13 @@ from fedhet.engine.executors import FATAL, SequentialExecutor, failure
 
 if TYPE_CHECKING:
     from fedhet.algorithms.base import Message
-    from fedhet.engine.simulation import Simulation
+    from fedhet.engine.clients import ClientWork
 
 IN_FLIGHT = 8
 """Clients in flight per worker: enough that one large client at the head of the queue does not
 leave the other workers idle, few enough that waiting replies stay a bounded multiple of one."""
 
-_RUN: Simulation | None = None
+_RUN: ClientWork | None = None
 """The run a forked worker computes with (set in the parent just before the fork)."""
 
 
@@ -49,24 +49,26 @@ def _init_worker(threads: int) -> None:
 def _client_task(client_id: int, message: Message, round: int, has_state: bool, state: Any):
     """One client half in a worker: `("ok", (reply, new state))`, `("failure", ClientFailure)`
     or `("fatal", exception)`."""
-    sim = _RUN
-    assert sim is not None, "worker started without a run"
-    sim.client_states = {client_id: state} if has_state else {}
-    sim._round_buffers = []
+    work = _RUN
+    assert work is not None, "worker started without a run"
+    if has_state:
+        work.hold_only(client_id, state)
+    else:
+        work.hold_only(client_id)
     try:
-        reply = sim.client_update(client_id, message, round)
+        reply = work.update(client_id, message, round)
     except FATAL as e:
         return "fatal", e
     except Exception as e:  # noqa: BLE001  (one client's fault is not the run's)
         return "failure", failure(client_id, round, e)
-    return "ok", (reply, sim.client_states[client_id])
+    return "ok", (reply, work.states[client_id])
 
 
 class ProcessExecutor(SequentialExecutor):
     """`sequential` with the clients of a round spread over `workers` processes."""
 
-    def __init__(self, sim: Simulation, workers: int) -> None:
-        super().__init__(sim)
+    def __init__(self, work: ClientWork, workers: int) -> None:
+        super().__init__(work)
         self.workers = workers
         self.pool: Any = None
         self.pending: deque[tuple[int, Any]] = deque()
@@ -75,7 +77,7 @@ class ProcessExecutor(SequentialExecutor):
 
     def _start(self) -> None:
         global _RUN
-        _RUN = self.sim
+        _RUN = self.work
         threads = max(1, torch.get_num_threads() // self.workers)
         try:
             self.pool = multiprocessing.get_context("fork").Pool(
@@ -90,14 +92,14 @@ class ProcessExecutor(SequentialExecutor):
             return
         if self.pool is None:
             self._start()
-        sim = self.sim
+        work = self.work
         pending = self.pending = deque()
         queue = iter(requests)
 
         def submit() -> None:
             for client_id, message in queue:
-                has_state = client_id in sim.client_states
-                task = (client_id, message, round, has_state, sim.client_states.get(client_id))
+                has_state = client_id in work.states
+                task = (client_id, message, round, has_state, work.states.get(client_id))
                 pending.append((client_id, self.pool.apply_async(_client_task, task)))
                 if len(pending) >= IN_FLIGHT * self.workers:
                     return
@@ -118,8 +120,8 @@ class ProcessExecutor(SequentialExecutor):
                 yield client_id, payload
                 continue
             reply, state = payload
-            sim.client_states[client_id] = state
-            sim.keep_buffers(client_id, reply)
+            work.states[client_id] = state
+            work.keep_buffers(client_id, reply)
             yield client_id, reply
 
     def close(self) -> None:

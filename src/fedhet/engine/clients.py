@@ -1,0 +1,156 @@
+"""The clients' side of the engine in one process: `ClientWork`.
+
+It holds what a client half needs and nothing of the server: the training tensors (a client
+is an index array into them, docs/design.md), the shared model and its `LocalTrainer`, the
+algorithm's client half, each client's own state between rounds (SCAFFOLD's `c_i`, …), and the
+BatchNorm running statistics its replies carry. The executors (`engine/executors.py`,
+`engine/workers.py`) run client updates through it; so does a Flower SuperNode
+(`fedhet.deploy.client_app`), which holds one client and no server.
+
+Per client update (`update`): the client's random streams are fixed by
+`(seed, round, client, purpose)` (torch's default generator is reseeded from purpose 5), its
+step count is `τ_(k,i)` (`local_steps`), its learning rate the round's `η_k`
+(`learning_rate`), and an overflow inside the local steps is reported as `Diverged`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from fedhet.algorithms.base import BUFFERS, Algorithm, ClientContext, Message
+from fedhet.engine.config import RunConfig
+from fedhet.engine.failures import Diverged
+from fedhet.training.flat import FlatModel
+from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
+
+_UNSET = object()
+
+
+def learning_rate(cfg: RunConfig, round: int) -> float:
+    """Constant `η`, or cosine decay (FedSR §IV) over rounds `k = 0 … K−1`:
+    `η_k = η_min + (η − η_min)(1 + cos(π k / (K − 1))) / 2`, so the first round trains with `η`
+    and the last with `η_min` (a one-round run uses `η`)."""
+    if cfg.lr_schedule == "constant" or cfg.rounds == 1:
+        return cfg.lr
+    return cfg.lr_min + (cfg.lr - cfg.lr_min) * 0.5 * (1 + math.cos(math.pi * round / (cfg.rounds - 1)))
+
+
+def local_steps(
+    cfg: RunConfig, num_samples: int, client_id: int, round: int, clamp: bool = True
+) -> int:
+    """`τ_(k,i)`: explicit steps (per client or for all), or `⌊E·D_i/B⌋` (at least 1 unless
+    `clamp=False`) with `E` fixed or drawn per round."""
+    if cfg.client_steps and client_id < len(cfg.client_steps):
+        return cfg.client_steps[client_id]
+    if cfg.local_steps:
+        return cfg.local_steps
+    epochs: float = cfg.local_epochs
+    if cfg.epochs_max:
+        rng = stream_seed(cfg.seed, round, client_id, 3)
+        epochs = int(rng.integers(cfg.epochs_min, cfg.epochs_max + 1))
+    steps = math.floor(epochs * num_samples / min(cfg.batch_size, num_samples))
+    return max(1, steps) if clamp else steps
+
+
+class ClientWork:
+    """Runs client halves on this process's copy of the data (see the module docstring)."""
+
+    def __init__(
+        self, cfg: RunConfig, model: FlatModel, trainer: LocalTrainer,
+        client_indices: list[torch.Tensor], algorithm: Algorithm,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.trainer = trainer
+        self.client_indices = client_indices
+        self.algorithm = algorithm
+        self.log = log
+        self.states: dict[int, Any] = {}
+        """Each client's algorithm state between rounds (absent until its first update)."""
+        self.round_buffers: list[tuple[float, torch.Tensor]] = []
+        """`(weight, statistics)` of the BatchNorm statistics replied so far this round."""
+
+    # -- client state ---------------------------------------------------------------------
+    def state_of(self, client_id: int) -> Any:
+        """The client's state, `client_init` when it has none yet."""
+        state = self.states.get(client_id, _UNSET)
+        return self.algorithm.client_init(client_id) if state is _UNSET else state
+
+    def hold_only(self, client_id: int, state: Any = _UNSET) -> None:
+        """Forget every client's state but `client_id`'s, which becomes `state` (none when not
+        given): a process that runs one client for another (a worker, a SuperNode)."""
+        self.states = {} if state is _UNSET else {client_id: state}
+        self.round_buffers = []
+
+    # -- one client -----------------------------------------------------------------------
+    def update(self, client_id: int, message: Message, round: int) -> Message:
+        """One client, in place on the shared model (the sequential executor, ring hops)."""
+        if BUFFERS in message.tensors:
+            self.model.buffers.copy_(message.tensors[BUFFERS])
+        reply = self.run_client(client_id, message, round, self.trainer)
+        return self.finish(client_id, reply, self.model.buffers)
+
+    def run_client(self, client_id: int, message: Message, round: int, trainer: Any) -> Message:
+        """The algorithm's client half with `trainer` as `ctx.trainer`; keeps the client's state."""
+        cfg = self.cfg
+        indices = self.client_indices[client_id]
+        torch.default_generator.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
+        ctx = ClientContext(
+            client_id=client_id, round=round, indices=indices, trainer=trainer,
+            tau=local_steps(cfg, len(indices), client_id, round), batch_size=cfg.batch_size,
+            sgd=SGDConfig(learning_rate(cfg, round), cfg.momentum, cfg.weight_decay),
+            seed=cfg.seed, batch_order=cfg.batch_order,
+        )
+        state = self.state_of(client_id)
+        try:
+            reply, state = self.algorithm.client_update(message, ctx, state)
+        except (OverflowError, FloatingPointError) as e:
+            raise Diverged(round, f"local step ({e})", client_id) from e
+        except RuntimeError as e:  # torch: "value cannot be converted to type float without overflow"
+            if "overflow" not in str(e):
+                raise
+            raise Diverged(round, "local step (overflow)", client_id) from e
+        self.states[client_id] = state
+        return reply
+
+    # -- BatchNorm statistics ---------------------------------------------------------------
+    def initial_buffers(self, message: Message) -> torch.Tensor | None:
+        """A client's BatchNorm statistics before its local work (None without BatchNorm)."""
+        if not self.model.buffers.numel():
+            return None
+        return message.tensors.get(BUFFERS, self.model.buffers).clone()
+
+    def finish(self, client_id: int, reply: Message, buffers: torch.Tensor | None) -> Message:
+        """Attach the client's final BatchNorm statistics to its reply and keep them for the
+        round's average."""
+        if buffers is not None and buffers.numel():
+            reply.tensors[BUFFERS] = buffers.clone()
+            self.keep_buffers(client_id, reply)
+        return reply
+
+    def keep_buffers(self, client_id: int, reply: Message) -> None:
+        """Keep a reply's BatchNorm statistics, if it carries any, for the round's average,
+        with the client's `buffer_weight`."""
+        if BUFFERS in reply.tensors:
+            self.round_buffers.append((self.buffer_weight(client_id), reply.tensors[BUFFERS]))
+
+    def buffer_weight(self, client_id: int) -> float:
+        """A client's weight in the BatchNorm average: `1` when the algorithm weights clients
+        uniformly (`weighting="uniform"`, FedNNNN's unbalanced setting), else `D_i` — the
+        weights of the model average."""
+        if getattr(self.algorithm.params, "weighting", "samples") == "uniform":
+            return 1.0
+        return float(len(self.client_indices[client_id]))
+
+    def take_buffers(self) -> list[tuple[float, torch.Tensor]]:
+        """The round's kept `(weight, statistics)`, emptied for the next round."""
+        kept, self.round_buffers = self.round_buffers, []
+        return kept
+
+
+__all__ = ["ClientWork", "learning_rate", "local_steps"]

@@ -1,0 +1,101 @@
+"""Evaluation of the global model and the run's summary.
+
+`Evaluator.row` is one metrics row: the algorithm's evaluated model (`eval_params`, plus any
+`extra_eval_params` under a suffix, FedNNNN's plain average) on the test (or validation) split,
+and on the training set with `train_loss`, every `eval_every` rounds and at the last round
+(other rounds carry NaN accuracies); `check_finite` raises `Diverged` for a model or loss that is
+not finite. `summary` condenses the rows into `summary.json`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from fedhet.algorithms.base import Algorithm
+from fedhet.data.base import Dataset
+from fedhet.engine.clients import learning_rate
+from fedhet.engine.config import RunConfig
+from fedhet.engine.failures import Diverged
+from fedhet.training.flat import FlatModel
+from fedhet.training.local import evaluate
+
+
+class Evaluator:
+    """The global model's metrics rows for one run."""
+
+    def __init__(self, cfg: RunConfig, model: FlatModel, data: Dataset, algorithm: Algorithm) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.data = data
+        self.algorithm = algorithm
+
+    def evaluated(self, round: int) -> bool:
+        """Whether round `round` (0 = before training) is evaluated."""
+        return round % self.cfg.eval_every == 0 or round == self.cfg.rounds
+
+    def row(
+        self, state: Any, round: int, diag: dict[str, float], buffers: torch.Tensor
+    ) -> dict[str, Any]:
+        """Round `round`'s metrics: test loss/accuracy of every evaluated model (BatchNorm
+        statistics `buffers`), the learning rate `η_(k−1)` the round trained with, and `diag`."""
+        cfg, data = self.cfg, self.data
+        row: dict[str, Any] = {"round": round}
+        if self.evaluated(round):
+            models = {"": self.algorithm.eval_params(state)}
+            models.update({f"_{s}": w for s, w in self.algorithm.extra_eval_params(state).items()})
+            for suffix, w in models.items():
+                loss, acc = evaluate(self.model, w, buffers, data.x_test, data.y_test)
+                row[f"test_loss{suffix}"], row[f"test_accuracy{suffix}"] = loss, acc
+            if cfg.train_loss:
+                row["train_loss"], row["train_accuracy"] = evaluate(
+                    self.model, models[""], buffers, data.x_train, data.y_train
+                )
+        else:
+            row["test_loss"], row["test_accuracy"] = float("nan"), float("nan")
+        row["lr"] = learning_rate(cfg, max(round - 1, 0))
+        row.update(diag)
+        return row
+
+    def check_finite(self, state: Any, row: dict[str, Any], round: int) -> None:
+        """Raise `Diverged` when the global model or its evaluated loss is not finite."""
+        if not bool(torch.isfinite(self.algorithm.eval_params(state)).all()):
+            raise Diverged(round, "global model parameters")
+        if self.evaluated(row["round"]) and not math.isfinite(row["test_loss"]):
+            raise Diverged(round, "test loss")
+
+
+def summary(cfg: RunConfig, num_clients: int, rows: list[dict[str, Any]], finished: bool) -> dict[str, Any]:
+    """Final and best accuracy, time and traffic; rows may hold numbers or saved text cells."""
+    rows = [{k: _number(v) for k, v in r.items()} for r in rows]
+    evaluated = [r for r in rows if not math.isnan(r.get("test_accuracy", float("nan")))]
+    best = max(evaluated, key=lambda r: r["test_accuracy"]) if evaluated else {}
+    last = evaluated[-1] if evaluated else {}
+    nan = float("nan")
+    return {
+        "algorithm": cfg.algorithm, "dataset": cfg.dataset,
+        "partition": cfg.partition, "model": cfg.model, "seed": cfg.seed,
+        "clients": num_clients, "rounds": cfg.rounds,
+        "rounds_done": int(rows[-1]["round"]), "finished": finished,
+        "status": "finished" if finished else "running",
+        "final_accuracy": last.get("test_accuracy", nan), "final_loss": last.get("test_loss", nan),
+        "best_accuracy": best.get("test_accuracy", nan), "best_round": int(best.get("round", 0)),
+        "total_time_s": rows[-1].get("wall_time_s", 0.0),
+        "cum_bytes": int(rows[-1].get("cum_bytes", 0)),
+        "cum_model_transfers": int(rows[-1].get("cum_model_transfers", 0)),
+    }
+
+
+def _number(value: Any) -> Any:
+    """A saved metrics cell (text) as a number; numbers pass through."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return float(value) if value else float("nan")
+    except ValueError:
+        return value
+
+
+__all__ = ["Evaluator", "summary"]
