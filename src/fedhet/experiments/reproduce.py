@@ -100,6 +100,8 @@ def reproduce(
     if out.exists() and not out.is_dir():
         raise FedhetError(f"--out {out} is a file; choose a directory")
     hint = f"fedhet reproduce {paper} --scale {scale} --out {shlex.quote(str(out))}"
+    if not out.exists() and preset.stages:  # a missing data file stops before `out` is made
+        check_data(paper, scale, with_overrides(select(preset.stages[0](out), only), overrides))
     with rundir.exclusive(out, "reproduce"):
         rundir.mark(out, "grid")
         _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint, overrides,
