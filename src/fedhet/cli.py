@@ -108,7 +108,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from fedhet.experiments.compare import compare
 
     rows = compare(args.config, args.out, args.jobs, args.force, args.tensorboard,
-                   overrides=_overrides(args), batch_runs=args.batch_runs)
+                   overrides=_overrides(args), **_batch_runs(args))
     print(f"{len(rows)} runs; results in {args.out}/results.csv and {args.out}/summary.md")
     return 0
 
@@ -129,15 +129,30 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.reproduce import reproduce
 
-    out = Path(args.out or f"runs/{args.paper}-{args.scale}")
+    scale = args.scale or "smoke"
+    out = Path(args.out or f"runs/{args.paper}-{scale}")
     only = tuple(d.strip() for d in args.only.split(",") if d.strip()) if args.only else None
-    reproduce(args.paper, args.scale, out, args.jobs, args.force, args.tensorboard,
-              overrides=_overrides(args), batch_runs=args.batch_runs, only=only)
+    reproduce(args.paper, scale, out, args.jobs, args.force, args.tensorboard,
+              overrides=_overrides(args), only=only, **_batch_runs(args))
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
     return 0
 
 
+def _batch_runs(args: argparse.Namespace) -> dict[str, int]:
+    """`--batch-runs` when given; else the runner's default (`DEFAULT_BATCH_RUNS`)."""
+    return {"batch_runs": args.batch_runs} if args.batch_runs else {}
+
+
 def _reproduce_protocol(args: argparse.Namespace) -> int:
+    preset_only = [
+        flag for flag in ("--scale", "--only", "--jobs", "--batch-runs", "--tensorboard")
+        if getattr(args, flag[2:].replace("-", "_"), None)
+    ]
+    if preset_only:
+        raise FedhetError(
+            f"{', '.join(preset_only)}: a preset's options; --protocol runs its methods one after "
+            "another on your settings (leave them out, or run the preset without --protocol)"
+        )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.config import parse
     from fedhet.experiments.papers.base import protocol
@@ -289,7 +304,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _add_pool_flags(p: argparse.ArgumentParser) -> None:
     _add_device_flags(p)
     p.add_argument("--jobs", "-j", type=_positive, help="parallel runs (default: number of cores)")
-    p.add_argument("--batch-runs", type=_positive, default=8, metavar="N",
+    p.add_argument("--batch-runs", type=_positive, metavar="N",
                    help="runs that share data, model and device on the batched executor (a GPU, "
                         "or the linear models) step as one cohort, N at a time (default 8; 1: "
                         "each run on its own)")
@@ -324,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="re-run a seed paper's experiment (a preset)")
     rep.add_argument("paper", help="fedveca, fednnnn, bherd, fedsr or fednova")
-    rep.add_argument("--scale", choices=("smoke", "small", "paper"), default="smoke")
+    rep.add_argument("--scale", choices=("smoke", "small", "paper"), help="preset size (default smoke)")
     rep.add_argument("--out", "-o", help="output directory (default runs/PAPER-SCALE, or "
                      "runs/PAPER-PROTOCOL)")
     rep.add_argument("--protocol", metavar="NAME",
