@@ -6,10 +6,12 @@
 The batched executor keeps every algorithm's `client_update` unchanged. Each client of a chunk
 runs as a suspended coroutine: a thread per client and a baton, so exactly one thread runs at a
 time, clients start in request order, and the run is deterministic. The client's
-`ctx.trainer` is a proxy: `batches`, `gradient` and `full_gradient` go straight to the shared
-`LocalTrainer`, while `sgd(...)` parks the client. Once every client of the chunk is parked
-(or finished), the executor runs all parked `sgd` calls stacked, hands each client its result
-and resumes the clients one at a time, in order, until each finishes (or parks again).
+`ctx.trainer` is a proxy: `batches` and `gradient` go straight to the shared `LocalTrainer`,
+while `sgd(...)` and `full_gradient(...)` park the client. Once every client of the chunk is
+parked (or finished), the executor runs all parked `sgd` calls stacked and all parked
+`full_gradient` calls stacked (FedVeca's `∇F_i(w_k)`, SCAFFOLD option I; models with
+BatchNorm compute them one client at a time), hands each client its result and resumes the
+clients one at a time, in order, until each finishes (or parks again).
 
 Which calls fall back to the sequential loop inside the batched executor, and why:
 - `sgd(..., loss_fn=...)` (MOON): the custom loss calls the module directly and may run
@@ -36,7 +38,13 @@ import torch
 
 from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.errors import FedhetError
-from fedhet.training.cohort import CohortTrainer, SGDJob, unsupported_reason
+from fedhet.training.cohort import (
+    CohortTrainer,
+    GradJob,
+    SGDJob,
+    stacks_full_gradients,
+    unsupported_reason,
+)
 from fedhet.training.local import LocalTrainer
 
 if TYPE_CHECKING:
@@ -129,7 +137,7 @@ class _Client:
     """Set by the executor to let this client's thread run."""
     yielded: threading.Event = field(default_factory=threading.Event)
     """Set by the thread when it parks in `sgd` or finishes."""
-    job: SGDJob | None = None
+    job: SGDJob | GradJob | None = None
     done: bool = False
     reply: Any = None
     error: BaseException | None = None
@@ -165,6 +173,20 @@ class _ParkingTrainer:
         if job.buffers_out is not None:  # what the sequential loop leaves in the shared model
             client.buffers = job.buffers_out
             self._trainer.model.buffers.copy_(job.buffers_out)
+        assert job.result is not None
+        return job.result
+
+    def full_gradient(self, params, indices, chunk=1024, max_batches=0):
+        """Park the client until the chunk's full gradients are computed stacked (models with
+        BatchNorm: right here, on the shared model holding this client's statistics)."""
+        if not stacks_full_gradients(self._trainer.model):
+            return self._trainer.full_gradient(params, indices, chunk, max_batches)
+        client = self._client
+        client.job = GradJob(params, indices, chunk, max_batches)
+        self._park(client)
+        job, client.job = client.job, None
+        if job.error is not None:
+            raise job.error
         assert job.result is not None
         return job.result
 
@@ -209,11 +231,14 @@ class BatchedExecutor:
             parked = [c for c in clients if not c.done and c.job is not None]
             if not parked:
                 break
+            sgd = [c.job for c in parked if isinstance(c.job, SGDJob)]
             try:
-                (self.shared or self.cohort).sgd_many([c.job for c in parked])
+                if sgd:
+                    (self.shared or self.cohort).sgd_many(sgd)
             except Exception as e:  # noqa: BLE001  (the stacked step itself failed)
-                for c in parked:
-                    c.job.error = e
+                for job in sgd:
+                    job.error = e
+            self.cohort.full_gradients([c.job for c in parked if isinstance(c.job, GradJob)])
             for client in parked:
                 self._switch_to(client)
         for client in clients:

@@ -55,6 +55,23 @@ class SGDJob:
     buffers_out: torch.Tensor | None = field(default=None, repr=False)
 
 
+@dataclass
+class GradJob:
+    """One parked `LocalTrainer.full_gradient` call."""
+
+    params: torch.Tensor
+    indices: torch.Tensor
+    chunk: int = 1024
+    max_batches: int = 0
+    result: torch.Tensor | None = None
+    error: BaseException | None = None
+
+
+FULL_GRADIENT_SAMPLES = 16384
+"""**[choice]** Samples in one stacked full-gradient call (clients × chunk), so that a cohort of
+100 CNN clients does not push 100 × 1024 images through the model at once."""
+
+
 def unsupported_reason(module: nn.Module) -> str | None:
     """Why `module` cannot be trained stacked (the executor then runs it sequentially)."""
     for m in module.modules():
@@ -207,6 +224,55 @@ class CohortTrainer:
                 continue
             start += len(part)
 
+    def full_gradients(self, jobs: list[GradJob]) -> None:
+        """Every job's `LocalTrainer.full_gradient`, `∇F_i(w_i) = (1/D_i) Σ_j ∇f(w_i; x_j)` over
+        its indices in chunks: the jobs' `p`-th chunks are stacked (equal sizes in one call, at
+        most `FULL_GRADIENT_SAMPLES` samples per call) and each row accumulates
+        `Σ |chunk| · ∇f̄(chunk)` as the sequential pass does. Results (or the error) go on the
+        jobs. Models without BatchNorm only (`stacks_full_gradients`)."""
+        if not jobs:
+            return
+        try:
+            self._full_gradients(jobs)
+        except Exception as e:  # noqa: BLE001  (reported on every job, as in sgd_many)
+            for job in jobs:
+                job.error = e
+
+    def _full_gradients(self, jobs: list[GradJob]) -> None:
+        device = self.model.params.device
+        w = torch.stack([j.params.to(device) for j in jobs])
+        total = torch.zeros_like(w)
+        seen = [0] * len(jobs)
+        chunks = [_chunks(j) for j in jobs]
+        no_bufs = torch.zeros(len(jobs), 0, device=device)
+        module = self.model.module
+        was_training = module.training
+        module.eval()
+        try:
+            self._accumulate(w, total, seen, chunks, no_bufs)
+        finally:
+            module.train(was_training)
+        for c, job in enumerate(jobs):
+            job.result = total[c].div(max(seen[c], 1))
+
+    def _accumulate(self, w, total, seen, chunks, no_bufs) -> None:
+        device = w.device
+        for pos in range(max(len(c) for c in chunks)):
+            by_size: dict[int, list[int]] = {}
+            for c, cs in enumerate(chunks):
+                if pos < len(cs):
+                    by_size.setdefault(len(cs[pos]), []).append(c)
+            for size, members in by_size.items():
+                per_call = max(1, FULL_GRADIENT_SAMPLES // size)
+                for a in range(0, len(members), per_call):
+                    part = members[a : a + per_call]
+                    ix = torch.tensor(part, device=device)
+                    idx = torch.stack([chunks[c][pos] for c in part]).to(self.x.device)
+                    g, _, _ = self.gradients(w.index_select(0, ix), no_bufs[: len(part)], idx)
+                    total.index_copy_(0, ix, total.index_select(0, ix).add_(g, alpha=size))
+                    for c in part:
+                        seen[c] += size
+
     def _run(self, jobs: list[SGDJob]) -> None:
         n = len(jobs)
         model = self.model
@@ -318,6 +384,13 @@ class CohortTrainer:
                 job.buffers_out = bufs[c].clone() if has_bufs else None
 
 
+def stacks_full_gradients(model: FlatModel) -> bool:
+    """Whether `CohortTrainer.full_gradients` computes this model's full gradients stacked: not
+    with BatchNorm, whose eval-mode pass reads each client's own running statistics (those
+    clients' full gradients run one at a time on the shared model)."""
+    return model.buffers.numel() == 0
+
+
 def _add_scaled(y: torch.Tensor, x: torch.Tensor, coefs: list[float]) -> None:
     """`y[i] += coefs[i] x[i]` row by row, with the arithmetic of `add_(alpha=...)` for every
     row whatever the other rows' coefficients, so a client (or a run in a batch of runs with
@@ -334,8 +407,14 @@ def _add_scaled(y: torch.Tensor, x: torch.Tensor, coefs: list[float]) -> None:
         y.index_copy_(0, ix, y.index_select(0, ix).add_(x.index_select(0, ix), alpha=value))
 
 
+def _chunks(job: GradJob) -> list[torch.Tensor]:
+    """The index chunks `LocalTrainer.full_gradient` walks for `job`."""
+    chunks = [job.indices[a : a + job.chunk] for a in range(0, len(job.indices), job.chunk)]
+    return chunks[: job.max_batches] if job.max_batches else chunks
+
+
 class _FirstStepOOMError(Exception):
     pass
 
 
-__all__ = ["CohortTrainer", "SGDJob", "unsupported_reason"]
+__all__ = ["CohortTrainer", "GradJob", "SGDJob", "stacks_full_gradients", "unsupported_reason"]
