@@ -35,6 +35,7 @@ has the server half's shape; see `fedhet.algorithms.hierarchical.EdgeRole`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fedhet.algorithms.base import Algorithm, Message, Reply
@@ -49,7 +50,6 @@ from fedhet.engine.faults import (
     failure_line,
     first_and_rest,
     isolate,
-    one_line,
 )
 
 
@@ -160,38 +160,76 @@ def _with_groups(result: tuple[dict, dict], groups: list[tuple[int, list[int]]])
     return state, {**diag, "rings": [list(g) for _, g in groups], "edge_ids": [m for m, _ in groups]}
 
 
-def run_ring(
-    rc: RoundContext, message: Message, ring: Sequence[int], passes: int, round: int,
-    tally: RoundTally | None = None, holder: int | None = None,
-    entry: tuple[str, str] = ("device-device", "peer"),
-) -> tuple[Message | None, int | None]:
-    """`passes` trips around `ring` starting with `message`; returns `(last reply, its device)`,
-    or `(None, None)` when no device answered.
+@dataclass
+class RingWalk:
+    """One ring's trip in a round: `passes` times around `ring`, starting with `message`.
 
     `holder` is the device that holds `message` (None: the edge or the initialiser, and the
     first delivery is billed on `entry`). Every other delivery is a `device-device` hop from the
-    holder, the reply of one device being the downlink of the next; a hop from a device to
-    itself is not billed. A device that fails is skipped for the rest of the round and the
-    message goes on from its holder to the next device."""
-    tally = tally if tally is not None else RoundTally()
-    last_device = None
-    for hop in range(passes * len(ring)):
-        device = ring[hop % len(ring)]
-        if device in tally.failed:
-            continue
-        if holder is None:
-            rc.comm.send(*entry, message)
-        elif holder != device:
-            rc.comm.send("device-device", "peer", message)
-        try:
-            reply = rc.client_update(device, message, round)
-        except Exception as exc:  # noqa: BLE001  (a client error drops the client, not the run)
-            _fail(rc, tally, ClientFailure(device, round, one_line(exc)))
-            continue
-        check_finite(reply, round, device)
-        tally.returned.add(device)
-        message, holder, last_device = reply, device, device
-    return (message, last_device) if last_device is not None else (None, None)
+    holder, the reply of one device being the downlink of the next (eqs. 8, 13); a hop from a
+    device to itself is not billed. A device that fails is skipped for the rest of the round
+    and the message goes on from its holder to the next device. After the walk, `message` is
+    the last reply and `last` its device (None when no device answered)."""
+
+    ring: Sequence[int]
+    passes: int
+    message: Message
+    holder: int | None = None
+    entry: tuple[str, str] = ("device-device", "peer")
+    position: int = 0
+    """Index into the ring's `passes · len(ring)` visits of the next one to make."""
+    last: int | None = None
+
+    def next_device(self, failed: set[int]) -> int | None:
+        """The next device to visit (devices in `failed` are passed over), or None when the walk
+        is done."""
+        while self.position < self.passes * len(self.ring):
+            device = self.ring[self.position % len(self.ring)]
+            self.position += 1
+            if device not in failed:
+                return device
+        return None
+
+    def deliver(self, comm: CommLedger, device: int) -> Message:
+        """Bill the delivery of `message` to `device` and return it (the device's downlink)."""
+        if self.holder is None:
+            comm.send(*self.entry, self.message)
+        elif self.holder != device:
+            comm.send("device-device", "peer", self.message)
+        return self.message
+
+    def accept(self, device: int, reply: Message) -> None:
+        """`device` answered: its reply is the next downlink, and it holds the model now."""
+        self.message, self.holder, self.last = reply, device, device
+
+
+def walk_rings(rc: RoundContext, round: int, walks: Sequence[RingWalk], tally: RoundTally) -> None:
+    """Run independent rings in lockstep: at each step, the next hop of every ring that has one
+    left goes into one `rc.client_updates` call (so the batched executor stacks them); hops of
+    one ring stay in order, each starting from the previous hop's reply. Failures are logged
+    and the failing device is skipped for the rest of the round; each reply is checked for
+    non-finite values. The result equals running the rings one after another: rings share no
+    device, and every client's randomness is keyed by (seed, round, client, purpose)."""
+    while True:
+        walk_of: dict[int, RingWalk] = {}
+        requests = []
+        for walk in walks:
+            device = walk.next_device(tally.failed)
+            if device is None:
+                continue
+            if device in walk_of:
+                raise ValueError(f"device {device} sits in two rings of one round")
+            walk_of[device] = walk
+            requests.append((device, walk.deliver(rc.comm, device)))
+        if not requests:
+            return
+        for device, up in isolate(rc.client_updates, round, requests):
+            if isinstance(up, ClientFailure):
+                _fail(rc, tally, up)
+                continue
+            check_finite(up, round, device)
+            tally.returned.add(device)
+            walk_of[device].accept(device, up)
 
 
 def _admitted(rc: RoundContext, tally: RoundTally, devices: Sequence[int], round: int) -> list[int]:
@@ -211,11 +249,11 @@ def ring_round(
     live = _admitted(rc, tally, ring, round)
     if not live:
         return _kept(rc, state, round, tally)
-    down = rc.configure(state, live[0], round)
-    last, device = run_ring(rc, down, live, 1, round, tally, state.get("holder"))
-    if last is None:
+    walk = RingWalk(live, 1, rc.configure(state, live[0], round), state.get("holder"))
+    walk_rings(rc, round, [walk], tally)
+    if walk.last is None:
         return _kept(rc, state, round, tally)
-    state, diag = rc.algorithm.aggregate(state, round, [Reply(device, last)])
+    state, diag = rc.algorithm.aggregate(state, round, [Reply(walk.last, walk.message)])
     return state, {**diag, "rings": [list(ring)], **tally.diagnostics()}
 
 
@@ -223,11 +261,12 @@ def edge_ring_round(
     rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cloud → edges → one ring per edge (`R` passes) → edges → cloud (FedSR, Algorithm 1).
-    An edge whose ring returned nothing sends no report."""
+    The edges' rings run in lockstep (`walk_rings`); an edge whose ring returned nothing sends
+    no report, and the reports reach the cloud in edge order."""
     role = _edge_role(rc)
     tally = RoundTally()
-    reports = []
     groups = role.edge_groups(clients, round)
+    started: list[tuple[int, dict, RingWalk]] = []
     for edge_id, ring in groups:
         live = _admitted(rc, tally, ring, round)
         down = rc.configure(state, edge_id, round)
@@ -236,13 +275,15 @@ def edge_ring_round(
             continue
         edge = role.edge_init(down, edge_id, live, round)
         first = role.edge_configure(edge, live[0], round, 0)
-        last, device = run_ring(
-            rc, first, live, role.ring_passes(), round, tally, entry=("device-edge", "down")
-        )
-        if last is None:
+        walk = RingWalk(live, role.ring_passes(), first, entry=("device-edge", "down"))
+        started.append((edge_id, edge, walk))
+    walk_rings(rc, round, [walk for _, _, walk in started], tally)
+    reports = []
+    for edge_id, edge, walk in started:
+        if walk.last is None:
             continue
-        rc.comm.send("device-edge", "up", last)
-        edge = role.edge_aggregate(edge, round, [Reply(device, last)])
+        rc.comm.send("device-edge", "up", walk.message)
+        edge = role.edge_aggregate(edge, round, [Reply(walk.last, walk.message)])
         up = role.edge_report(edge)
         rc.comm.send("edge-cloud", "up", up)
         reports.append(Reply(edge_id, up))
