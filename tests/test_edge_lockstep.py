@@ -1,9 +1,9 @@
-"""Edges in lockstep (engine/rounds.py): FedSR's rings share executor calls.
+"""Edges in lockstep (engine/rounds.py): FedSR's rings and HierFAVG's edges share executor calls.
 
-At each ring hop every edge's request goes into one `client_updates` call, so the batched
-executor stacks devices of several edges. The round must equal running the edges one after
-another, bill the same messages, and handle a device that fails in the middle of a ring the
-same way under both executors.
+At each ring hop (FedSR) or edge iteration (HierFAVG) every edge's request goes into one
+`client_updates` call, so the batched executor stacks devices of several edges. The round must
+equal running the edges one after another, bill the same messages, and handle a device that
+fails in the middle of a ring the same way under both executors.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Message, Reply, RunInfo
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import ClientFailure
-from fedhet.engine.rounds import edge_ring_round
+from fedhet.engine.rounds import edge_ring_round, edge_star_round
 from fedhet.engine.simulation import Simulation
 from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
@@ -26,6 +26,8 @@ BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "
         "batch_size": 16, "local_steps": 3, "momentum": 0.5, "seed": 3, "executor": "sequential"}
 MLP = {"model": "mlp", "model.hidden": 16}
 FEDSR = {"algorithm": "fedsr", "algorithm.clusters": 3, "algorithm.ring_passes": 2}
+HIERFAVG = {"algorithm": "hierfavg", "algorithm.clusters": 3, "algorithm.kappa1": 2,
+            "algorithm.kappa2": 2}
 BN_MODEL = "bn-mlp-lockstep-test"
 
 
@@ -66,8 +68,26 @@ def fedsr_edges_one_by_one(sim: Simulation, order: list[int]) -> dict:
     return algo.aggregate(state, 0, iter([reports[m] for m in sorted(reports)]))[0]
 
 
+def hierfavg_edges_one_by_one(sim: Simulation, order: list[int]) -> dict:
+    """Round 0 of HierFAVG by hand: each edge's `κ2` iterations alone, in `order`."""
+    algo, state = sim.algorithm, sim.algorithm.init(sim.w0)
+    groups = dict(algo.edge_groups(range(sim.run_info.num_clients), 0))
+    reports = {}
+    for edge_id in order:
+        members = groups[edge_id]
+        down = sim.configure(state, edge_id, 0)
+        edge = algo.edge_init(down, edge_id, members, 0)
+        for t in range(algo.edge_iterations()):
+            replies = [Reply(c, sim.client_update(c, algo.edge_configure(edge, c, 0, t), 0))
+                       for c in members]
+            edge = algo.edge_aggregate(edge, 0, iter(replies))
+        reports[edge_id] = Reply(edge_id, algo.edge_report(edge))
+    return algo.aggregate(state, 0, iter([reports[m] for m in sorted(reports)]))[0]
+
+
 @pytest.mark.parametrize("batchnorm", [False, True])
-@pytest.mark.parametrize(("settings", "by_hand"), [(FEDSR, fedsr_edges_one_by_one)])
+@pytest.mark.parametrize(("settings", "by_hand"), [(FEDSR, fedsr_edges_one_by_one),
+                                                   (HIERFAVG, hierfavg_edges_one_by_one)])
 def test_lockstep_round_equals_edges_one_after_another(request, settings, by_hand, batchnorm):
     """Bit for bit, whichever order the edges run in by hand: every client's randomness is
     keyed by (seed, round, client, purpose), and the edges share no device."""
@@ -144,6 +164,14 @@ def test_fedsr_stacks_one_hop_of_every_ring():
         assert sorted(edges) == [0, 1, 2]  # one device per ring: its hops stay in order
 
 
+def test_hierfavg_stacks_every_edge_of_an_iteration():
+    sim = simulation(**HIERFAVG, clients=9, rounds=2, executor="batched")
+    spy = StackSpy(sim)
+    sim.run()
+    assert spy.check() == [set(range(9))] * (2 * 2)  # rounds × κ2, all edges' devices each time
+    assert len({edge_of(sim)[d] for d in spy.stacks[0]}) == 3
+
+
 def test_one_ring_has_nothing_to_stack():
     sim = simulation(algorithm="ring", clients=4, rounds=2, executor="batched")
     spy = StackSpy(sim)
@@ -187,7 +215,8 @@ def test_failure_mid_ring_same_under_both_executors():
 @pytest.mark.parametrize("executor", ["sequential", "batched"])
 def test_comm_hand_count_two_edges_of_three(executor):
     """2 edges × 3 devices. FedSR, R = 2, per round: 2 edge-cloud each way, 2 device-edge each
-    way, R·Q − 1 = 5 ring hops per edge."""
+    way, R·Q − 1 = 5 ring hops per edge. HierFAVG, κ2 = 2: 2 edge-cloud each way and
+    κ2 · 3 devices each way per edge."""
     sim = simulation(**{**FEDSR, "algorithm.clusters": 2}, clients=6, executor=executor, rounds=2)
     rows = []
     sim.on_round = rows.append
@@ -197,6 +226,9 @@ def test_comm_hand_count_two_edges_of_three(executor):
         assert (row["edge_cloud_transfers"], row["device_edge_transfers"],
                 row["device_device_transfers"]) == (4, 4, 10)
     assert rows[-1]["cum_model_transfers"] == 2 * 18
+    sim = simulation(**{**HIERFAVG, "algorithm.clusters": 2}, clients=6, executor=executor, rounds=2)
+    sim.run()
+    assert dict(sim.comm.total_transfers) == {"edge-cloud": 2 * 4, "device-edge": 2 * 2 * 2 * 2 * 3}
 
 
 # -- runner level: hand-made replies --------------------------------------------------------
@@ -248,3 +280,45 @@ def test_rings_advance_one_hop_each_per_call():
     assert rc.lines == ["round 1: client 1 failed and is dropped for the round: RuntimeError: down"]
     # hops: ring 0 bills 1 2 0 2 from their holders, ring 1 bills 4 3 4
     assert dict(rc.comm.round_transfers) == {"edge-cloud": 4, "device-edge": 4, "device-device": 7}
+
+
+def star_reply(i: int, message: Message) -> Message:
+    return Message({"delta": torch.full((3,), 1.0 + i)},
+                   {"num_samples": 1.0 + i, "steps": 1.0, "train_loss": 0.1})
+
+
+def test_each_edge_aggregates_only_its_own_replies_in_one_pass():
+    algo = algorithm("hierfavg", edge_map="0;1,2,3;4", kappa2=2)
+    seen = []
+    aggregate = algo.edge_aggregate
+
+    def spied(edge, round, replies):
+        assert iter(replies) is replies  # a one-pass stream, not a list
+        replies = list(replies)
+        seen.append((edge["id"], [r.client_id for r in replies]))
+        return aggregate(edge, round, iter(replies))
+
+    algo.edge_aggregate = spied
+    rc = Recorder(algo, star_reply, raises={0})
+    new, diag = edge_star_round(rc, algo.init(torch.zeros(3)), 0, range(5))
+    assert rc.calls == [[0, 1, 2, 3, 4], [1, 2, 3, 4]]
+    assert seen == [(1, [1, 2, 3]), (2, [4]), (1, [1, 2, 3]), (2, [4])]
+    # edge 0 never heard back: no report; edge 1 moves Σ(1+i)²/Σ(1+i) = 29/9 per iteration,
+    # edge 2 moves 5; the cloud weights them by their samples, 9 and 5
+    expected = (9 * 2 * 29 / 9 + 5 * 2 * 5) / 14
+    assert torch.allclose(new["w"], torch.full((3,), expected))
+    assert diag["edges"] == 2 and diag["clients_failed"] == 1
+    assert dict(rc.comm.round_transfers) == {"edge-cloud": 3 + 2, "device-edge": 5 + 4 + 4 + 4}
+
+
+def test_replies_out_of_request_order_are_refused():
+    algo = algorithm("hierfavg", 4, edge_map="0,1;2,3", kappa2=1)
+
+    class Shuffled(Recorder):
+        def client_updates(self, round, requests):
+            order = [requests[i] for i in (0, 2, 1, 3)]
+            yield from super().client_updates(round, order)
+
+    rc = Shuffled(algo, star_reply)
+    with pytest.raises(RuntimeError, match="out of request order"):
+        edge_star_round(rc, algo.init(torch.zeros(3)), 0, range(4))

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any, Protocol
 
 from fedhet.algorithms.base import Algorithm, Message, Reply
@@ -293,44 +294,74 @@ def edge_ring_round(
     return state, {**diag, **tally.diagnostics()}
 
 
+@dataclass
+class _StarEdge:
+    """One HierFAVG edge during a round: its id, admitted devices, state, and whether any
+    device has returned to it yet."""
+
+    edge_id: int
+    live: list[int]
+    state: dict
+    aggregated: bool = False
+
+
 def edge_star_round(
     rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cloud → edges; `κ2` edge aggregations of their devices; edges → cloud (HierFAVG).
-    An edge iteration with no reply leaves the edge model as it is; an edge none of whose
-    devices ever returned sends no report."""
+    Iteration `t` of every edge goes through one `rc.client_updates` call (requests edge by
+    edge, so the batched executor stacks all edges' devices); each edge aggregates its own
+    consecutive run of the reply stream. An edge iteration with no reply leaves the edge model
+    as it is; an edge none of whose devices ever returned sends no report."""
     role = _edge_role(rc)
     tally = RoundTally()
-    reports = []
     groups = role.edge_groups(clients, round)
+    edges = []
     for edge_id, members in groups:
         live = _admitted(rc, tally, members, round)
         down = rc.configure(state, edge_id, round)
         rc.comm.send("edge-cloud", "down", down)
-        edge = role.edge_init(down, edge_id, live, round)
-        aggregated = False
-        for iteration in range(role.edge_iterations()):
-            requests = []
-            for client_id in live:
-                if client_id in tally.failed:
-                    continue
-                message = role.edge_configure(edge, client_id, round, iteration)
-                rc.comm.send("device-edge", "down", message)
-                requests.append((client_id, message))
-            replies = reply_stream(rc, round, requests, "device-edge", tally)
-            result = stream_into(lambda e, k, rs: (role.edge_aggregate(e, k, rs),), edge, round, replies)
-            if result is not None:
-                (edge,) = result
-                aggregated = True
-        if not aggregated:
+        edges.append(_StarEdge(edge_id, live, role.edge_init(down, edge_id, live, round)))
+    for iteration in range(role.edge_iterations()):
+        _edge_iteration(rc, role, edges, round, iteration, tally)
+    reports = []
+    for edge in edges:
+        if not edge.aggregated:
             continue
-        up = role.edge_report(edge)
+        up = role.edge_report(edge.state)
         rc.comm.send("edge-cloud", "up", up)
-        reports.append(Reply(edge_id, up))
+        reports.append(Reply(edge.edge_id, up))
     if not reports:
         return _kept(rc, state, round, tally)
     state, diag = _with_groups(rc.algorithm.aggregate(state, round, iter(reports)), groups)
     return state, {**diag, **tally.diagnostics()}
+
+
+def _edge_iteration(
+    rc: RoundContext, role: EdgeRole, edges: Sequence[_StarEdge], round: int, iteration: int,
+    tally: RoundTally,
+) -> None:
+    """Edge iteration `iteration` of every edge: all downlinks in one `client_updates` call,
+    the reply stream cut lazily into per-edge runs (the executors yield in request order)."""
+    edge_of: dict[int, int] = {}
+    requests = []
+    for index, edge in enumerate(edges):
+        for client_id in edge.live:
+            if client_id in tally.failed:
+                continue
+            message = role.edge_configure(edge.state, client_id, round, iteration)
+            rc.comm.send("device-edge", "down", message)
+            requests.append((client_id, message))
+            edge_of[client_id] = index
+    replies = reply_stream(rc, round, requests, "device-edge", tally)
+    done: set[int] = set()
+    for index, run in groupby(replies, key=lambda reply: edge_of[reply.client_id]):
+        if index in done:
+            raise RuntimeError(f"the replies of edge {edges[index].edge_id} came out of request order")
+        done.add(index)
+        edge = edges[index]
+        (edge.state,) = stream_into(lambda e, k, rs: (role.edge_aggregate(e, k, rs),), edge.state, round, run)
+        edge.aggregated = True
 
 
 ROUND_RUNNERS: dict[str, RoundRunner] = {
