@@ -1,9 +1,10 @@
 """Round runners: how one round's messages flow for a topology.
 
 A runner is `(round_ctx, state, round, clients) -> (state, diagnostics)`. It calls the
-algorithm's server half, hands each downlink message to `round_ctx.client_update` (which runs
-the client half where the client's data lives) and records every message in `round_ctx.comm`.
-The star runner is FedAvg's protocol; hierarchical and ring topologies add their own runners.
+algorithm's server half, hands the downlink messages to `round_ctx.client_updates` (the run's
+executor, which runs the client halves where the clients' data lives) and records every message
+in `round_ctx.comm`. The star runner is FedAvg's protocol; hierarchical and ring topologies add
+their own runners.
 
 Topologies (an algorithm names one in its `topology` ClassVar):
 - `star`: cloud ↔ each sampled device (`device-cloud` links).
@@ -14,9 +15,15 @@ Topologies (an algorithm names one in its `topology` ClassVar):
 - `edge-ring` (FedSR, Algorithm 1): cloud → edge (`edge-cloud`), edge → first device of its ring
   (`device-edge`), `R` passes around the ring (`device-device`, `R·Q − 1` hops for `Q`
   devices), last device → edge (`device-edge`), `edge_aggregate`, edge → cloud (`edge-cloud`),
-  then the cloud's `aggregate` over the edges' reports.
+  then the cloud's `aggregate` over the edges' reports, in edge order.
 - `edge-star` (HierFAVG): cloud → edge; `κ2` times: edge → each device and back
   (`device-edge`), `edge_aggregate`; edge → cloud; cloud `aggregate`.
+Edges are independent, so they run in lockstep: hop `h` of every edge's ring (`walk_rings`),
+or edge iteration `t` of every edge, goes into one `client_updates` call, and the batched
+executor stacks devices of all edges. Hops of one ring stay in order (each starts from the
+previous hop's reply; a round holds one model per ring); the single ring of `ring` gives one
+request per call. The result is that of running the edges one after another: they share no
+device and every client's randomness is keyed by (seed, round, client, purpose).
 Hops from a device to itself (a ring of one device, or the same device ending one round and
 starting the next) move nothing and are not billed.
 
@@ -67,7 +74,8 @@ class RoundContext(Protocol):
         ...
 
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
-        """Run the client half where the client's data lives; returns its reply."""
+        """Run the client half where the client's data lives; returns its reply (for a runner
+        that relays one client at a time; the built-in runners use `client_updates`)."""
         ...
 
     def client_updates(

@@ -144,7 +144,7 @@ class Simulation:
         return message
 
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
-        """One client, in place on the shared model (the sequential executor, ring hops)."""
+        """One client, in place on the shared model (the sequential executor)."""
         if BUFFERS in message.tensors:
             self.model.buffers.copy_(message.tensors[BUFFERS])
         reply = self.run_client(client_id, message, round, self.trainer)
