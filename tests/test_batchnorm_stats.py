@@ -112,10 +112,15 @@ def test_rings_carry_statistics_with_the_model():
     sim, rec = run(algorithm="fedsr", clients=4, **{"algorithm.clusters": 2,
                                                     "algorithm.ring_passes": 2})
     n = sizes(sim)
-    for k in range(1, len(rec.received)):
-        if k % 4:  # not the first hop of a ring
-            assert torch.equal(rec.received[k][2], rec.returned[k - 1][1])
-    ends = [rec.returned[3], rec.returned[7]]
-    rings = [{rec.returned[k][0] for k in range(4)}, {rec.returned[k][0] for k in range(4, 8)}]
+    rings = sim.algorithm.edges
+    assert len(rings) == 2
+    ends = []
+    for ring in rings:  # the rings run side by side: follow each ring's hops in their order
+        received = [r for r in rec.received if r[0] in ring]
+        returned = [r for r in rec.returned if r[0] in ring]
+        assert len(received) == len(returned) == 4
+        for k in range(1, 4):  # every hop after the ring's first
+            assert torch.equal(received[k][2], returned[k - 1][1])
+        ends.append(returned[-1])
     expected = mean([(sum(n[i] for i in ring), b) for ring, (_, b) in zip(rings, ends, strict=True)])
     assert torch.allclose(sim.buffers, expected, atol=1e-6)

@@ -53,8 +53,9 @@ CASES = {
 }
 
 
-SEQUENTIAL_ANYWAY = {"ring", "fedsr", "moon"}
-"""Rings call `client_update` hop by hop; MOON's `loss_fn` falls back inside the executor."""
+SEQUENTIAL_ANYWAY = {"moon"}
+"""MOON's `loss_fn` falls back inside the executor. Rings go through it hop by hop: FedSR
+stacks hop h of every edge's ring, the single `ring` a stack of one per hop."""
 
 
 def _run(case: str, executor: str) -> tuple[Simulation, list[dict]]:

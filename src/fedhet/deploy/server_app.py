@@ -2,15 +2,16 @@
 
 `FlowerRoundContext` is the engine's `Simulation` (sampling, round runners, evaluation on the
 test set, metrics, checkpoints: the same code and the same run directory) with one change:
-`client_update` sends the downlink message to the client's SuperNode through the Flower `Grid`
-and waits for the reply instead of computing it in-process. Every round runner in
-`ROUND_RUNNERS` therefore runs over Flower unchanged; for hierarchical and ring topologies the
-edge role is played by this server app and a ring hop `i → j` is relayed through it (node `i`
-replies, the server forwards to node `j`), while `CommLedger` still counts it once as a
-device-to-device transfer. The star topology gets `flower_star_round`, the same protocol as
-`engine.rounds.star_round` but with all downlinks pushed at once so that nodes train in
-parallel; a client whose node does not answer within the round timeout is dropped from the
-round (and the run) and the round completes with the replies that arrived.
+`client_update` and `client_updates` send the downlink messages to the clients' SuperNodes
+through the Flower `Grid` (`client_updates` all at once) and wait for the replies instead of
+computing them in-process. Every round runner in `ROUND_RUNNERS` therefore runs over Flower
+unchanged; for hierarchical and ring topologies the edge role is played by this server app and a
+ring hop `i → j` is relayed through it (node `i` replies, the server forwards to node `j`),
+while `CommLedger` still counts it once as a device-to-device transfer. The star topology gets
+`flower_star_round`, the same protocol as `engine.rounds.star_round` but with all downlinks
+pushed at once so that nodes train in parallel; a client whose node does not answer within the
+round timeout is dropped from the round (and the run) and the round completes with the replies
+that arrived.
 """
 
 from __future__ import annotations

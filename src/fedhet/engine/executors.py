@@ -19,8 +19,10 @@ Which calls fall back to the sequential loop inside the batched executor, and wh
 - models with dropout, or BatchNorm with `momentum=None` (`unsupported_reason`): their
   per-client randomness or cumulative statistics are not stacked; the whole executor is then
   sequential.
-Ring topologies (`ring`, `fedsr`) call `client_update` hop by hop: each hop needs the previous
-hop's model, so they stay sequential whatever the executor.
+Ring topologies go through the executor hop by hop: each hop needs the previous hop's model,
+so the hops of one ring stay in order, but FedSR's edges run their rings in lockstep and hop
+`h` of every edge's ring is one stack (`engine.rounds.walk_rings`); HierFAVG stacks edge
+iteration `t` of all edges. The `ring` topology has a single ring: a stack of one per hop.
 
 A client that raises is reported as `(client_id, ClientFailure(...))`; the others go on.
 `Diverged`, `FedhetError` (a configuration error: the same for every client) and interrupts

@@ -1,9 +1,10 @@
 """Round runners: how one round's messages flow for a topology.
 
 A runner is `(round_ctx, state, round, clients) -> (state, diagnostics)`. It calls the
-algorithm's server half, hands each downlink message to `round_ctx.client_update` (which runs
-the client half where the client's data lives) and records every message in `round_ctx.comm`.
-The star runner is FedAvg's protocol; hierarchical and ring topologies add their own runners.
+algorithm's server half, hands the downlink messages to `round_ctx.client_updates` (the run's
+executor, which runs the client halves where the clients' data lives) and records every message
+in `round_ctx.comm`. The star runner is FedAvg's protocol; hierarchical and ring topologies add
+their own runners.
 
 Topologies (an algorithm names one in its `topology` ClassVar):
 - `star`: cloud ↔ each sampled device (`device-cloud` links).
@@ -14,9 +15,15 @@ Topologies (an algorithm names one in its `topology` ClassVar):
 - `edge-ring` (FedSR, Algorithm 1): cloud → edge (`edge-cloud`), edge → first device of its ring
   (`device-edge`), `R` passes around the ring (`device-device`, `R·Q − 1` hops for `Q`
   devices), last device → edge (`device-edge`), `edge_aggregate`, edge → cloud (`edge-cloud`),
-  then the cloud's `aggregate` over the edges' reports.
+  then the cloud's `aggregate` over the edges' reports, in edge order.
 - `edge-star` (HierFAVG): cloud → edge; `κ2` times: edge → each device and back
   (`device-edge`), `edge_aggregate`; edge → cloud; cloud `aggregate`.
+Edges are independent, so they run in lockstep: hop `h` of every edge's ring (`walk_rings`),
+or edge iteration `t` of every edge, goes into one `client_updates` call, and the batched
+executor stacks devices of all edges. Hops of one ring stay in order (each starts from the
+previous hop's reply; a round holds one model per ring); the single ring of `ring` gives one
+request per call. The result is that of running the edges one after another: they share no
+device and every client's randomness is keyed by (seed, round, client, purpose).
 Hops from a device to itself (a ring of one device, or the same device ending one round and
 starting the next) move nothing and are not billed.
 
@@ -35,6 +42,8 @@ has the server half's shape; see `fedhet.algorithms.hierarchical.EdgeRole`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import groupby
 from typing import Any, Protocol
 
 from fedhet.algorithms.base import Algorithm, Message, Reply
@@ -49,7 +58,6 @@ from fedhet.engine.faults import (
     failure_line,
     first_and_rest,
     isolate,
-    one_line,
 )
 
 
@@ -66,7 +74,8 @@ class RoundContext(Protocol):
         ...
 
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
-        """Run the client half where the client's data lives; returns its reply."""
+        """Run the client half where the client's data lives; returns its reply (for a runner
+        that relays one client at a time; the built-in runners use `client_updates`)."""
         ...
 
     def client_updates(
@@ -160,38 +169,76 @@ def _with_groups(result: tuple[dict, dict], groups: list[tuple[int, list[int]]])
     return state, {**diag, "rings": [list(g) for _, g in groups], "edge_ids": [m for m, _ in groups]}
 
 
-def run_ring(
-    rc: RoundContext, message: Message, ring: Sequence[int], passes: int, round: int,
-    tally: RoundTally | None = None, holder: int | None = None,
-    entry: tuple[str, str] = ("device-device", "peer"),
-) -> tuple[Message | None, int | None]:
-    """`passes` trips around `ring` starting with `message`; returns `(last reply, its device)`,
-    or `(None, None)` when no device answered.
+@dataclass
+class RingWalk:
+    """One ring's trip in a round: `passes` times around `ring`, starting with `message`.
 
     `holder` is the device that holds `message` (None: the edge or the initialiser, and the
     first delivery is billed on `entry`). Every other delivery is a `device-device` hop from the
-    holder, the reply of one device being the downlink of the next; a hop from a device to
-    itself is not billed. A device that fails is skipped for the rest of the round and the
-    message goes on from its holder to the next device."""
-    tally = tally if tally is not None else RoundTally()
-    last_device = None
-    for hop in range(passes * len(ring)):
-        device = ring[hop % len(ring)]
-        if device in tally.failed:
-            continue
-        if holder is None:
-            rc.comm.send(*entry, message)
-        elif holder != device:
-            rc.comm.send("device-device", "peer", message)
-        try:
-            reply = rc.client_update(device, message, round)
-        except Exception as exc:  # noqa: BLE001  (a client error drops the client, not the run)
-            _fail(rc, tally, ClientFailure(device, round, one_line(exc)))
-            continue
-        check_finite(reply, round, device)
-        tally.returned.add(device)
-        message, holder, last_device = reply, device, device
-    return (message, last_device) if last_device is not None else (None, None)
+    holder, the reply of one device being the downlink of the next (eqs. 8, 13); a hop from a
+    device to itself is not billed. A device that fails is skipped for the rest of the round
+    and the message goes on from its holder to the next device. After the walk, `message` is
+    the last reply and `last` its device (None when no device answered)."""
+
+    ring: Sequence[int]
+    passes: int
+    message: Message
+    holder: int | None = None
+    entry: tuple[str, str] = ("device-device", "peer")
+    position: int = 0
+    """Index into the ring's `passes · len(ring)` visits of the next one to make."""
+    last: int | None = None
+
+    def next_device(self, failed: set[int]) -> int | None:
+        """The next device to visit (devices in `failed` are passed over), or None when the walk
+        is done."""
+        while self.position < self.passes * len(self.ring):
+            device = self.ring[self.position % len(self.ring)]
+            self.position += 1
+            if device not in failed:
+                return device
+        return None
+
+    def deliver(self, comm: CommLedger, device: int) -> Message:
+        """Bill the delivery of `message` to `device` and return it (the device's downlink)."""
+        if self.holder is None:
+            comm.send(*self.entry, self.message)
+        elif self.holder != device:
+            comm.send("device-device", "peer", self.message)
+        return self.message
+
+    def accept(self, device: int, reply: Message) -> None:
+        """`device` answered: its reply is the next downlink, and it holds the model now."""
+        self.message, self.holder, self.last = reply, device, device
+
+
+def walk_rings(rc: RoundContext, round: int, walks: Sequence[RingWalk], tally: RoundTally) -> None:
+    """Run independent rings in lockstep: at each step, the next hop of every ring that has one
+    left goes into one `rc.client_updates` call (so the batched executor stacks them); hops of
+    one ring stay in order, each starting from the previous hop's reply. Failures are logged
+    and the failing device is skipped for the rest of the round; each reply is checked for
+    non-finite values. The result equals running the rings one after another: rings share no
+    device, and every client's randomness is keyed by (seed, round, client, purpose)."""
+    while True:
+        walk_of: dict[int, RingWalk] = {}
+        requests = []
+        for walk in walks:
+            device = walk.next_device(tally.failed)
+            if device is None:
+                continue
+            if device in walk_of:
+                raise ValueError(f"device {device} sits in two rings of one round")
+            walk_of[device] = walk
+            requests.append((device, walk.deliver(rc.comm, device)))
+        if not requests:
+            return
+        for device, up in isolate(rc.client_updates, round, requests):
+            if isinstance(up, ClientFailure):
+                _fail(rc, tally, up)
+                continue
+            check_finite(up, round, device)
+            tally.returned.add(device)
+            walk_of[device].accept(device, up)
 
 
 def _admitted(rc: RoundContext, tally: RoundTally, devices: Sequence[int], round: int) -> list[int]:
@@ -211,11 +258,11 @@ def ring_round(
     live = _admitted(rc, tally, ring, round)
     if not live:
         return _kept(rc, state, round, tally)
-    down = rc.configure(state, live[0], round)
-    last, device = run_ring(rc, down, live, 1, round, tally, state.get("holder"))
-    if last is None:
+    walk = RingWalk(live, 1, rc.configure(state, live[0], round), state.get("holder"))
+    walk_rings(rc, round, [walk], tally)
+    if walk.last is None:
         return _kept(rc, state, round, tally)
-    state, diag = rc.algorithm.aggregate(state, round, [Reply(device, last)])
+    state, diag = rc.algorithm.aggregate(state, round, [Reply(walk.last, walk.message)])
     return state, {**diag, "rings": [list(ring)], **tally.diagnostics()}
 
 
@@ -223,11 +270,12 @@ def edge_ring_round(
     rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cloud → edges → one ring per edge (`R` passes) → edges → cloud (FedSR, Algorithm 1).
-    An edge whose ring returned nothing sends no report."""
+    The edges' rings run in lockstep (`walk_rings`); an edge whose ring returned nothing sends
+    no report, and the reports reach the cloud in edge order."""
     role = _edge_role(rc)
     tally = RoundTally()
-    reports = []
     groups = role.edge_groups(clients, round)
+    started: list[tuple[int, dict, RingWalk]] = []
     for edge_id, ring in groups:
         live = _admitted(rc, tally, ring, round)
         down = rc.configure(state, edge_id, round)
@@ -236,13 +284,15 @@ def edge_ring_round(
             continue
         edge = role.edge_init(down, edge_id, live, round)
         first = role.edge_configure(edge, live[0], round, 0)
-        last, device = run_ring(
-            rc, first, live, role.ring_passes(), round, tally, entry=("device-edge", "down")
-        )
-        if last is None:
+        walk = RingWalk(live, role.ring_passes(), first, entry=("device-edge", "down"))
+        started.append((edge_id, edge, walk))
+    walk_rings(rc, round, [walk for _, _, walk in started], tally)
+    reports = []
+    for edge_id, edge, walk in started:
+        if walk.last is None:
             continue
-        rc.comm.send("device-edge", "up", last)
-        edge = role.edge_aggregate(edge, round, [Reply(device, last)])
+        rc.comm.send("device-edge", "up", walk.message)
+        edge = role.edge_aggregate(edge, round, [Reply(walk.last, walk.message)])
         up = role.edge_report(edge)
         rc.comm.send("edge-cloud", "up", up)
         reports.append(Reply(edge_id, up))
@@ -250,46 +300,76 @@ def edge_ring_round(
         return _kept(rc, state, round, tally)
     state, diag = _with_groups(rc.algorithm.aggregate(state, round, iter(reports)), groups)
     return state, {**diag, **tally.diagnostics()}
+
+
+@dataclass
+class _StarEdge:
+    """One HierFAVG edge during a round: its id, admitted devices, state, and whether any
+    device has returned to it yet."""
+
+    edge_id: int
+    live: list[int]
+    state: dict
+    aggregated: bool = False
 
 
 def edge_star_round(
     rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Cloud → edges; `κ2` edge aggregations of their devices; edges → cloud (HierFAVG).
-    An edge iteration with no reply leaves the edge model as it is; an edge none of whose
-    devices ever returned sends no report."""
+    Iteration `t` of every edge goes through one `rc.client_updates` call (requests edge by
+    edge, so the batched executor stacks all edges' devices); each edge aggregates its own
+    consecutive run of the reply stream. An edge iteration with no reply leaves the edge model
+    as it is; an edge none of whose devices ever returned sends no report."""
     role = _edge_role(rc)
     tally = RoundTally()
-    reports = []
     groups = role.edge_groups(clients, round)
+    edges = []
     for edge_id, members in groups:
         live = _admitted(rc, tally, members, round)
         down = rc.configure(state, edge_id, round)
         rc.comm.send("edge-cloud", "down", down)
-        edge = role.edge_init(down, edge_id, live, round)
-        aggregated = False
-        for iteration in range(role.edge_iterations()):
-            requests = []
-            for client_id in live:
-                if client_id in tally.failed:
-                    continue
-                message = role.edge_configure(edge, client_id, round, iteration)
-                rc.comm.send("device-edge", "down", message)
-                requests.append((client_id, message))
-            replies = reply_stream(rc, round, requests, "device-edge", tally)
-            result = stream_into(lambda e, k, rs: (role.edge_aggregate(e, k, rs),), edge, round, replies)
-            if result is not None:
-                (edge,) = result
-                aggregated = True
-        if not aggregated:
+        edges.append(_StarEdge(edge_id, live, role.edge_init(down, edge_id, live, round)))
+    for iteration in range(role.edge_iterations()):
+        _edge_iteration(rc, role, edges, round, iteration, tally)
+    reports = []
+    for edge in edges:
+        if not edge.aggregated:
             continue
-        up = role.edge_report(edge)
+        up = role.edge_report(edge.state)
         rc.comm.send("edge-cloud", "up", up)
-        reports.append(Reply(edge_id, up))
+        reports.append(Reply(edge.edge_id, up))
     if not reports:
         return _kept(rc, state, round, tally)
     state, diag = _with_groups(rc.algorithm.aggregate(state, round, iter(reports)), groups)
     return state, {**diag, **tally.diagnostics()}
+
+
+def _edge_iteration(
+    rc: RoundContext, role: EdgeRole, edges: Sequence[_StarEdge], round: int, iteration: int,
+    tally: RoundTally,
+) -> None:
+    """Edge iteration `iteration` of every edge: all downlinks in one `client_updates` call,
+    the reply stream cut lazily into per-edge runs (the executors yield in request order)."""
+    edge_of: dict[int, int] = {}
+    requests = []
+    for index, edge in enumerate(edges):
+        for client_id in edge.live:
+            if client_id in tally.failed:
+                continue
+            message = role.edge_configure(edge.state, client_id, round, iteration)
+            rc.comm.send("device-edge", "down", message)
+            requests.append((client_id, message))
+            edge_of[client_id] = index
+    replies = reply_stream(rc, round, requests, "device-edge", tally)
+    done: set[int] = set()
+    for index, run in groupby(replies, key=lambda reply: edge_of[reply.client_id]):
+        if index in done:
+            raise RuntimeError(f"the replies of edge {edges[index].edge_id} came out of request order")
+        done.add(index)
+        edge = edges[index]
+        (edge.state,) = stream_into(lambda e, k, rs: (role.edge_aggregate(e, k, rs),), edge.state, round, run)
+        edge.aggregated = True
 
 
 ROUND_RUNNERS: dict[str, RoundRunner] = {

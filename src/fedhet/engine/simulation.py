@@ -121,7 +121,7 @@ class Simulation:
         return message
 
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
-        """One client, in place on the shared model (the sequential executor, ring hops)."""
+        """One client, in place on the shared model (the sequential executor)."""
         return self.clients.update(client_id, message, round)
 
     def keep_buffers(self, client_id: int, reply: Message) -> None:

@@ -13,8 +13,8 @@ At most `8 N` tasks are in flight (`IN_FLIGHT`), so the replies waiting for the 
 streaming round runners. A client that raises comes back as a `ClientFailure` (the round goes
 on without it); `Diverged`, `FedhetError` and interrupts end the run as in one process. The
 pool is forked on first use (`fork`: the copy of the run costs nothing up front) and closed
-when the run ends. Rings and edge-rings call `client_update` hop by hop and stay in the main
-process.
+when the run ends. FedSR's rings reach the workers hop by hop, hop `h` of every edge's ring
+together; the single ring of `ring` (one client per call) stays in the main process.
 """
 
 from __future__ import annotations
