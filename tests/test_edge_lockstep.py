@@ -115,7 +115,7 @@ class StackSpy:
         self.stacks: list[set[int]] = []
         self.sizes: list[int] = []
         """`len(jobs)` of each call, to check that the parked clients are exactly the stack."""
-        run_client, sgd_many = sim.run_client, sim.executor.cohort.sgd_many
+        run_client, sgd_many = sim.clients.run_client, sim.executor.cohort.sgd_many
         spy = self
 
         class Trainer:
@@ -140,7 +140,7 @@ class StackSpy:
             self.stacks.append(set(self.parked))
             return sgd_many(jobs)
 
-        sim.run_client = spied_run_client
+        sim.clients.run_client = spied_run_client
         sim.executor.cohort.sgd_many = stacked
 
     def check(self) -> list[set[int]]:
