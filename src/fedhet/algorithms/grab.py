@@ -35,7 +35,7 @@ from fedhet.algorithms.fedavg import FedAvg
 def grab_init(num_units: int, dim: int) -> dict[str, Any]:
     """GraB state for `num_units` units: identity order, zero stale mean."""
     return {
-        "order": torch.arange(num_units), "next": torch.empty(num_units, dtype=torch.long),
+        "order": torch.arange(num_units), "next": torch.full((num_units,), -1, dtype=torch.long),
         "pos": 0, "left": 0, "right": num_units - 1,
         "mean": torch.zeros(dim), "epoch_sum": torch.zeros(dim, dtype=torch.float64),
         "s": torch.zeros(dim, dtype=torch.float64),
