@@ -109,7 +109,9 @@ def train(msg: Message, context: Context) -> Message:
         )
     world.client_states = {}
     if STATE in context.state:
-        world.client_states[client_id] = unpack_state(context.state.config_records[STATE])
+        world.client_states[client_id] = unpack_state(
+            context.state.config_records[STATE], world.algorithm, client_id
+        )
     up = world.client_update(client_id, down, int(meta["round"]))
     context.state[STATE] = pack_state(world.client_states[client_id])
     world._round_buffers = []

@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 from fedhet.algorithms.base import Algorithm, Message, Reply
 from fedhet.algorithms.hierarchical import EdgeRole
+from fedhet.algorithms.state import ring_holder
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.failures import ClientFailure
 from fedhet.engine.faults import (
@@ -204,7 +205,7 @@ def ring_round(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One ring of all sampled devices (ring-optimization, eqs. 8–9); dropped devices are left
     out of the ring. The model enters from the device that held it at the end of the last round
-    (`state["holder"]`; the initialiser in round 0)."""
+    (`RingState.holder`; the initialiser in round 0)."""
     role = _edge_role(rc)
     tally = RoundTally()
     ((_, ring),) = role.edge_groups(clients, round)
@@ -212,7 +213,7 @@ def ring_round(
     if not live:
         return _kept(rc, state, round, tally)
     down = rc.configure(state, live[0], round)
-    last, device = run_ring(rc, down, live, 1, round, tally, state.get("holder"))
+    last, device = run_ring(rc, down, live, 1, round, tally, ring_holder(state))
     if last is None:
         return _kept(rc, state, round, tally)
     state, diag = rc.algorithm.aggregate(state, round, [Reply(device, last)])

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from fedhet.algorithms import state as states
 from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Algorithm, ClientContext, Message, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.comm import CommLedger
@@ -223,7 +224,7 @@ class Simulation:
         A round whose model, loss or aggregate is not finite stops the run: the summary says
         `status: diverged` with the round and client, and the last good checkpoint is kept."""
         cfg = self.cfg
-        state = self.algorithm.init(self.w0)
+        state = states.initial_state(self.algorithm, self.w0)
         rows: list[dict[str, Any]] = []
         start, elapsed = 0, 0.0
         if resume and self.store is not None:
@@ -232,7 +233,8 @@ class Simulation:
                 check_resumable(ckpt.get("config"), cfg.to_dict())
                 check_same_split(ckpt.get("split"), self.split)
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
-                state, self.client_states = ckpt["server"], ckpt["clients"]
+                state = states.restore_state(self.algorithm, ckpt["server"])
+                self.client_states = states.restore_clients(self.algorithm, ckpt["clients"])
                 self.buffers = ckpt["buffers"]
                 self.comm.restore(ckpt["comm"])
                 rows = self.store.rows_until(start)
@@ -316,14 +318,14 @@ class Simulation:
     def _average_buffers(self, state: dict[str, Any]) -> dict[str, Any]:
         """The round's BatchNorm statistics, aggregated as the model is **[choice]**.
 
-        An algorithm that aggregates them itself returns them under `BUFFERS` in its state
+        An algorithm that aggregates them itself returns them in its state's `buffers`
         (hierarchical topologies: the edges average their devices' statistics with the model,
         the cloud the edges'); they are taken out of the state here. Otherwise (star
         topologies) the engine averages the statistics of every client update of the round with
         the run's weights (`buffer_weight`: `D_i`, or 1 with `weighting="uniform"`)."""
-        if BUFFERS in state:
-            state = dict(state)
-            self.buffers = state.pop(BUFFERS).to(self.buffers.device, torch.float32)
+        state, buffers = states.take_buffers(state)
+        if buffers is not None:
+            self.buffers = buffers.to(self.buffers.device, torch.float32)
         elif self._round_buffers:
             stacked = torch.stack([b.to(torch.float64) for _, b in self._round_buffers])
             weights = torch.tensor(
@@ -361,7 +363,8 @@ class Simulation:
             self.store.append_diagnostics(record)
         if done % self.cfg.checkpoint_every == 0 or done == self.cfg.rounds:
             self.store.save_checkpoint({
-                "round": done, "elapsed": elapsed, "server": state, "clients": self.client_states,
+                "round": done, "elapsed": elapsed, "server": states.state_record(state),
+                "clients": states.client_records(self.client_states),
                 "buffers": self.buffers, "comm": self.comm.state(), "config": self.cfg.to_dict(),
                 "split": self.split,
             })
