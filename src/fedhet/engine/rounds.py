@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from fedhet.algorithms.base import Algorithm, Message, Reply
+from fedhet.algorithms.base import Algorithm, Message, Reply, ServerState
 from fedhet.algorithms.hierarchical import EdgeRole
 from fedhet.algorithms.state import ring_holder
 from fedhet.engine.comm import CommLedger
@@ -62,7 +62,7 @@ class RoundContext(Protocol):
     log: Callable[[str], None]
     """Optional (`print` when absent): one line per failed client or empty round."""
 
-    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
+    def configure(self, state: ServerState, client_id: int, round: int) -> Message:
         """`algorithm.configure` plus what the engine adds to every downlink (BN statistics)."""
         ...
 
@@ -79,7 +79,7 @@ class RoundContext(Protocol):
         ...
 
 
-RoundRunner = Callable[[RoundContext, dict[str, Any], int, Sequence[int]], tuple[dict, dict]]
+RoundRunner = Callable[[RoundContext, ServerState, int, Sequence[int]], tuple[ServerState, dict]]
 
 
 def _faults(rc: RoundContext) -> FaultModel:
@@ -124,14 +124,14 @@ def stream_into(aggregate: Callable, state: Any, round: int, replies: Iterable[R
     return result
 
 
-def _kept(rc: RoundContext, state: dict[str, Any], round: int, tally: RoundTally, where: str = ""):
+def _kept(rc: RoundContext, state: ServerState, round: int, tally: RoundTally, where: str = ""):
     _log(rc, f"round {round + 1}: no client returned{where}; server state kept")
     return state, tally.diagnostics()
 
 
 def star_round(
-    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    rc: RoundContext, state: ServerState, round: int, clients: Sequence[int]
+) -> tuple[ServerState, dict[str, Any]]:
     """Cloud → each sampled device → cloud, then one aggregation over those that returned."""
     faults, tally = _faults(rc), RoundTally()
     requests = []
@@ -155,7 +155,9 @@ def _edge_role(rc: RoundContext) -> EdgeRole:
     return algorithm
 
 
-def _with_groups(result: tuple[dict, dict], groups: list[tuple[int, list[int]]]) -> tuple[dict, dict]:
+def _with_groups(
+    result: tuple[ServerState, dict], groups: list[tuple[int, list[int]]]
+) -> tuple[ServerState, dict]:
     """Record the round's edge groups (in ring order) for diagnostics.jsonl."""
     state, diag = result
     return state, {**diag, "rings": [list(g) for _, g in groups], "edge_ids": [m for m, _ in groups]}
@@ -201,8 +203,8 @@ def _admitted(rc: RoundContext, tally: RoundTally, devices: Sequence[int], round
 
 
 def ring_round(
-    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    rc: RoundContext, state: ServerState, round: int, clients: Sequence[int]
+) -> tuple[ServerState, dict[str, Any]]:
     """One ring of all sampled devices (ring-optimization, eqs. 8–9); dropped devices are left
     out of the ring. The model enters from the device that held it at the end of the last round
     (`RingState.holder`; the initialiser in round 0)."""
@@ -221,8 +223,8 @@ def ring_round(
 
 
 def edge_ring_round(
-    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    rc: RoundContext, state: ServerState, round: int, clients: Sequence[int]
+) -> tuple[ServerState, dict[str, Any]]:
     """Cloud → edges → one ring per edge (`R` passes) → edges → cloud (FedSR, Algorithm 1).
     An edge whose ring returned nothing sends no report."""
     role = _edge_role(rc)
@@ -254,8 +256,8 @@ def edge_ring_round(
 
 
 def edge_star_round(
-    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    rc: RoundContext, state: ServerState, round: int, clients: Sequence[int]
+) -> tuple[ServerState, dict[str, Any]]:
     """Cloud → edges; `κ2` edge aggregations of their devices; edges → cloud (HierFAVG).
     An edge iteration with no reply leaves the edge model as it is; an edge none of whose
     devices ever returned sends no report."""

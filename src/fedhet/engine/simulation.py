@@ -137,7 +137,7 @@ class Simulation:
             self.executor = make_executor(self, self.executor_name, cfg.cohort_chunk)
 
     # -- the round runner's protocol -----------------------------------------------------
-    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
+    def configure(self, state: states.ServerState, client_id: int, round: int) -> Message:
         """The algorithm's downlink message, plus BatchNorm statistics when the model has any."""
         message = self.algorithm.configure(state, client_id, round)
         if self.buffers.numel():
@@ -293,7 +293,7 @@ class Simulation:
             self.store.write_summary(summary)
         return summary
 
-    def _check_finite(self, state: dict[str, Any], row: dict[str, Any], round: int) -> None:
+    def _check_finite(self, state: states.ServerState, row: dict[str, Any], round: int) -> None:
         """Raise `Diverged` when the global model or its evaluated loss is not finite."""
         if not bool(torch.isfinite(self.algorithm.eval_params(state)).all()):
             raise Diverged(round, "global model parameters")
@@ -315,7 +315,7 @@ class Simulation:
             self.store.write_summary(summary)
         return summary
 
-    def _average_buffers(self, state: dict[str, Any]) -> dict[str, Any]:
+    def _average_buffers(self, state: states.ServerState) -> states.ServerState:
         """The round's BatchNorm statistics, aggregated as the model is **[choice]**.
 
         An algorithm that aggregates them itself returns them in its state's `buffers`
@@ -335,7 +335,7 @@ class Simulation:
         self._round_buffers = []
         return state
 
-    def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:
+    def _evaluate(self, state: states.ServerState, round: int, diag: dict[str, float]) -> dict:
         cfg = self.cfg
         row: dict[str, Any] = {"round": round}
         if self._evaluated(round):
