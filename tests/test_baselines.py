@@ -33,7 +33,7 @@ def simulate(algorithm: str, **settings) -> Simulation:
 
 
 def final(algorithm: str, **settings) -> torch.Tensor:
-    return simulate(algorithm, **settings).final_state["w"]
+    return simulate(algorithm, **settings).final_state.w
 
 
 def server(name: str, num_clients: int = 2, **params):
@@ -98,9 +98,9 @@ def test_scaffold_option_two_control_variates_after_round_zero():
     for i, tau in enumerate([2, 3, 4, 5, 6]):
         y_i = _client_model(fedavg, i)
         expected = (x0 - y_i) / (tau * 0.1)
-        assert torch.allclose(sim.client_states[i], expected, atol=1e-5)
-        c += p[i] * sim.client_states[i].double()
-    assert torch.allclose(sim.final_state["c"].double(), c, atol=1e-6)
+        assert torch.allclose(sim.client_states[i].c_i, expected, atol=1e-5)
+        c += p[i] * sim.client_states[i].c_i.double()
+    assert torch.allclose(sim.final_state.c.double(), c, atol=1e-6)
 
 
 def _client_model(sim: Simulation, client_id: int) -> torch.Tensor:
@@ -114,9 +114,9 @@ def test_scaffold_option_one_control_variates_are_full_gradients():
     sim = simulate("scaffold", rounds=1, algorithm_params={"option": "I"})
     trainer = sim.trainer
     for i, indices in enumerate(sim.client_indices):
-        assert torch.allclose(sim.client_states[i], trainer.full_gradient(sim.w0, indices), atol=1e-6)
+        assert torch.allclose(sim.client_states[i].c_i, trainer.full_gradient(sim.w0, indices), atol=1e-6)
     everyone = torch.cat(list(sim.client_indices))
-    assert torch.allclose(sim.final_state["c"], trainer.full_gradient(sim.w0, everyone), atol=1e-5)
+    assert torch.allclose(sim.final_state.c, trainer.full_gradient(sim.w0, everyone), atol=1e-5)
 
 
 def test_scaffold_single_client_follows_fedavg_and_c_is_last_mean_gradient():
@@ -126,10 +126,10 @@ def test_scaffold_single_client_follows_fedavg_and_c_is_last_mean_gradient():
     sim = simulate("scaffold", **settings)
     x_last = final("fedavg", **settings)
     x_before = final("fedavg", **{**settings, "rounds": 2})
-    assert torch.allclose(sim.final_state["w"], x_last, atol=1e-6)
-    assert torch.allclose(sim.final_state["c"], sim.client_states[0], atol=1e-6)
+    assert torch.allclose(sim.final_state.w, x_last, atol=1e-6)
+    assert torch.allclose(sim.final_state.c, sim.client_states[0].c_i, atol=1e-6)
     expected_c = (x_before - x_last) / (BASE["local_steps"] * BASE["lr"])
-    assert torch.allclose(sim.final_state["c"], expected_c, atol=1e-4)
+    assert torch.allclose(sim.final_state.c, expected_c, atol=1e-4)
 
 
 def test_scaffold_partial_participation_scales_the_c_update():
@@ -143,8 +143,8 @@ def test_scaffold_partial_participation_scales_the_c_update():
     ]
     state, diag = alg.aggregate(state, 0, replies)
     # c ← c + (|S|/N) Σ_S p_i Δc_i with p = (1/4, 3/4), |S|/N = 1/2
-    assert torch.allclose(state["c"], torch.tensor([0.125, 0.75, 0.0]))
-    assert diag["c_norm"] == pytest.approx(float(state["c"].norm()))
+    assert torch.allclose(state.c, torch.tensor([0.125, 0.75, 0.0]))
+    assert diag["c_norm"] == pytest.approx(float(state.c.norm()))
 
 
 # -- FedNova ------------------------------------------------------------------------------
@@ -187,7 +187,7 @@ def test_fednova_one_round_on_linear_losses_matches_hand_derivation(momentum):
     a = torch.tensor([normaliser(t, lr, momentum) for t in steps], dtype=torch.float64)
     tau_eff = float(p @ a)
     expected = -lr * tau_eff * (p @ e.double())
-    assert torch.allclose(sim.final_state["w"].double(), expected, atol=1e-6)
+    assert torch.allclose(sim.final_state.w.double(), expected, atol=1e-6)
 
 
 def test_fednova_with_equal_steps_equals_fedavg():
@@ -230,10 +230,10 @@ def test_fednova_server_rule_and_momentum_on_hand_replies():
     # p = (1/4, 3/4); τ_eff = 0.5 + 4.5 = 5; step = τ_eff Σ p_i d_i = (1.25, 3.75, 0)
     assert diag["tau_eff"] == pytest.approx(5.0)
     assert diag["a"] == {0: 2.0, 1: 6.0}
-    assert torch.allclose(state["w"], torch.tensor([-0.125, -0.375, 0.0]))
+    assert torch.allclose(state.w, torch.tensor([-0.125, -0.375, 0.0]))
     state, _ = alg.aggregate(state, 1, replies)
     # u = 0.5 u + step = (1.875, 5.625, 0); w = w − 0.1 u
-    assert torch.allclose(state["w"], torch.tensor([-0.3125, -0.9375, 0.0]))
+    assert torch.allclose(state.w, torch.tensor([-0.3125, -0.9375, 0.0]))
 
 
 # -- FedAvgM ------------------------------------------------------------------------------
@@ -250,8 +250,8 @@ def test_fedavgm_accumulates_momentum():
             Reply(1, Message({"delta": torch.zeros(2)}, {"num_samples": 1.0})),
         ]
         state, _ = alg.aggregate(state, k, replies)
-        assert torch.allclose(state["d"], torch.tensor(expected_d[k]))
-        assert torch.allclose(state["w"], torch.tensor(expected_w[k]))
+        assert torch.allclose(state.d, torch.tensor(expected_d[k]))
+        assert torch.allclose(state.w, torch.tensor(expected_w[k]))
 
 
 def test_fedavgm_gamma_zero_equals_fedavg_bit_for_bit():
@@ -275,7 +275,7 @@ def test_scaffold_option_two_with_momentum_is_the_weighted_mean_gradient():
     e = torch.tensor([[1.0, -2.0, 0.5], [0.5, 0.0, -1.0]])
     sim = run_quadratic("scaffold", e, [4, 4], [5, 5], 0.05, 1, model=LINEAR_MODEL, momentum=0.9)
     for i in range(2):
-        assert torch.allclose(sim.client_states[i], e[i], atol=1e-5)
+        assert torch.allclose(sim.client_states[i].c_i, e[i], atol=1e-5)
 
 
 def test_scaffold_with_momentum_learns_where_it_used_to_diverge():

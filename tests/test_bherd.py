@@ -110,43 +110,43 @@ def run(settings: dict, store: RunStore | None = None) -> Simulation:
 def test_alpha_one_is_fedavg(rescale):
     fedavg = run({"algorithm": "fedavg", "batch_order": "fixed"})
     herd = run({"algorithm": "bherd", "algorithm.alpha": 1.0, "algorithm.rescale": rescale})
-    assert torch.allclose(herd.final_state["w"], fedavg.final_state["w"], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(herd.final_state.w, fedavg.final_state.w, rtol=1e-5, atol=1e-6)
 
 
 def test_alpha_one_with_reshuffling_is_fedavg_with_reshuffling():
     rr = run({"algorithm": "bherd", "algorithm.alpha": 1.0, "algorithm.order": "reshuffle"})
     fedavg_rr = run({"algorithm": "fedavg"})
-    assert torch.allclose(rr.final_state["w"], fedavg_rr.final_state["w"], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(rr.final_state.w, fedavg_rr.final_state.w, rtol=1e-5, atol=1e-6)
 
 
 def test_rescale_false_scales_the_step_by_m_over_tau():
     """Eq. 7: `Σ p_i η τ_i G_i` vs `Σ p_i η m_i G_i`; here every client has τ = 14, m = 7."""
     w0 = run({"algorithm": "bherd", "rounds": 1}).w0
-    by_tau = run({"algorithm": "bherd", "rounds": 1}).final_state["w"] - w0
-    by_m = run({"algorithm": "bherd", "rounds": 1, "algorithm.rescale": False}).final_state["w"] - w0
+    by_tau = run({"algorithm": "bherd", "rounds": 1}).final_state.w - w0
+    by_m = run({"algorithm": "bherd", "rounds": 1, "algorithm.rescale": False}).final_state.w - w0
     assert torch.allclose(by_m, 0.5 * by_tau, atol=1e-7)
 
 
 def test_bherd_differs_from_fedavg_below_alpha_one():
     fedavg = run({"algorithm": "fedavg", "batch_order": "fixed", "rounds": 1})
     herd = run({"algorithm": "bherd", "rounds": 1})
-    assert not torch.allclose(herd.final_state["w"], fedavg.final_state["w"], atol=1e-4)
+    assert not torch.allclose(herd.final_state.w, fedavg.final_state.w, atol=1e-4)
 
 
 def test_bherd_scaffold_with_zero_control_variates_is_bherd():
     plain = run({"algorithm": "bherd", "rounds": 1})
     scaf = run({"algorithm": "bherd-scaffold", "rounds": 1})
-    assert torch.allclose(scaf.final_state["w"], plain.final_state["w"], rtol=1e-6, atol=1e-7)
+    assert torch.allclose(scaf.final_state.w, plain.final_state.w, rtol=1e-6, atol=1e-7)
     # full participation from c = c_i = 0: the server's c is the p_i-weighted mean of the
     # clients' c_i (SCAFFOLD's rule: the same weights as the model step)
     ids = sorted(scaf.client_states)
-    cs = torch.stack([scaf.client_states[i]["c"] for i in ids])
+    cs = torch.stack([scaf.client_states[i].c_i for i in ids])
     sizes = torch.tensor([len(scaf.client_indices[i]) for i in ids], dtype=torch.float32)
-    assert torch.allclose(scaf.final_state["c"], (sizes / sizes.sum()) @ cs, atol=1e-6)
+    assert torch.allclose(scaf.final_state.c, (sizes / sizes.sum()) @ cs, atol=1e-6)
     assert float(cs.norm()) > 0
     uniform = run({"algorithm": "bherd-scaffold", "rounds": 1, "algorithm.weighting": "uniform"})
-    cs = torch.stack([uniform.client_states[i]["c"] for i in ids])
-    assert torch.allclose(uniform.final_state["c"], cs.mean(0), atol=1e-6)
+    cs = torch.stack([uniform.client_states[i].c_i for i in ids])
+    assert torch.allclose(uniform.final_state.c, cs.mean(0), atol=1e-6)
 
 
 @pytest.mark.parametrize("executor", ["sequential", "batched"])
@@ -165,20 +165,20 @@ def test_bherd_scaffold_option_one_is_the_gradient_at_the_received_model(executo
     for i, indices in enumerate(sim.client_indices):
         sim.model.buffers.copy_(received)
         grad = sim.trainer.full_gradient(sim.w0, indices)
-        assert torch.allclose(sim.client_states[i]["c"], grad, atol=1e-6)
+        assert torch.allclose(sim.client_states[i].c_i, grad, atol=1e-6)
 
 
 def test_bherd_fednova_equals_bherd_when_steps_are_equal():
     same = {"local_steps": 5, "rounds": 2}
     a = run({"algorithm": "bherd", **same})
     b = run({"algorithm": "bherd-fednova", **same})
-    assert torch.allclose(a.final_state["w"], b.final_state["w"], rtol=1e-5, atol=1e-6)
+    assert torch.allclose(a.final_state.w, b.final_state.w, rtol=1e-5, atol=1e-6)
 
 
 def test_fixed_order_walks_on_through_the_data_across_rounds():
     sim = run({"algorithm": "bherd", "local_epochs": 0.5, "rounds": 1})
     per_epoch = len(sim.client_indices[0]) // 32
-    assert sim.client_states[0]["cursor"] == per_epoch // 2
+    assert sim.client_states[0].cursor == per_epoch // 2
 
 
 def test_diagnostics_and_learning(tmp_path):

@@ -75,7 +75,7 @@ def test_server_step_by_hand(monkeypatch, reading, server_lr, expected):
     params = bherd.BHerdParams(alpha=0.5, reading=reading, server_lr=server_lr)
     new, reply, _, _ = one_round(monkeypatch, "bherd", params)
     assert reply.tensors["kept"].tolist() == [2, 1]
-    assert float(new["w"]) == pytest.approx(expected, abs=1e-6)
+    assert float(new.w) == pytest.approx(expected, abs=1e-6)
 
 
 def test_alpha_one_by_hand(monkeypatch):
@@ -85,7 +85,7 @@ def test_alpha_one_by_hand(monkeypatch):
     for reading, expected in (("mean-tau", fedavg), ("sum", fedavg), ("fixed-point", 8.0)):
         params = bherd.BHerdParams(alpha=1.0, reading=reading)
         new, _, _, _ = one_round(monkeypatch, "bherd", params)
-        assert float(new["w"]) == pytest.approx(expected, abs=1e-6), reading
+        assert float(new.w) == pytest.approx(expected, abs=1e-6), reading
 
 
 def test_fixed_point_gradients_are_taken_at_the_global_model(monkeypatch):
@@ -94,7 +94,7 @@ def test_fixed_point_gradients_are_taken_at_the_global_model(monkeypatch):
     _, reply, client_state, _ = one_round(monkeypatch, "bherd", params)
     assert reply.scalars["train_loss"] == pytest.approx(0.5 * 114 / 4)
     assert float(reply.tensors["G"]) == pytest.approx(-2.5)
-    assert client_state["cursor"] == 0
+    assert client_state.cursor == 0
 
 
 def test_bherd_scaffold_readings_by_hand(monkeypatch):
@@ -105,9 +105,9 @@ def test_bherd_scaffold_readings_by_hand(monkeypatch):
     ):
         params = bherd.BHerdScaffoldParams(alpha=0.5, reading=reading)
         new, _, client_state, diag = one_round(monkeypatch, "bherd-scaffold", params)
-        assert float(new["w"]) == pytest.approx(w_expected, abs=1e-6), reading
-        assert float(client_state["c"]) == pytest.approx(c_expected, abs=1e-6), reading
-        assert float(new["c"]) == pytest.approx(c_expected, abs=1e-6)  # one client: c = c_1
+        assert float(new.w) == pytest.approx(w_expected, abs=1e-6), reading
+        assert float(client_state.c_i) == pytest.approx(c_expected, abs=1e-6), reading
+        assert float(new.c) == pytest.approx(c_expected, abs=1e-6)  # one client: c = c_1
         assert diag["c_norm"] == pytest.approx(abs(c_expected), abs=1e-6)
 
 
@@ -129,7 +129,7 @@ def final_w(settings: dict) -> torch.Tensor:
     cfg = config_of({**BASE, **settings})
     sim = Simulation(cfg, store=None, log=lambda s: None)
     sim.run()
-    return sim.final_state["w"]
+    return sim.final_state.w
 
 
 def test_sum_at_alpha_one_is_fedavg_through_the_engine():

@@ -93,4 +93,4 @@ def test_central_uses_all_data_as_one_client():
     assert len(sim.client_indices[0]) == len(sim.data.y_train)
     w0 = sim.w0.clone()
     sim.run()
-    assert not torch.equal(sim.final_state["w"], w0)
+    assert not torch.equal(sim.final_state.w, w0)

@@ -241,7 +241,7 @@ def test_auto_rule_and_chunks():
     cfg = config_of({**BASE, "algorithm": "fedavg", "executor": "batched", "cohort_chunk": 3})
     sim = Simulation(cfg, log=lambda _: None)
     sim.run()
-    assert torch.allclose(sim.final_state["w"], one.final_state["w"], atol=1e-6)
+    assert torch.allclose(sim.final_state.w, one.final_state.w, atol=1e-6)
 
 
 def test_batchnorm_model_end_to_end():
@@ -264,7 +264,7 @@ def test_batchnorm_model_end_to_end():
         sim.run()
     seq, bat = sims["sequential"], sims["batched"]
     assert seq.buffers.numel() and bat.executor_name == "batched"
-    assert float((bat.final_state["w"] - seq.final_state["w"]).norm() / seq.final_state["w"].norm()) < 1e-4
+    assert float((bat.final_state.w - seq.final_state.w).norm() / seq.final_state.w.norm()) < 1e-4
     assert torch.allclose(bat.buffers, seq.buffers, atol=1e-4, rtol=1e-4)
 
 

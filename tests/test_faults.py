@@ -148,14 +148,14 @@ def test_partial_participation_matches_hand_computation(name, faults):
     p = {i: SIZES[i] / total for i in kept}
     mean = sum(p[i] * delta(i) for i in kept)
     if name == "fedavg":
-        assert torch.allclose(new["w"], mean)
+        assert torch.allclose(new.w, mean)
     elif name == "scaffold":
-        assert torch.allclose(new["w"], mean)
-        assert torch.allclose(new["c"], (len(kept) / 4) * 2 * mean)  # c += (|S|/N) Σ_S p_i Δc_i
+        assert torch.allclose(new.w, mean)
+        assert torch.allclose(new.c, (len(kept) / 4) * 2 * mean)  # c += (|S|/N) Σ_S p_i Δc_i
     else:
         tau_eff = sum(p[i] * (1.0 + i) for i in kept)
         assert diag["tau_eff"] == pytest.approx(tau_eff)
-        assert torch.allclose(new["w"], 0.1 * tau_eff * mean)  # w − η τ_eff Σ p_i d_i, d_i = −Δ_i
+        assert torch.allclose(new.w, 0.1 * tau_eff * mean)  # w − η τ_eff Σ p_i d_i, d_i = −Δ_i
     assert diag["clients_sampled"] == 4
     assert diag["clients_returned"] == len(kept)
     assert diag["clients_dropped"] == len(faults.dropped) + len(faults.late)
@@ -172,7 +172,7 @@ def test_a_client_that_raises_is_dropped_and_logged():
     new, diag = star_round(rc, algo.init(torch.zeros(3)), 4, [0, 1, 2, 3])
     kept = [0, 1, 3]
     total = sum(SIZES[i] for i in kept)
-    assert torch.allclose(new["w"], sum(SIZES[i] / total * delta(i) for i in kept))
+    assert torch.allclose(new.w, sum(SIZES[i] / total * delta(i) for i in kept))
     assert diag["clients_failed"] == 1 and diag["clients_returned"] == 3
     assert rc.calls == [0, 1, 2, 3]
     assert rc.lines == ["round 5: client 2 failed and is dropped for the round: RuntimeError: disk full on 2"]
@@ -193,7 +193,7 @@ def test_executor_failures_are_accepted_from_any_executor():
 
     rc = Pool(algo, star_reply)
     new, diag = star_round(rc, algo.init(torch.zeros(3)), 0, [0, 1, 2, 3])
-    assert torch.allclose(new["w"], (2 * delta(1) + 3 * delta(2)) / 5)
+    assert torch.allclose(new.w, (2 * delta(1) + 3 * delta(2)) / 5)
     assert diag["clients_failed"] == 2
     assert rc.lines[0].endswith("OSError: worker died")
     assert "no reply from the executor" in rc.lines[1]
@@ -259,8 +259,8 @@ def test_ring_skips_dropped_and_failed_devices(dropped, raises):
     live = [d for d in range(4) if d not in dropped]
     assert rc.calls == live  # a dropped device is never contacted; a failing one is tried
     answered = [d for d in live if d not in raises]
-    assert torch.equal(new["w"], torch.full((3,), float(len(answered))))
-    assert new["holder"] == answered[-1]
+    assert torch.equal(new.w, torch.full((3,), float(len(answered))))
+    assert new.holder == answered[-1]
     # one hop into each device that was tried (the entry hop included)
     assert rc.comm.round_transfers["device-device"] == len(live)
     assert diag["clients_returned"] == len(answered)
@@ -283,7 +283,7 @@ def test_edge_ring_skips_an_edge_with_nobody_left():
     rc = Context(algo, ring_reply, Drop(dropped={0, 1}))
     new, diag = edge_ring_round(rc, state, 0, [0, 1, 2, 3])
     # edge 1 (devices 2, 3) ran 2 passes: 4 hops, each adding 1; edge 0 sent no report
-    assert torch.equal(new["w"], torch.full((3,), 4.0))
+    assert torch.equal(new.w, torch.full((3,), 4.0))
     assert diag["edges"] == 1.0 and rc.calls == [2, 3, 2, 3]
     assert rc.comm.round_transfers["edge-cloud"] == 3  # two downlinks, one report
 
@@ -304,7 +304,7 @@ def test_ring_of_one_device_bills_no_hop_to_itself():
 def test_dropout_zero_equals_the_plain_run(algo):
     plain, _ = simulate(algo)
     zero, _ = simulate(algo, client_dropout=0.0, straggler_fraction=0.0)
-    assert torch.equal(plain.final_state["w"], zero.final_state["w"])
+    assert torch.equal(plain.final_state.w, zero.final_state.w)
 
 
 def test_dropout_is_reproducible_and_changes_the_run():
@@ -312,8 +312,8 @@ def test_dropout_is_reproducible_and_changes_the_run():
     a, _ = simulate("scaffold", **settings)
     b, _ = simulate("scaffold", **settings)
     plain, _ = simulate("scaffold", rounds=3, seed=5)
-    assert torch.equal(a.final_state["w"], b.final_state["w"])
-    assert not torch.equal(a.final_state["w"], plain.final_state["w"])
+    assert torch.equal(a.final_state.w, b.final_state.w)
+    assert not torch.equal(a.final_state.w, plain.final_state.w)
     faults = FaultModel(seed=5, client_dropout=0.4, straggler_fraction=0.2)
     dropped = sum(faults.outcome(c, k) != OK for c in range(6) for k in range(3))
     assert dropped > 0
@@ -323,7 +323,7 @@ def test_dropout_is_reproducible_and_changes_the_run():
 def test_all_clients_dropped_keeps_the_initial_model(algo):
     edges = {"algorithm.clusters": 2} if algo in ("fedsr", "hierfavg") else {}
     sim, lines = simulate(algo, client_dropout=1.0, **edges)
-    assert torch.equal(sim.final_state["w"], sim.w0)
+    assert torch.equal(sim.final_state.w, sim.w0)
     assert lines.count("round 1: no client returned; server state kept") == 1
     assert sim.comm.total_transfers.get("device-device", 0) == 0
 
@@ -363,5 +363,5 @@ def test_a_resumed_run_drops_the_same_clients(tmp_path):
     resumed.runner = lambda rc, state, k, clients: (rounds.append(k), runner(rc, state, k, clients))[1]
     resumed.run(resume=True)
     assert rounds == [2, 3]  # it did continue from the checkpoint
-    assert torch.equal(resumed.final_state["w"], whole.final_state["w"])
-    assert torch.equal(resumed.final_state["c"], whole.final_state["c"])
+    assert torch.equal(resumed.final_state.w, whole.final_state.w)
+    assert torch.equal(resumed.final_state.c, whole.final_state.c)

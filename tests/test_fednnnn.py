@@ -117,7 +117,7 @@ def test_norm_norm_moves_server_by_beta_e(beta: float) -> None:
     state, diag = algo.aggregate(algo.init(w0), 0, replies(deltas, sizes))
     p = np.array(sizes) / sum(sizes)
     E = sum(pi * np.linalg.norm(d) for pi, d in zip(p, deltas, strict=True))
-    assert float((state["w"] - w0).norm()) == pytest.approx(beta * E, rel=1e-5)
+    assert float((state.w - w0).norm()) == pytest.approx(beta * E, rel=1e-5)
     assert diag["move"] == pytest.approx(beta * E, rel=1e-5)
     assert diag["E"] == pytest.approx(E, rel=1e-6)
 
@@ -133,7 +133,7 @@ def test_norm_norm_with_beta_n_over_e_is_fedavg() -> None:
     _, diag = probe.aggregate(probe.init(w0), 0, replies(deltas, sizes))
     algo = build("norm-norm", 15, beta=diag["N"] / diag["E"], gamma=0.0)
     got, _ = algo.aggregate(algo.init(w0), 0, replies(deltas, sizes))
-    torch.testing.assert_close(got["w"], want["w"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.w, want.w, rtol=1e-5, atol=1e-6)
 
 
 # -- momentum (eqs. 10 and 12) -------------------------------------------------------------
@@ -152,8 +152,8 @@ def test_fedavgm_accumulates_as_eq_10() -> None:
     want_w = [[1.5, 1.5], [3.75, 1.75], [4.875, 2.875]]
     for k, (deltas, d, w) in enumerate(zip(ROUNDS, want_d, want_w, strict=True)):
         state, _ = algo.aggregate(state, k, replies(deltas))
-        torch.testing.assert_close(state["d"], torch.tensor(d))
-        torch.testing.assert_close(state["w"], torch.tensor(w))
+        torch.testing.assert_close(state.d, torch.tensor(d))
+        torch.testing.assert_close(state.w, torch.tensor(w))
 
 
 def test_fednnnn_accumulates_as_eq_12() -> None:
@@ -170,8 +170,8 @@ def test_fednnnn_accumulates_as_eq_12() -> None:
     for k, (deltas, d) in enumerate(zip(ROUNDS, [d1, d2, d3], strict=True)):
         state, diag = algo.aggregate(state, k, replies(deltas))
         w = [w[0] + d[0], w[1] + d[1]]
-        torch.testing.assert_close(state["d"], torch.tensor(d))
-        torch.testing.assert_close(state["w"], torch.tensor(w))
+        torch.testing.assert_close(state.d, torch.tensor(d))
+        torch.testing.assert_close(state.w, torch.tensor(w))
     assert diag["cum_move"] == pytest.approx(
         math.hypot(*d1) + math.hypot(*d2) + math.hypot(*d3), rel=1e-6
     )
@@ -182,12 +182,12 @@ def test_zero_n_returns_w_unchanged() -> None:
     algo = build("fednnnn", 3, weighting="uniform")
     state = algo.init(torch.tensor([1.0, 2.0, 3.0]))
     state, _ = algo.aggregate(state, 0, replies([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]))
-    w1, d1 = state["w"].clone(), state["d"].clone()
+    w1, d1 = state.w.clone(), state.d.clone()
     assert float(d1.norm()) > 0
     for deltas in ([[1.0, 2.0, 0.0], [-1.0, -2.0, 0.0]], [[1.0, 2.0, 0.0], [-1.0, -2.0, 1e-6]]):
         new, diag = algo.aggregate(state, 1, replies(deltas))
-        torch.testing.assert_close(new["w"], w1)
-        torch.testing.assert_close(new["d"], d1)
+        torch.testing.assert_close(new.w, w1)
+        torch.testing.assert_close(new.d, d1)
         assert diag["skipped"] == 1.0 and diag["move"] == 0.0
 
 
@@ -199,11 +199,11 @@ def test_separate_evaluation_model() -> None:
     state, _ = algo.aggregate(algo.init(w0), 0, replies(deltas))
     avg = torch.tensor([1.5, -0.5])
     torch.testing.assert_close(algo.eval_params(state), avg)
-    torch.testing.assert_close(algo.extra_eval_params(state)["norm"], state["w"])
-    assert not torch.allclose(state["w"], avg)
+    torch.testing.assert_close(algo.extra_eval_params(state)["norm"], state.w)
+    assert not torch.allclose(state.w, avg)
     swapped = build("fednnnn", 2, weighting="uniform", eval_model="normalized")
     state, _ = swapped.aggregate(swapped.init(w0), 0, replies(deltas))
-    torch.testing.assert_close(swapped.eval_params(state), state["w"])
+    torch.testing.assert_close(swapped.eval_params(state), state.w)
     torch.testing.assert_close(swapped.extra_eval_params(state)["avg"], avg)
 
 
@@ -222,13 +222,13 @@ def test_layer_scope_normalises_each_layer() -> None:
     bar = np.mean(deltas, axis=0)
     for part in (slice(layers[0].start, layers[1].stop), slice(layers[2].start, layers[3].stop)):
         E = np.mean([np.linalg.norm(d[part]) for d in deltas])
-        step = state["w"][part].double().numpy()
+        step = state.w[part].double().numpy()
         assert np.linalg.norm(step) == pytest.approx(beta * E, rel=1e-5)
         cos = step @ bar[part] / (np.linalg.norm(step) * np.linalg.norm(bar[part]))
         assert cos == pytest.approx(1.0, abs=1e-6)
     whole = build("norm-norm", dim, layers, beta=beta, weighting="uniform")
     other, _ = whole.aggregate(whole.init(w0), 0, replies(deltas))
-    assert not torch.allclose(other["w"], state["w"])
+    assert not torch.allclose(other.w, state.w)
     assert {"N_conv", "E_conv", "N_fc", "E_fc", "move_conv", "move_fc"} <= set(diag)
 
 
@@ -240,8 +240,8 @@ def test_layer_scope_skips_only_the_zero_layer() -> None:
     b[conv] = -1.0  # conv updates cancel: N_conv = 0
     algo = build("norm-norm", dim, layers, scope="layer", weighting="uniform")
     state, diag = algo.aggregate(algo.init(torch.zeros(dim)), 0, replies([a, b]))
-    assert float(state["w"][conv].abs().max()) == 0.0
-    assert float(state["w"][layers[2].start :].abs().min()) > 0.0
+    assert float(state.w[conv].abs().max()) == 0.0
+    assert float(state.w[layers[2].start :].abs().min()) > 0.0
     assert diag["skipped"] == 1.0
 
 

@@ -158,8 +158,9 @@ def test_server_step_and_A_use_the_rounds_learning_rate():
     `A = η_k β² δ` must use the same `η_k`, not the run's initial `η` (issue 14 item 1)."""
     info = RunInfo(2, 5, 0.1, 0.0, 0.0, 0, 2, ())
     algo = FedVeca(FedVecaParams(), info)
-    state = algo.init(torch.zeros(2))
-    state.update(grad_last=torch.tensor([1.0, 0.0]), w_last=torch.tensor([1.0, 1.0]))
+    state = dataclasses.replace(
+        algo.init(torch.zeros(2)), grad_last=torch.tensor([1.0, 0.0]), w_last=torch.tensor([1.0, 1.0])
+    )
 
     def reply(i: int, g: list[float], tau: int, beta: float) -> Reply:
         scalars = {"num_samples": 1.0, "steps": float(tau), "train_loss": 0.0, "lr": 0.02,
@@ -168,7 +169,7 @@ def test_server_step_and_A_use_the_rounds_learning_rate():
 
     new, diag = algo.aggregate(state, 2, [reply(0, [1.0, 0.0], 2, 1.0), reply(1, [0.0, 2.0], 4, 2.0)])
     # τ_k = 3, d_k = (0.5, 1.0): w = −0.02 · 3 · d_k
-    torch.testing.assert_close(new["w"], torch.tensor([-0.03, -0.06]))
+    torch.testing.assert_close(new.w, torch.tensor([-0.03, -0.06]))
     assert diag["A_0"] == pytest.approx(0.02 * 1.0) and diag["A_1"] == pytest.approx(0.02 * 4.0)
 
 
@@ -213,15 +214,15 @@ def test_identical_clients_give_fednova_update_and_equal_tau():
             reply, _ = algo.client_update(msg, ctx(k), None)
             replies.append(Reply(i, reply))
             tau = int(reply.scalars["steps"])
-            w_end, _, _ = trainer.sgd(state["w"], ctx(k).batches(tau), ctx(k).sgd)
-            deltas.append(w_end - state["w"])
+            w_end, _, _ = trainer.sgd(state.w, ctx(k).batches(tau), ctx(k).sgd)
+            deltas.append(w_end - state.w)
             taus.append(tau)
         # FedNova (SPEC): d_i = −Δ_i/(η τ_i), w ← w − η (Σ p_i τ_i) Σ p_i d_i, p_i = 1/3
         tau_eff = sum(taus) / clients
         d = sum(-delta / (eta * t) for delta, t in zip(deltas, taus, strict=True)) / clients
-        expected = state["w"] - eta * tau_eff * d
+        expected = state.w - eta * tau_eff * d
         state, diag = algo.aggregate(state, k, replies)
-        torch.testing.assert_close(state["w"], expected, rtol=0, atol=2e-6)
+        torch.testing.assert_close(state.w, expected, rtol=0, atol=2e-6)
         assert len(set(taus)) == 1
         assert taus[0] == (6 if k < 2 else 20)  # τ_0 = τ_1 = 6, then ⌊1/(1 − 0.95)⌋ = 20
         assert diag["tau_k"] == taus[0] and diag["tau_sum"] == clients * taus[0]
@@ -244,7 +245,7 @@ def test_fixed_tau_fedveca_equals_registered_fednova():
             ctx = ClientContext(0, 0, idx, trainer, 6, 16, SGDConfig(eta), 0)
             reply, _ = algo.client_update(msg, ctx, algo.client_init(i))
             replies.append(Reply(i, reply))
-        return algo.aggregate(state, 0, replies)[0]["w"]
+        return algo.aggregate(state, 0, replies)[0].w
 
     torch.testing.assert_close(run_round(veca, veca.init(w)), run_round(nova, nova.init(w)),
                                rtol=0, atol=2e-6)

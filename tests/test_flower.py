@@ -3,12 +3,14 @@ real SuperLink with 3 SuperNodes on 127.0.0.1."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -18,11 +20,11 @@ import torch
 
 flwr = pytest.importorskip("flwr", reason="Flower is not installed (pip install fedhet[flower])")
 
-from flwr.app import Context, RecordDict  # noqa: E402
+from flwr.app import ConfigRecord, Context, RecordDict  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
-from fedhet.algorithms.base import ALGORITHMS, Algorithm, Message, weighted_sum  # noqa: E402
+from fedhet.algorithms.base import ALGORITHMS, Algorithm, ClientState, Message, weighted_sum  # noqa: E402
 from fedhet.algorithms.fedavg import local_sgd_update  # noqa: E402
 from fedhet.deploy import client_app  # noqa: E402
 from fedhet.deploy.project import app_pyproject  # noqa: E402
@@ -62,11 +64,64 @@ def test_unsupported_scalar_is_a_clear_error():
         to_record(Message(scalars={"v": [1.0, 2.0]}))
 
 
+@dataclass(kw_only=True, eq=False)
+class Count(ClientState):
+    """A test client state: how many updates the client made, and nested plain values."""
+
+    n: int = 0
+    nested: list | None = None
+
+
 def test_client_state_survives_packing():
-    state = {"c_i": torch.randn(4), "count": 3, "nested": [torch.ones(2)]}
-    back = unpack_state(pack_state(state))
-    assert torch.equal(back["c_i"], state["c_i"]) and back["count"] == 3
-    assert torch.equal(back["nested"][0], torch.ones(2))
+    algo = CountingAvg(NoParams(), None)
+    state = Count(n=3, nested=[torch.ones(2), {"c_i": torch.randn(4)}])
+    back = unpack_state(pack_state(state), algo, 0)
+    assert type(back) is Count and back.n == 3
+    assert torch.equal(back.nested[0], torch.ones(2))
+    assert torch.equal(back.nested[1]["c_i"], state.nested[1]["c_i"])
+    fresh = unpack_state(pack_state(None), algo, 5)  # no state yet: the client's initial one
+    assert type(fresh) is Count and fresh.n == 0
+
+
+def test_every_algorithms_client_state_survives_packing():
+    """Each registered algorithm's client state after a real round comes back from the node's
+    `Context.state` record as the same typed state with equal fields."""
+    for name in ALGORITHMS.names():
+        settings = {**BASE, "algorithm": name, "clients": 4, "rounds": 1, **ALGORITHM_SETTINGS.get(name, {})}
+        sim = Simulation(config_of(settings), store=None, log=lambda _: None)
+        sim.run()
+        for client_id, state in sim.client_states.items():
+            back = unpack_state(pack_state(state), sim.algorithm, client_id)
+            assert type(back) is type(state), name
+            if state is not None:
+                assert_same_fields(back.to_record(), state.to_record(), name)
+
+
+def assert_same_fields(a: Any, b: Any, where: str) -> None:
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same_fields(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for x, y in zip(a, b, strict=True):
+            assert_same_fields(x, y, where)
+    else:
+        assert a == b or (a != a and b != b), where
+
+
+def test_a_client_state_packed_before_states_were_typed_still_unpacks():
+    """A node's `Context.state` packed by an older fedhet held the raw value (SCAFFOLD's `c_i`
+    tensor); it unpacks as the typed state."""
+    sim = Simulation(config_of({**BASE, "algorithm": "scaffold"}), store=None, log=lambda _: None)
+    c_i = torch.randn(sim.model.dim)
+    buf = io.BytesIO()
+    torch.save(c_i, buf)
+    back = unpack_state(ConfigRecord({"state": buf.getvalue()}), sim.algorithm, 0)
+    assert torch.equal(back.c_i, c_i)
 
 
 def test_generated_app_is_a_valid_flower_app(tmp_path):
@@ -163,7 +218,7 @@ def run_both(settings: dict[str, Any], timeout: float = 0.5):
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedavgm"])
 def test_server_app_matches_in_process_engine(algorithm):
     local, remote, grid, _ = run_both({**BASE, "algorithm": algorithm})
-    assert torch.allclose(remote.final_state["w"], local.final_state["w"], atol=1e-6, rtol=0)
+    assert torch.allclose(remote.final_state.w, local.final_state.w, atol=1e-6, rtol=0)
     assert remote.comm.state() == local.comm.state()
     assert [t for _, t in grid.pushed].count("train") == BASE["clients"] * BASE["rounds"]
 
@@ -183,7 +238,7 @@ def test_every_registered_algorithm_runs_through_flower_messages(algorithm):
     same communication count as the in-process engine, bit for bit."""
     settings = {**BASE, "algorithm": algorithm, "clients": 4, **ALGORITHM_SETTINGS.get(algorithm, {})}
     local, remote, _, _ = run_both(settings)
-    assert torch.equal(remote.final_state["w"], local.final_state["w"])
+    assert torch.equal(remote.final_state.w, local.final_state.w)
     assert remote.comm.state() == local.comm.state()
 
 
@@ -193,17 +248,21 @@ class CountingAvg(Algorithm):
     """FedAvg whose clients scale their update by 1/(number of updates they made before)."""
 
     name = "flower-test-counting"
+    client_state_class = Count
 
-    def client_update(self, message: Message, ctx, state):
+    def client_init(self, client_id: int) -> Count:
+        return Count()
+
+    def client_update(self, message: Message, ctx, state: Count):
         _, _, reply = local_sgd_update(message, ctx)
-        state = (state or 0) + 1
-        reply.tensors["delta"] = reply.tensors["delta"] / state
+        state = Count(n=state.n + 1)
+        reply.tensors["delta"] = reply.tensors["delta"] / state.n
         return reply, state
 
     def aggregate(self, state, round, replies):
         replies = list(replies)  # the runners pass a one-pass stream; this rule needs len()
         p = torch.full((len(replies),), 1.0 / len(replies), dtype=torch.float64)
-        return {**state, "w": state["w"] + weighted_sum(p, [r.message.tensors["delta"] for r in replies])}, {}
+        return replace(state, w=state.w + weighted_sum(p, [r.message.tensors["delta"] for r in replies])), {}
 
 
 class ChainAvg(CountingAvg):
@@ -214,7 +273,7 @@ class ChainAvg(CountingAvg):
 def chain_round(rc, state, round, clients):
     message = rc.configure(state, clients[0], round)
     rc.comm.send("device-cloud", "down", message)
-    w = state["w"]
+    w = state.w
     for i, client_id in enumerate(clients):
         if i:
             rc.comm.send("device-device", "peer", message)
@@ -222,7 +281,7 @@ def chain_round(rc, state, round, clients):
         w = w + reply.tensors["delta"]
         message = Message({**message.tensors, "w": w})
     rc.comm.send("device-cloud", "up", Message({"w": w}))
-    return {**state, "w": w}, {}
+    return replace(state, w=w), {}
 
 
 @pytest.fixture
@@ -239,10 +298,11 @@ def test_algorithms():
 def test_client_state_lives_in_the_node_context(test_algorithms):
     settings = {**BASE, "algorithm": CountingAvg.name, "rounds": 3}
     local, remote, grid, _ = run_both(settings)
-    assert torch.allclose(remote.final_state["w"], local.final_state["w"], atol=1e-6, rtol=0)
+    assert torch.allclose(remote.final_state.w, local.final_state.w, atol=1e-6, rtol=0)
     assert remote.client_states == {}  # the server holds no client state ...
     for ctx in grid.contexts.values():  # ... each node holds its own
-        assert unpack_state(ctx.state.config_records["fedhet.client-state"]) == 3
+        record = ctx.state.config_records["fedhet.client-state"]
+        assert unpack_state(record, remote.algorithm, 0).n == 3
 
 
 def test_nodes_train_through_the_runs_executor(monkeypatch):
@@ -284,7 +344,7 @@ def test_a_failing_client_fails_its_node_clearly(monkeypatch):
 def test_relayed_topology_runs_unchanged_and_counts_peer_hops(test_algorithms):
     settings = {**BASE, "algorithm": ChainAvg.name}
     local, remote, grid, _ = run_both(settings)
-    assert torch.allclose(remote.final_state["w"], local.final_state["w"], atol=1e-6, rtol=0)
+    assert torch.allclose(remote.final_state.w, local.final_state.w, atol=1e-6, rtol=0)
     assert remote.comm.state() == local.comm.state()
     peer = remote.comm.state()["bytes"][("device-device", "peer")]
     assert peer == BASE["rounds"] * (BASE["clients"] - 1) * local.model.dim * 4
@@ -378,7 +438,7 @@ def test_superlink_and_three_supernodes_match_the_engine(tmp_path):
             local = Simulation(cfg, store=None, log=lambda _: None)
             local.run()
             remote = read_checkpoint(out / "checkpoint.pt")["server"]["w"]
-            assert torch.allclose(remote, local.final_state["w"], atol=1e-6, rtol=0)
+            assert torch.allclose(remote, local.final_state.w, atol=1e-6, rtol=0)
 
         # kill the node of client 2 as round 2 starts: rounds 2 and 3 finish without it
         settings = {**BASE, "algorithm": "fedavg", "rounds": 3}
@@ -480,4 +540,4 @@ def test_batchnorm_statistics_travel_with_the_messages():
         local, remote, _, _ = run_both(settings)
     assert initial.numel() > 0 and not torch.equal(remote.buffers, initial)
     assert torch.equal(remote.buffers, local.buffers)
-    assert torch.equal(remote.final_state["w"], local.final_state["w"])
+    assert torch.equal(remote.final_state.w, local.final_state.w)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Reply, RunInfo
-from fedhet.algorithms.grab import GraBParams, grab_epoch, grab_init, round_order
+from fedhet.algorithms.grab import GraBParams, GraBState, grab_epoch, grab_init, round_order
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
@@ -25,11 +25,11 @@ def max_prefix(v: torch.Tensor, order: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(torch.cumsum(z[order], 0), dim=1).max())
 
 
-def balanced_state(v: torch.Tensor, order: torch.Tensor | None = None) -> dict:
+def balanced_state(v: torch.Tensor, order: torch.Tensor | None = None) -> GraBState:
     st = grab_init(len(v), v.shape[1])
-    st["mean"] = v.mean(0)  # the exact mean: Σ c = 0, the setting of GraB's reordering lemma
+    st.mean = v.mean(0)  # the exact mean: Σ c = 0, the setting of GraB's reordering lemma
     if order is not None:
-        st["order"] = order.clone()
+        st.order = order.clone()
     return st
 
 
@@ -38,9 +38,9 @@ def test_next_order_is_a_permutation_with_back_half_reversed():
     st = balanced_state(v)
     signed = grab_epoch(v, st)
     # c = ±1; s=0: tie → '+' (front); s=1 with c=1 → '−' (back); s=0, c=−1 → '+'; s=−1, c=−1 → '−'
-    assert st["order"].tolist() == [0, 2, 3, 1]
+    assert st.order.tolist() == [0, 2, 3, 1]
     assert signed == [1.0, 0.0, 1.0, 0.0]
-    assert st["pos"] == 0 and torch.allclose(st["mean"].double(), v.mean(0))
+    assert st.pos == 0 and torch.allclose(st.mean.double(), v.mean(0))
 
 
 def test_signed_sums_stay_bounded_while_random_prefix_sums_grow():
@@ -66,10 +66,10 @@ def test_reordering_lemma_and_convergence_to_the_signed_bound():
     old = max_prefix(v, order)
     for _ in range(4):
         signed = max(grab_epoch(v, st))
-        new = max_prefix(v, st["order"])
+        new = max_prefix(v, st.order)
         assert new <= (old + signed) / 2 + 1e-9
         old = new
-    assert sorted(st["order"].tolist()) == list(range(n))
+    assert sorted(st.order.tolist()) == list(range(n))
     assert old < 2 * signed + 1.0
     assert old < 0.3 * max_prefix(v, order)
 
@@ -86,10 +86,10 @@ def run(settings: dict) -> Simulation:
 def test_grab_fedavg_keeps_its_order_across_rounds_and_learns():
     sim = run({"algorithm": "grab-fedavg", "local_epochs": 0.5, "rounds": 4})
     for state in sim.client_states.values():
-        n = len(state["order"])
-        assert sorted(state["order"].tolist()) == list(range(n))
-        assert state["order"].tolist() != list(range(n))  # reordered after the first epoch
-        assert float(state["mean"].norm()) > 0  # a stale mean from a finished epoch
+        n = len(state.order)
+        assert sorted(state.order.tolist()) == list(range(n))
+        assert state.order.tolist() != list(range(n))  # reordered after the first epoch
+        assert float(state.mean.norm()) > 0  # a stale mean from a finished epoch
     assert sim.summary_["final_accuracy"] > 0.6
 
 
@@ -132,12 +132,12 @@ def grab_round(alpha: float, reading: str = "mean-tau"):
     state = algo.init(torch.zeros(1))
     reply, client_state = algo.client_update(algo.configure(state, 0, 0), ctx, None)
     new, _ = algo.aggregate(state, 0, [Reply(0, reply)])
-    return float(new["w"]), reply, client_state
+    return float(new.w), reply, client_state
 
 
 def test_cropping_keeps_the_top_of_grabs_order_by_hand():
     w, reply, state = grab_round(0.5)
-    assert state["order"].tolist() == [0, 2, 3, 1]  # the same permutation GraB keeps
+    assert state.order.tolist() == [0, 2, 3, 1]  # the same permutation GraB keeps
     assert reply.scalars["kept_steps"] == 2
     # kept steps 0 and 2: G = (−1 − 1.75)/2 = −1.375; mean-tau Δ = −η τ G = 2.75
     assert w == pytest.approx(2.75)
@@ -150,6 +150,6 @@ def test_grab_fedavg_with_cropping_learns_and_differs():
     full = run({"algorithm": "grab-fedavg"})
     crop = run({"algorithm": "grab-fedavg", "algorithm.alpha": 0.5})
     assert crop.summary_["final_accuracy"] > 0.6
-    assert not torch.allclose(crop.final_state["w"], full.final_state["w"], atol=1e-4)
+    assert not torch.allclose(crop.final_state.w, full.final_state.w, atol=1e-4)
     with pytest.raises(FedhetError, match="alpha"):
         config_of({"algorithm": "grab-fedavg", "algorithm.alpha": 0.0})

@@ -40,7 +40,7 @@ def test_ring_of_one_device_is_local_sgd():
     batches = fresh.trainer.batches(indices, 32, tau, stream_seed(3, 0, 0, 0))
     w, steps, _ = fresh.trainer.sgd(fresh.w0, batches, SGDConfig(0.05, 0.5))
     assert steps == tau
-    assert torch.equal(sim.final_state["w"], w)
+    assert torch.equal(sim.final_state.w, w)
     assert not torch.equal(w, fresh.w0)
 
 
@@ -77,8 +77,8 @@ def test_fedsr_cloud_aggregation_is_eq_15():
     w1, w2 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 4.0])
     replies = [Reply(0, Message({"w": w1}, {"num_samples": 30.0, "train_loss": 1.0})),
                Reply(1, Message({"w": w2}, {"num_samples": 10.0, "train_loss": 3.0}))]
-    state, diag = algo.aggregate({"w": torch.zeros(2)}, 0, replies)
-    assert torch.allclose(state["w"], torch.tensor([0.75, 1.0]))
+    state, diag = algo.aggregate(algo.init(torch.zeros(2)), 0, replies)
+    assert torch.allclose(state.w, torch.tensor([0.75, 1.0]))
     assert diag["local_train_loss"] == pytest.approx(1.5)
 
 

@@ -42,14 +42,14 @@ def test_contrastive_loss_matches_hand_computation():
 def test_moon_with_mu_zero_is_fedavg():
     moon = simulate(algorithm="moon", rounds=2, **{"algorithm.mu": 0.0})
     fedavg = simulate(algorithm="fedavg", rounds=2)
-    assert torch.equal(moon.final_state["w"], fedavg.final_state["w"])
+    assert torch.equal(moon.final_state.w, fedavg.final_state.w)
 
 
 def test_contrastive_term_starts_in_the_second_round():
     """No previous local model in round 1, so μ has no effect until round 2."""
-    one = [simulate(algorithm="moon", rounds=1, **{"algorithm.mu": mu}).final_state["w"] for mu in (0.0, 5.0)]
+    one = [simulate(algorithm="moon", rounds=1, **{"algorithm.mu": mu}).final_state.w for mu in (0.0, 5.0)]
     assert torch.equal(*one)
-    two = [simulate(algorithm="moon", rounds=2, **{"algorithm.mu": mu}).final_state["w"] for mu in (0.0, 5.0)]
+    two = [simulate(algorithm="moon", rounds=2, **{"algorithm.mu": mu}).final_state.w for mu in (0.0, 5.0)]
     assert not torch.allclose(*two)
 
 
@@ -57,12 +57,12 @@ def test_client_keeps_its_previous_local_model():
     sim = simulate(algorithm="moon", rounds=1)
     w_global = sim.w0
     for i in range(4):
-        prev = sim.client_states[i]
+        prev = sim.client_states[i].w_prev
         assert prev.shape == w_global.shape and not torch.equal(prev, w_global)
     # the server's new model is the sample-weighted average of the clients' models
     sizes = torch.tensor([len(sim.client_indices[i]) for i in range(4)], dtype=torch.float64)
-    avg = sum((n / sizes.sum()) * sim.client_states[i].double() for i, n in enumerate(sizes))
-    assert torch.allclose(sim.final_state["w"].double(), avg, atol=1e-6)
+    avg = sum((n / sizes.sum()) * sim.client_states[i].w_prev.double() for i, n in enumerate(sizes))
+    assert torch.allclose(sim.final_state.w.double(), avg, atol=1e-6)
 
 
 def test_moon_models_and_bad_model():

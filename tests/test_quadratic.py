@@ -30,7 +30,7 @@ SURROGATE_OPT = W_SURROGATE @ E
 
 def final_w(algorithm: str, rounds: int = ROUNDS, lr: float = LR, **settings) -> torch.Tensor:
     sim = run_quadratic(algorithm, E.float(), SIZES, STEPS, lr, rounds, **settings)
-    return sim.final_state["w"].double()
+    return sim.final_state.w.double()
 
 
 def test_the_two_optima_are_far_apart_and_the_start_between_them():
@@ -77,7 +77,7 @@ def test_scaffold_with_local_momentum_reaches_the_optimum():
     a_i η; dividing by τ_i η multiplies the c_i − c gap by about 1 − a_i/τ_i (−0.9, −2.6) a
     round, and the run diverged. The fixed point is still Σ p_i e_i, for any η and ρ."""
     sim = run_quadratic("scaffold", E.float(), SIZES, [3, 8], 0.01, 300, momentum=0.9)
-    w = sim.final_state["w"].double()
+    w = sim.final_state.w.double()
     assert (w - TRUE_OPT).norm() < 1e-3
 
 
@@ -132,4 +132,4 @@ def test_fednova_with_proximal_term_and_momentum_reaches_its_exact_fixed_point(t
     assert (ours - theirs).norm() > 0.02
     sim = run_quadratic("fednova", E.float(), SIZES, steps, lr, 400, momentum=rho,
                         algorithm_params={"mu": mu, "tau_eff": tau_eff})
-    assert (sim.final_state["w"].double() - ours).norm() < 1e-5
+    assert (sim.final_state.w.double() - ours).norm() < 1e-5

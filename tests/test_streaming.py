@@ -13,6 +13,7 @@ from fedhet.algorithms.base import (
     Message,
     Reply,
     RunInfo,
+    ServerState,
     WeightedMean,
     sample_weights,
     weighted_sum,
@@ -78,27 +79,28 @@ def test_weighted_mean_equals_weighted_sum(weighting):
 
 
 # -- each algorithm against the previous all-at-once rule ----------------------------------
-def reference(name: str, state: dict, replies: list[Reply]) -> dict[str, torch.Tensor]:
-    """The rules as they were written over a list of replies (before streaming)."""
+def reference(name: str, state: ServerState, replies: list[Reply]) -> dict[str, torch.Tensor]:
+    """The rules as they were written over a list of replies (before streaming): the expected
+    fields of the new state."""
     p = sample_weights(replies)
     mean = lambda key, q=p: weighted_sum(q, [r.message.tensors[key] for r in replies])  # noqa: E731
     if name in ("fedavg", "fedprox", "grab-fedavg", "moon"):
-        return {"w": state["w"] + mean("delta")}
+        return {"w": state.w + mean("delta")}
     if name == "scaffold":
         share = len(replies) / RUN.num_clients
-        return {"w": state["w"] + mean("delta"), "c": state["c"] + mean("delta_c", p * share)}
+        return {"w": state.w + mean("delta"), "c": state.c + mean("delta_c", p * share)}
     if name == "fednova":
         tau_eff = sum(pi * r.message.scalars["a"] for pi, r in zip(p.tolist(), replies, strict=True))
-        return {"w": state["w"] - replies[0].message.scalars["lr"] * tau_eff * mean("d")}
+        return {"w": state.w - replies[0].message.scalars["lr"] * tau_eff * mean("d")}
     if name == "bherd":
         scales = torch.tensor([r.message.scalars["lr"] * r.message.scalars["steps"] for r in replies],
                               dtype=torch.float64)
-        return {"w": state["w"] - mean("G", p * scales)}
+        return {"w": state.w - mean("G", p * scales)}
     if name == "fedveca":
         taus = torch.tensor([r.message.scalars["steps"] for r in replies], dtype=torch.float64)
-        return {"w": state["w"] - RUN.lr * float(p @ taus) * mean("G"), "grad_last": mean("grad")}
+        return {"w": state.w - RUN.lr * float(p @ taus) * mean("G"), "grad_last": mean("grad")}
     if name == "hierfavg":
-        return {"w": state["w"] + mean("delta")}
+        return {"w": state.w + mean("delta")}
     if name == "fedsr":
         return {"w": mean("w")}
     raise KeyError(name)
@@ -117,7 +119,7 @@ def test_streaming_aggregate_equals_previous_rule(name, seed):
     want = reference(name, state, replies)
     got, _ = algo.aggregate(state, 0, (r for r in replies))  # a generator, as the runners pass
     for key, value in want.items():
-        assert torch.allclose(got[key], value, atol=1e-6, rtol=1e-6), key
+        assert torch.allclose(getattr(got, key), value, atol=1e-6, rtol=1e-6), key
 
 
 @pytest.mark.parametrize(
@@ -143,9 +145,9 @@ def test_every_aggregate_is_single_pass_and_matches_a_list(name, params):
             diags.append(diag)
         runs.append((state, diags))
     (s1, d1), (s2, d2) = runs
-    for key, value in s1.items():
+    for key, value in s1.to_record().items():
         if torch.is_tensor(value):
-            assert torch.equal(value, s2[key]), key
+            assert torch.equal(value, getattr(s2, key)), key
     for a, b in zip(d1, d2, strict=True):
         assert a.keys() == b.keys()
         for key, value in a.items():
@@ -164,5 +166,6 @@ def test_hierfavg_edge_aggregate_streams():
 
 
 def test_an_empty_stream_is_refused():
+    algo = build("fedavg")
     with pytest.raises(ValueError, match="at least one reply"):
-        build("fedavg").aggregate({"w": torch.zeros(D)}, 0, iter(()))
+        algo.aggregate(algo.init(torch.zeros(D)), 0, iter(()))

@@ -8,6 +8,7 @@ import pytest
 import torch
 from faulty import make_client_fail
 
+from fedhet.algorithms.state import Record
 from fedhet.cli import main
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import Diverged
@@ -41,6 +42,8 @@ def simulate(workers: int, log=None, patch=None, **settings) -> tuple[Simulation
 
 
 def same(a, b) -> bool:
+    if isinstance(a, Record):  # a typed state: the same class and the same fields
+        return type(a) is type(b) and same(a.to_record(), b.to_record())
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, dict):

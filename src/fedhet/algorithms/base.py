@@ -6,6 +6,9 @@ diagnostics) and `eval_params`; its client half is `client_init` and `client_upd
 only the message it was sent, its own `ClientContext` (its data, the shared trainer, its step
 count) and its own state. Nothing crosses except messages, so the same code runs in-process
 and over a network, and `Message.nbytes` is an honest communication count.
+
+States are typed (`fedhet.algorithms.state`): the server's is a frozen `ServerState` dataclass
+(`state_class`), a client's a `ClientState` dataclass (`client_state_class`) or None.
 """
 
 from __future__ import annotations
@@ -17,17 +20,12 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from fedhet.algorithms.state import BUFFERS, ClientState, ServerState
 from fedhet.registry import NoParams, Registry
 from fedhet.training.flat import Layer
 from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
 
 SCALAR_BYTES = 8
-BUFFERS = "_buffers"
-"""Message tensor with the model's BatchNorm running statistics (flattened). The engine adds it
-to every downlink and every reply of a model that has them. An algorithm that aggregates them
-itself (the hierarchical ones: at the edge, as the model) returns the new statistics in its
-state under this key; otherwise the engine averages the round's replies with the run's
-weights (`Simulation._average_buffers`)."""
 
 
 @dataclass
@@ -114,22 +112,29 @@ class Algorithm:
     name: ClassVar[str] = ""
     topology: ClassVar[str] = "star"
     centralized: ClassVar[bool] = False
+    state_class: ClassVar[type[ServerState]] = ServerState
+    """The type of the server state `init` returns and `aggregate` keeps."""
+    client_state_class: ClassVar[type[ClientState] | None] = None
+    """The type of a client's state, None for an algorithm whose clients keep nothing."""
 
     def __init__(self, params: Any, run: RunInfo) -> None:
         self.params = params
         self.run = run
 
     # -- server half ----------------------------------------------------------------------
-    def init(self, w0: torch.Tensor) -> dict[str, Any]:
-        return {"w": w0.clone()}
+    def init(self, w0: torch.Tensor) -> ServerState:
+        return self.state_class(w=w0.clone())
 
-    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
-        return Message({"w": state["w"]})
+    def configure(self, state: ServerState, client_id: int, round: int) -> Message:
+        return Message({"w": state.w})
 
     def aggregate(
-        self, state: dict[str, Any], round: int, replies: Iterable[Reply]
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        self, state: ServerState, round: int, replies: Iterable[Reply]
+    ) -> tuple[ServerState, dict[str, Any]]:
         """The new server state and the round's diagnostics from the replies that came back.
+
+        The new state is a new object of the same class (`dataclasses.replace(state, w=…)`);
+        `state` itself is left as it was.
 
         `replies` is a one-pass iterable: the round runners hand over a generator that runs
         the clients as it is read, so an aggregate reads it once and keeps running sums
@@ -138,24 +143,25 @@ class Algorithm:
         client returned); its clients are the ones that returned (partial participation)."""
         raise NotImplementedError
 
-    def eval_params(self, state: dict[str, Any]) -> torch.Tensor:
-        return state["w"]
+    def eval_params(self, state: ServerState) -> torch.Tensor:
+        return state.w
 
     def check_local_steps(self, steps: Sequence[int]) -> None:
         """Reject the run before training when the planned `⌊E·D_i/B⌋` (unclamped, one per
         client) does not suit the algorithm (BHerd needs ≥ 1 gradient). Default: accept."""
 
-    def extra_eval_params(self, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def extra_eval_params(self, state: ServerState) -> dict[str, torch.Tensor]:
         """Further models to evaluate each round, by metric suffix (FedNNNN's plain average)."""
         return {}
 
     # -- client half ----------------------------------------------------------------------
-    def client_init(self, client_id: int) -> Any:
+    def client_init(self, client_id: int) -> ClientState | None:
+        """A client's state before its first round (None: it keeps none, or builds it then)."""
         return None
 
     def client_update(
-        self, message: Message, ctx: ClientContext, state: Any
-    ) -> tuple[Message, Any]:
+        self, message: Message, ctx: ClientContext, state: ClientState | None
+    ) -> tuple[Message, ClientState | None]:
         raise NotImplementedError
 
 
@@ -240,6 +246,8 @@ def require_replies(count: int, what: str = "aggregate") -> None:
 
 __all__ = [
     "BUFFERS",
+    "ClientState",
+    "ServerState",
     "WeightedMean",
     "require_replies",
     "ALGORITHMS",

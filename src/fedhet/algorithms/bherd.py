@@ -59,14 +59,22 @@ from fedhet.algorithms.base import (
     ALGORITHMS,
     Algorithm,
     ClientContext,
+    ClientState,
     Message,
     Reply,
     RunInfo,
+    ServerState,
     WeightedMean,
     require_replies,
 )
 from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics
-from fedhet.algorithms.scaffold import corrected, option_one_variate, option_two_variate, variate_step
+from fedhet.algorithms.scaffold import (
+    ScaffoldState,
+    corrected,
+    option_one_variate,
+    option_two_variate,
+    variate_step,
+)
 from fedhet.errors import FedhetError
 from fedhet.training.local import GradTransform
 
@@ -235,6 +243,25 @@ def herd_reply(ctx: ClientContext, hp: HerdPass, extra: dict[str, torch.Tensor] 
     )
 
 
+@dataclass(kw_only=True, eq=False)
+class BHerdClientState(ClientState):
+    """What a BHerd client keeps between rounds."""
+
+    cursor: int = 0
+    """Position in the client's fixed batch order (`order="fixed"`) where its next round starts,
+    so fractional epochs walk on through its data **[choice]**."""
+
+
+@dataclass(kw_only=True, eq=False)
+class BHerdScaffoldClientState(BHerdClientState):
+    """A BHerd-SCAFFOLD client: the batch cursor and SCAFFOLD's control variate."""
+
+    c_i: torch.Tensor | None = None
+    """Client control variate `c_i`; None before the client's first round (zeros)."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"c": "c_i"}
+
+
 # -- parameters --------------------------------------------------------------------------------
 READINGS = ("mean-tau", "sum", "fixed-point")
 Reading = Literal["mean-tau", "sum", "fixed-point"]
@@ -329,6 +356,8 @@ def reading_scale(params: BHerdParams) -> bool:
 class _BHerdBase(Algorithm):
     """The BHerd client half and shared server pieces."""
 
+    client_state_class: ClassVar[type[BHerdClientState]] = BHerdClientState
+
     def __init__(self, params: Any, run: RunInfo) -> None:
         super().__init__(params, run)
         if run.momentum:
@@ -344,20 +373,20 @@ class _BHerdBase(Algorithm):
                     "samples / batch_size < 1); raise local_epochs or lower batch_size"
                 )
 
-    def client_init(self, client_id: int) -> Any:
-        return {"cursor": 0}
+    def client_init(self, client_id: int) -> BHerdClientState:
+        return BHerdClientState()
 
     @property
     def fixed_point(self) -> bool:
         return getattr(self.params, "reading", "mean-tau") == "fixed-point"
 
-    def client_update(self, message: Message, ctx: ClientContext, state: Any):
-        batches, cursor = local_batches(ctx, self.params.order, state["cursor"])
+    def client_update(self, message: Message, ctx: ClientContext, state: BHerdClientState):
+        batches, cursor = local_batches(ctx, self.params.order, state.cursor)
         hp = herd_local_pass(
             message.tensors["w"], ctx, batches, self.params.alpha, fixed_point=self.fixed_point,
             max_error=getattr(self.params, "max_herd_error", 0.0),
         )
-        return herd_reply(ctx, hp), {**state, "cursor": cursor}
+        return herd_reply(ctx, hp), replace(state, cursor=cursor)
 
     def stream(
         self, replies: Iterable[Reply], scale, extra: tuple[str, ...] = (), scalars: tuple[str, ...] = ()
@@ -387,23 +416,23 @@ def _step(acc: WeightedMean, factor: float = 1.0) -> torch.Tensor:
 class BHerd(_BHerdBase):
     name = "bherd"
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: ServerState, round: int, replies: Iterable[Reply]):
         by_tau = reading_scale(self.params)
         acc, light = self.stream(replies, lambda r: step_scale(r, by_tau))
-        w = state["w"] - _step(acc, self.params.server_lr)
-        return {**state, "w": w}, self.round_diagnostics(acc, light)
+        w = state.w - _step(acc, self.params.server_lr)
+        return replace(state, w=w), self.round_diagnostics(acc, light)
 
 
 @ALGORITHMS.register("bherd-fednova", BHerdFedNovaParams, "BHerd-FedNova: FedNova's τ_eff with G_i")
 class BHerdFedNova(_BHerdBase):
     name = "bherd-fednova"
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: ServerState, round: int, replies: Iterable[Reply]):
         key = "steps" if self.params.rescale else "kept_steps"
         acc, light = self.stream(replies, lambda r: r.message.scalars["lr"], scalars=(key,))
         tau_eff = acc.scalar(key)
         diag = {**self.round_diagnostics(acc, light), "tau_eff": tau_eff}
-        return {**state, "w": state["w"] - _step(acc, tau_eff)}, diag
+        return replace(state, w=state.w - _step(acc, tau_eff)), diag
 
 
 @ALGORITHMS.register(
@@ -411,22 +440,24 @@ class BHerdFedNova(_BHerdBase):
 )
 class BHerdScaffold(_BHerdBase):
     name = "bherd-scaffold"
+    state_class = ScaffoldState
+    client_state_class = BHerdScaffoldClientState
 
-    def init(self, w0: torch.Tensor) -> dict[str, Any]:
-        return {"w": w0.clone(), "c": torch.zeros_like(w0)}
+    def init(self, w0: torch.Tensor) -> ScaffoldState:
+        return ScaffoldState(w=w0.clone(), c=torch.zeros_like(w0))
 
-    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
-        return Message({"w": state["w"], "c": state["c"]})
+    def configure(self, state: ScaffoldState, client_id: int, round: int) -> Message:
+        return Message({"w": state.w, "c": state.c})
 
-    def client_init(self, client_id: int) -> Any:
-        return {"cursor": 0, "c": None}
+    def client_init(self, client_id: int) -> BHerdScaffoldClientState:
+        return BHerdScaffoldClientState()
 
-    def client_update(self, message: Message, ctx: ClientContext, state: Any):
+    def client_update(self, message: Message, ctx: ClientContext, state: BHerdScaffoldClientState):
         w0, c = message.tensors["w"], message.tensors["c"]
-        c_i = state["c"]
+        c_i = state.c_i
         if self.params.option == "I":  # at the received x, before the local steps move the
             c_new = option_one_variate(ctx, w0)  # shared model's BatchNorm statistics
-        batches, cursor = local_batches(ctx, self.params.order, state["cursor"])
+        batches, cursor = local_batches(ctx, self.params.order, state.cursor)
         hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transform=corrected(c, c_i),
                              fixed_point=self.fixed_point, max_error=self.params.max_herd_error)
         if self.params.option == "II" and self.fixed_point:  # mean corrected gradient at x
@@ -435,13 +466,13 @@ class BHerdScaffold(_BHerdBase):
         elif self.params.option == "II":
             c_new = option_two_variate(w0, hp.w, c, c_i, hp.steps, ctx.sgd.lr)
         reply = herd_reply(ctx, hp, {"delta_c": c_new if c_i is None else c_new - c_i})
-        return reply, {"cursor": cursor, "c": c_new}
+        return reply, BHerdScaffoldClientState(cursor=cursor, c_i=c_new)
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: ScaffoldState, round: int, replies: Iterable[Reply]):
         by_tau = reading_scale(self.params)
         acc, light = self.stream(replies, lambda r: step_scale(r, by_tau), extra=("delta_c",))
         delta_c = variate_step(acc, self.run.num_clients)  # SCAFFOLD's rule and weights
-        w = state["w"] - _step(acc, self.params.server_lr)
-        c = state["c"] + delta_c
+        w = state.w - _step(acc, self.params.server_lr)
+        c = state.c + delta_c
         diag = {**self.round_diagnostics(acc, light), "c_norm": float(c.norm())}
-        return {**state, "w": w, "c": c}, diag
+        return replace(state, w=w, c=c), diag

@@ -8,9 +8,18 @@ reproduce FedVeca §IV-A1's reference run of `τ_all` iterations at batch `B`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
-from fedhet.algorithms.base import ALGORITHMS, Algorithm, ClientContext, Message, NoParams, Reply
+from fedhet.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    ClientContext,
+    Message,
+    NoParams,
+    Reply,
+    ServerState,
+)
 from fedhet.algorithms.fedavg import local_sgd_update
 
 
@@ -23,8 +32,8 @@ class Central(Algorithm):
         _, _, reply = local_sgd_update(message, ctx)
         return reply, state
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: ServerState, round: int, replies: Iterable[Reply]):
         (reply,) = replies
-        return {**state, "w": state["w"] + reply.message.tensors["delta"]}, {
+        return replace(state, w=state.w + reply.message.tensors["delta"]), {
             "local_train_loss": reply.message.scalars["train_loss"]
         }

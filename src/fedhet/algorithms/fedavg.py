@@ -12,7 +12,7 @@ FedAvgM ("Momentum" in FedNNNN Table 2, eqs. 10–11): `d_(k+1) = γ d_k + Σ_i 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -23,6 +23,7 @@ from fedhet.algorithms.base import (
     ClientContext,
     Message,
     Reply,
+    ServerState,
     WeightedMean,
     require_replies,
 )
@@ -76,6 +77,23 @@ def mean_delta(
     return acc, acc.mean("delta")
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FedAvgState(ServerState):
+    """FedAvg's server state: `w_k`, and `𝒩` when it logs NWDA."""
+
+    cum_move: float = 0.0
+    """`𝒩 = Σ_k ‖w_(k+1) − w_k‖`, the integrated server movement (FedNNNN Fig. 4), kept with
+    `nwda=true` (`nwda.nwda_record`); 0 otherwise."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FedAvgMState(FedAvgState):
+    """FedAvgM's server state (FedNNNN eqs. 10–11)."""
+
+    d: torch.Tensor
+    """Server momentum `d_k` (`d_0 = 0`)."""
+
+
 @dataclass(frozen=True)
 class FedAvgParams:
     weighting: Literal["samples", "uniform"] = "samples"
@@ -86,16 +104,17 @@ class FedAvgParams:
 @ALGORITHMS.register("fedavg", FedAvgParams, "FedAvg: w ← w + Σ p_i Δ_i")
 class FedAvg(Algorithm):
     name = "fedavg"
+    state_class = FedAvgState
 
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         _, _, reply = local_sgd_update(message, ctx)
         return reply, state
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: FedAvgState, round: int, replies: Iterable[Reply]):
         """Single pass over `replies` (a generator from the round runner is fine)."""
         nwda = self.nwda_collector()
         acc, delta = mean_delta(replies, self.params.weighting, nwda)
-        new = {**state, "w": state["w"] + delta}
+        new = replace(state, w=state.w + delta)
         return self.with_nwda(state, new, acc, delta, nwda, client_diagnostics(acc))
 
     def nwda_collector(self):
@@ -106,8 +125,8 @@ class FedAvg(Algorithm):
             self._layer_index = LayerIndex(self.run.layers, self.run.dim)
         return NWDACollector(self._layer_index)
 
-    def with_nwda(self, old: dict[str, Any], new: dict[str, Any], acc: WeightedMean,
-                  delta_bar: torch.Tensor, nwda, diag: dict[str, Any]) -> tuple[dict, dict]:
+    def with_nwda(self, old: FedAvgState, new: FedAvgState, acc: WeightedMean,
+                  delta_bar: torch.Tensor, nwda, diag: dict[str, Any]) -> tuple[FedAvgState, dict]:
         """Add FedNNNN's NWDA diagnostics when the params ask for them (`nwda=true`)."""
         if nwda is None:
             return new, diag
@@ -133,13 +152,14 @@ class FedAvgMParams:
 @ALGORITHMS.register("fedavgm", FedAvgMParams, "FedAvgM: server momentum d ← γd + Σ p_i Δ_i")
 class FedAvgM(FedAvg):
     name = "fedavgm"
+    state_class = FedAvgMState
 
-    def init(self, w0: torch.Tensor) -> dict[str, Any]:
-        return {"w": w0.clone(), "d": torch.zeros_like(w0)}
+    def init(self, w0: torch.Tensor) -> FedAvgMState:
+        return FedAvgMState(w=w0.clone(), d=torch.zeros_like(w0))
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: FedAvgMState, round: int, replies: Iterable[Reply]):
         nwda = self.nwda_collector()
         acc, delta = mean_delta(replies, self.params.weighting, nwda)
-        d = self.params.server_momentum * state["d"] + delta
-        new = {**state, "w": state["w"] + d, "d": d}
+        d = self.params.server_momentum * state.d + delta
+        new = replace(state, w=state.w + d, d=d)
         return self.with_nwda(state, new, acc, delta, nwda, client_diagnostics(acc))

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -45,6 +45,7 @@ from fedhet.algorithms.base import (
     Message,
     Reply,
     RunInfo,
+    ServerState,
 )
 from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update, mean_delta
 from fedhet.algorithms.nwda import NWDA, LayerIndex, NWDACollector, nwda, nwda_diagnostics, nwda_record
@@ -67,6 +68,19 @@ def normalized_step(
 
 
 # -- the algorithms --------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FedNNNNState(ServerState):
+    """FedNNNN's (and Norm-Norm's) server state (eqs. 12–13, §4.1)."""
+
+    d: torch.Tensor
+    """Server momentum `d_k` (`d_0 = 0`; stays 0 with `γ = 0`, Norm-Norm)."""
+    w_avg: torch.Tensor
+    """The plain average `w_(k−1) + Δ̄` of the last round ("Average Aggregation", §4.1);
+    `w_0` before the first round."""
+    cum_move: float = 0.0
+    """`𝒩 = Σ_k ‖w_(k+1) − w_k‖`, the integrated movement of the carried model (Fig. 4)."""
+
+
 @dataclass(frozen=True)
 class FedNNNNParams:
     beta: float = 0.7
@@ -106,24 +120,25 @@ class FedNNNN(Algorithm):
     """Server of Algorithm 3; the client is FedAvg's (Algorithm 2)."""
 
     name = "fednnnn"
+    state_class = FedNNNNState
 
     def __init__(self, params: FedNNNNParams, run: RunInfo) -> None:
         super().__init__(params, run)
         self.index = LayerIndex(run.layers, run.dim)
         self.groups = [self.index.all] if params.scope == "model" else self.index.modules
 
-    def init(self, w0: torch.Tensor) -> dict[str, Any]:
-        return {"w": w0.clone(), "d": torch.zeros_like(w0), "w_avg": w0.clone(), "cum_move": 0.0}
+    def init(self, w0: torch.Tensor) -> FedNNNNState:
+        return FedNNNNState(w=w0.clone(), d=torch.zeros_like(w0), w_avg=w0.clone())
 
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         _, _, reply = local_sgd_update(message, ctx)
         return reply, state
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: FedNNNNState, round: int, replies: Iterable[Reply]):
         collect = NWDACollector(self.index)
         acc, delta_bar = mean_delta(replies, self.params.weighting, collect)
         stats = collect.stats(acc, delta_bar)
-        w, d = state["w"].clone(), state["d"].clone()
+        w, d = state.w.clone(), state.d.clone()
         skipped = 0
         for group in self.groups:
             idx = self.coordinates(group)
@@ -133,15 +148,16 @@ class FedNNNN(Algorithm):
             )
             w[idx], d[idx] = w_g, d_g
             skipped += not applied
-        new = {**state, "w": w, "d": d, "w_avg": state["w"] + stats.delta_bar}
+        cum_move = state.cum_move
         diag = {**client_diagnostics(acc), "skipped": float(skipped)}
         if self.params.scope == "model":
             N, E = stats.N(self.index.all), stats.E(self.index.all)
             diag["scale"] = self.params.beta * E / N if not skipped else 0.0
         if self.params.nwda:
-            move = w - state["w"]
-            new["cum_move"] = float(state["cum_move"]) + float(move.to(torch.float64).norm())
-            diag.update(nwda_diagnostics(stats, move, self.index, new["cum_move"]))
+            move = w - state.w
+            cum_move = float(state.cum_move) + float(move.to(torch.float64).norm())
+            diag.update(nwda_diagnostics(stats, move, self.index, cum_move))
+        new = replace(state, w=w, d=d, w_avg=state.w + stats.delta_bar, cum_move=cum_move)
         return new, diag
 
     def coordinates(self, group: Sequence[int]) -> slice | torch.Tensor:
@@ -151,13 +167,13 @@ class FedNNNN(Algorithm):
             return slice(layers[0].start, layers[-1].stop)
         return torch.cat([torch.arange(x.start, x.stop) for x in layers])
 
-    def eval_params(self, state: dict[str, Any]) -> torch.Tensor:
-        return state["w_avg"] if self.params.eval_model == "average" else state["w"]
+    def eval_params(self, state: FedNNNNState) -> torch.Tensor:
+        return state.w_avg if self.params.eval_model == "average" else state.w
 
-    def extra_eval_params(self, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+    def extra_eval_params(self, state: FedNNNNState) -> dict[str, torch.Tensor]:
         if self.params.eval_model == "average":
-            return {"norm": state["w"]}
-        return {"avg": state["w_avg"]}
+            return {"norm": state.w}
+        return {"avg": state.w_avg}
 
 
 @ALGORITHMS.register("norm-norm", NormNormParams, "Norm-Norm: w ← w + β(E/N)Δ̄ (eq. 8)")
@@ -168,6 +184,7 @@ class NormNorm(FedNNNN):
 __all__ = [
     "FedNNNN",
     "FedNNNNParams",
+    "FedNNNNState",
     "LayerIndex",
     "NWDA",
     "NWDACollector",

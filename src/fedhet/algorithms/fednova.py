@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -43,6 +43,7 @@ from fedhet.algorithms.base import (
     ClientContext,
     Message,
     Reply,
+    ServerState,
     WeightedMean,
     require_replies,
 )
@@ -70,6 +71,14 @@ def normaliser(tau: int, lr: float = 0.0, rho: float = 0.0, mu: float = 0.0) -> 
     return -x / lr
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FedNovaState(ServerState):
+    """FedNova's server state: `w_k` and, with server momentum, its buffer."""
+
+    u: torch.Tensor | None = None
+    """Server momentum buffer `u_k` (`u_0 = 0`), None when `server_momentum = 0`."""
+
+
 @dataclass(frozen=True)
 class FedNovaParams:
     mu: float = 0.0
@@ -90,15 +99,14 @@ class FedNovaParams:
 @ALGORITHMS.register("fednova", FedNovaParams, "FedNova: w ← w − η τ_eff Σ p_i d_i, d_i = −Δ_i/(η a_i)")
 class FedNova(Algorithm):
     name = "fednova"
+    state_class = FedNovaState
 
     # -- server half ----------------------------------------------------------------------
-    def init(self, w0: torch.Tensor) -> dict[str, Any]:
-        state: dict[str, Any] = {"w": w0.clone()}
-        if self.params.server_momentum:
-            state["u"] = torch.zeros_like(w0)
-        return state
+    def init(self, w0: torch.Tensor) -> FedNovaState:
+        u = torch.zeros_like(w0) if self.params.server_momentum else None
+        return FedNovaState(w=w0.clone(), u=u)
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: FedNovaState, round: int, replies: Iterable[Reply]):
         """One pass: `τ_eff` (`Σ p_i a_i`, or `Σ p_i τ_i`) and `Σ p_i d_i` over the clients that
         returned."""
         acc = WeightedMean(self.params.weighting)
@@ -112,11 +120,10 @@ class FedNova(Algorithm):
         require_replies(acc.count)
         tau_eff = acc.scalar("a" if self.params.tau_eff == "normaliser" else "steps")
         step = acc.mean("d").mul_(tau_eff)
-        new = dict(state)
+        u = state.u
         if self.params.server_momentum:
-            step = state["u"].mul(self.params.server_momentum).add_(step)
-            new["u"] = step
-        new["w"] = state["w"] - lr * step
+            u = step = state.u.mul(self.params.server_momentum).add_(step)
+        new = replace(state, w=state.w - lr * step, u=u)
         diag: dict[str, Any] = client_diagnostics(acc)
         diag["tau_eff"] = tau_eff
         diag["a"] = a

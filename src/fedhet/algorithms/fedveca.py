@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,7 @@ from fedhet.algorithms.base import (
     Message,
     Reply,
     RunInfo,
+    ServerState,
     WeightedMean,
     require_replies,
 )
@@ -97,6 +98,27 @@ class FedVecaParams:
 
     def alpha_at(self, round: int) -> float:
         return self.alpha_schedule[round] if self.alpha_schedule else self.alpha
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FedVecaState(ServerState):
+    """FedVeca's server state (Algorithm 1): the model, the step counts it decided, its
+    smoothness estimate and the two last rounds' global gradients and models it needs for
+    `L_(k−1)` (lines 11–16) and the next downlink."""
+
+    tau: list[int | None]
+    """`τ_(k,i)` per client for its next round (eq. 15); None until the client has run once
+    (it then takes `τ_(0,i)`, module docstring)."""
+    L: float = math.nan
+    """`L = max` of the estimates `L_(k−1)` so far; NaN before the first."""
+    grad_last: torch.Tensor | None = None
+    """`∇F(w_k)` of the last round (eq. 8), sent down as `∇F(w_(k−1))`; None before round 1."""
+    w_last: torch.Tensor | None = None
+    """`w_k` of the last round, the model `grad_last` was taken at."""
+    grad_last2: torch.Tensor | None = None
+    """`∇F` of the round before the last (`∇F(w_(k−2))` for `L_(k−1)`)."""
+    w_last2: torch.Tensor | None = None
+    """The model `grad_last2` was taken at."""
 
 
 # -- the pieces, as functions of what each side holds -----------------------------------------
@@ -191,6 +213,7 @@ def _nanmax(a: float, b: float) -> float:
 @ALGORITHMS.register("fedveca", FedVecaParams, "FedVeca: FedNova update with adaptive τ_(k,i) (eq. 15)")
 class FedVeca(Algorithm):
     name = "fedveca"
+    state_class = FedVecaState
 
     def __init__(self, params: FedVecaParams, run: RunInfo) -> None:
         super().__init__(params, run)
@@ -205,22 +228,19 @@ class FedVeca(Algorithm):
             )
 
     # -- server half ----------------------------------------------------------------------
-    def init(self, w0: torch.Tensor) -> dict[str, Any]:
-        return {
-            "w": w0.clone(), "tau": [None] * self.run.num_clients, "L": math.nan,
-            "grad_last": None, "w_last": None, "grad_last2": None, "w_last2": None,
-        }
+    def init(self, w0: torch.Tensor) -> FedVecaState:
+        return FedVecaState(w=w0.clone(), tau=[None] * self.run.num_clients)
 
-    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
-        message = Message({"w": state["w"]})
-        tau = state["tau"][client_id]
+    def configure(self, state: FedVecaState, client_id: int, round: int) -> Message:
+        message = Message({"w": state.w})
+        tau = state.tau[client_id]
         if tau is not None:
             message.scalars["tau"] = float(tau)
-        if state["grad_last"] is not None:
-            message.tensors["grad_prev"] = state["grad_last"]
+        if state.grad_last is not None:
+            message.tensors["grad_prev"] = state.grad_last
         return message
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: FedVecaState, round: int, replies: Iterable[Reply]):
         """One pass: running `Σ p_i G_i`, `Σ p_i ∇F_i` and `Σ p_i τ_i`; per client only its
         scalars (`τ`, `β`, `δ`) are kept for eq. 15 and the diagnostics."""
         acc = WeightedMean()
@@ -235,30 +255,28 @@ class FedVeca(Algorithm):
         d_k = acc.mean("G")
         grad_k = acc.mean("grad")  # eq. 8
         replies = seen
-        w_k = state["w"]
-        new = {
-            **state, "w": w_k - eta * tau_k * d_k,
-            "grad_last": grad_k, "w_last": w_k,
-            "grad_last2": state["grad_last"], "w_last2": state["w_last"],
-        }
+        w_k = state.w
         A = [math.nan] * len(replies)
-        L_k = math.nan
-        if round >= 1 and state["grad_last"] is not None:
-            L_k = smoothness(state["grad_last"], state["w_last"], state["grad_last2"], state["w_last2"])
+        L_k, L = math.nan, state.L
+        if round >= 1 and state.grad_last is not None:
+            L_k = smoothness(state.grad_last, state.w_last, state.grad_last2, state.w_last2)
             if math.isfinite(L_k):
-                new["L"] = _nanmax(state["L"], L_k)
+                L = _nanmax(state.L, L_k)
             A = [eta * _scalar(r, "beta") ** 2 * _scalar(r, "delta") for r in replies]
             next_taus = predict_tau(A, self.params.alpha_at(round), self.params.tau_max, taus)
         else:
             next_taus = taus  # Algorithm 1 line 25: τ_(1,i) = τ_(0,i)
-        tau_table = list(state["tau"])
+        tau_table = list(state.tau)
         for r, t in zip(replies, next_taus, strict=True):
             tau_table[r.client_id] = int(t)
-        new["tau"] = tau_table
+        new = replace(
+            state, w=w_k - eta * tau_k * d_k, tau=tau_table, L=L,
+            grad_last=grad_k, w_last=w_k, grad_last2=state.grad_last, w_last2=state.w_last,
+        )
         diag = self._diagnostics(replies, taus, A, acc)
         diag.update(
-            tau_k=tau_k, tau_sum=float(sum(taus)), L_k=L_k, L_max=new["L"],
-            eta_tau_L=eta * tau_k * new["L"],
+            tau_k=tau_k, tau_sum=float(sum(taus)), L_k=L_k, L_max=new.L,
+            eta_tau_L=eta * tau_k * new.L,
         )
         return new, diag
 

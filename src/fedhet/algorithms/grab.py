@@ -7,8 +7,8 @@ mean gradient of the *previous* epoch (stale mean; zero in the first epoch), and
 that keeps the running signed sum small: `+` if `‖s + c‖ ≤ ‖s − c‖` (then `s ← s + c` and the
 unit goes to the next free slot from the front of `σ'`), else `−` (`s ← s − c`, next free slot
 from the back). At the end of the epoch `σ ← σ'` and `m ←` this epoch's mean gradient. The
-order, pointers and the two running sums are client state kept across rounds, so an epoch may
-span rounds (`E < 1`). Extra memory: three `d`-vectors per client.
+order, pointers and the two running sums are client state (`GraBState`) kept across rounds, so
+an epoch may span rounds (`E < 1`). Extra memory: three `d`-vectors per client.
 
 By default all gradients are used (no selection) and the server is FedAvg's. Cropping
 (`alpha < 1`): the seed pairs GraB-FedAvg with BHerd's selection ("the GraB operation replaces
@@ -23,71 +23,95 @@ mean `G` and uploads `Δ = −η τ G` (`reading="mean-tau"`, FedAvg at `α = 1`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
-from fedhet.algorithms.base import ALGORITHMS, ClientContext, Message
+from fedhet.algorithms.base import ALGORITHMS, ClientContext, ClientState, Message
 from fedhet.algorithms.bherd import check_alpha, kept_count, row_mean
 from fedhet.algorithms.fedavg import FedAvg
 
 
-def grab_init(num_units: int, dim: int) -> dict[str, Any]:
+@dataclass(kw_only=True, eq=False)
+class GraBState(ClientState):
+    """A GraB client's balancing state, kept across rounds (an epoch may span rounds); changed
+    in place as the client visits its units."""
+
+    order: torch.Tensor
+    """`σ`, the order of the units in the current epoch."""
+    next: torch.Tensor
+    """`σ'`, the next epoch's order being filled: `+` units from the front, `−` from the back.
+    A slot not filled yet this epoch holds −1 in the first epoch, the last epoch's unit after."""
+    pos: int
+    """How many units of `σ` this epoch has visited."""
+    left: int
+    """The next free slot of `σ'` from the front."""
+    right: int
+    """The next free slot of `σ'` from the back."""
+    mean: torch.Tensor
+    """`m`, the previous epoch's mean gradient (the stale mean; zero in the first epoch)."""
+    epoch_sum: torch.Tensor
+    """`Σ g` over this epoch so far (float64), the next `m` times the number of units."""
+    s: torch.Tensor
+    """`s`, the running signed sum `Σ ±(g − m)` of this epoch (float64)."""
+
+
+def grab_init(num_units: int, dim: int) -> GraBState:
     """GraB state for `num_units` units: identity order, zero stale mean."""
-    return {
-        "order": torch.arange(num_units), "next": torch.empty(num_units, dtype=torch.long),
-        "pos": 0, "left": 0, "right": num_units - 1,
-        "mean": torch.zeros(dim), "epoch_sum": torch.zeros(dim, dtype=torch.float64),
-        "s": torch.zeros(dim, dtype=torch.float64),
-    }
+    return GraBState(
+        order=torch.arange(num_units), next=torch.full((num_units,), -1, dtype=torch.long),
+        pos=0, left=0, right=num_units - 1,
+        mean=torch.zeros(dim), epoch_sum=torch.zeros(dim, dtype=torch.float64),
+        s=torch.zeros(dim, dtype=torch.float64),
+    )
 
 
-def grab_current_unit(state: dict[str, Any]) -> int:
-    return int(state["order"][state["pos"]])
+def grab_current_unit(state: GraBState) -> int:
+    return int(state.order[state.pos])
 
 
-def grab_step(state: dict[str, Any], g: torch.Tensor) -> float:
+def grab_step(state: GraBState, g: torch.Tensor) -> float:
     """Balance the gradient `g` of the current unit; advance; returns `‖s‖` after the step."""
     return grab_balance(state, g)[1]
 
 
-def grab_balance(state: dict[str, Any], g: torch.Tensor) -> tuple[bool, float]:
+def grab_balance(state: GraBState, g: torch.Tensor) -> tuple[bool, float]:
     """`grab_step` that also says whether the unit took the `+` sign (front of `σ'`)."""
     unit = grab_current_unit(state)
     g64 = g.to(torch.float64)
-    c = g64 - state["mean"].to(torch.float64)
-    s = state["s"]
+    c = g64 - state.mean.to(torch.float64)
+    s = state.s
     plus = bool(torch.linalg.vector_norm(s + c) <= torch.linalg.vector_norm(s - c))
     if plus:
         s.add_(c)
-        state["next"][state["left"]] = unit
-        state["left"] += 1
+        state.next[state.left] = unit
+        state.left += 1
     else:
         s.sub_(c)
-        state["next"][state["right"]] = unit
-        state["right"] -= 1
-    state["epoch_sum"].add_(g64)
-    state["pos"] += 1
-    if state["pos"] == len(state["order"]):
+        state.next[state.right] = unit
+        state.right -= 1
+    state.epoch_sum.add_(g64)
+    state.pos += 1
+    if state.pos == len(state.order):
         grab_end_epoch(state)
     return plus, float(torch.linalg.vector_norm(s))
 
 
-def grab_end_epoch(state: dict[str, Any]) -> None:
-    n = len(state["order"])
-    state["order"] = state["next"].clone()
-    state["mean"] = (state["epoch_sum"] / n).to(torch.float32)
-    state["epoch_sum"].zero_()
-    state["s"].zero_()
-    state["pos"], state["left"], state["right"] = 0, 0, n - 1
+def grab_end_epoch(state: GraBState) -> None:
+    n = len(state.order)
+    state.order = state.next.clone()
+    state.mean = (state.epoch_sum / n).to(torch.float32)
+    state.epoch_sum.zero_()
+    state.s.zero_()
+    state.pos, state.left, state.right = 0, 0, n - 1
 
 
-def grab_epoch(vectors: torch.Tensor, state: dict[str, Any]) -> list[float]:
+def grab_epoch(vectors: torch.Tensor, state: GraBState) -> list[float]:
     """One whole epoch of balancing over fixed vectors (one row per unit); returns `‖s‖` per step.
 
     Offline counterpart of what the client does with live gradients (tests, analysis)."""
     norms = []
-    for _ in range(len(state["order"])):
+    for _ in range(len(state.order)):
         norms.append(grab_step(state, vectors[grab_current_unit(state)]))
     return norms
 
@@ -114,8 +138,11 @@ class GraBParams:
 @ALGORITHMS.register("grab-fedavg", GraBParams, "GraB-FedAvg: GraB online balancing order, FedAvg")
 class GraBFedAvg(FedAvg):
     name = "grab-fedavg"
+    client_state_class = GraBState
 
-    def client_update(self, message: Message, ctx: ClientContext, state: Any):
+    def client_update(self, message: Message, ctx: ClientContext, state: GraBState | None):
+        """`state` is None before the client's first round, which builds it (`grab_init`: it
+        needs the client's number of units)."""
         per_epoch = ctx.num_samples // min(ctx.batch_size, ctx.num_samples)
         units = list(ctx.batches(per_epoch, order="fixed"))
         w0 = message.tensors["w"]

@@ -30,8 +30,8 @@ to **[choice]**: along a ring each device starts from its predecessor's statisti
 edge keeps the last device's, as it keeps the last model (eq. 14); a HierFAVG edge averages its
 devices' statistics with the model's weights after each of its `κ2` aggregations and sends the
 average down with the edge model; the cloud averages the edges' with the weights of eq. 15.
-The result goes back to the engine in the state (`BUFFERS`), so the engine does not average
-every device update of the round as it does for star topologies.
+The result goes back to the engine in the state (`ServerState.buffers`), so the engine does not
+average every device update of the round as it does for star topologies.
 
 SGD momentum (0.5 in FedSR §IV) restarts from zero at every hand-off **[choice]**: a device
 receives only the model, not its predecessor's momentum buffer. A device visited again in the
@@ -41,7 +41,7 @@ same round (a later ring pass or edge iteration) reshuffles its batches from a f
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -55,6 +55,7 @@ from fedhet.algorithms.base import (
     Message,
     Reply,
     RunInfo,
+    ServerState,
     WeightedMean,
     require_replies,
 )
@@ -130,7 +131,7 @@ def ring_order(devices: Sequence[int], seed: int, round: int, edge: int, shuffle
 
 
 def with_buffers(tensors: dict[str, torch.Tensor], buffers: torch.Tensor | None) -> dict:
-    """`tensors` plus the BatchNorm statistics under `BUFFERS` when the model has any."""
+    """Message `tensors` plus the BatchNorm statistics under `BUFFERS` when the model has any."""
     return tensors if buffers is None else {**tensors, BUFFERS: buffers}
 
 
@@ -244,6 +245,16 @@ def ring_client_update(message: Message, ctx: ClientContext) -> Message:
     return Message({"w": w}, scalars)
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class RingState(ServerState):
+    """Ring-optimization's server state: `w_t` and where it is."""
+
+    holder: int | None = None
+    """The device that holds the model `w_t` (the last device of the previous round's ring;
+    None before the first round), so the ring runner can tell a hop to itself
+    (`engine.rounds.ring_round` reads it with `algorithms.state.ring_holder`)."""
+
+
 @dataclass(frozen=True)
 class RingParams:
     shuffle: bool = True
@@ -256,24 +267,27 @@ class RingOptimization(EdgeRole):
 
     name = "ring"
     topology = "ring"
+    state_class = RingState
 
     def __init__(self, params: RingParams, run: RunInfo) -> None:
         edge = EdgeParams(clusters=1, shuffle=params.shuffle)
         super().__init__(edge, run)
         self.ring_params = params
 
-    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
-        return Message({"w": state["w"]}, {"hop": 0.0})
+    def configure(self, state: RingState, client_id: int, round: int) -> Message:
+        return Message({"w": state.w}, {"hop": 0.0})
 
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         return ring_client_update(message, ctx), state
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: RingState, round: int, replies: Iterable[Reply]):
         (last,) = replies
         s = last.message.scalars
-        # `holder`: the device that holds the model now, so the runner can tell a hop to itself
-        new = {**state, "w": last.message.tensors["w"].clone(), "holder": last.client_id}
-        return with_buffers(new, last.message.tensors.get(BUFFERS)), {
+        new = replace(
+            state, w=last.message.tensors["w"].clone(), holder=last.client_id,
+            buffers=last.message.tensors.get(BUFFERS),
+        )
+        return new, {
             "local_train_loss": s["loss_sum"] / max(s["hop"], 1.0),
             "ring_hops": s["hop"],
         }
@@ -325,14 +339,14 @@ class FedSR(EdgeRole):
             {"num_samples": edge["samples"], "train_loss": edge["loss"]},
         )
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: ServerState, round: int, replies: Iterable[Reply]):
         """`w_glob = Σ_m (|D_m| / |D|) w^m` over the edges that took part (eq. 15), and the
         edges' BatchNorm statistics with the same weights; one pass."""
         acc = WeightedMean()
         for r in replies:
             acc.add(r, ("w", *buffer_names(r)), ("train_loss",))
         require_replies(acc.count)
-        return with_buffers({**state, "w": acc.mean("w")}, mean_buffers(acc)), {
+        return replace(state, w=acc.mean("w"), buffers=mean_buffers(acc)), {
             "local_train_loss": acc.scalar("train_loss"), "edges": float(acc.count)
         }
 
@@ -410,14 +424,14 @@ class HierFAVG(EdgeRole):
             {"num_samples": edge["samples"], "train_loss": loss},
         )
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: ServerState, round: int, replies: Iterable[Reply]):
         """`w_glob ← w_glob + Σ_m (|D_m|/|D|) Δ^m`, and the edges' BatchNorm statistics averaged
         with the same weights."""
         acc = WeightedMean()
         for r in replies:
             acc.add(r, ("delta", *buffer_names(r)), ("train_loss",))
         require_replies(acc.count)
-        new = with_buffers({**state, "w": state["w"] + acc.mean("delta")}, mean_buffers(acc))
+        new = replace(state, w=state.w + acc.mean("delta"), buffers=mean_buffers(acc))
         return new, {
             "local_train_loss": acc.scalar("train_loss"), "edges": float(acc.count)
         }

@@ -4,7 +4,8 @@ The model is `encoder → projection head → classifier` (`moon-mlp`, `moon-cnn
 projection. Each local step minimises `CE + μ ℓ_con` with
 `ℓ_con = −log( e^(cos(z, z_glob)/τ) / (e^(cos(z, z_glob)/τ) + e^(cos(z, z_prev)/τ)) )`,
 `z_glob` from the received global model and `z_prev` from the client's own model at the end of
-its previous round (both frozen; `z_prev` is client state, kept and checkpointed by the engine).
+its previous round (both frozen; that model is client state, `MoonClientState`, kept and
+checkpointed by the engine).
 In a client's first round there is no previous model and the term is absent **[choice]** (which
 is the same as `ℓ_con = 0`). Aggregation is FedAvg's. `μ = 0` reproduces FedAvg.
 
@@ -21,11 +22,27 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from fedhet.algorithms.base import ALGORITHMS, ClientContext, Message, RunInfo
+from fedhet.algorithms.base import ALGORITHMS, ClientContext, ClientState, Message, RunInfo
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.errors import FedhetError
 from fedhet.models.registry import objective
 from fedhet.training.flat import Layer
+
+
+@dataclass(kw_only=True, eq=False)
+class MoonClientState(ClientState):
+    """What a MOON client keeps between rounds."""
+
+    w_prev: torch.Tensor | None = None
+    """The client's local model at the end of its previous round (`z_prev`'s model); None
+    before its first round."""
+
+    @classmethod
+    def from_legacy(cls, value: Any) -> MoonClientState:
+        """Older checkpoints kept the previous model itself as the client's state."""
+        if isinstance(value, torch.Tensor):
+            return cls(w_prev=value)
+        return super().from_legacy(value)
 
 
 @dataclass(frozen=True)
@@ -61,6 +78,7 @@ def named_params(layers: tuple[Layer, ...], flat: torch.Tensor) -> dict[str, tor
 @ALGORITHMS.register("moon", MoonParams, "MOON: local CE + μ model-contrastive loss, FedAvg server")
 class Moon(FedAvg):
     name = "moon"
+    client_state_class = MoonClientState
 
     def __init__(self, params: MoonParams, run: RunInfo) -> None:
         super().__init__(params, run)
@@ -69,8 +87,8 @@ class Moon(FedAvg):
                 "moon needs a model with a projection head; use --model moon-mlp or moon-cnn"
             )
 
-    def client_init(self, client_id: int) -> Any:
-        return None
+    def client_init(self, client_id: int) -> MoonClientState:
+        return MoonClientState()
 
     def loss_fn(self, w_glob: torch.Tensor, w_prev: torch.Tensor | None):
         glob = named_params(self.run.layers, w_glob)
@@ -89,13 +107,13 @@ class Moon(FedAvg):
 
         return loss
 
-    def client_update(self, message: Message, ctx: ClientContext, state: Any):
+    def client_update(self, message: Message, ctx: ClientContext, state: MoonClientState):
         w0 = message.tensors["w"].clone()
         tau = int(message.scalars.get("tau", ctx.tau))
-        loss_fn = self.loss_fn(w0, state)
+        loss_fn = self.loss_fn(w0, state.w_prev)
         w, steps, loss = ctx.trainer.sgd(w0, ctx.batches(tau), ctx.sgd, loss_fn=loss_fn)
         reply = Message(
             {"delta": w - w0},
             {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss},
         )
-        return reply, w
+        return reply, MoonClientState(w_prev=w)

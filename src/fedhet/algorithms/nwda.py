@@ -12,16 +12,18 @@ with `nwda=true` (`fedavg.py`). Both import them from here, so neither imports t
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import torch
 
-from fedhet.algorithms.base import Reply, WeightedMean, weighted_sum
+from fedhet.algorithms.base import Reply, ServerState, WeightedMean, weighted_sum
 from fedhet.training.flat import Layer
 
 KINDS = ("conv", "fc", "norm", "other")
+S = TypeVar("S", bound=ServerState)
+"""A server state with a `cum_move` field (`FedAvgState`, `FedNNNNState`)."""
 
 
 # -- NWDA: pure functions on flat vectors ---------------------------------------------------
@@ -131,13 +133,12 @@ class NWDACollector:
         return NWDA(p, delta_bar, self.index.sq_norms(delta_bar), torch.stack(self.rows))
 
 
-def nwda_record(
-    old: Mapping[str, Any], new: dict[str, Any], stats: NWDA, index: LayerIndex,
-) -> tuple[dict[str, Any], dict[str, float]]:
-    """NWDA columns for an algorithm that moved the server model from `old["w"]` to `new["w"]`.
+def nwda_record(old: S, new: S, stats: NWDA, index: LayerIndex) -> tuple[S, dict[str, float]]:
+    """NWDA columns for an algorithm that moved the server model from `old.w` to `new.w`.
 
-    Returns the new state with the running `cum_move` (`𝒩`) and the diagnostics.
+    Returns the new state with the running `cum_move` (`𝒩`, a field of the state) and the
+    diagnostics.
     """
-    move = new["w"] - old["w"]
-    cum = float(old.get("cum_move", 0.0)) + math.sqrt(float(index.sq_norms(move).sum()))
-    return {**new, "cum_move": cum}, nwda_diagnostics(stats, move, index, cum)
+    move = new.w - old.w
+    cum = float(old.cum_move) + math.sqrt(float(index.sq_norms(move).sum()))
+    return replace(new, cum_move=cum), nwda_diagnostics(stats, move, index, cum)

@@ -1,7 +1,8 @@
 """SCAFFOLD (Karimireddy et al., ICML 2020, Algorithm 1; docs/spec.md "SCAFFOLD").
 
-Server state: model `x` and control variate `c`; client state: its own control variate `c_i`
-(zeros before its first round, kept across rounds by the engine). The downlink carries `x` and
+Server state (`ScaffoldState`): model `x` and control variate `c`; client state
+(`ScaffoldClientState`): its own control variate `c_i` (zeros before its first round, kept
+across rounds by the engine). The downlink carries `x` and
 `c`; client `i` runs `τ_i` local steps `y ← y − η (g(y) − c_i + c)` from `y = x`, then sets
 - option II (default): `c_i⁺ = c_i − c + (x − y)/(τ_i η)`;
 - option I: `c_i⁺ = ∇F_i(x)`, an extra exact pass over the local data (plus weight decay, so
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -44,8 +45,10 @@ from fedhet.algorithms.base import (
     ALGORITHMS,
     Algorithm,
     ClientContext,
+    ClientState,
     Message,
     Reply,
+    ServerState,
     WeightedMean,
     require_replies,
 )
@@ -53,6 +56,30 @@ from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics, local_s
 from fedhet.algorithms.fednova import normaliser
 from fedhet.errors import FedhetError
 from fedhet.training.local import GradTransform
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ScaffoldState(ServerState):
+    """SCAFFOLD's server state: the model `x` (`w`) and the server control variate `c`."""
+
+    c: torch.Tensor
+    """Server control variate `c` (zeros at start), the running `Σ_i p_i c_i` under full
+    participation."""
+
+
+@dataclass(kw_only=True, eq=False)
+class ScaffoldClientState(ClientState):
+    """One client's control variate, kept on the client across rounds."""
+
+    c_i: torch.Tensor | None = None
+    """Client control variate `c_i`; None before the client's first round (where it is zeros)."""
+
+    @classmethod
+    def from_legacy(cls, value: Any) -> ScaffoldClientState:
+        """Older checkpoints kept `c_i` itself as the client's state."""
+        if isinstance(value, torch.Tensor):
+            return cls(c_i=value)
+        return super().from_legacy(value)
 
 
 @dataclass(frozen=True)
@@ -105,30 +132,35 @@ def corrected(c: torch.Tensor, c_i: torch.Tensor | None) -> GradTransform:
 @ALGORITHMS.register("scaffold", ScaffoldParams, "SCAFFOLD: control variates c, c_i correct client drift")
 class Scaffold(Algorithm):
     name = "scaffold"
+    state_class = ScaffoldState
+    client_state_class = ScaffoldClientState
 
     # -- server half ----------------------------------------------------------------------
-    def init(self, w0: torch.Tensor) -> dict[str, Any]:
-        return {"w": w0.clone(), "c": torch.zeros_like(w0)}
+    def init(self, w0: torch.Tensor) -> ScaffoldState:
+        return ScaffoldState(w=w0.clone(), c=torch.zeros_like(w0))
 
-    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
-        return Message({"w": state["w"], "c": state["c"]})
+    def configure(self, state: ScaffoldState, client_id: int, round: int) -> Message:
+        return Message({"w": state.w, "c": state.c})
 
-    def aggregate(self, state: dict[str, Any], round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: ScaffoldState, round: int, replies: Iterable[Reply]):
         """One pass: running `Σ p_i Δy_i` and `Σ p_i Δc_i`; `|S|` is the number that returned."""
         acc = WeightedMean(self.params.weighting)
         for r in replies:
             acc.add(r, ("delta", "delta_c"), CLIENT_SCALARS)
         require_replies(acc.count)
-        w = state["w"] + self.params.server_lr * acc.mean("delta")
-        c = state["c"] + variate_step(acc, self.run.num_clients)
+        w = state.w + self.params.server_lr * acc.mean("delta")
+        c = state.c + variate_step(acc, self.run.num_clients)
         diag = client_diagnostics(acc)
         diag["c_norm"] = float(c.norm())
-        return {**state, "w": w, "c": c}, diag
+        return replace(state, w=w, c=c), diag
 
     # -- client half ----------------------------------------------------------------------
-    def client_update(self, message: Message, ctx: ClientContext, state: Any):
+    def client_init(self, client_id: int) -> ScaffoldClientState:
+        return ScaffoldClientState()
+
+    def client_update(self, message: Message, ctx: ClientContext, state: ScaffoldClientState):
         x, c = message.tensors["w"], message.tensors["c"]
-        c_i: torch.Tensor | None = state
+        c_i = state.c_i
         if self.params.option == "I":
             c_new = option_one_variate(ctx, x)
         _, y, reply = local_sgd_update(message, ctx, corrected(c, c_i))
@@ -137,4 +169,4 @@ class Scaffold(Algorithm):
                 x, y, c, c_i, int(reply.scalars["steps"]), ctx.sgd.lr, ctx.sgd.momentum
             )
         reply.tensors["delta_c"] = c_new if c_i is None else c_new - c_i
-        return reply, c_new
+        return reply, ScaffoldClientState(c_i=c_new)

@@ -111,7 +111,9 @@ def train(msg: Message, context: Context) -> Message:
         )
     work = world.clients
     if STATE in context.state:
-        work.hold_only(client_id, unpack_state(context.state.config_records[STATE]))
+        work.hold_only(
+            client_id, unpack_state(context.state.config_records[STATE], world.algorithm, client_id)
+        )
     else:
         work.hold_only(client_id)
     round = int(meta["round"])

@@ -3,7 +3,8 @@
 A fedhet message becomes three records: `fedhet.tensors` (an `ArrayRecord`, one numpy array
 per tensor, dtype and shape kept), `fedhet.scalars` (a `ConfigRecord`; ints stay ints, floats
 are IEEE doubles) and `fedhet.meta` (who and which round). Client state never travels: it is
-packed into the node's own `Context.state` with `pack_state`.
+packed into the node's own `Context.state` with `pack_state`, as its record (the plain dict of
+its fields, `fedhet.algorithms.state`), as a checkpoint holds it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-from fedhet.algorithms.base import Message
+from fedhet.algorithms.base import Algorithm, ClientState, Message
+from fedhet.algorithms.state import client_record, restore_client
 from fedhet.engine.store import SAFE_GLOBALS
 from fedhet.errors import FedhetError
 
@@ -61,18 +63,20 @@ def from_record(content: RecordDict) -> tuple[Message, dict[str, Any]]:
     return Message(tensors, scalars), meta
 
 
-def pack_state(state: Any) -> ConfigRecord:
-    """A client's state (anything `torch.save` accepts) as a record for `Context.state`."""
+def pack_state(state: ClientState | None) -> ConfigRecord:
+    """A client's state (its record: a plain dict of tensors and numbers) for `Context.state`."""
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save(client_record(state), buf)
     return ConfigRecord({"state": buf.getvalue()})
 
 
-def unpack_state(record: ConfigRecord) -> Any:
-    """The state `pack_state` stored. It never crosses the network, and is still unpickled with
-    `weights_only` (tensors, containers and NumPy values only), as checkpoints are."""
+def unpack_state(record: ConfigRecord, algorithm: Algorithm, client_id: int) -> ClientState | None:
+    """The state `pack_state` stored, as `algorithm`'s client state. It never crosses the
+    network, and is still unpickled with `weights_only` (tensors, containers and NumPy values
+    only), as checkpoints are."""
     with torch.serialization.safe_globals(SAFE_GLOBALS):
-        return torch.load(io.BytesIO(record["state"]), map_location="cpu", weights_only=True)
+        plain = torch.load(io.BytesIO(record["state"]), map_location="cpu", weights_only=True)
+    return restore_client(algorithm, plain, client_id)
 
 
 def wire_bytes(obj: Any) -> int:

@@ -28,7 +28,7 @@ from flwr.app import Message as FlowerMessage
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from fedhet.algorithms.base import Message, Reply
+from fedhet.algorithms.base import Message, Reply, ServerState
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.node import shorten_pull_backoff
 from fedhet.deploy.records import from_record, to_record, wire_bytes
@@ -237,7 +237,7 @@ class FlowerRoundContext(Simulation):
         self.keep_buffers(client_id, up)
         return up
 
-    def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:
+    def _evaluate(self, state: ServerState, round: int, diag: dict[str, float]) -> dict:
         row = super()._evaluate(state, round, diag)
         self.wire["total"] += self.wire["down"] + self.wire["up"]
         row.update({
@@ -250,8 +250,8 @@ class FlowerRoundContext(Simulation):
 
 
 def flower_star_round(
-    rc: FlowerRoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    rc: FlowerRoundContext, state: ServerState, round: int, clients: Sequence[int]
+) -> tuple[ServerState, dict[str, Any]]:
     """`star_round` with the sampled clients' updates in flight at the same time."""
     rc.roster.refresh(rc.round_timeout)  # a restarted SuperNode re-joins here
     downs = {}

@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, Protocol
 
-from fedhet.algorithms.base import Algorithm, Message, Reply
+from fedhet.algorithms.base import Algorithm, Message, Reply, ServerState
 from fedhet.algorithms.hierarchical import EdgeRole
+from fedhet.algorithms.state import ring_holder
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.failures import ClientFailure
 from fedhet.engine.faults import (
@@ -69,7 +70,7 @@ class RoundContext(Protocol):
     log: Callable[[str], None]
     """Optional (`print` when absent): one line per failed client or empty round."""
 
-    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
+    def configure(self, state: ServerState, client_id: int, round: int) -> Message:
         """`algorithm.configure` plus what the engine adds to every downlink (BN statistics)."""
         ...
 
@@ -87,7 +88,7 @@ class RoundContext(Protocol):
         ...
 
 
-RoundRunner = Callable[[RoundContext, dict[str, Any], int, Sequence[int]], tuple[dict, dict]]
+RoundRunner = Callable[[RoundContext, ServerState, int, Sequence[int]], tuple[ServerState, dict]]
 
 
 def _faults(rc: RoundContext) -> FaultModel:
@@ -132,14 +133,14 @@ def stream_into(aggregate: Callable, state: Any, round: int, replies: Iterable[R
     return result
 
 
-def _kept(rc: RoundContext, state: dict[str, Any], round: int, tally: RoundTally, where: str = ""):
+def _kept(rc: RoundContext, state: ServerState, round: int, tally: RoundTally, where: str = ""):
     _log(rc, f"round {round + 1}: no client returned{where}; server state kept")
     return state, tally.diagnostics()
 
 
 def star_round(
-    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    rc: RoundContext, state: ServerState, round: int, clients: Sequence[int]
+) -> tuple[ServerState, dict[str, Any]]:
     """Cloud → each sampled device → cloud, then one aggregation over those that returned."""
     faults, tally = _faults(rc), RoundTally()
     requests = []
@@ -163,7 +164,9 @@ def _edge_role(rc: RoundContext) -> EdgeRole:
     return algorithm
 
 
-def _with_groups(result: tuple[dict, dict], groups: list[tuple[int, list[int]]]) -> tuple[dict, dict]:
+def _with_groups(
+    result: tuple[ServerState, dict], groups: list[tuple[int, list[int]]]
+) -> tuple[ServerState, dict]:
     """Record the round's edge groups (in ring order) for diagnostics.jsonl."""
     state, diag = result
     return state, {**diag, "rings": [list(g) for _, g in groups], "edge_ids": [m for m, _ in groups]}
@@ -247,18 +250,18 @@ def _admitted(rc: RoundContext, tally: RoundTally, devices: Sequence[int], round
 
 
 def ring_round(
-    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    rc: RoundContext, state: ServerState, round: int, clients: Sequence[int]
+) -> tuple[ServerState, dict[str, Any]]:
     """One ring of all sampled devices (ring-optimization, eqs. 8–9); dropped devices are left
     out of the ring. The model enters from the device that held it at the end of the last round
-    (`state["holder"]`; the initialiser in round 0)."""
+    (`RingState.holder`; the initialiser in round 0)."""
     role = _edge_role(rc)
     tally = RoundTally()
     ((_, ring),) = role.edge_groups(clients, round)
     live = _admitted(rc, tally, ring, round)
     if not live:
         return _kept(rc, state, round, tally)
-    walk = RingWalk(live, 1, rc.configure(state, live[0], round), state.get("holder"))
+    walk = RingWalk(live, 1, rc.configure(state, live[0], round), ring_holder(state))
     walk_rings(rc, round, [walk], tally)
     if walk.last is None:
         return _kept(rc, state, round, tally)
@@ -267,8 +270,8 @@ def ring_round(
 
 
 def edge_ring_round(
-    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    rc: RoundContext, state: ServerState, round: int, clients: Sequence[int]
+) -> tuple[ServerState, dict[str, Any]]:
     """Cloud → edges → one ring per edge (`R` passes) → edges → cloud (FedSR, Algorithm 1).
     The edges' rings run in lockstep (`walk_rings`); an edge whose ring returned nothing sends
     no report, and the reports reach the cloud in edge order."""
@@ -314,8 +317,8 @@ class _StarEdge:
 
 
 def edge_star_round(
-    rc: RoundContext, state: dict[str, Any], round: int, clients: Sequence[int]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+    rc: RoundContext, state: ServerState, round: int, clients: Sequence[int]
+) -> tuple[ServerState, dict[str, Any]]:
     """Cloud → edges; `κ2` edge aggregations of their devices; edges → cloud (HierFAVG).
     Iteration `t` of every edge goes through one `rc.client_updates` call (requests edge by
     edge, so the batched executor stacks all edges' devices); each edge aggregates its own

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from fedhet.algorithms import state as states
 from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Algorithm, Message, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.clients import ClientWork, local_steps
@@ -113,7 +114,7 @@ class Simulation:
             self.executor = make_executor(self.clients, self.executor_name, cfg.cohort_chunk)
 
     # -- the round runner's protocol -----------------------------------------------------
-    def configure(self, state: dict[str, Any], client_id: int, round: int) -> Message:
+    def configure(self, state: states.ServerState, client_id: int, round: int) -> Message:
         """The algorithm's downlink message, plus BatchNorm statistics when the model has any."""
         message = self.algorithm.configure(state, client_id, round)
         if self.buffers.numel():
@@ -153,7 +154,7 @@ class Simulation:
         A round whose model, loss or aggregate is not finite stops the run: the summary says
         `status: diverged` with the round and client, and the last good checkpoint is kept."""
         cfg = self.cfg
-        state = self.algorithm.init(self.w0)
+        state = states.initial_state(self.algorithm, self.w0)
         rows: list[dict[str, Any]] = []
         start, elapsed = 0, 0.0
         if resume and self.store is not None:
@@ -162,7 +163,8 @@ class Simulation:
                 check_resumable(ckpt.get("config"), cfg.to_dict())
                 check_same_split(ckpt.get("split"), self.split)
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
-                state, self.clients.states = ckpt["server"], ckpt["clients"]
+                state = states.restore_state(self.algorithm, ckpt["server"])
+                self.clients.states = states.restore_clients(self.algorithm, ckpt["clients"])
                 self.buffers = ckpt["buffers"]
                 self.comm.restore(ckpt["comm"])
                 rows = self.store.rows_until(start)
@@ -221,7 +223,7 @@ class Simulation:
             self.store.write_summary(summary)
         return summary
 
-    def _check_finite(self, state: dict[str, Any], row: dict[str, Any], round: int) -> None:
+    def _check_finite(self, state: states.ServerState, row: dict[str, Any], round: int) -> None:
         self.evaluator.check_finite(state, row, round)
 
     def _diverged(self, error: Exception, rows: list[dict[str, Any]], round: int) -> dict[str, Any]:
@@ -236,25 +238,25 @@ class Simulation:
             self.store.write_summary(summary)
         return summary
 
-    def _average_buffers(self, state: dict[str, Any]) -> dict[str, Any]:
+    def _average_buffers(self, state: states.ServerState) -> states.ServerState:
         """The round's BatchNorm statistics, aggregated as the model is **[choice]**.
 
-        An algorithm that aggregates them itself returns them under `BUFFERS` in its state
+        An algorithm that aggregates them itself returns them in its state's `buffers`
         (hierarchical topologies: the edges average their devices' statistics with the model,
         the cloud the edges'); they are taken out of the state here. Otherwise (star
         topologies) the engine averages the statistics of every client update of the round with
         the run's weights (`buffer_weight`: `D_i`, or 1 with `weighting="uniform"`)."""
-        if BUFFERS in state:
-            state = dict(state)
-            self.buffers = state.pop(BUFFERS).to(self.buffers.device, torch.float32)
-            self.clients.take_buffers()
-        elif kept := self.clients.take_buffers():
+        state, buffers = states.take_buffers(state)
+        kept = self.clients.take_buffers()
+        if buffers is not None:
+            self.buffers = buffers.to(self.buffers.device, torch.float32)
+        elif kept:
             stacked = torch.stack([b.to(torch.float64) for _, b in kept])
             weights = torch.tensor([w for w, _ in kept], dtype=torch.float64, device=stacked.device)
             self.buffers = ((weights / weights.sum()) @ stacked).to(torch.float32)
         return state
 
-    def _evaluate(self, state: dict[str, Any], round: int, diag: dict[str, float]) -> dict:
+    def _evaluate(self, state: states.ServerState, round: int, diag: dict[str, float]) -> dict:
         """Round `round`'s metrics row (`Evaluator.row`) with the server's BatchNorm statistics."""
         return self.evaluator.row(state, round, diag, self.buffers)
 
@@ -267,7 +269,8 @@ class Simulation:
             self.store.append_diagnostics(record)
         if done % self.cfg.checkpoint_every == 0 or done == self.cfg.rounds:
             self.store.save_checkpoint({
-                "round": done, "elapsed": elapsed, "server": state, "clients": self.clients.states,
+                "round": done, "elapsed": elapsed, "server": states.state_record(state),
+                "clients": states.client_records(self.clients.states),
                 "buffers": self.buffers, "comm": self.comm.state(), "config": self.cfg.to_dict(),
                 "split": self.split,
             })

@@ -1,0 +1,204 @@
+"""Typed algorithm states (fedhet.algorithms.state): every algorithm's server and client states
+are its declared dataclasses, survive a checkpoint field for field, and a checkpoint written
+before states were typed (untyped dicts, raw client values) resumes to the same result."""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_executors import BASE, CASES
+
+from fedhet.algorithms.base import ALGORITHMS, Algorithm, Message, NoParams, ServerState
+from fedhet.algorithms.state import (
+    ClientState,
+    Record,
+    client_record,
+    initial_state,
+    restore_client,
+    restore_clients,
+    restore_state,
+)
+from fedhet.engine.config import config_of
+from fedhet.engine.simulation import Simulation
+from fedhet.engine.store import TIME_COLUMNS, RunStore, read_checkpoint
+from fedhet.errors import FedhetError
+
+NAMES = sorted({CASES[c].get("algorithm", c) for c in CASES} & set(ALGORITHMS.names()))
+
+
+def settings(name: str, **extra: Any) -> dict[str, Any]:
+    """tests/test_executors.py's ready-made digits config for the algorithm (its own case)."""
+    return {**BASE, "algorithm": name, **CASES[name], "executor": "sequential", **extra}
+
+
+def simulate(name: str, out: Path | None = None, resume: bool = False, **extra: Any):
+    rows: list[dict[str, Any]] = []
+    sim = Simulation(config_of(settings(name, **extra)), store=RunStore(out) if out else None,
+                     log=lambda _: None, on_round=rows.append)
+    sim.run(resume=resume)
+    return sim, rows
+
+
+def assert_same(a: Any, b: Any, where: str = "") -> None:
+    """Equal values, tensors equal in dtype and content, typed states equal in class and fields."""
+    assert type(a) is type(b), f"{where}: {type(a).__name__} vs {type(b).__name__}"
+    if isinstance(a, Record):
+        assert_same(a.to_record(), b.to_record(), where)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), where
+
+
+def same_row(a: dict[str, Any], b: dict[str, Any]) -> None:
+    keys = [k for k in a if k not in TIME_COLUMNS]
+    assert keys == [k for k in b if k not in TIME_COLUMNS]
+    for k in keys:
+        assert_same(a[k], b[k], k)
+
+
+def test_every_registered_algorithm_is_covered():
+    assert set(ALGORITHMS.names()) <= set(NAMES)
+
+
+# -- the typed classes -----------------------------------------------------------------------
+@pytest.mark.parametrize("name", NAMES)
+def test_states_are_the_algorithms_typed_classes(name):
+    """`init` returns the algorithm's `ServerState` class; a round's `aggregate` returns a new
+    object of the same class and leaves the old one as it was; every client state is the
+    algorithm's `ClientState` class (or None, for algorithms whose clients keep none)."""
+    sim = Simulation(config_of(settings(name)), store=None, log=lambda _: None)
+    algo = sim.algorithm
+    state = algo.init(sim.w0)
+    assert isinstance(state, ServerState) and type(state) is algo.state_class
+    before = copy.deepcopy(state.to_record())
+    new, _ = sim.runner(sim, state, 0, list(range(sim.run_info.num_clients)))
+    assert type(new) is type(state) and new is not state
+    assert_same(state.to_record(), before, "old state")
+    assert sim.client_states, "no client ran"
+    for client_id, c in sim.client_states.items():
+        if algo.client_state_class is None:
+            assert c is None
+        else:
+            assert type(c) is algo.client_state_class, client_id
+        first = algo.client_init(client_id)
+        assert first is None or type(first) is algo.client_state_class
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_states_round_trip_through_a_checkpoint(name, tmp_path):
+    """The engine's store keeps the states as plain records (`weights_only` loading) that come
+    back as the same typed states, field for field."""
+    sim, _ = simulate(name, tmp_path, rounds=2)
+    ckpt = RunStore(tmp_path).load_checkpoint()
+    assert isinstance(ckpt["server"], dict)
+    assert_same(restore_state(sim.algorithm, ckpt["server"]), sim.final_state, "server")
+    assert_same(restore_clients(sim.algorithm, ckpt["clients"]), sim.client_states, "clients")
+
+
+# -- checkpoints written before states were typed --------------------------------------------
+FEDAVG_FAMILY = {"fedavg", "fedavgm", "fedprox", "grab-fedavg", "moon"}
+
+
+def old_server(name: str, record: dict[str, Any]) -> dict[str, Any]:
+    """The untyped server dict the algorithm kept before states were typed: the same keys,
+    without what it did not have (the engine popped `_buffers` before saving; FedAvg's family
+    had `cum_move` only with `nwda=true`; FedNova `u` only with server momentum)."""
+    old = {k: v for k, v in record.items() if k != "buffers"}
+    if name in FEDAVG_FAMILY:
+        del old["cum_move"]
+    if name == "fednova" and old["u"] is None:
+        del old["u"]
+    return old
+
+
+def old_client(name: str, record: Any) -> Any:
+    """The raw client state kept before states were typed."""
+    if record is None:
+        return None
+    if name == "scaffold":
+        return record["c_i"]  # the control variate itself
+    if name == "moon":
+        return record["w_prev"]  # the previous local model itself
+    if name == "bherd-scaffold":
+        return {"cursor": record["cursor"], "c": record["c_i"]}
+    return dict(record)  # BHerd's {"cursor"}, GraB's dict: the same keys as the fields
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_checkpoint_from_before_typed_states_resumes_to_the_same_run(name, tmp_path):
+    whole, whole_rows = simulate(name, rounds=3)
+    simulate(name, tmp_path, rounds=2)
+    store = RunStore(tmp_path)
+    ckpt = store.load_checkpoint()
+    ckpt["server"] = old_server(name, ckpt["server"])
+    ckpt["clients"] = {i: old_client(name, r) for i, r in ckpt["clients"].items()}
+    store.save_checkpoint(ckpt)
+    assert read_checkpoint(store.ckpt_path)["server"].keys() == ckpt["server"].keys()
+    resumed, rows = simulate(name, tmp_path, resume=True, rounds=3)
+    assert len(rows) == 1
+    same_row(rows[-1], whole_rows[-1])
+    assert_same(resumed.final_state, whole.final_state, "server")
+    assert_same(resumed.client_states, whole.client_states, "clients")
+
+
+# -- the records themselves ------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Probe(ServerState):
+    v: Any = None
+
+
+def test_a_record_holds_only_plain_values():
+    w = torch.zeros(2)
+    nested = Probe(w=w, v={"a": [1, 2.5, None, torch.ones(1)], "b": "text"})
+    assert_same(Probe.from_record(nested.to_record()), nested)
+    with pytest.raises(FedhetError, match=r"Probe.v\['x'\] is a set"):
+        Probe(w=w, v={"x": {1, 2}}).to_record()
+    with pytest.raises(FedhetError, match="Probe.v is a Message"):
+        Probe(w=w, v=Message()).to_record()
+
+
+def test_a_record_of_another_state_is_refused():
+    with pytest.raises(FedhetError, match=r"unknown \['c'\]"):
+        Probe.from_record({"w": torch.zeros(1), "c": torch.zeros(1)})
+    with pytest.raises(FedhetError, match=r"missing \['w'\]"):
+        Probe.from_record({"v": 1})
+    with pytest.raises(FedhetError, match="not a record"):
+        Probe.from_record(torch.zeros(1))
+    assert Probe.from_record({"w": torch.zeros(1), "_buffers": torch.ones(1)}).buffers is not None
+
+
+class Untyped(Algorithm):
+    name = "states-test-untyped"
+
+    def init(self, w0: torch.Tensor):
+        return {"w": w0.clone()}
+
+
+def test_an_untyped_init_or_client_state_is_a_clear_error():
+    algo = Untyped(NoParams(), None)
+    with pytest.raises(FedhetError, match="init returned a dict, not its state class ServerState"):
+        initial_state(algo, torch.zeros(2))
+    with pytest.raises(FedhetError, match="clients keep none"):
+        restore_client(algo, {"c": torch.zeros(1)}, 0)
+    with pytest.raises(FedhetError, match="client state is a int"):
+        client_record(3)
+    assert restore_client(algo, None, 0) is None
+
+
+def test_client_state_base_has_no_fields():
+    assert ClientState().to_record() == {}
