@@ -13,7 +13,7 @@ import torch
 from faulty import make_client_fail
 from torch import nn
 
-from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Message, Reply, RunInfo
+from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo, ServerState
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import ClientFailure
@@ -49,7 +49,7 @@ def simulation(**settings) -> Simulation:
 
 
 # -- the round equals the edges one after another -------------------------------------------
-def fedsr_edges_one_by_one(sim: Simulation, order: list[int]) -> dict:
+def fedsr_edges_one_by_one(sim: Simulation, order: list[int]) -> ServerState:
     """Round 0 of FedSR by hand: each edge's ring alone, in `order`, every hop a sequential
     client update (Algorithm 1 through the public roles); the cloud aggregates in edge order."""
     algo, state = sim.algorithm, sim.algorithm.init(sim.w0)
@@ -68,7 +68,7 @@ def fedsr_edges_one_by_one(sim: Simulation, order: list[int]) -> dict:
     return algo.aggregate(state, 0, iter([reports[m] for m in sorted(reports)]))[0]
 
 
-def hierfavg_edges_one_by_one(sim: Simulation, order: list[int]) -> dict:
+def hierfavg_edges_one_by_one(sim: Simulation, order: list[int]) -> ServerState:
     """Round 0 of HierFAVG by hand: each edge's `κ2` iterations alone, in `order`."""
     algo, state = sim.algorithm, sim.algorithm.init(sim.w0)
     groups = dict(algo.edge_groups(range(sim.run_info.num_clients), 0))
@@ -99,10 +99,10 @@ def test_lockstep_round_equals_edges_one_after_another(request, settings, by_han
     assert len(edges) == 3
     for order in (edges, edges[::-1]):
         expected = by_hand(simulation(**common), order)
-        assert torch.equal(engine.final_state["w"], expected["w"])
+        assert torch.equal(engine.final_state.w, expected.w)
         if batchnorm:
-            assert torch.equal(engine.buffers, expected[BUFFERS])
-    assert not torch.equal(engine.final_state["w"], engine.w0)
+            assert torch.equal(engine.buffers, expected.buffers)
+    assert not torch.equal(engine.final_state.w, engine.w0)
 
 
 # -- the batched executor stacks devices of several edges -----------------------------------
@@ -207,7 +207,7 @@ def test_failure_mid_ring_same_under_both_executors():
     assert first["device_edge_transfers"] == 4 and first["edge_cloud_transfers"] == 4
     for key in ("clients_failed", "clients_returned", "device_device_transfers", "model_transfers"):
         assert [r[key] for r in seq_rows] == [r[key] for r in bat_rows]
-    w_seq, w_bat = seq.final_state["w"], bat.final_state["w"]
+    w_seq, w_bat = seq.final_state.w, bat.final_state.w
     assert float((w_bat - w_seq).norm() / w_seq.norm()) < 1e-5
 
 
@@ -275,7 +275,7 @@ def test_rings_advance_one_hop_each_per_call():
     # ring 0 visits 0 1 2 0 1 2 (1 fails, then is skipped), ring 1 visits 3 4 3 4
     assert rc.calls == [[0, 3], [1, 4], [2, 3], [0, 4], [2]]
     # edge 0: 1 + 3 + 1 + 3 = 8 (weight 8); edge 1: 4 + 5 + 4 + 5 = 18 (weight 18); eq. 15
-    assert torch.allclose(new["w"], torch.full((3,), (8 * 8 + 18 * 18) / 26))
+    assert torch.allclose(new.w, torch.full((3,), (8 * 8 + 18 * 18) / 26))
     assert diag["clients_failed"] == 1 and diag["clients_returned"] == 4 and diag["edges"] == 2
     assert rc.lines == ["round 1: client 1 failed and is dropped for the round: RuntimeError: down"]
     # hops: ring 0 bills 1 2 0 2 from their holders, ring 1 bills 4 3 4
@@ -306,7 +306,7 @@ def test_each_edge_aggregates_only_its_own_replies_in_one_pass():
     # edge 0 never heard back: no report; edge 1 moves Σ(1+i)²/Σ(1+i) = 29/9 per iteration,
     # edge 2 moves 5; the cloud weights them by their samples, 9 and 5
     expected = (9 * 2 * 29 / 9 + 5 * 2 * 5) / 14
-    assert torch.allclose(new["w"], torch.full((3,), expected))
+    assert torch.allclose(new.w, torch.full((3,), expected))
     assert diag["edges"] == 2 and diag["clients_failed"] == 1
     assert dict(rc.comm.round_transfers) == {"edge-cloud": 3 + 2, "device-edge": 5 + 4 + 4 + 4}
 

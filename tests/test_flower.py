@@ -318,7 +318,7 @@ def test_nodes_train_through_the_runs_executor(monkeypatch):
 
     monkeypatch.setattr(BatchedExecutor, "run", spy)
     local, remote, _, _ = run_both(settings)
-    assert torch.equal(remote.final_state["w"], local.final_state["w"])
+    assert torch.equal(remote.final_state.w, local.final_state.w)
     in_process = [r for r in requests if len(r) == BASE["clients"]]
     on_nodes = sorted(r[0] for r in requests if len(r) == 1)
     assert len(in_process) == BASE["rounds"]
