@@ -1,12 +1,19 @@
 """The local step's chain (`fedhet.training.steps`): each transform by hand, a stack of rows
-bit for bit equal to the rows alone."""
+bit for bit equal to the rows alone, and `LocalTrainer.sgd` against a hand-written SGD loop."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
-from fedhet.training.local import SGDConfig
+from fedhet.algorithms.scaffold import corrected
+from fedhet.engine.config import config_of
+from fedhet.engine.simulation import Simulation
+from fedhet.training.cohort import CohortTrainer, SGDJob
+from fedhet.training.flat import FlatModel
+from fedhet.training.local import LocalTrainer, SGDConfig
 from fedhet.training.steps import (
     Correction,
     Custom,
@@ -48,6 +55,9 @@ def test_correction_adds_c_minus_c_i():
     g = torch.tensor([1.0, 2.0, 3.0])
     Correction(c - c_i).apply(g, torch.zeros(3), 0)
     assert torch.equal(g, torch.tensor([1.5, 1.0, 4.0]))  # g − c_i + c
+    first_round = torch.tensor([1.0, 2.0, 3.0])
+    corrected(c, None).apply(first_round, torch.zeros(3), 0)  # c_i = 0 before round one
+    assert torch.equal(first_round, torch.tensor([2.0, 3.0, 4.0]))
 
 
 def test_momentum_is_the_heavy_ball_buffer():
@@ -200,3 +210,120 @@ def test_custom_runs_row_by_row_and_a_failing_row_is_reported():
     [(row, error)] = chain.failures()
     assert row == 2 and isinstance(error, ValueError)
     assert chain.failures() == []
+
+
+# -- the cohort runs the chain ------------------------------------------------------------------
+def test_cohort_rows_equal_the_clients_alone_bit_for_bit():
+    """Jobs with different μ, λ, ρ, η, shifts, unequal τ and an `on_step` hook, stacked in the
+    cohort, end exactly where each ends stacked alone. The gradient is replaced by an
+    elementwise function so only the chain's arithmetic is compared."""
+    torch.manual_seed(3)
+    flat = FlatModel(nn.Linear(4, 1))
+    x = torch.randn(40, flat.dim)
+    cohort = CohortTrainer(flat, x, torch.zeros(40))
+
+    def gradients(w, bufs, batch):
+        return w * 0.5 - x[batch[:, 0]], torch.zeros(len(w)), bufs
+
+    cohort.gradients = gradients
+    w0, anchor = torch.randn(flat.dim), torch.randn(flat.dim)
+    plans = [  # (cfg, transforms, τ)
+        (SGDConfig(0.1, 0.9, 1e-3), (Proximal(0.1, anchor),), 5),
+        (SGDConfig(0.05, 0.0, 0.0), (Proximal(0.0, anchor),), 3),
+        (SGDConfig(0.1, 0.5, 3e-3), (Proximal(0.3, anchor), Correction(torch.randn(flat.dim))), 4),
+    ]
+
+    def jobs(which, seen):
+        def hook(c):
+            return lambda step, w, g, loss: seen[c].append(g.clone())
+
+        return [SGDJob(w0, iter([torch.arange(4 * c + t, 4 * c + t + 1) for t in range(tau)]), cfg,
+                       transforms, hook(c))
+                for c, (cfg, transforms, tau) in enumerate(plans) if c in which]
+
+    seen_all = {c: [] for c in range(3)}
+    together = jobs({0, 1, 2}, seen_all)
+    cohort.sgd_many(together)
+    for c, job in enumerate(together):
+        seen = {c: []}
+        [alone] = jobs({c}, seen)
+        cohort.sgd_many([alone])
+        assert job.error is None and job.result[1] == plans[c][2]
+        assert same_bits(job.result[0], alone.result[0]), c
+        assert all(same_bits(a, b) for a, b in zip(seen_all[c], seen[c], strict=True))
+
+
+# -- LocalTrainer.sgd against a hand-written loop ----------------------------------------------
+class TinyRegression(nn.Module):
+    """`½ mean (xᵀW + b − y)²` on a 3-feature linear model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x).squeeze(1)
+
+    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return 0.5 * (out - target).pow(2).mean()
+
+
+def test_local_sgd_matches_a_hand_written_loop_with_momentum_weight_decay_and_prox():
+    torch.manual_seed(4)
+    flat = FlatModel(TinyRegression())
+    x, y = torch.randn(12, 3), torch.randn(12)
+    trainer = LocalTrainer(flat, x, y)
+    w0 = flat.params.clone()
+    anchor = w0 + 0.5
+    lr, rho, wd, mu = 0.1, 0.9, 0.01, 0.2
+    batches = [torch.arange(0, 4), torch.arange(4, 8), torch.arange(8, 12), torch.arange(2, 6)]
+    w, steps, _ = trainer.sgd(w0, batches, SGDConfig(lr, rho, wd), (Proximal(mu, anchor),))
+
+    ref, v = w0.double(), torch.zeros(4, dtype=torch.float64)  # (W_1, W_2, W_3, b)
+    for batch in batches:
+        xb, yb = x[batch].double(), y[batch].double()
+        r = xb @ ref[:3] + ref[3] - yb  # residuals
+        g = torch.cat([xb.T @ r / len(batch), r.mean().reshape(1)])
+        g = g + wd * ref + mu * (ref - anchor.double())
+        v = rho * v + g
+        ref = ref - lr * v
+    assert steps == 4
+    assert torch.allclose(w.double(), ref, atol=1e-6, rtol=0)
+
+
+def test_batched_fedprox_with_mu_zero_is_fedavg_bit_for_bit():
+    """The zero-coefficient rule holds in the stacked step too."""
+    base = {"dataset": "digits", "clients": 3, "rounds": 2, "batch_size": 16, "lr": 0.05,
+            "client_steps": [3, 5, 2], "momentum": 0.5, "weight_decay": 1e-3, "model": "logreg",
+            "partition": "iid", "executor": "batched"}
+    runs = {}
+    for name, extra in (("fedavg", {}), ("fedprox", {"algorithm_params": {"mu": 0.0}})):
+        sim = Simulation(config_of({**base, "algorithm": name, **extra}), log=lambda _: None)
+        sim.run()
+        assert sim.executor_name == "batched"
+        runs[name] = sim.final_state["w"]
+    assert same_bits(runs["fedavg"], runs["fedprox"])
+
+
+def test_sequential_and_stacked_local_sgd_agree_on_a_real_model():
+    """`LocalTrainer.sgd` and `CohortTrainer.sgd_many` run the same chain (float32 rounding
+    of the gradients aside)."""
+    torch.manual_seed(5)
+    flat = FlatModel(nn.Linear(6, 3))
+    x, y = torch.randn(60, 6), torch.randint(0, 3, (60,))
+    seq, cohort = LocalTrainer(flat, x, y), CohortTrainer(flat, x, y)
+    w0 = flat.params.clone()
+    shift = 0.1 * torch.randn(flat.dim)
+    cases = [(SGDConfig(0.1, 0.9, 1e-2), (Proximal(0.5, w0),), 4),
+             (SGDConfig(0.2, 0.0, 0.0), (Correction(shift),), 6)]
+
+    def batches(c, tau):
+        return seq.batches(torch.arange(30 * c, 30 * c + 30), 8, tau, np.random.default_rng(c))
+
+    jobs = [SGDJob(w0, batches(c, tau), cfg, tf) for c, (cfg, tf, tau) in enumerate(cases)]
+    cohort.sgd_many(jobs)
+    for c, (cfg, tf, tau) in enumerate(cases):
+        w, steps, loss = seq.sgd(w0, batches(c, tau), cfg, tf)
+        assert jobs[c].result[1] == steps == tau
+        assert torch.allclose(jobs[c].result[0], w, atol=1e-6)
+        assert jobs[c].result[2] == pytest.approx(loss, rel=1e-5)
