@@ -111,6 +111,11 @@ class Transform(ABC):
         """The rewritten gradient (`g` itself for the typed transforms)."""
         raise NotImplementedError
 
+    @property
+    def active(self) -> bool:
+        """False when `apply` would touch no row (every coefficient 0): the chain skips it."""
+        return True
+
     @classmethod
     @abstractmethod
     def stack(cls, links: Sequence[Self | None], device: Device = None) -> Self:
@@ -133,6 +138,10 @@ class WeightDecay(Transform):
     def apply(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
         self.lam.add_to(g, w)
         return g
+
+    @property
+    def active(self) -> bool:
+        return bool(self.lam)
 
     @classmethod
     def stack(cls, links: Sequence[WeightDecay | None], device: Device = None) -> WeightDecay:
@@ -157,6 +166,10 @@ class Proximal(Transform):
             self.mu.add_to(g, w - self.anchor)
         return g
 
+    @property
+    def active(self) -> bool:
+        return bool(self.mu)
+
     @classmethod
     def stack(cls, links: Sequence[Proximal | None], device: Device = None) -> Proximal:
         mus = [t.mu.values[0] if t is not None else 0.0 for t in links]
@@ -179,6 +192,10 @@ class Correction(Transform):
     def apply(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
         self.on.add_to(g, self.shift)
         return g
+
+    @property
+    def active(self) -> bool:
+        return bool(self.on)
 
     @classmethod
     def stack(cls, links: Sequence[Correction | None], device: Device = None) -> Correction:
@@ -269,6 +286,9 @@ class LocalStep:
         device: Device = None,
     ) -> None:
         self.transforms = tuple(transforms)
+        self._live = tuple(t for t in self.transforms if t.active)
+        """The links that touch some row (a zero `λ` or `μ` everywhere is skipped)."""
+        self._custom = tuple(t for t in self.transforms if isinstance(t, Custom))
         self.momentum = momentum
         self.lr = tuple(lr)
         """`η` per row."""
@@ -290,7 +310,7 @@ class LocalStep:
 
     def gradient(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
         """`g` after every transform (what the `on_step` hook sees)."""
-        for t in self.transforms:
+        for t in self._live:
             g = t.apply(g, w, step)
         return g
 
@@ -305,10 +325,9 @@ class LocalStep:
     def failures(self) -> list[tuple[int, BaseException]]:
         """Rows whose `Custom` callable raised since the last call (then forgotten)."""
         out = []
-        for t in self.transforms:
-            if isinstance(t, Custom):
-                out += t.failed
-                t.failed = []
+        for t in self._custom:
+            out += t.failed
+            t.failed = []
         return out
 
     @classmethod
