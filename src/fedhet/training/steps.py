@@ -247,9 +247,7 @@ class Momentum:
     def __init__(self, rho: float | Sequence[float], device: Device = None) -> None:
         self.rho = _values(rho)
         mixed = len(set(self.rho)) > 1
-        self._column = (
-            torch.tensor(self.rho, device=device).unsqueeze(1) if mixed else None
-        )
+        self._column = torch.tensor(self.rho, device=device).unsqueeze(1) if mixed else None
         zeros = [r for r, a in enumerate(self.rho) if not a]
         self._plain = torch.tensor(zeros, device=device) if mixed and zeros else None
         """Rows with `ρ = 0` in a mixed stack: their direction is their `g`, copied exactly."""
