@@ -23,6 +23,7 @@ import torch
 from fedhet.algorithms import bherd
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
+from fedhet.training.steps import Correction
 
 ISSUE = {"dataset": "digits", "model": "mlp", "partition": "half-iid", "clients": 5, "rounds": 10,
          "seed": 0, "batch_size": 16, "local_epochs": 2}
@@ -33,17 +34,9 @@ def probe(settings: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, lis
     records: dict[int, list[dict[str, Any]]] = defaultdict(list)
     original = bherd.herd_local_pass
 
-    def recording(w0, ctx, batches, alpha, transform=None, **kw):
-        shift: list[float] = []
-
-        def watch(g, w, step):
-            raw = g.clone()
-            out = transform(g, w, step) if transform is not None else g
-            if step == 0:
-                shift.append(float((out - raw).norm()))
-            return out
-
-        hp = original(w0, ctx, batches, alpha, transform=watch, **kw)
+    def recording(w0, ctx, batches, alpha, transforms=(), **kw):
+        shift = [float(t.shift.norm()) for t in transforms if isinstance(t, Correction)]
+        hp = original(w0, ctx, batches, alpha, transforms=transforms, **kw)
         sel = hp.selection
         records[ctx.round].append({
             "client": ctx.client_id, "tau": hp.steps, "m": len(sel.kept),

@@ -12,12 +12,12 @@ from quadratic import LINEAR_MODEL, run_quadratic
 
 from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo
 from fedhet.algorithms.fednova import normaliser
-from fedhet.algorithms.fedprox import proximal
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig
+from fedhet.training.steps import Proximal
 
 BASE = {
     "dataset": "digits", "partition": "dirichlet", "clients": 5, "rounds": 3, "lr": 0.1,
@@ -63,9 +63,12 @@ def test_proximal_transform_adds_mu_times_distance():
     w0 = torch.tensor([1.0, 2.0, 3.0])
     w = torch.tensor([2.0, 0.0, 3.0])
     g = torch.tensor([0.5, 0.5, 0.5])
-    out = proximal(0.1, w0)(g.clone(), w, 0)
+    out = Proximal(0.1, w0).apply(g.clone(), w, 0)
     assert torch.allclose(out, torch.tensor([0.6, 0.3, 0.5]))
-    assert proximal(0.0, w0) is None
+    untouched = g.clone()
+    nowhere = torch.full((3,), float("nan"))  # μ = 0 never reads the anchor
+    assert Proximal(0.0, nowhere).apply(untouched, w, 0) is untouched
+    assert torch.equal(untouched, g)
 
 
 def test_fedprox_rejects_negative_mu():
@@ -171,7 +174,7 @@ def test_fednova_normaliser_is_the_weight_sum_of_real_local_sgd(rho, mu):
     trainer = LocalTrainer(model, e.repeat(4, 1), torch.zeros(4, dtype=torch.long))
     w0 = torch.tensor([0.3, 0.1, -0.2])
     lr, tau = 0.05, 7
-    w, _, _ = trainer.sgd(w0, [torch.arange(4)] * tau, SGDConfig(lr, rho), proximal(mu, w0))
+    w, _, _ = trainer.sgd(w0, [torch.arange(4)] * tau, SGDConfig(lr, rho), (Proximal(mu, w0),))
     expected = -lr * normaliser(tau, lr, rho, mu) * e[0]
     assert torch.allclose(w - w0, expected, atol=1e-6)
 

@@ -76,7 +76,7 @@ from fedhet.algorithms.scaffold import (
     variate_step,
 )
 from fedhet.errors import FedhetError
-from fedhet.training.local import GradTransform
+from fedhet.training.steps import Transform
 
 TIE_TOLERANCE = 1e-9
 """Candidates whose `‖s + z‖²` are within this fraction of `max ‖z‖²` of the best count as tied
@@ -215,7 +215,7 @@ class HerdPass:
 
 def herd_local_pass(
     w0: torch.Tensor, ctx: ClientContext, batches: Any, alpha: float,
-    transform: GradTransform | None = None, fixed_point: bool = False, max_error: float = 0.0,
+    transforms: Sequence[Transform] = (), fixed_point: bool = False, max_error: float = 0.0,
 ) -> HerdPass:
     """Local SGD keeping each step's gradient in a preallocated `τ × d` buffer, then herd.
 
@@ -227,7 +227,7 @@ def herd_local_pass(
         grads[step].copy_(g)
 
     sgd = replace(ctx.sgd, lr=0.0) if fixed_point else ctx.sgd
-    w, steps, loss = ctx.trainer.sgd(w0, batches, sgd, transform=transform, on_step=keep)
+    w, steps, loss = ctx.trainer.sgd(w0, batches, sgd, transforms=transforms, on_step=keep)
     return HerdPass(w, steps, loss, guarded(herd_select(grads[:steps], alpha), max_error))
 
 
@@ -458,7 +458,7 @@ class BHerdScaffold(_BHerdBase):
         if self.params.option == "I":  # at the received x, before the local steps move the
             c_new = option_one_variate(ctx, w0)  # shared model's BatchNorm statistics
         batches, cursor = local_batches(ctx, self.params.order, state.cursor)
-        hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transform=corrected(c, c_i),
+        hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transforms=(corrected(c, c_i),),
                              fixed_point=self.fixed_point, max_error=self.params.max_herd_error)
         if self.params.option == "II" and self.fixed_point:  # mean corrected gradient at x
             c_new = hp.selection.mean_all.to(torch.float32).sub_(c)

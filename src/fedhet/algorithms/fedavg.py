@@ -11,7 +11,7 @@ FedAvgM ("Momentum" in FedNNNN Table 2, eqs. 10–11): `d_(k+1) = γ d_k + Σ_i 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
@@ -29,20 +29,21 @@ from fedhet.algorithms.base import (
 )
 from fedhet.algorithms.nwda import LayerIndex, NWDACollector, nwda_record
 from fedhet.errors import FedhetError
-from fedhet.training.local import GradTransform
+from fedhet.training.steps import Transform
 
 
 def local_sgd_update(
-    message: Message, ctx: ClientContext, transform: GradTransform | None = None
+    message: Message, ctx: ClientContext, transforms: Sequence[Transform] = ()
 ) -> tuple[torch.Tensor, torch.Tensor, Message]:
-    """The common client step: SGD for `τ` steps from the received `w`.
+    """The common client step: SGD for `τ` steps from the received `w`, the algorithm's
+    `transforms` (`fedhet.training.steps`) in the local step's chain.
 
     `τ` is the message's `tau` if the server sent one, else the engine's `ctx.tau`. Returns
     `(w0, w_final, reply)` where the reply carries `delta`, `num_samples`, `steps`, `train_loss`.
     """
     w0 = message.tensors["w"]
     tau = int(message.scalars.get("tau", ctx.tau))
-    w, steps, loss = ctx.trainer.sgd(w0, ctx.batches(tau), ctx.sgd, transform=transform)
+    w, steps, loss = ctx.trainer.sgd(w0, ctx.batches(tau), ctx.sgd, transforms=transforms)
     reply = Message(
         {"delta": w - w0},
         {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss},

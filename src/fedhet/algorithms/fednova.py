@@ -48,8 +48,8 @@ from fedhet.algorithms.base import (
     require_replies,
 )
 from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics, local_sgd_update
-from fedhet.algorithms.fedprox import proximal
 from fedhet.errors import FedhetError
+from fedhet.training.steps import Proximal
 
 
 def normaliser(tau: int, lr: float = 0.0, rho: float = 0.0, mu: float = 0.0) -> float:
@@ -132,7 +132,7 @@ class FedNova(Algorithm):
     # -- client half ----------------------------------------------------------------------
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         w0 = message.tensors["w"]
-        _, _, reply = local_sgd_update(message, ctx, proximal(self.params.mu, w0))
+        _, _, reply = local_sgd_update(message, ctx, (Proximal(self.params.mu, w0),))
         lr = ctx.sgd.lr
         a = normaliser(int(reply.scalars["steps"]), lr, ctx.sgd.momentum, self.params.mu)
         d = reply.tensors.pop("delta").div_(-lr * a)

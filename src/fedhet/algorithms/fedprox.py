@@ -4,8 +4,9 @@ Client `i` minimises `F_i(w) + (μ/2)‖w − w_k‖²` with `τ_i` local SGD st
 gradient `g + μ (w − w_k)` (the proximal term's gradient at the current local model). The server
 aggregates as FedAvg, `w_(k+1) = w_k + Σ_i p_i Δ_i`.
 
-With `μ = 0` no term is added at all (the local loop runs without a gradient transform), so
-FedProx reproduces FedAvg bit for bit.
+The term is the local step's `Proximal(μ, w_k)` transform (`fedhet.training.steps`). With
+`μ = 0` it adds nothing at all (not even `0·(w − w_k)`), so FedProx reproduces FedAvg bit for
+bit.
 """
 
 from __future__ import annotations
@@ -14,23 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
-
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Message
 from fedhet.algorithms.fedavg import FedAvg, local_sgd_update
 from fedhet.errors import FedhetError
-from fedhet.training.local import GradTransform
-
-
-def proximal(mu: float, w0: torch.Tensor) -> GradTransform | None:
-    """`g ← g + μ (w − w0)`; `None` when `μ = 0`, so nothing touches the gradient."""
-    if mu == 0:
-        return None
-
-    def transform(g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
-        return g.add_(w - w0, alpha=mu)
-
-    return transform
+from fedhet.training.steps import Proximal
 
 
 @dataclass(frozen=True)
@@ -52,5 +40,5 @@ class FedProx(FedAvg):
 
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         w0 = message.tensors["w"]
-        _, _, reply = local_sgd_update(message, ctx, proximal(self.params.mu, w0))
+        _, _, reply = local_sgd_update(message, ctx, (Proximal(self.params.mu, w0),))
         return reply, state

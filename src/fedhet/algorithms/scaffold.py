@@ -55,7 +55,7 @@ from fedhet.algorithms.base import (
 from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics, local_sgd_update
 from fedhet.algorithms.fednova import normaliser
 from fedhet.errors import FedhetError
-from fedhet.training.local import GradTransform
+from fedhet.training.steps import Correction
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -119,14 +119,9 @@ def variate_step(acc: WeightedMean, num_clients: int) -> torch.Tensor:
     return (acc.sums["delta_c"] * (share / acc.total)).to(torch.float32)
 
 
-def corrected(c: torch.Tensor, c_i: torch.Tensor | None) -> GradTransform:
-    """The local step's gradient `g − c_i + c`."""
-    shift = c if c_i is None else c - c_i
-
-    def transform(g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
-        return g.add_(shift)
-
-    return transform
+def corrected(c: torch.Tensor, c_i: torch.Tensor | None) -> Correction:
+    """The local step's gradient `g − c_i + c` (`c_i = 0` before the client's first round)."""
+    return Correction(c if c_i is None else c - c_i)
 
 
 @ALGORITHMS.register("scaffold", ScaffoldParams, "SCAFFOLD: control variates c, c_i correct client drift")
@@ -163,7 +158,7 @@ class Scaffold(Algorithm):
         c_i = state.c_i
         if self.params.option == "I":
             c_new = option_one_variate(ctx, x)
-        _, y, reply = local_sgd_update(message, ctx, corrected(c, c_i))
+        _, y, reply = local_sgd_update(message, ctx, (corrected(c, c_i),))
         if self.params.option == "II":
             c_new = option_two_variate(
                 x, y, c, c_i, int(reply.scalars["steps"]), ctx.sgd.lr, ctx.sgd.momentum

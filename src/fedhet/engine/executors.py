@@ -157,17 +157,17 @@ class _ParkingTrainer:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._trainer, name)
 
-    def sgd(self, w0, batches, cfg, transform=None, on_step=None, loss_fn=None):
+    def sgd(self, w0, batches, cfg, transforms=(), on_step=None, loss_fn=None):
         client = self._client
         if loss_fn is not None:  # MOON: run this call sequentially, right here
             model = self._trainer.model
             if client.buffers is not None:
                 model.buffers.copy_(client.buffers)
-            out = self._trainer.sgd(w0, batches, cfg, transform, on_step, loss_fn)
+            out = self._trainer.sgd(w0, batches, cfg, transforms, on_step, loss_fn)
             if client.buffers is not None:
                 client.buffers = model.buffers.clone()
             return out
-        client.job = SGDJob(w0, iter(batches), cfg, transform, on_step, client.buffers)
+        client.job = SGDJob(w0, iter(batches), cfg, transforms, on_step, client.buffers)
         self._park(client)
         job, client.job = client.job, None
         if job.error is not None:

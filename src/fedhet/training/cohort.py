@@ -2,12 +2,16 @@
 
 `CohortTrainer.sgd_many(jobs)` runs several `LocalTrainer.sgd` calls side by side and returns
 what each would have returned. Per step it takes every active client's next mini-batch, computes
-all mini-batch gradients in one call, then applies each client's weight decay, its own
-`transform(g, w, step)` and `on_step(step, w, g, loss)` on row views `g[c]`, `w[c]` (the same
-live-buffer contract as the sequential loop), the per-client momentum buffers (stacked), and
-the step. Clients whose batch stream ends earlier simply leave the active set (unequal `τ` is
-exact, not padded). Clients whose mini-batches differ in size (`min(B, n_i)`) are grouped by
-size within a step, so no loss is padded or reweighted.
+all mini-batch gradients in one call, then runs the local step's chain (`fedhet.training.steps`)
+once for the whole stack: the clients' chains, `LocalStep.of(cfg, transforms)` each, are stacked
+into one with per-row coefficients and stacked anchors and shifts, so weight decay, FedProx's
+proximal term, SCAFFOLD's correction, momentum and the step are one tensor operation each, and
+each row gets the bits it gets alone. Only a `Custom` transform and the `on_step(step, w, g,
+loss)` hook run per client, on row views `g[r]`, `w[r]` (the same live-buffer contract as the
+sequential loop). Clients whose batch stream ends earlier leave the stack (their rows of the
+parameters, buffers, momentum and chain are dropped; unequal `τ` is exact, not padded).
+Clients whose mini-batches differ in size (`min(B, n_i)`) are grouped by size within a step,
+so no loss is padded or reweighted.
 
 Gradients come from `torch.func.vmap(grad(loss))` over `functional_call` of the shared module
 (the module's own `objective`, evaluated inside the functional call so that a loss that reads
@@ -25,7 +29,7 @@ modules with dropout (their randomness would differ from the sequential stream).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -36,7 +40,8 @@ from torch.nn import functional as F
 from fedhet.models.linear import LogisticRegression, SquaredSVM
 from fedhet.models.registry import objective
 from fedhet.training.flat import FlatModel
-from fedhet.training.local import GradTransform, SGDConfig, StepHook
+from fedhet.training.local import SGDConfig, StepHook
+from fedhet.training.steps import GradTransform, LocalStep, Transform
 
 
 @dataclass
@@ -46,7 +51,8 @@ class SGDJob:
     w0: torch.Tensor
     batches: Iterator[torch.Tensor]
     cfg: SGDConfig
-    transform: GradTransform | None = None
+    transforms: Sequence[Transform | GradTransform] = ()
+    """The algorithm's links of the chain (`LocalStep.of(cfg, transforms)`)."""
     on_step: StepHook | None = None
     buffers: torch.Tensor | None = None
     """The client's BatchNorm running statistics before the call (flat; updated per step)."""
@@ -274,7 +280,9 @@ class CohortTrainer:
                         seen[c] += size
 
     def _run(self, jobs: list[SGDJob]) -> None:
-        n = len(jobs)
+        """Step the jobs' clients together; row `r` of the stack is client `rows[r]`, and every
+        row has taken `t` steps. A client leaves the stack (its result taken, its rows dropped
+        from `w`, the buffers, the momentum and the chain) when its batches run out or it fails."""
         model = self.model
         model.module.train()
         device = model.params.device
@@ -282,106 +290,85 @@ class CohortTrainer:
         has_bufs = model.buffers.numel() > 0
         bufs = (
             torch.stack([(j.buffers if j.buffers is not None else model.buffers).to(device) for j in jobs])
-            if has_bufs else torch.zeros(n, 0, device=device)
+            if has_bufs else torch.zeros(len(jobs), 0, device=device)
         )
-        lrs = [j.cfg.lr for j in jobs]
-        moms = [j.cfg.momentum for j in jobs]
-        wds = [j.cfg.weight_decay for j in jobs]
-        momentum = any(moms)
-        vel = torch.zeros_like(w) if momentum else None
-        steps = [0] * n
-        loss_sums = [0.0] * n
-        alive = list(range(n))
-        iters = {c: jobs[c].batches for c in alive}
-        first = True
-        while alive:
-            batches: dict[int, torch.Tensor] = {}
-            for c in alive:
+        chain = LocalStep.stack([LocalStep.of(j.cfg, j.transforms) for j in jobs], device)
+        v = chain.init(w)
+        hooked = any(j.on_step is not None for j in jobs)
+        rows = list(range(len(jobs)))
+        loss_sums = [0.0] * len(jobs)
+        t = 0
+        while rows:
+            batches: list[torch.Tensor] = []
+            keep: list[int] = []
+            for r, c in enumerate(rows):
+                job = jobs[c]
+                if job.error is not None:
+                    continue
                 try:
-                    batches[c] = next(iters[c])
+                    batches.append(next(job.batches))
+                    keep.append(r)
                 except StopIteration:
                     pass
                 except Exception as e:  # noqa: BLE001  (a client's batch stream failed)
-                    jobs[c].error = e
-            active = [c for c in alive if c in batches]
-            alive = active
-            if not active:
-                break
-            ix_all = len(active) == n
-            ix = None if ix_all else torch.tensor(active, device=device)
-            wa = w if ix_all else w.index_select(0, ix)
-            ba = bufs if ix_all else bufs.index_select(0, ix)
-            g = torch.empty_like(wa)
-            loss = torch.empty(len(active), device=device)
-            new_b = torch.empty_like(ba)
-            groups: dict[int, list[int]] = {}
-            for pos, c in enumerate(active):
-                groups.setdefault(len(batches[c]), []).append(pos)
+                    job.error = e
+            if len(keep) < len(rows):
+                for r, c in enumerate(rows):
+                    if jobs[c].error is None and r not in keep:
+                        jobs[c].result = (w[r].clone(), t, loss_sums[c] / max(t, 1))
+                        jobs[c].buffers_out = bufs[r].clone() if has_bufs else None
+                if not keep:
+                    break
+                ix = torch.tensor(keep, device=device)
+                w, bufs = w.index_select(0, ix), bufs.index_select(0, ix)
+                v = v.index_select(0, ix) if v is not None else None
+                chain = chain.select(keep, device)
+                rows = [rows[r] for r in keep]
             try:
-                for members in groups.values():
-                    idx = torch.stack([batches[active[p]] for p in members]).to(self.x.device)
-                    if len(members) == len(active):
-                        g_, l_, b_ = self.gradients(wa, ba, idx)
-                        g.copy_(g_)
-                        loss.copy_(l_)
-                        new_b.copy_(b_)
-                    else:
-                        pix = torch.tensor(members, device=device)
-                        g_, l_, b_ = self.gradients(wa.index_select(0, pix), ba.index_select(0, pix), idx)
-                        g.index_copy_(0, pix, g_)
-                        loss.index_copy_(0, pix, l_)
-                        new_b.index_copy_(0, pix, b_)
+                g, loss, bufs = self._gradients(w, bufs, batches)
             except torch.cuda.OutOfMemoryError as e:
-                if first:
-                    for c in active:  # put the fetched batches back for the retry
-                        iters[c] = itertools.chain([batches[c]], iters[c])
-                        jobs[c].batches = iters[c]
+                if t == 0:
+                    for c, batch in zip(rows, batches, strict=True):  # put them back for the retry
+                        jobs[c].batches = itertools.chain([batch], jobs[c].batches)
                     raise _FirstStepOOMError from e
                 raise
-            first = False
             losses = loss.tolist()
-            _add_scaled(g, wa, [wds[c] for c in active])  # weight decay: g += λ w
-            failed = []
-            for pos, c in enumerate(active):
-                job = jobs[c]
-                if job.transform is None and job.on_step is None:
-                    continue
-                try:
-                    if job.transform is not None:
-                        out = job.transform(g[pos], wa[pos], steps[c])
-                        if out is not g[pos] and out.data_ptr() != g[pos].data_ptr():
-                            g[pos].copy_(out)
-                    if job.on_step is not None:
-                        job.on_step(steps[c], wa[pos], g[pos], losses[pos])
-                except Exception as e:  # noqa: BLE001  (one client's hook failed: drop it)
-                    job.error = e
-                    failed.append(c)
-            if momentum:
-                va = vel if ix_all else vel.index_select(0, ix)
-                if len(set(moms)) == 1:
-                    va.mul_(moms[0]).add_(g)
-                else:
-                    va.mul_(torch.tensor([moms[c] for c in active], device=device).unsqueeze(1)).add_(g)
-                step_dir = va
-            else:
-                step_dir = g
-            _add_scaled(wa, step_dir, [-lrs[c] for c in active])  # w -= η d
-            if ix_all:
-                bufs.copy_(new_b)
-            else:
-                w.index_copy_(0, ix, wa)
-                bufs.index_copy_(0, ix, new_b)
-                if momentum:
-                    vel.index_copy_(0, ix, va)
-            for pos, c in enumerate(active):
-                steps[c] += 1
-                loss_sums[c] += losses[pos]
-            if failed:
-                alive = [c for c in alive if c not in failed]
-        for c, job in enumerate(jobs):
-            if job.error is None:
-                job.result = (w[c].clone(), steps[c], loss_sums[c] / max(steps[c], 1))
-                job.buffers_out = bufs[c].clone() if has_bufs else None
+            g = chain.gradient(g, w, t)
+            for r, e in chain.failures():
+                jobs[rows[r]].error = e
+            if hooked:
+                for r, c in enumerate(rows):
+                    job = jobs[c]
+                    if job.on_step is None or job.error is not None:
+                        continue
+                    try:
+                        job.on_step(t, w[r], g[r], losses[r])
+                    except Exception as e:  # noqa: BLE001  (one client's hook failed: drop it)
+                        job.error = e
+            chain.update(w, g, v)
+            for r, c in enumerate(rows):
+                loss_sums[c] += losses[r]
+            t += 1
+
+    def _gradients(
+        self, w: torch.Tensor, bufs: torch.Tensor, batches: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`gradients` for one batch per row, rows grouped by batch size (no padding)."""
+        sizes = [len(b) for b in batches]
+        if len(set(sizes)) == 1:
+            return self.gradients(w, bufs, torch.stack(batches).to(self.x.device))
+        g = torch.empty_like(w)
+        loss = torch.empty(len(batches), device=w.device)
+        new_b = torch.empty_like(bufs)
+        for size in dict.fromkeys(sizes):
+            members = [r for r, n in enumerate(sizes) if n == size]
+            idx = torch.stack([batches[r] for r in members]).to(self.x.device)
+            pix = torch.tensor(members, device=w.device)
+            g_, l_, b_ = self.gradients(w.index_select(0, pix), bufs.index_select(0, pix), idx)
+            g.index_copy_(0, pix, g_)
+            loss.index_copy_(0, pix, l_)
+            new_b.index_copy_(0, pix, b_)
+        return g, loss, new_b
 
 
 def stacks_full_gradients(model: FlatModel) -> bool:
@@ -389,22 +376,6 @@ def stacks_full_gradients(model: FlatModel) -> bool:
     with BatchNorm, whose eval-mode pass reads each client's own running statistics (those
     clients' full gradients run one at a time on the shared model)."""
     return model.buffers.numel() == 0
-
-
-def _add_scaled(y: torch.Tensor, x: torch.Tensor, coefs: list[float]) -> None:
-    """`y[i] += coefs[i] x[i]` row by row, with the arithmetic of `add_(alpha=...)` for every
-    row whatever the other rows' coefficients, so a client (or a run in a batch of runs with
-    other learning rates or weight decays) gets the same bits as when stacked alone."""
-    values = set(coefs)
-    if len(values) == 1:
-        if coefs[0]:
-            y.add_(x, alpha=coefs[0])
-        return
-    for value in values:
-        if not value:
-            continue
-        ix = torch.tensor([i for i, c in enumerate(coefs) if c == value], device=y.device)
-        y.index_copy_(0, ix, y.index_select(0, ix).add_(x.index_select(0, ix), alpha=value))
 
 
 def _chunks(job: GradJob) -> list[torch.Tensor]:

@@ -2,14 +2,15 @@
 
 `LocalTrainer` is built once per worker around one `FlatModel` and the dataset tensors; a
 client is only an index array into those tensors (docs/design.md). The SGD loop follows docs/spec.md:
-`w^(λ+1) = w^λ − η g^λ` with `g^λ` the mini-batch gradient at the current local model, plus
-optional weight decay and heavy-ball momentum (PyTorch's convention:
-`v ← ρ v + (g + wd·w)`, `w ← w − η v`).
+`w^(λ+1) = w^λ − η d^λ`, where `d^λ` is the mini-batch gradient `g^λ` at the current local model
+after the chain of `fedhet.training.steps` (weight decay, the algorithm's transforms such as
+FedProx's proximal term or SCAFFOLD's correction, heavy-ball momentum in PyTorch's convention
+`v ← ρ v + g`, `d = v`). The stacked cohort (`fedhet.training.cohort`) runs the same chain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,18 +18,16 @@ import torch
 
 from fedhet.models.registry import objective, predictions
 from fedhet.training.flat import FlatModel
-
-GradTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
-"""`(g, w, step) -> g'`: modifies the raw mini-batch gradient before the SGD step
-(FedProx's proximal term, SCAFFOLD's correction). May work in place on `g`."""
+from fedhet.training.steps import GradTransform, LocalStep, Transform
 
 LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 """`(module, x, y) -> loss`: replaces `objective(module, module(x), y)` for one mini-batch
 (MOON's `CE + μ ℓ_con`). Must return a scalar that can be back-propagated."""
 
 StepHook = Callable[[int, torch.Tensor, torch.Tensor, float], None]
-"""`(step, w, g, loss)`: sees the local model and the (transformed) gradient of each step,
-before the step is taken. `w` and `g` are live buffers: clone what you keep."""
+"""`(step, w, g, loss)`: sees the local model and the gradient of each step after weight decay
+and the algorithm's transforms, before momentum and the step. `w` and `g` are live buffers:
+clone what you keep."""
 
 
 def stream_seed(*keys: int) -> np.random.Generator:
@@ -43,6 +42,8 @@ def stream_seed(*keys: int) -> np.random.Generator:
 
 @dataclass
 class SGDConfig:
+    """The local step's learning rate `η`, momentum `ρ` and weight decay `λ` (`LocalStep.of`)."""
+
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
@@ -125,31 +126,27 @@ class LocalTrainer:
     # -- SGD ------------------------------------------------------------------------------
     def sgd(
         self, w0: torch.Tensor, batches: Iterable[torch.Tensor], cfg: SGDConfig,
-        transform: GradTransform | None = None, on_step: StepHook | None = None,
+        transforms: Sequence[Transform | GradTransform] = (), on_step: StepHook | None = None,
         loss_fn: LossFn | None = None,
     ) -> tuple[torch.Tensor, int, float]:
         """Run SGD from `w0` over `batches`; return `(w_final, steps, mean_loss)`.
 
-        `loss_fn` (optional) replaces the model's objective on every mini-batch."""
+        Each step is `LocalStep.of(cfg, transforms)` (`fedhet.training.steps`): weight decay,
+        `transforms` in order, `on_step`, momentum, `w ← w − η d`. `loss_fn` (optional)
+        replaces the model's objective on every mini-batch."""
         model = self.model
         model.params.copy_(w0)
         model.module.train()
         w = model.params
-        buf = torch.zeros_like(w) if cfg.momentum else None
+        chain = LocalStep.of(cfg, transforms)
+        v = chain.init(w)
         steps, loss_sum = 0, 0.0
         for batch in batches:
             g, loss = self.gradient(batch, loss_fn)
-            if cfg.weight_decay:
-                g.add_(w, alpha=cfg.weight_decay)
-            if transform is not None:
-                g = transform(g, w, steps)
+            g = chain.gradient(g, w, steps)
             if on_step is not None:
                 on_step(steps, w, g, loss)
-            if buf is not None:
-                buf.mul_(cfg.momentum).add_(g)
-                w.add_(buf, alpha=-cfg.lr)
-            else:
-                w.add_(g, alpha=-cfg.lr)
+            chain.update(w, g, v)
             steps += 1
             loss_sum += loss
         return w.clone(), steps, loss_sum / max(steps, 1)

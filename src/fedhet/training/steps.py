@@ -1,0 +1,355 @@
+"""The local SGD step as a chain of small transforms, written once for a row and for a stack.
+
+One local step of a client (docs/spec.md; PyTorch's `torch.optim.SGD` convention), from the
+mini-batch gradient `g` at the local model `w`:
+
+    g ← g + λ w              WeightDecay(λ)          SGDConfig.weight_decay
+    g ← g + μ (w − w_k)      Proximal(μ, w_k)        FedProx, FedNova with μ (docs/spec.md "FedProx")
+    g ← g − c_i + c          Correction(c − c_i)     SCAFFOLD (docs/spec.md "SCAFFOLD")
+    g ← f(g, w, step)        Custom(f)               any other per-step rewrite
+      (the `on_step(step, w, g, loss)` hook sees this `g`)
+    v ← ρ v + g,  d = v      Momentum(ρ)             SGDConfig.momentum (heavy ball; d = g if ρ = 0)
+    w ← w − η d              the step                SGDConfig.lr
+
+`LocalStep.of(cfg, transforms)` is that chain for one client: weight decay first, then the
+algorithm's `transforms` in the order given, then momentum and the step. `LocalTrainer.sgd`
+runs it on one client's `(d,)` vectors; `CohortTrainer` stacks the chains of `C` clients with
+`LocalStep.stack` and runs the same code on `(C, d)`: coefficients become per-row, anchors and
+shifts are stacked (or broadcast, when every client shares one tensor), and a transform is one
+tensor operation for the whole cohort. Only `Custom` runs row by row, on row views.
+
+Bit-identity: a row of a stack gets exactly the arithmetic it gets alone, whatever the other
+rows hold. A scaled add is `y.add_(x, alpha=a)` over the rows that share the value `a`
+(`Scale`), never a per-row multiply then an add (two roundings where `add_` fuses them into
+one); a row whose coefficient is 0 is left alone (no `+ 0·x`: `μ = 0` is FedAvg bit for bit,
+`λ = 0` adds nothing, `η = 0` leaves `w` as it is); momentum multiplies each row by its own `ρ`
+(one rounding either way) and a `ρ = 0` row's direction is its `g` itself. Rows whose chains
+differ in shape (another algorithm's runs in the same batch of runs) are stacked kind by kind
+within each shape, every stacked transform being zero on the rows of the other shapes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Self
+
+import torch
+
+if TYPE_CHECKING:
+    from fedhet.training.local import SGDConfig
+
+GradTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+"""`(g, w, step) -> g'`: an arbitrary rewrite of one client's gradient before the momentum and
+the step (wrap it in `Custom`). May work in place on `g`; must not modify `w`."""
+
+Device = torch.device | str | None
+
+
+class Scale:
+    """Per-row coefficients `a_r` of the scaled add `y_r ← y_r + a_r x_r`, one value for a row
+    `(d,)`, `C` values for a stack `(C, d)`; rows with `a_r = 0` are never touched.
+
+    The rows that share a value are one `add_(x, alpha=a)`, the operation a row alone runs."""
+
+    def __init__(self, values: Sequence[float], device: Device = None) -> None:
+        self.values = tuple(float(a) for a in values)
+        if len(set(self.values)) == 1:
+            a = self.values[0]
+            self.groups: list[tuple[float, torch.Tensor | None]] = [(a, None)] if a else []
+        else:
+            self.groups = [
+                (a, torch.tensor([r for r, b in enumerate(self.values) if b == a], device=device))
+                for a in dict.fromkeys(self.values) if a
+            ]
+
+    def __bool__(self) -> bool:
+        """False when every coefficient is 0 (the add is skipped altogether)."""
+        return bool(self.groups)
+
+    def add_to(self, y: torch.Tensor, x: torch.Tensor) -> None:
+        """`y_r += a_r x_r` in place (`x` of `y`'s shape, or a `(d,)` row broadcast to all)."""
+        for a, rows in self.groups:
+            if rows is None:
+                y.add_(x, alpha=a)
+            else:
+                xr = x.index_select(0, rows) if x.dim() == y.dim() else x
+                y.index_copy_(0, rows, y.index_select(0, rows).add_(xr, alpha=a))
+
+    def select(self, keep: Sequence[int], device: Device = None) -> Scale:
+        return Scale([self.values[k] for k in keep], device)
+
+
+def _values(coef: float | Sequence[float]) -> tuple[float, ...]:
+    return (float(coef),) if isinstance(coef, int | float) else tuple(coef)
+
+
+def _stacked(tensors: Sequence[torch.Tensor | None], device: Device) -> torch.Tensor:
+    """`(C, d)` rows (zeros for `None`), or the one `(d,)` tensor when every row has it."""
+    present = [t for t in tensors if t is not None]
+    first = present[0]
+    if all(t is first for t in tensors):
+        return first.to(device)
+    zero = torch.zeros_like(first, device=device)
+    return torch.stack([zero if t is None else t.to(device) for t in tensors])
+
+
+def _rows(t: torch.Tensor, keep: Sequence[int]) -> torch.Tensor:
+    """The rows `keep` of a stacked `(C, d)` tensor; a broadcast `(d,)` one stays as it is."""
+    if t.dim() == 1:
+        return t
+    return t.index_select(0, torch.tensor(list(keep), device=t.device))
+
+
+class Transform(ABC):
+    """One link `g ← T(g, w)` of the chain, in place, on a row `(d,)` or a stack `(C, d)`.
+
+    A new kind of link implements the three methods; `LocalStep.stack` lines links up by kind."""
+
+    @abstractmethod
+    def apply(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
+        """The rewritten gradient (`g` itself for the typed transforms)."""
+        raise NotImplementedError
+
+    @property
+    def active(self) -> bool:
+        """False when `apply` would touch no row (every coefficient 0): the chain skips it."""
+        return True
+
+    @classmethod
+    @abstractmethod
+    def stack(cls, links: Sequence[Self | None], device: Device = None) -> Self:
+        """One transform over a stack of rows, from one row transform per row; `None` marks a
+        row this transform leaves alone."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def select(self, keep: Sequence[int], device: Device = None) -> Self:
+        """The rows `keep` of a stacked transform (the clients still stepping)."""
+        raise NotImplementedError
+
+
+class WeightDecay(Transform):
+    """`g ← g + λ w`: the gradient of `(λ/2)‖w‖²` folded in, as `torch.optim.SGD` does."""
+
+    def __init__(self, lam: float | Sequence[float], device: Device = None) -> None:
+        self.lam = Scale(_values(lam), device)
+
+    def apply(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
+        self.lam.add_to(g, w)
+        return g
+
+    @property
+    def active(self) -> bool:
+        return bool(self.lam)
+
+    @classmethod
+    def stack(cls, links: Sequence[WeightDecay | None], device: Device = None) -> WeightDecay:
+        return cls([t.lam.values[0] if t is not None else 0.0 for t in links], device)
+
+    def select(self, keep: Sequence[int], device: Device = None) -> WeightDecay:
+        return WeightDecay([self.lam.values[k] for k in keep], device)
+
+
+class Proximal(Transform):
+    """FedProx (docs/spec.md "FedProx"): `g ← g + μ (w − w_k)`, the gradient of the proximal
+    term `(μ/2)‖w − w_k‖²` at the current local model; `anchor` is `w_k`. `μ = 0`: nothing."""
+
+    def __init__(
+        self, mu: float | Sequence[float], anchor: torch.Tensor, device: Device = None
+    ) -> None:
+        self.mu = Scale(_values(mu), device)
+        self.anchor = anchor
+
+    def apply(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
+        if self.mu:
+            self.mu.add_to(g, w - self.anchor)
+        return g
+
+    @property
+    def active(self) -> bool:
+        return bool(self.mu)
+
+    @classmethod
+    def stack(cls, links: Sequence[Proximal | None], device: Device = None) -> Proximal:
+        mus = [t.mu.values[0] if t is not None else 0.0 for t in links]
+        return cls(mus, _stacked([t.anchor if t is not None else None for t in links], device), device)
+
+    def select(self, keep: Sequence[int], device: Device = None) -> Proximal:
+        mus = [self.mu.values[k] for k in keep]
+        return Proximal(mus, _rows(self.anchor, keep), device)
+
+
+class Correction(Transform):
+    """SCAFFOLD's corrected gradient (docs/spec.md "SCAFFOLD"): `g ← g − c_i + c`, with
+    `shift = c − c_i` computed once per round."""
+
+    def __init__(self, shift: torch.Tensor, on: Scale | None = None) -> None:
+        self.shift = shift
+        self.on = on if on is not None else Scale((1.0,))
+        """`1` on the rows that are corrected (`g.add_(shift, alpha=1)` is `g + shift`)."""
+
+    def apply(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
+        self.on.add_to(g, self.shift)
+        return g
+
+    @property
+    def active(self) -> bool:
+        return bool(self.on)
+
+    @classmethod
+    def stack(cls, links: Sequence[Correction | None], device: Device = None) -> Correction:
+        on = Scale([1.0 if t is not None else 0.0 for t in links], device)
+        return cls(_stacked([t.shift if t is not None else None for t in links], device), on)
+
+    def select(self, keep: Sequence[int], device: Device = None) -> Correction:
+        return Correction(_rows(self.shift, keep), self.on.select(keep, device))
+
+
+class Custom(Transform):
+    """Any `(g, w, step) -> g'` callable (`GradTransform`). In a stack it runs row by row on the
+    row views `g[r]`, `w[r]` (live buffers, as in the sequential loop; a returned new tensor is
+    copied into the row). A row whose callable raises is recorded in `failed` and the others go
+    on; `LocalStep.failures` hands the record to the cohort."""
+
+    def __init__(self, fn: GradTransform | Sequence[GradTransform | None]) -> None:
+        """`fn`: the callable of a row, or one per row of a stack (`None`: not this row)."""
+        self.fn = fn
+        self.failed: list[tuple[int, BaseException]] = []
+
+    def apply(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
+        if callable(self.fn):
+            return self.fn(g, w, step)
+        for r, fn in enumerate(self.fn):
+            if fn is None:
+                continue
+            try:
+                out = fn(g[r], w[r], step)
+                if out.data_ptr() != g[r].data_ptr():
+                    g[r].copy_(out)
+            except Exception as e:  # noqa: BLE001  (one client's transform failed: drop it)
+                self.failed.append((r, e))
+        return g
+
+    @classmethod
+    def stack(cls, links: Sequence[Custom | None], device: Device = None) -> Custom:
+        return cls([t.fn if t is not None else None for t in links])
+
+    def select(self, keep: Sequence[int], device: Device = None) -> Custom:
+        assert not callable(self.fn)
+        return Custom([self.fn[k] for k in keep])
+
+
+class Momentum:
+    """Heavy ball as `torch.optim.SGD` (no dampening, no Nesterov): `v ← ρ v + g`, direction
+    `d = v`, `v_0 = 0`; with `ρ = 0` there is no buffer and `d = g`. Per-row `ρ` in a stack."""
+
+    def __init__(self, rho: float | Sequence[float], device: Device = None) -> None:
+        self.rho = _values(rho)
+        mixed = len(set(self.rho)) > 1
+        self._column = torch.tensor(self.rho, device=device).unsqueeze(1) if mixed else None
+        zeros = [r for r, a in enumerate(self.rho) if not a]
+        self._plain = torch.tensor(zeros, device=device) if mixed and zeros else None
+        """Rows with `ρ = 0` in a mixed stack: their direction is their `g`, copied exactly."""
+
+    def init(self, w: torch.Tensor) -> torch.Tensor | None:
+        """The buffer `v_0 = 0`, or `None` when no row has momentum."""
+        return torch.zeros_like(w) if any(self.rho) else None
+
+    def direction(self, g: torch.Tensor, v: torch.Tensor | None) -> torch.Tensor:
+        """`d`: `v ← ρ v + g` in place (the buffer is the direction), or `g` without momentum."""
+        if v is None:
+            return g
+        if self._column is None:
+            return v.mul_(self.rho[0]).add_(g)
+        v.mul_(self._column).add_(g)
+        if self._plain is not None:
+            v.index_copy_(0, self._plain, g.index_select(0, self._plain))
+        return v
+
+    @classmethod
+    def stack(cls, links: Sequence[Momentum], device: Device = None) -> Momentum:
+        return cls([t.rho[0] for t in links], device)
+
+    def select(self, keep: Sequence[int], device: Device = None) -> Momentum:
+        return Momentum([self.rho[k] for k in keep], device)
+
+
+class LocalStep:
+    """The chain of the module docstring: `w ← w − η d`, `d = Momentum(T_k(… T_1(g)))`, for a
+    row (`of`) or a stack (`stack`)."""
+
+    def __init__(
+        self, transforms: Sequence[Transform], momentum: Momentum, lr: Sequence[float],
+        device: Device = None,
+    ) -> None:
+        self.transforms = tuple(transforms)
+        self._live = tuple(t for t in self.transforms if t.active)
+        """The links that touch some row (a zero `λ` or `μ` everywhere is skipped)."""
+        self._custom = tuple(t for t in self.transforms if isinstance(t, Custom))
+        self.momentum = momentum
+        self.lr = tuple(lr)
+        """`η` per row."""
+        self.descent = Scale([-a for a in self.lr], device)
+        """`−η` per row: the step is `w ← w + (−η) d`."""
+
+    @property
+    def shape(self) -> tuple[type[Transform], ...]:
+        """The kinds of the transforms, in order (what `stack` lines up)."""
+        return tuple(type(t) for t in self.transforms)
+
+    @classmethod
+    def of(cls, cfg: SGDConfig, transforms: Sequence[Transform | GradTransform] = ()) -> LocalStep:
+        """One client's chain: `WeightDecay(cfg.weight_decay)`, `transforms` in order (a bare
+        callable is wrapped in `Custom`), `Momentum(cfg.momentum)`, the step `cfg.lr`."""
+        links = [WeightDecay(cfg.weight_decay)]
+        links += [t if isinstance(t, Transform) else Custom(t) for t in transforms]
+        return cls(links, Momentum(cfg.momentum), (cfg.lr,))
+
+    def gradient(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
+        """`g` after every transform (what the `on_step` hook sees)."""
+        for t in self._live:
+            g = t.apply(g, w, step)
+        return g
+
+    def init(self, w: torch.Tensor) -> torch.Tensor | None:
+        """The chain's state for `w` (row or stack): the momentum buffer, if any."""
+        return self.momentum.init(w)
+
+    def update(self, w: torch.Tensor, g: torch.Tensor, v: torch.Tensor | None) -> None:
+        """`w ← w − η d` in place, `d` the momentum direction of the transformed `g`."""
+        self.descent.add_to(w, self.momentum.direction(g, v))
+
+    def failures(self) -> list[tuple[int, BaseException]]:
+        """Rows whose `Custom` callable raised since the last call (then forgotten)."""
+        out = []
+        for t in self._custom:
+            out += t.failed
+            t.failed = []
+        return out
+
+    @classmethod
+    def stack(cls, steps: Sequence[LocalStep], device: Device = None) -> LocalStep:
+        """The chains of `C` clients as one chain over a `(C, d)` stack. Chains of one shape are
+        lined up link by link; each further shape adds its own links, zero on the other rows."""
+        links: list[Transform] = []
+        shapes = [s.shape for s in steps]
+        for shape in dict.fromkeys(shapes):
+            for k, kind in enumerate(shape):
+                rows = [s.transforms[k] if sh == shape else None for s, sh in zip(steps, shapes, strict=True)]
+                links.append(kind.stack(rows, device))
+        momentum = Momentum.stack([s.momentum for s in steps], device)
+        return cls(links, momentum, [s.lr[0] for s in steps], device)
+
+    def select(self, keep: Sequence[int], device: Device = None) -> LocalStep:
+        """The chain of the rows `keep` (the clients still stepping), in that order."""
+        return LocalStep(
+            [t.select(keep, device) for t in self.transforms], self.momentum.select(keep, device),
+            [self.lr[k] for k in keep], device,
+        )
+
+
+__all__ = [
+    "Correction", "Custom", "GradTransform", "LocalStep", "Momentum", "Proximal", "Scale",
+    "Transform", "WeightDecay",
+]
