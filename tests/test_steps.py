@@ -301,7 +301,7 @@ def test_batched_fedprox_with_mu_zero_is_fedavg_bit_for_bit():
         sim = Simulation(config_of({**base, "algorithm": name, **extra}), log=lambda _: None)
         sim.run()
         assert sim.executor_name == "batched"
-        runs[name] = sim.final_state["w"]
+        runs[name] = sim.final_state.w
     assert same_bits(runs["fedavg"], runs["fedprox"])
 
 
