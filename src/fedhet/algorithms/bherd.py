@@ -89,9 +89,9 @@ GRAM_CHUNK_ELEMENTS = 1 << 21
 # -- Algorithm 2: herding order -------------------------------------------------------------
 def row_mean(x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """Mean of the rows of `x` (or of `rows` of it) in float64, a few rows at a time."""
-    idx = torch.arange(x.shape[0]) if rows is None else rows
+    idx = torch.arange(x.shape[0], device=x.device) if rows is None else rows
     chunk = max(1, GRAM_CHUNK_ELEMENTS // max(x.shape[1], 1))
-    acc = torch.zeros(x.shape[1], dtype=torch.float64)
+    acc = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
     for start in range(0, len(idx), chunk):
         acc.add_(x[idx[start : start + chunk]].to(torch.float64).sum(0))
     return acc.div_(len(idx))
@@ -101,7 +101,7 @@ def centred_gram(x: torch.Tensor) -> torch.Tensor:
     """`Γ = Z Zᵀ` with `z^λ = x^λ − mean(x)`, in float64, without copying `x` (`Γ = H X Xᵀ H`)."""
     tau, d = x.shape
     cols = max(1, GRAM_CHUNK_ELEMENTS // max(tau, 1))
-    k = torch.zeros(tau, tau, dtype=torch.float64)
+    k = torch.zeros(tau, tau, dtype=torch.float64, device=x.device)
     for start in range(0, d, cols):
         part = x[:, start : start + cols].to(torch.float64)
         k.addmm_(part, part.T)
@@ -114,9 +114,9 @@ def herding_order_gram(gram: torch.Tensor) -> torch.Tensor:
     tau = gram.shape[0]
     diag = gram.diagonal().clone()
     tol = TIE_TOLERANCE * float(diag.max()) if tau else 0.0
-    cross = torch.zeros(tau, dtype=gram.dtype)
-    used = torch.zeros(tau, dtype=torch.bool)
-    order = torch.empty(tau, dtype=torch.long)
+    cross = torch.zeros(tau, dtype=gram.dtype, device=gram.device)
+    used = torch.zeros(tau, dtype=torch.bool, device=gram.device)
+    order = torch.empty(tau, dtype=torch.long, device=gram.device)
     for t in range(tau):
         score = (2 * cross + diag).masked_fill_(used, float("inf"))  # ‖s + z^j‖² − ‖s‖²
         j = int(torch.nonzero(score <= score.min() + tol)[0])  # ties → the lowest index
@@ -136,7 +136,7 @@ def herding_order_direct(x: torch.Tensor) -> torch.Tensor:
     z = x.to(torch.float64)
     z = z - z.mean(0)
     tol = TIE_TOLERANCE * float((z * z).sum(1).max()) if len(z) else 0.0
-    s = torch.zeros(z.shape[1], dtype=torch.float64)
+    s = torch.zeros(z.shape[1], dtype=torch.float64, device=z.device)
     left = list(range(z.shape[0]))
     order = []
     while left:
@@ -145,7 +145,7 @@ def herding_order_direct(x: torch.Tensor) -> torch.Tensor:
         j = left.pop(next(a for a in range(len(left)) if sq[a] <= best))
         order.append(j)
         s += z[j]
-    return torch.tensor(order, dtype=torch.long)
+    return torch.tensor(order, dtype=torch.long, device=x.device)
 
 
 def kept_count(alpha: float, tau: int) -> int:
@@ -221,7 +221,7 @@ def herd_local_pass(
 
     `fixed_point`: the same pass with a zero step, so every gradient is taken at `w0`
     (Definition 1); the returned `w` is `w0`. `max_error`: the guard (`guarded`)."""
-    grads = torch.empty(ctx.tau, w0.numel())
+    grads = torch.empty(ctx.tau, w0.numel(), device=w0.device)
 
     def keep(step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
         grads[step].copy_(g)

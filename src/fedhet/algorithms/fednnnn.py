@@ -141,7 +141,7 @@ class FedNNNN(Algorithm):
         w, d = state.w.clone(), state.d.clone()
         skipped = 0
         for group in self.groups:
-            idx = self.coordinates(group)
+            idx = self.coordinates(group, w.device)
             w_g, d_g, applied = normalized_step(
                 w[idx], d[idx], stats.delta_bar[idx], stats.N(group), stats.E(group),
                 self.params.beta, self.params.server_momentum, self.params.eps,
@@ -160,12 +160,13 @@ class FedNNNN(Algorithm):
         new = replace(state, w=w, d=d, w_avg=state.w + stats.delta_bar, cum_move=cum_move)
         return new, diag
 
-    def coordinates(self, group: Sequence[int]) -> slice | torch.Tensor:
-        """The flat-vector coordinates of a group of layers (a slice when contiguous)."""
+    def coordinates(self, group: Sequence[int], device: torch.device) -> slice | torch.Tensor:
+        """The flat-vector coordinates of a group of layers (a slice when contiguous; else an
+        index on `device`)."""
         layers = [self.index.layers[i] for i in group]
         if all(a.stop == b.start for a, b in zip(layers, layers[1:], strict=False)):
             return slice(layers[0].start, layers[-1].stop)
-        return torch.cat([torch.arange(x.start, x.stop) for x in layers])
+        return torch.cat([torch.arange(x.start, x.stop, device=device) for x in layers])
 
     def eval_params(self, state: FedNNNNState) -> torch.Tensor:
         return state.w_avg if self.params.eval_model == "average" else state.w

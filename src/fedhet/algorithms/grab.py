@@ -56,13 +56,16 @@ class GraBState(ClientState):
     """`s`, the running signed sum `Σ ±(g − m)` of this epoch (float64)."""
 
 
-def grab_init(num_units: int, dim: int) -> GraBState:
-    """GraB state for `num_units` units: identity order, zero stale mean."""
+def grab_init(num_units: int, dim: int, device: torch.device | str = "cpu") -> GraBState:
+    """GraB state for `num_units` units: identity order, zero stale mean. The orders are
+    bookkeeping read one unit at a time and stay on the CPU; the vectors live on `device`."""
     return GraBState(
-        order=torch.arange(num_units), next=torch.full((num_units,), -1, dtype=torch.long),
+        order=torch.arange(num_units, device="cpu"),
+        next=torch.full((num_units,), -1, dtype=torch.long, device="cpu"),
         pos=0, left=0, right=num_units - 1,
-        mean=torch.zeros(dim), epoch_sum=torch.zeros(dim, dtype=torch.float64),
-        s=torch.zeros(dim, dtype=torch.float64),
+        mean=torch.zeros(dim, device=device),
+        epoch_sum=torch.zeros(dim, dtype=torch.float64, device=device),
+        s=torch.zeros(dim, dtype=torch.float64, device=device),
     )
 
 
@@ -147,14 +150,14 @@ class GraBFedAvg(FedAvg):
         units = list(ctx.batches(per_epoch, order="fixed"))
         w0 = message.tensors["w"]
         if state is None:
-            state = grab_init(len(units), w0.numel())
+            state = grab_init(len(units), w0.numel(), w0.device)
 
         def batches():
             for _ in range(ctx.tau):
                 yield units[grab_current_unit(state)]
 
         crop = self.params.alpha < 1.0
-        grads = torch.empty(ctx.tau, w0.numel()) if crop else None
+        grads = torch.empty(ctx.tau, w0.numel(), device=w0.device) if crop else None
         plus: list[bool] = []
 
         def balance(step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
@@ -166,7 +169,9 @@ class GraBFedAvg(FedAvg):
         scalars = {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss}
         if grads is None:
             return Message({"delta": w - w0}, scalars), state
-        kept = torch.tensor(round_order(plus)[: kept_count(self.params.alpha, steps)])
+        kept = torch.tensor(
+            round_order(plus)[: kept_count(self.params.alpha, steps)], device=w0.device
+        )
         scale = ctx.sgd.lr * (steps if self.params.reading == "mean-tau" else len(kept))
         delta = row_mean(grads[:steps], kept).mul_(-scale).to(torch.float32)
         return Message({"delta": delta}, {**scalars, "kept_steps": float(len(kept))}), state

@@ -40,7 +40,8 @@ class LayerIndex:
         if sum(layer.stop - layer.start for layer in layers) != dim:
             raise ValueError("layers do not cover the parameter vector")
         self.layers = tuple(layers)
-        self.layer_ids = torch.empty(dim, dtype=torch.int64)
+        self.layer_ids = torch.empty(dim, dtype=torch.int64, device="cpu")
+        """The layer of each coordinate; moved once to the device of the vectors it meets."""
         for i, layer in enumerate(self.layers):
             self.layer_ids[layer.start : layer.stop] = i
         self.kinds: dict[str, list[int]] = {}
@@ -58,11 +59,17 @@ class LayerIndex:
     def sq_norms(self, v: torch.Tensor) -> torch.Tensor:
         """`‖v_ℓ‖²` for each layer `ℓ` (float64)."""
         v = v.to(torch.float64)
-        return torch.zeros(len(self), dtype=torch.float64).index_add_(0, self.layer_ids, v * v)
+        out = torch.zeros(len(self), dtype=torch.float64, device=v.device)
+        return out.index_add_(0, self._ids_on(v.device), v * v)
 
     def expand(self, per_layer: torch.Tensor) -> torch.Tensor:
         """A per-layer value spread over the layer's coordinates (float32)."""
-        return per_layer.to(torch.float32)[self.layer_ids]
+        return per_layer.to(torch.float32)[self._ids_on(per_layer.device)]
+
+    def _ids_on(self, device: torch.device) -> torch.Tensor:
+        if self.layer_ids.device != device:
+            self.layer_ids = self.layer_ids.to(device)
+        return self.layer_ids
 
 
 @dataclass
@@ -129,7 +136,7 @@ class NWDACollector:
         self.weights.append(weight)
 
     def stats(self, acc: WeightedMean, delta_bar: torch.Tensor) -> NWDA:
-        p = torch.tensor(self.weights, dtype=torch.float64) / acc.total
+        p = torch.tensor(self.weights, dtype=torch.float64, device=delta_bar.device) / acc.total
         return NWDA(p, delta_bar, self.index.sq_norms(delta_bar), torch.stack(self.rows))
 
 
