@@ -163,3 +163,38 @@ def test_fedsr_preset_specs_resolve_and_match_published_rows():
             assert cfg.dataset == "digits"
     fedsr = [s.settings for s in specs if s.label == "FedSR" and s.name.startswith("t2__")]
     assert all(s["local_epochs"] == 1 and s["algorithm.ring_passes"] == 5 for s in fedsr)
+
+
+def test_a_failed_device_does_not_shift_the_passes_of_the_others(monkeypatch):
+    """FedSR, R = 2, one ring of 4 whose device 1 fails: every other device makes its first pass
+    as visit 0 and its second as visit 1 (batches from stream `PASS_STREAM`), and the edge's
+    `|D_m|` counts each surviving device once; counting hops would drift past the failure."""
+    from faulty import make_client_fail
+
+    from fedhet.algorithms import hierarchical
+
+    seen: list[tuple[int, int]] = []
+    inner = hierarchical.ring_client_update
+
+    def spy(message, ctx, visit=0):
+        seen.append((ctx.client_id, visit))
+        return inner(message, ctx, visit)
+
+    monkeypatch.setattr(hierarchical, "ring_client_update", spy)
+    cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 4, "rounds": 1, "local_steps": 1,
+                     "algorithm.edge_map": "0,1,2,3", "algorithm.ring_passes": 2}, "test")
+    sim = Simulation(cfg, store=None, log=lambda _: None)
+    make_client_fail(sim, 1, "down")
+    samples: list[float] = []
+    aggregate = sim.algorithm.edge_aggregate
+
+    def edge_aggregate(edge, round, replies):
+        out = aggregate(edge, round, replies)
+        samples.append(out["samples"])
+        return out
+
+    sim.algorithm.edge_aggregate = edge_aggregate
+    sim.run()
+    alive = [0, 2, 3]
+    assert sorted(seen) == [(c, v) for c in alive for v in (0, 1)]
+    assert samples == [float(sum(len(sim.client_indices[c]) for c in alive))]

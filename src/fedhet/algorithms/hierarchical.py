@@ -52,6 +52,7 @@ from fedhet.algorithms.base import (
     BUFFERS,
     Algorithm,
     ClientContext,
+    ClientState,
     Message,
     Reply,
     RunInfo,
@@ -220,16 +221,15 @@ class EdgeRole(Algorithm):
 
 
 # -- the ring client (ring-optimization and FedSR) -----------------------------------------
-def ring_client_update(message: Message, ctx: ClientContext) -> Message:
+def ring_client_update(message: Message, ctx: ClientContext, visit: int = 0) -> Message:
     """One ring hop (eqs. 8, 13): `E` local epochs of SGD from the received model.
 
-    The message carries `hop` (hops done so far) and, from an edge, `ring_len` (`Q`); the reply
-    is the next device's downlink. `ring_samples` sums the devices' `D_i` over the first pass, so
-    the edge learns `|D_m|` without another message; `loss_sum` sums the hops' training losses.
+    `visit` is the device's earlier visits this round (its ring pass: batches from a fresh
+    stream on each). The message carries `hop` (hops done so far); the reply is the next
+    device's downlink. `ring_samples` sums the devices' `D_i` over their first visits, so the
+    edge learns `|D_m|` without another message; `loss_sum` sums the hops' training losses.
     """
     hop = int(message.scalars.get("hop", 0))
-    q = int(message.scalars.get("ring_len", 0)) or None
-    visit = hop // q if q else 0
     w0 = message.tensors["w"]
     batches = ctx.batches(ctx.tau, purpose=PASS_STREAM * visit)
     w, steps, loss = ctx.trainer.sgd(w0, batches, ctx.sgd)
@@ -240,9 +240,19 @@ def ring_client_update(message: Message, ctx: ClientContext) -> Message:
         "num_samples": float(ctx.num_samples),
         "steps": float(steps),
     }
-    if q:
-        scalars["ring_len"] = float(q)
     return Message({"w": w}, scalars)
+
+
+@dataclass(kw_only=True, eq=False)
+class RingVisits(ClientState):
+    """A FedSR device's visits in the current round, so that its `p`-th pass draws batches from
+    stream `PASS_STREAM · p` and only its first adds `D_i` to `ring_samples`, whichever devices
+    of its ring failed before it (counting hops would drift after a failure)."""
+
+    round: int = -1
+    """The round of the visits counted."""
+    visits: int = 0
+    """Visits made in `round`."""
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -310,19 +320,22 @@ class FedSR(EdgeRole):
 
     name = "fedsr"
     topology = "edge-ring"
+    client_state_class = RingVisits
 
     def ring_passes(self) -> int:
         return self.params.ring_passes
 
     def edge_configure(self, edge: dict, client_id: int, round: int, iteration: int) -> Message:
-        q = float(len(edge["members"]))
         return Message(
-            {"w": edge["w"], **edge["extra"]},
-            {"hop": 0.0, "ring_len": q, "ring_samples": 0.0, "loss_sum": 0.0},
+            {"w": edge["w"], **edge["extra"]}, {"hop": 0.0, "ring_samples": 0.0, "loss_sum": 0.0}
         )
 
-    def client_update(self, message: Message, ctx: ClientContext, state: Any):
-        return ring_client_update(message, ctx), state
+    def client_init(self, client_id: int) -> RingVisits:
+        return RingVisits()
+
+    def client_update(self, message: Message, ctx: ClientContext, state: RingVisits):
+        visit = state.visits if state.round == ctx.round else 0
+        return ring_client_update(message, ctx, visit), RingVisits(round=ctx.round, visits=visit + 1)
 
     def edge_aggregate(self, edge: dict, round: int, replies: Sequence[Reply]) -> dict:
         """`w_(t+1)^m = z_t^(mK)` (eq. 14): the edge model is the ring's last model."""
