@@ -23,6 +23,7 @@ flwr = pytest.importorskip("flwr", reason="Flower is not installed (pip install 
 from flwr.app import ConfigRecord, Context, RecordDict  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from same import assert_same  # noqa: E402
 
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, ClientState, Message, weighted_sum  # noqa: E402
 from fedhet.algorithms.fedavg import local_sgd_update  # noqa: E402
@@ -94,23 +95,8 @@ def test_every_algorithms_client_state_survives_packing():
             back = unpack_state(pack_state(state), sim.algorithm, client_id)
             assert type(back) is type(state), name
             if state is not None:
-                assert_same_fields(back.to_record(), state.to_record(), name)
+                assert_same(back, state, name)
 
-
-def assert_same_fields(a: Any, b: Any, where: str) -> None:
-    assert type(a) is type(b), where
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_same_fields(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), where
-        for x, y in zip(a, b, strict=True):
-            assert_same_fields(x, y, where)
-    else:
-        assert a == b or (a != a and b != b), where
 
 
 def test_a_client_state_packed_before_states_were_typed_still_unpacks():

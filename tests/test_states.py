@@ -5,19 +5,18 @@ before states were typed (untyped dicts, raw client values) resumes to the same 
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from same import assert_same
 from test_executors import BASE, CASES
 
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, Message, NoParams, ServerState
 from fedhet.algorithms.state import (
     ClientState,
-    Record,
     client_record,
     initial_state,
     restore_client,
@@ -44,24 +43,6 @@ def simulate(name: str, out: Path | None = None, resume: bool = False, **extra: 
     sim.run(resume=resume)
     return sim, rows
 
-
-def assert_same(a: Any, b: Any, where: str = "") -> None:
-    """Equal values, tensors equal in dtype and content, typed states equal in class and fields."""
-    assert type(a) is type(b), f"{where}: {type(a).__name__} vs {type(b).__name__}"
-    if isinstance(a, Record):
-        assert_same(a.to_record(), b.to_record(), where)
-    elif isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            assert_same(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same(x, y, f"{where}[{i}]")
-    else:
-        assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), where
 
 
 def same_row(a: dict[str, Any], b: dict[str, Any]) -> None:

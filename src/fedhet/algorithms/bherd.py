@@ -69,6 +69,7 @@ from fedhet.algorithms.base import (
 )
 from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics
 from fedhet.algorithms.scaffold import (
+    Scaffold,
     ScaffoldState,
     corrected,
     option_one_variate,
@@ -443,11 +444,8 @@ class BHerdScaffold(_BHerdBase):
     state_class = ScaffoldState
     client_state_class = BHerdScaffoldClientState
 
-    def init(self, w0: torch.Tensor) -> ScaffoldState:
-        return ScaffoldState(w=w0.clone(), c=torch.zeros_like(w0))
-
-    def configure(self, state: ScaffoldState, client_id: int, round: int) -> Message:
-        return Message({"w": state.w, "c": state.c})
+    init = Scaffold.init  # w_0 and c = 0
+    configure = Scaffold.configure  # (w, c) to every client
 
     def client_init(self, client_id: int) -> BHerdScaffoldClientState:
         return BHerdScaffoldClientState()
