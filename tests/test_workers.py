@@ -109,3 +109,46 @@ def test_resume_may_change_the_number_of_workers(tmp_path, capsys):
     assert main(["run", "--resume", out, "-r", "3", "--workers", "1"]) == 0
     captured = capsys.readouterr()
     assert "workers 2 → 1" in captured.err + captured.out
+
+
+def test_shared_downlink_sends_a_common_tensor_once_as_a_slot():
+    """The global model that every downlink of a round carries goes through shared memory: the
+    pickled task holds a slot number, not the model; a tensor only one client gets is pickled."""
+    import pickle
+
+    from fedhet.algorithms.base import Message
+    from fedhet.engine import workers
+
+    dim = 10_000
+    shared = workers.SharedDownlink(dim, slots=1)
+    w, own = torch.randn(dim), torch.randn(dim)
+    requests = [(0, Message({"w": w, "c_0": own})), (1, Message({"w": w})), (2, Message({"w": w}))]
+    packed = shared.pack(requests)
+    assert all(isinstance(m.tensors["w"], workers._Slot) for _, m in packed)
+    assert packed[0][1].tensors["c_0"] is own
+    assert len(pickle.dumps(packed[1][1])) < 1000 < dim
+    workers._SLOTS[:] = shared.slots  # what a forked worker inherits
+    try:
+        back = workers._unpack(packed[0][1])
+    finally:
+        workers._SLOTS[:] = []
+    assert torch.equal(back.tensors["w"], w) and back.tensors["w"] is not w
+
+
+def test_reply_slots_carry_model_sized_tensors_and_the_rest_is_pickled():
+    from fedhet.algorithms.base import Message
+    from fedhet.engine import workers
+
+    dim = 50
+    slots = [torch.zeros(dim) for _ in range(2)]
+    a, b, c, small = torch.randn(dim), torch.randn(dim), torch.randn(dim), torch.randn(3)
+    workers._REPLY_SLOTS[:] = slots
+    try:
+        sent = workers._to_slots(Message({"a": a, "b": b, "c": c, "s": small}, {"x": 1.0}), (1, 0))
+    finally:
+        workers._REPLY_SLOTS[:] = []
+    assert [type(t).__name__ for t in sent.tensors.values()] == ["_Slot", "_Slot", "Tensor", "Tensor"]
+    got = workers._from_slots(sent, slots)
+    for name, t in {"a": a, "b": b, "c": c, "s": small}.items():
+        assert torch.equal(got.tensors[name], t)
+    assert got.scalars == {"x": 1.0}
