@@ -81,17 +81,18 @@ class SharedDownlink:
         self.slots = [torch.zeros(dim).share_memory_() for _ in range(slots)]
 
     def pack(self, requests: Sequence[tuple[int, Message]]) -> list[tuple[int, Message]]:
-        """`requests` with every float32 CPU tensor of `dim` elements that two or more of them
-        hold (the same object) moved into a slot, as long as slots are free."""
+        """`requests` with every flat float32 CPU tensor of `dim` elements that two or more of
+        them hold (the same object) moved into a slot, as long as slots are free."""
         seen: dict[int, list[torch.Tensor]] = {}
         for _, message in requests:
             for t in message.tensors.values():
-                if t.dtype == torch.float32 and t.device.type == "cpu" and t.numel() == self.dim:
+                if t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 1 \
+                        and t.numel() == self.dim:
                     seen.setdefault(id(t), []).append(t)
         shared = [ts[0] for ts in seen.values() if len(ts) > 1][: len(self.slots)]
         slot_of = {}
         for k, t in enumerate(shared):
-            self.slots[k].copy_(t.reshape(-1))
+            self.slots[k].copy_(t)
             slot_of[id(t)] = _Slot(k)
         if not slot_of:
             return list(requests)
