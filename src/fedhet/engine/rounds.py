@@ -104,19 +104,27 @@ def _fail(rc: RoundContext, tally: RoundTally, failure: ClientFailure) -> None:
     _log(rc, failure_line(failure))
 
 
-def reply_stream(
-    rc: RoundContext, round: int, requests: Sequence[tuple[int, Message]], link: str,
-    tally: RoundTally,
-) -> Iterator[Reply]:
-    """The replies of `requests`, one at a time as the executor makes them: failures are logged
-    and left out, each reply is checked for non-finite values and billed on `link`."""
+def returned(
+    rc: RoundContext, round: int, requests: Sequence[tuple[int, Message]], tally: RoundTally
+) -> Iterator[tuple[int, Message]]:
+    """`(client_id, reply)` of `requests`, one at a time as the executor makes them: failures
+    are logged, counted and left out; each reply is checked for non-finite values."""
     for client_id, up in isolate(rc.client_updates, round, requests):
         if isinstance(up, ClientFailure):
             _fail(rc, tally, up)
             continue
         check_finite(up, round, client_id)
-        rc.comm.send(link, "up", up)
         tally.returned.add(client_id)
+        yield client_id, up
+
+
+def reply_stream(
+    rc: RoundContext, round: int, requests: Sequence[tuple[int, Message]], link: str,
+    tally: RoundTally,
+) -> Iterator[Reply]:
+    """The replies of `requests` (`returned`), each billed on `link` as it comes."""
+    for client_id, up in returned(rc, round, requests, tally):
+        rc.comm.send(link, "up", up)
         yield Reply(client_id, up)
 
 
@@ -235,12 +243,7 @@ def walk_rings(rc: RoundContext, round: int, walks: Sequence[RingWalk], tally: R
             requests.append((device, walk.deliver(rc.comm, device)))
         if not requests:
             return
-        for device, up in isolate(rc.client_updates, round, requests):
-            if isinstance(up, ClientFailure):
-                _fail(rc, tally, up)
-                continue
-            check_finite(up, round, device)
-            tally.returned.add(device)
+        for device, up in returned(rc, round, requests, tally):
             walk_of[device].accept(device, up)
 
 
