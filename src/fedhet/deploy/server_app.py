@@ -234,7 +234,7 @@ class FlowerRoundContext(Simulation):
 
     def _received(self, client_id: int, reply: FlowerMessage) -> Message:
         up, _ = from_record(reply.content)
-        self.keep_buffers(client_id, up)
+        self.clients.keep_buffers(client_id, up)  # the round average of BatchNorm statistics
         return up
 
     def _evaluate(self, state: ServerState, round: int, diag: dict[str, float]) -> dict:

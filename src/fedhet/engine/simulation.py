@@ -125,10 +125,6 @@ class Simulation:
         """One client, in place on the shared model (the sequential executor)."""
         return self.clients.update(client_id, message, round)
 
-    def keep_buffers(self, client_id: int, reply: Message) -> None:
-        """Keep the BatchNorm statistics of a reply made elsewhere (a worker, a SuperNode)."""
-        self.clients.keep_buffers(client_id, reply)
-
     @property
     def client_states(self) -> dict[int, Any]:
         """Each client's algorithm state between rounds (`ClientWork.states`)."""
@@ -172,7 +168,7 @@ class Simulation:
             accepted()
         if not rows:
             rows.append(self._evaluate(state, 0, {}))
-            self._check_finite(state, rows[-1], -1)
+            self.evaluator.check_finite(state, rows[-1], -1)
             if self.store is not None:
                 self.store.write_metrics(rows)
         bar = _progress(cfg.rounds, start, progress)
@@ -195,7 +191,7 @@ class Simulation:
                 }
                 structured = {n: v for n, v in diag.items() if n not in scalars}
                 row = self._evaluate(state, k + 1, scalars)
-                self._check_finite(state, row, k)
+                self.evaluator.check_finite(state, row, k)
                 row.update(self.comm.close_round())
                 row["round_time_s"] = train_time
                 row["eval_time_s"] = time.perf_counter() - t0 - train_time
@@ -222,9 +218,6 @@ class Simulation:
             # killed after the last checkpoint but before the final summary was written
             self.store.write_summary(summary)
         return summary
-
-    def _check_finite(self, state: states.ServerState, row: dict[str, Any], round: int) -> None:
-        self.evaluator.check_finite(state, row, round)
 
     def _diverged(self, error: Exception, rows: list[dict[str, Any]], round: int) -> dict[str, Any]:
         """Mark the run `diverged` (strict JSON summary) and keep the last good checkpoint."""
