@@ -112,13 +112,19 @@ def test_study_methods_have_distinct_directories_and_valid_settings():
     assert (cfg.algorithm_params.alpha, cfg.algorithm_params.max_herd_error) == (0.5, 1.0)
 
 
-def test_study_runs_resume_and_reports(tmp_path, monkeypatch):
-    from fedhet.experiments.papers.bherd import readings as br
+@pytest.fixture
+def br(monkeypatch):
+    """The study module with tiny settings: logistic regression on digits, 3 clients, 5 rounds."""
+    from fedhet.experiments.papers.bherd import readings
 
     tiny = {"dataset": "digits", "model": "logreg", "clients": 3, "rounds": 5, "lr": 0.1,
             "batch_size": 32, "local_epochs": 1.0}
-    monkeypatch.setattr(br, "settings", lambda case, method, seed: {
-        **tiny, "partition": br.CASES[case], "seed": seed, **method})
+    monkeypatch.setattr(readings, "settings", lambda case, method, seed: {
+        **tiny, "partition": readings.CASES[case], "seed": seed, **method})
+    return readings
+
+
+def test_study_runs_resume_and_reports(tmp_path, br):
     logged: list[str] = []
     br.run_study(tmp_path, "grab", [0, 1], "mean-tau", ["case1"], log=logged.append)
     assert len(logged) == 6 and all("finished" in line for line in logged)
@@ -143,13 +149,7 @@ def test_paired_difference_marks_only_what_is_outside_the_noise():
     assert paired([0.1]) == "—"
 
 
-def test_scaffold_study_runs_and_reports_the_guard(tmp_path, monkeypatch):
-    from fedhet.experiments.papers.bherd import readings as br
-
-    tiny = {"dataset": "digits", "model": "logreg", "clients": 3, "rounds": 5, "lr": 0.1,
-            "batch_size": 32, "local_epochs": 1.0}
-    monkeypatch.setattr(br, "settings", lambda case, method, seed: {
-        **tiny, "partition": br.CASES[case], "seed": seed, **method})
+def test_scaffold_study_runs_and_reports_the_guard(tmp_path, br):
     logged: list[str] = []
     br.run_study(tmp_path, "scaffold", [0, 1], "mean-tau", ["case3"], log=logged.append)
     assert len(logged) == 6 and all("finished" in line for line in logged)
