@@ -8,6 +8,10 @@ import pytest
 import torch
 
 torch.set_num_threads(1)
+# `--workers auto` is 1 in every test whatever the machine's cores (a test that patches client
+# code to record into this process would see nothing from worker processes); the tests of
+# `auto` set FEDHET_CORES themselves (tests/test_workers.py)
+os.environ["FEDHET_CORES"] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -14,6 +14,7 @@ from fedhet.engine.config import config_of
 from fedhet.engine.failures import Diverged
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.workers import ProcessExecutor
+from fedhet.errors import FedhetError
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 6, "rounds": 2, "lr": 0.05,
         "batch_size": 32, "seed": 4, "model": "mlp", "model.hidden": 16, "executor": "sequential"}
@@ -90,7 +91,11 @@ def test_diverged_survives_pickling():
 
 
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--workers", "0"], "--workers must be ≥ 1, got 0"),
+    (["--workers", "0"], "argument --workers: must be auto or a whole number ≥ 1, got '0'"),
+    (["--workers", "two"], "argument --workers: must be auto or a whole number ≥ 1, got 'two'"),
+    (["--workers", "-1"], "argument --workers: must be auto or a whole number ≥ 1, got '-1'"),
+    (["--set", "workers=two"], "--set: workers must be auto or a whole number ≥ 1, got 'two'"),
+    (["--set", "workers=-3"], "--workers must be auto or a whole number ≥ 1, got -3"),
     (["--workers", "2", "--executor", "batched"], "use --executor sequential (or auto) with it"),
 ])
 def test_bad_worker_settings_are_one_line(tmp_path, capsys, flags, message):
@@ -152,3 +157,170 @@ def test_reply_slots_carry_model_sized_tensors_and_the_rest_is_pickled():
     for name, t in {"a": a, "b": b, "c": c, "s": small}.items():
         assert torch.equal(got.tensors[name], t)
     assert got.scalars == {"x": 1.0}
+
+
+# -- `--workers auto` (the default) ------------------------------------------------------------
+def test_round_work_is_steps_times_batch_times_parameters_plus_a_cost_per_step():
+    from fedhet.engine.workers import STEP_COST, round_work
+
+    # client 0: 2 steps of its 10 samples; client 1: 3 steps of B = 32; 4 clients a round
+    per_client = (2 * (10 * 1000 + STEP_COST) + 3 * (32 * 1000 + STEP_COST)) / 2
+    assert round_work(4, [2, 3], [10, 100], 32, 1000) == pytest.approx(4 * per_client)
+    assert round_work(4, [], [], 32, 1000) == 0.0
+
+
+@pytest.mark.parametrize(("work", "rounds", "per_round", "cores", "device", "executor", "requested", "n"), [
+    (0.5, 1000, 10, 2, "cpu", "sequential", "auto", 1),          # a round below the threshold
+    (1.0, 1000, 10, 2, "cpu", "sequential", "auto", 2),          # at it: the cores
+    (5.0, 1000, 10, 16, "cpu", "sequential", "sequential", 10),  # one process per client at most
+    (5.0, 1, 10, 16, "cpu", "sequential", "auto", 1),            # too short a run for a pool
+    (5.0, 1000, 1, 16, "cpu", "sequential", "auto", 1),          # one client a round
+    (5.0, 1000, 10, 1, "cpu", "sequential", "auto", 1),          # one core
+    (5.0, 1000, 10, 16, "cuda", "batched", "auto", 1),           # a GPU
+    (5.0, 1000, 10, 16, "cpu", "batched", "auto", 1),            # the linear models: batched
+    (5.0, 1000, 10, 16, "cpu", "sequential", "batched", 1),      # batched asked, not stackable
+])
+def test_auto_workers_rule(work, rounds, per_round, cores, device, executor, requested, n):
+    from fedhet.engine.workers import AUTO_MIN_RUN_WORK, AUTO_MIN_WORK, auto_workers
+
+    assert 1000 * AUTO_MIN_WORK >= AUTO_MIN_RUN_WORK > 5 * AUTO_MIN_WORK  # what the cases assume
+    args = (work * AUTO_MIN_WORK, rounds, per_round, cores, device, executor, requested)
+    chosen, why = auto_workers(*args)
+    assert chosen == n and why and "\n" not in why
+    assert auto_workers(*args) == (chosen, why)  # deterministic
+
+
+def test_auto_workers_reasons_name_the_figures():
+    from fedhet.engine.workers import auto_workers
+
+    assert auto_workers(1e8, 100, 10, 2, "cpu", "sequential", "auto") == (
+        1, "a round's work ~1.0e+08 multiply-adds < 3e+08")
+    assert auto_workers(1e9, 5, 10, 2, "cpu", "sequential", "auto") == (
+        1, "the run's work ~5.0e+09 multiply-adds (5 rounds) < 1e+10: too little to pay for "
+           "starting the workers")
+    assert auto_workers(1e9, 30, 10, 4, "cpu", "sequential", "auto") == (
+        4, "a round's work ~1.0e+09 multiply-adds ≥ 3e+08, the run's ~3.0e+10 ≥ 1e+10, 4 usable cores")
+    assert auto_workers(1e9, 30, 10, 1, "cpu", "sequential", "auto") == (1, "1 usable core")
+
+
+def test_grid_jobs_share_the_cores(monkeypatch):
+    """`--jobs N` runs N runs at once: each job process gets `cores // N` (`$FEDHET_CORES`), so
+    `auto` in 2 jobs on 2 cores is 1 worker each, not 2 × 2 processes."""
+    from fedhet.engine.workers import AUTO_MIN_WORK, CORES_ENV, auto_workers, usable_cores
+    from fedhet.experiments.runner import core_share
+
+    assert [core_share(16, j) for j in (1, 2, 3, 4, 16, 32)] == [16, 8, 5, 4, 1, 1]
+    monkeypatch.setenv(CORES_ENV, str(core_share(2, 2)))
+    assert usable_cores() == 1
+    assert auto_workers(10 * AUTO_MIN_WORK, 1000, 10, usable_cores(), "cpu", "sequential",
+                        "auto")[0] == 1
+    monkeypatch.setenv(CORES_ENV, "none")
+    with pytest.raises(FedhetError, match=f"^{CORES_ENV} must be a whole number ≥ 1, got 'none'$"):
+        usable_cores()
+
+
+def test_a_grid_job_process_sees_its_share_of_the_cores():
+    """The runner's job processes start with `$FEDHET_CORES` = their share (forkserver: no
+    monkeypatching crosses, so this is the real set-up)."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from fedhet.engine.workers import usable_cores
+    from fedhet.experiments import runner
+
+    ctx = runner._context()
+    with ProcessPoolExecutor(1, mp_context=ctx, initializer=runner._init_worker,
+                             initargs=(ctx.Event(), 3)) as pool:
+        assert pool.submit(usable_cores).result() == 3
+
+
+def force_auto(monkeypatch, cores: int = 2) -> None:
+    """Make `auto` choose `cores` workers for any CPU run on the sequential executor."""
+    from fedhet.engine import workers
+
+    monkeypatch.setattr(workers, "AUTO_MIN_WORK", 0.0)
+    monkeypatch.setattr(workers, "AUTO_MIN_RUN_WORK", 0.0)
+    monkeypatch.setenv(workers.CORES_ENV, str(cores))
+
+
+@pytest.mark.parametrize(("algorithm", "extra"), [CASES[2], CASES[3], CASES[8]])
+def test_auto_chosen_workers_are_an_explicit_workers_n(monkeypatch, algorithm, extra):
+    """A run whose round pays for the cores runs over processes, logs why, and ends bit-identical
+    to `--workers 1` and to `--workers 2`."""
+    force_auto(monkeypatch)
+    lines: list[str] = []
+    auto, s0 = simulate(0, log=lines.append, algorithm=algorithm, **extra)
+    one, s1 = simulate(1, algorithm=algorithm, **extra)
+    two, s2 = simulate(2, algorithm=algorithm, **extra)
+    assert isinstance(auto.executor, ProcessExecutor) and auto.workers == auto.executor.workers == 2
+    assert [line for line in lines if line.startswith("workers:")] == [
+        f"workers: auto → 2 (a round's work ~{auto.round_work:.1e} multiply-adds ≥ 0e+00, the "
+        f"run's ~{2 * auto.round_work:.1e} ≥ 0e+00, 2 usable cores)"
+    ]
+    for sim, summary in ((one, s1), (two, s2)):
+        assert same(auto.final_state, sim.final_state)
+        assert same(auto.client_states, sim.client_states)
+        assert s0["final_accuracy"] == summary["final_accuracy"]
+        assert s0["final_loss"] == summary["final_loss"]
+
+
+def test_auto_below_the_threshold_is_one_process_and_says_why(monkeypatch):
+    from fedhet.engine import workers
+
+    monkeypatch.setenv(workers.CORES_ENV, "2")
+    lines: list[str] = []
+    sim, _ = simulate(0, log=lines.append)  # 6 clients of digits: far below the threshold
+    assert sim.round_work < workers.AUTO_MIN_WORK
+    assert sim.workers == 1 and not isinstance(sim.executor, ProcessExecutor)
+    assert lines[0].startswith("workers: auto → 1 (a round's work ~") and "< 3e+08)" in lines[0]
+
+
+@pytest.mark.parametrize(("settings", "executor"), [
+    ({"executor": "batched"}, "batched"),
+    ({"executor": "auto", "model": "logreg"}, "batched"),  # auto: batched for the linear models
+])
+def test_auto_never_spreads_the_batched_executor(monkeypatch, settings, executor):
+    """`--executor batched` (and runs stepped as a batch, which are batched) with `auto`: 1,
+    silently; only an explicit `--workers N > 1` with them is an error."""
+    from fedhet.engine.batch import can_share
+
+    force_auto(monkeypatch)
+    lines: list[str] = []
+    base = {k: v for k, v in BASE.items() if k != "model.hidden"}
+    sims = [Simulation(config_of({**base, **settings, "seed": s, "workers": 0}), None,
+                       log=lines.append) for s in (1, 2)]
+    assert [(s.workers, s.executor_name) for s in sims] == [(1, executor)] * 2
+    assert not any(isinstance(s.executor, ProcessExecutor) for s in sims)
+    assert can_share(sims) == [0, 1]
+    assert lines[0] == f"workers: auto → 1 (executor {executor})"
+
+
+def test_cli_workers_auto_is_stored_as_0_and_set_workers_auto_too(tmp_path, capsys):
+    import json
+
+    for i, flags in enumerate((["--workers", "auto"], ["--set", "workers=auto"], [])):
+        out = tmp_path / f"r{i}"
+        argv = ["run", "-d", "digits", "-n", "3", "-r", "1", "--out", str(out), "--quiet", *flags]
+        assert main(argv) == 0
+        assert json.loads((out / "config.json").read_text())["workers"] == 0
+        assert "workers: auto → 1 (" in capsys.readouterr().out
+
+
+def test_an_old_run_with_workers_1_resumes_with_1(tmp_path, capsys):
+    """A config.json from before `auto` (`"workers": 1`, the old default) keeps its 1 worker on
+    resume; a resume may switch it to auto."""
+    import json
+
+    out = tmp_path / "r"
+    assert main(["run", "-d", "digits", "-n", "4", "-r", "1", "--out", str(out), "--quiet",
+                 "--workers", "1"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["workers"] == 1
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out), "-r", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "workers: auto" not in captured.out and json.loads((out / "summary.json").read_text())[
+        "rounds_done"] == 2
+    assert main(["run", "--resume", str(out), "-r", "3", "--workers", "auto"]) == 0
+    captured = capsys.readouterr()
+    assert "workers 1 → 0" in captured.out + captured.err and "workers: auto → 1 (" in captured.out
+    assert json.loads((out / "config.json").read_text())["workers"] == 0

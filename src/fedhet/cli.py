@@ -186,6 +186,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def _workers(text: str) -> str | int:
+    """`--workers`: `auto` or a whole number ≥ 1 (0 is `auto` only in settings files)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be auto or a whole number ≥ 1, got {text!r}")
+    return int(text)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.config import REGISTRIES
@@ -291,9 +300,10 @@ def _add_device_flags(p: argparse.ArgumentParser) -> None:
                    help="where models, data and state live (default auto: CUDA when present)")
     p.add_argument("--executor", choices=("auto", "sequential", "batched"),
                    help="how a round's clients run: one after another, or stacked (docs/gpu.md)")
-    p.add_argument("--workers", type=int, metavar="N",
+    p.add_argument("--workers", type=_workers, metavar="N|auto",
                    help="CPU processes a round's clients are spread over (sequential executor; "
-                        "default 1; the same results as 1)")
+                        "the same results as 1; default auto: the usable cores when a round's "
+                        "work pays for them, else 1; docs/gpu.md)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -102,9 +102,11 @@ class RunConfig:
     `auto` = batched on CUDA or for the linear models, else sequential (docs/gpu.md)."""
     cohort_chunk: int = 0
     """Batched executor: clients stacked at a time (0 = as many as fit ~1 GiB of stacked state)."""
-    workers: int = 1
+    workers: int = 0
     """Sequential executor on CPU: processes a round's clients are spread over
-    (`fedhet.engine.workers`; bit-identical to 1 with equal threads per process)."""
+    (`fedhet.engine.workers`; bit-identical to 1 with equal threads per process). 0 = `auto`
+    (spelt `auto` or 0 in settings): the usable cores when a round's work pays for them, else 1
+    (`fedhet.engine.workers.auto_workers`)."""
     algorithm_params: Any = None
     dataset_params: Any = None
     partition_params: Any = None
@@ -146,7 +148,7 @@ class RunConfig:
                 f"executor must be sequential, batched or auto, got {self.executor!r}",
             ),
             (self.cohort_chunk >= 0, f"cohort_chunk must be ≥ 0, got {self.cohort_chunk}"),
-            (self.workers >= 1, f"--workers must be ≥ 1, got {self.workers}"),
+            (self.workers >= 0, f"--workers must be auto or a whole number ≥ 1, got {self.workers}"),
             (self.checkpoint_every >= 1, "checkpoint_every must be ≥ 1"),
             (
                 0 <= self.validation_fraction < 1,
@@ -243,13 +245,29 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
         if dot and head in COMPONENTS and rest:
             out[key] = value
         elif key in ENGINE_FIELDS:
-            out[key] = _coerce(value, _HINTS[key], f"{where}: {key}")
+            out[key] = _engine_value(key, value, f"{where}: {key}")
         else:
             raise FedhetError(
                 f"{where}: unknown setting {key!r}; valid settings: {', '.join(sorted(ENGINE_FIELDS))}, "
                 "or algorithm.<param>, dataset.<param>, partition.<param>, model.<param>"
             )
     return out
+
+
+AUTO = {"workers": 0}
+"""Engine fields that also take the word `auto`, and the number that stands for it."""
+
+
+def _engine_value(key: str, value: Any, where: str) -> Any:
+    """An engine field's value typed (`_coerce`), `auto` read as its number (`AUTO`)."""
+    if key not in AUTO:
+        return _coerce(value, _HINTS[key], where)
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return AUTO[key]
+    try:
+        return _coerce(value, _HINTS[key], where)
+    except FedhetError:
+        raise FedhetError(f"{where} must be auto or a whole number ≥ 1, got {value!r}") from None
 
 
 REGISTRIES: dict[str, Registry] = {
@@ -268,7 +286,7 @@ def build(*layers: Mapping[str, Any], only: Sequence[str] = COMPONENTS) -> RunCo
     unknown = sorted(set(engine) - set(ENGINE_FIELDS))
     if unknown:
         raise FedhetError(f"unknown setting {unknown[0]!r}; settings are read with parse() first")
-    cfg = RunConfig(**{k: _coerce(v, _HINTS[k], k) for k, v in engine.items()})
+    cfg = RunConfig(**{k: _engine_value(k, v, k) for k, v in engine.items()})
     cfg.validate()
     names = {"algorithm": cfg.algorithm, "dataset": cfg.dataset, "partition": cfg.partition,
              "model": cfg.model_name}

@@ -34,7 +34,7 @@ from fedhet.engine.faults import FaultModel
 from fedhet.engine.federate import federate
 from fedhet.engine.rounds import ROUND_RUNNERS
 from fedhet.engine.store import TIME_COLUMNS, RunStore
-from fedhet.engine.workers import ProcessExecutor
+from fedhet.engine.workers import ProcessExecutor, auto_workers, round_work, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.models.registry import build_model
 from fedhet.training.flat import FlatModel
@@ -92,9 +92,8 @@ class Simulation:
             cfg, self.model, self.trainer, self.client_indices, self.algorithm, log
         )
         self.evaluator = Evaluator(cfg, self.model, self.data, self.algorithm)
-        self.algorithm.check_local_steps(
-            [local_steps(cfg, len(ix), i, 0, clamp=False) for i, ix in enumerate(self.client_indices)]
-        )
+        steps = [local_steps(cfg, len(ix), i, 0, clamp=False) for i, ix in enumerate(self.client_indices)]
+        self.algorithm.check_local_steps(steps)
         runner = ROUND_RUNNERS.get(algo_cls.topology)
         if runner is None:
             raise FedhetError(f"algorithm {cfg.algorithm} needs topology {algo_cls.topology!r}")
@@ -108,8 +107,19 @@ class Simulation:
         self.executor_name = choose_executor(
             cfg.executor, self.device, cfg.model_name, module, cfg.workers
         )
-        if cfg.workers > 1 and self.executor_name == "sequential":
-            self.executor = ProcessExecutor(self.clients, cfg.workers)
+        self.workers = cfg.workers
+        """Processes a round's clients are spread over: `cfg.workers`, or what `auto` (0) chose."""
+        per_round = min(len(parts), max(1, round_half_up(cfg.sample_fraction * len(parts))))
+        self.round_work = round_work(per_round, [max(1, t) for t in steps],
+                                     [len(ix) for ix in self.client_indices], cfg.batch_size,
+                                     self.model.dim)
+        """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
+        if cfg.workers == 0:
+            self.workers, why = auto_workers(self.round_work, cfg.rounds, per_round, usable_cores(),
+                                             self.device.type, self.executor_name, cfg.executor)
+            log(f"workers: auto → {self.workers} ({why})")
+        if self.workers > 1 and self.executor_name == "sequential":
+            self.executor = ProcessExecutor(self.clients, self.workers)
         else:
             self.executor = make_executor(self.clients, self.executor_name, cfg.cohort_chunk)
 

@@ -27,6 +27,7 @@ together; the single ring of `ring` (one client per call) stays in the main proc
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -37,6 +38,7 @@ import torch
 
 from fedhet.algorithms.base import Message
 from fedhet.engine.executors import FATAL, SequentialExecutor, failure
+from fedhet.errors import FedhetError
 
 if TYPE_CHECKING:
     from fedhet.engine.clients import ClientWork
@@ -61,6 +63,85 @@ REPLY_SLOTS_PER_TASK = 2
 SHARED_SLOTS = 4
 """Model-sized tensors a round's downlinks may share through shared memory (`w`, SCAFFOLD's
 `c`, FedVeca's previous gradient, …)."""
+
+
+CORES_ENV = "FEDHET_CORES"
+"""Cores a run may use (`usable_cores`): the grid runner sets it in each of its job processes
+to their share of the machine, and a user may set it to cap `--workers auto`."""
+
+AUTO_MIN_WORK = 3e8
+"""**[measured]** `--workers auto` spreads a run over the cores only when a round's estimated
+work (`round_work`) is at least this: below it two processes gained little a round or lost
+(0.5–1.2×), above it they gained 1.1–1.8× a round, on this project's idle 2-core VM
+(`benchmarks/bench_workers.py`, docs/gpu.md)."""
+
+AUTO_MIN_RUN_WORK = 1e10
+"""**[measured]** ... and the whole run's (`rounds ×` a round's) at least this: starting the pool
+costs 0.1–0.35 s once, which shorter runs did not earn back (whole runs of 2e9–5e9 ran at
+0.92–0.99×, from 8e9 on at 1.1–1.7×)."""
+
+STEP_COST = 4e6
+"""**[measured]** The fixed cost of one local SGD step (Python, autograd and optimiser dispatch),
+in multiply-adds that take as long: ≈ 0.6 ms a step at ≈ 1.2e-10 s a multiply-add, fitted on
+the MLP with hidden widths 16–800 on this project's 2-core VM, one thread."""
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (`sched_getaffinity`), or `$FEDHET_CORES` when set: a
+    grid job's share of them (`fedhet.experiments.runner`)."""
+    raw = os.environ.get(CORES_ENV, "").strip()
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise FedhetError(f"{CORES_ENV} must be a whole number ≥ 1, got {raw!r}")
+        return int(raw)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def round_work(
+    clients_per_round: int, steps: Sequence[int], sizes: Sequence[int], batch_size: int, dim: int
+) -> float:
+    """A round's estimated local training, in multiply-adds:
+    `m · mean_i(τ_i · (min(B, n_i) · d + STEP_COST))` for `m` clients a round, client `i` taking
+    `τ_i` steps (`steps`) on batches of `min(B, n_i)` of its `n_i` samples (`sizes`) through a
+    model of `d` parameters (one multiply-add per parameter and sample: exact for linear layers,
+    an underestimate for convolutions), each step also costing `STEP_COST`."""
+    if not steps:
+        return 0.0
+    per_client = sum(
+        t * (min(batch_size, n) * dim + STEP_COST) for t, n in zip(steps, sizes, strict=True)
+    ) / len(steps)
+    return clients_per_round * per_client
+
+
+def auto_workers(
+    work: float, rounds: int, clients_per_round: int, cores: int, device: str, executor: str,
+    requested: str,
+) -> tuple[int, str]:
+    """`--workers auto`: the processes a run's rounds are spread over, and why, in words.
+
+    The usable `cores` (at most one per client of a round) when the run computes on the CPU
+    with the sequential executor (`executor`: the one `choose_executor` resolved; `requested`:
+    the one asked for), there are 2 or more of them, a round's estimated `work` (`round_work`)
+    is at least `AUTO_MIN_WORK` and the run's (`rounds · work`) at least `AUTO_MIN_RUN_WORK`;
+    else 1. A pure function of its arguments, so the same settings on the same cores always
+    choose the same (the choice sets each process's torch threads, `threads // N`)."""
+    n = min(cores, clients_per_round)
+    if device != "cpu":
+        return 1, f"device {device}"
+    if requested == "batched" or executor != "sequential":
+        return 1, f"executor {executor}"
+    if n < 2:
+        return 1, f"{cores} usable core" if cores < 2 else "1 client a round"
+    if work < AUTO_MIN_WORK:
+        return 1, f"a round's work ~{work:.1e} multiply-adds < {AUTO_MIN_WORK:.0e}"
+    if rounds * work < AUTO_MIN_RUN_WORK:
+        return 1, (f"the run's work ~{rounds * work:.1e} multiply-adds ({rounds} rounds) < "
+                   f"{AUTO_MIN_RUN_WORK:.0e}: too little to pay for starting the workers")
+    return n, (f"a round's work ~{work:.1e} multiply-adds ≥ {AUTO_MIN_WORK:.0e}, the run's "
+               f"~{rounds * work:.1e} ≥ {AUTO_MIN_RUN_WORK:.0e}, {cores} usable cores")
 
 
 @dataclass(frozen=True)
@@ -255,4 +336,7 @@ class ProcessExecutor(SequentialExecutor):
         self.pending.clear()
 
 
-__all__ = ["ProcessExecutor"]
+__all__ = [
+    "AUTO_MIN_RUN_WORK", "AUTO_MIN_WORK", "ProcessExecutor", "auto_workers", "round_work",
+    "usable_cores",
+]

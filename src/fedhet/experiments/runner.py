@@ -2,8 +2,9 @@
 
 Each run lives in `out/runs/<name>/` and is a normal run directory (`fedhet run --resume` and
 `fedhet report` work on it). Workers are fresh processes (forkserver, else spawn) with one
-torch thread each. Progress: a live status line (runs done, running accuracies, ETA) when
-stderr is a terminal, otherwise one line per finished run.
+torch thread each and an equal share of the cores for `--workers auto` (`core_share`).
+Progress: a live status line (runs done, running accuracies, ETA) when stderr is a terminal,
+otherwise one line per finished run.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from fedhet.engine import rundir
 from fedhet.engine.config import RUNTIME, build, canonical_config, config_of, parse
 from fedhet.engine.executors import LINEAR_MODELS
 from fedhet.engine.store import to_json
+from fedhet.engine.workers import CORES_ENV, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.single import execute, execute_together, is_finished
@@ -78,13 +80,21 @@ def _limit_threads() -> None:
     torch.set_num_threads(1)
 
 
-def _init_worker(stop: Any) -> None:
-    """Pool worker set-up: one torch thread; the terminal's Ctrl-C is the parent's business
-    (it sets `stop`, which the worker checks between rounds), so the worker ignores SIGINT."""
+def core_share(cores: int, jobs: int) -> int:
+    """The cores each of `jobs` parallel runs may use (`$FEDHET_CORES` in its process, read by
+    `--workers auto`): an equal share of `cores`, at least one."""
+    return max(1, cores // max(1, jobs))
+
+
+def _init_worker(stop: Any, cores: int) -> None:
+    """Pool worker set-up: one torch thread and its share of the cores (`core_share`); the
+    terminal's Ctrl-C is the parent's business (it sets `stop`, which the worker checks between
+    rounds), so the worker ignores SIGINT."""
     global _STOP
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started
     _STOP = stop
+    os.environ[CORES_ENV] = str(cores)
     _limit_threads()
 
 
@@ -427,8 +437,8 @@ def run_specs(
             stop = ctx.Event()  # set by `_drain`, never in the handler (its lock is not reentrant)
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
-                pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx,
-                                           initializer=_init_worker, initargs=(stop,))
+                pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker,
+                                           initargs=(stop, core_share(usable_cores(), n)))
                 pending: dict[Future, list[Job]] = {pool.submit(run_unit, u): u for u in units}
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
