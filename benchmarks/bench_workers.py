@@ -2,9 +2,9 @@
 
 Each point is FedAvg with an MLP on random MNIST-shaped data (nothing is downloaded), IID,
 `m` clients of `n` samples each, all sampled every round, E = 1, B = 32; its estimated work is
-`Simulation.round_work` (`m · τ·B · d` multiply-adds), the figure `--workers auto`
-compares with `AUTO_MIN_WORK`. Every point runs with 1 and with 2 workers, `--repeat` times in
-alternating order; the table gives the medians of
+`Simulation.round_work` (`m · τ(B·d + STEP_COST)` multiply-adds) and `rounds ×` that, the figures
+`--workers auto` compares with `AUTO_MIN_WORK` and `AUTO_MIN_RUN_WORK`. Every point runs with 1
+and with 2 workers, `--repeat` times in alternating order; the table gives the medians of
 
 - s/round: the median training time of rounds 2.. (the pool is forked in round 1);
 - run s: the whole `Simulation.run` (pool start and evaluation included), what a user waits for;
@@ -13,7 +13,10 @@ and the cores other processes kept busy meanwhile, on average (0 on an idle mach
 near a core skews the ratios).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_workers.py [--rounds 5] [--repeat 3]
-        [--points 4x32:200,20x150:200] [--workers 2] [--out table.md]
+        [--points 4x32:200,20x150:200] [--workers 2] [--demo] [--out table.md]
+
+`--demo` adds `make demo`'s training (FedAvg then FedNova on digits, 30 rounds each, the
+settings of `fedhet.experiments.demo`) as a last row, its runs in a scratch directory.
 
 A point is `CLIENTSxSAMPLES:HIDDEN`. Run it with one thread per process (`OMP_NUM_THREADS=1`),
 on a machine with at least `--workers` cores.
@@ -25,6 +28,7 @@ import argparse
 import os
 import resource
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +37,9 @@ import torch
 from fedhet.data.base import Dataset
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
-from fedhet.engine.workers import AUTO_MIN_WORK, usable_cores
+from fedhet.engine.store import RunStore
+from fedhet.engine.workers import AUTO_MIN_RUN_WORK, AUTO_MIN_WORK, usable_cores
+from fedhet.experiments.demo import DEMO_ALGORITHMS, DEMO_SETTINGS
 from fedhet.experiments.results import git_commit
 
 POINTS = "4x32:200,10x150:200,20x150:200,100x60:200,20x300:200,20x600:16,40x300:200,20x600:200,"\
@@ -79,41 +85,65 @@ def one(clients: int, samples: int, hidden: int, workers: int, rounds: int) -> t
     return statistics.median(times[1:]), total, sim.round_work
 
 
+def demo(workers: int, rounds: int) -> tuple[float, float, float]:
+    """(s/round, whole demo s, a round's estimated work) of the demo's runs with `workers`."""
+    per, total = [], 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in DEMO_ALGORITHMS:
+            rows: list[dict] = []
+            cfg = config_of({**DEMO_SETTINGS, "algorithm": name, "rounds": rounds, "workers": workers})
+            sim = Simulation(cfg, RunStore(Path(tmp) / name), log=lambda _: None, on_round=rows.append)
+            t0 = time.perf_counter()
+            sim.run()
+            total += time.perf_counter() - t0
+            per += [r["round_time_s"] for r in rows][1:]
+    return statistics.median(per), total, sim.round_work
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--points", default=POINTS, help="CLIENTSxSAMPLES:HIDDEN,...")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--demo", action="store_true", help="also time make demo's training")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     torch.set_num_threads(1)
     w = args.workers
     lines = [
         f"commit {git_commit()}; {usable_cores()} usable cores, 1 torch thread per process; "
-        f"{args.rounds} rounds, medians of {args.repeat}; AUTO_MIN_WORK {AUTO_MIN_WORK:.0e}",
+        f"{args.rounds} rounds, medians of {args.repeat}; AUTO_MIN_WORK {AUTO_MIN_WORK:.0e}, "
+        f"AUTO_MIN_RUN_WORK {AUTO_MIN_RUN_WORK:.0e}",
         "",
-        f"| m×n, hidden | work | 1 worker s/round | {w} workers s/round | speed-up | "
+        f"| m×n, hidden | round work | run work | 1 worker s/round | {w} workers s/round | speed-up | "
         f"1 worker run s | {w} workers run s | speed-up | others' cores |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
-    for point in args.points.split(","):
+    points = [p for p in args.points.split(",") if p] + (["demo"] if args.demo else [])
+    for point in points:
         shape, _, hidden = point.partition(":")
         clients, _, samples = shape.partition("x")
-        m, n, h = int(clients), int(samples), int(hidden or 200)
         busy0, own0, t0 = *busy_seconds(), time.perf_counter()
         res: dict[int, list[tuple[float, float, float]]] = {1: [], w: []}
         for r in range(args.repeat):
             for k in ((1, w) if r % 2 == 0 else (w, 1)):
-                res[k].append(one(m, n, h, k, args.rounds))
+                if point == "demo":
+                    res[k].append(demo(k, 30))
+                else:
+                    res[k].append(one(int(clients), int(samples), int(hidden or 200), k, args.rounds))
         per = {k: statistics.median(x[0] for x in v) for k, v in res.items()}
         run = {k: statistics.median(x[1] for x in v) for k, v in res.items()}
         busy1, own1 = busy_seconds()
         others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (time.perf_counter() - t0)
         work = res[1][0][2]
-        line = (f"| {m}×{n}, {h} | {work:.1e} | {per[1]:.3f} | {per[w]:.3f} | {per[1] / per[w]:.2f}x | "
-                f"{run[1]:.2f} | {run[w]:.2f} | {run[1] / run[w]:.2f}x | {others:.2f} |")
+        name = "demo (2 runs × 30 rounds)" if point == "demo" else \
+            f"{clients}×{samples}, {hidden or 200}"
+        rounds = 30 if point == "demo" else args.rounds
+        line = (f"| {name} | {work:.1e} | {rounds * work:.1e} | {per[1]:.3f} | {per[w]:.3f} | "
+                f"{per[1] / per[w]:.2f}x | {run[1]:.2f} | {run[w]:.2f} | {run[1] / run[w]:.2f}x | "
+                f"{others:.2f} |")
         print(line, flush=True)
         lines.append(line)
     if args.out:
