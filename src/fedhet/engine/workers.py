@@ -22,6 +22,10 @@ on without it); `Diverged`, `FedhetError` and interrupts end the run as in one p
 pool is forked on first use (`fork`: the copy of the run costs nothing up front) and closed
 when the run ends. FedSR's rings reach the workers hop by hop, hop `h` of every edge's ring
 together; the single ring of `ring` (one client per call) stays in the main process.
+
+`--workers auto` (0, the default) is `auto_workers`: the usable cores when the run computes on
+the CPU with the sequential executor and both a round's estimated work (`round_work`) and the
+whole run's pass a measured threshold, else 1; the Simulation logs the choice in one line.
 """
 
 from __future__ import annotations
@@ -71,19 +75,22 @@ to their share of the machine, and a user may set it to cap `--workers auto`."""
 
 AUTO_MIN_WORK = 3e8
 """**[measured]** `--workers auto` spreads a run over the cores only when a round's estimated
-work (`round_work`) is at least this: below it two processes gained little a round or lost
-(0.5–1.2×), above it they gained 1.1–1.8× a round, on this project's idle 2-core VM
-(`benchmarks/bench_workers.py`, docs/gpu.md)."""
+work (`round_work`) is at least this. On this project's idle 2-core VM, commit f936243
+(`benchmarks/bench_workers.py`, docs/gpu.md), two processes ran a round 0.78–1.22× as fast as
+one below it (4e7–2e8) and 0.98–1.93× from 3.7e8 on (0.98×: 100 clients of one step each)."""
 
 AUTO_MIN_RUN_WORK = 1e10
-"""**[measured]** ... and the whole run's (`rounds ×` a round's) at least this: starting the pool
-costs 0.1–0.35 s once, which shorter runs did not earn back (whole runs of 2e9–5e9 ran at
-0.92–0.99×, from 8e9 on at 1.1–1.7×)."""
+"""**[measured]** ... and the whole run's (`rounds ×` a round's) at least this: the pool costs
+0.1–0.3 s to start, once. Whole runs whose rounds were large enough ran 0.90–1.58× as fast
+below it (2e9–9e9) and 1.11–1.80× from 1.1e10 on (`make demo`'s runs, 3.1e10 each: 1.42×)."""
 
 STEP_COST = 4e6
-"""**[measured]** The fixed cost of one local SGD step (Python, autograd and optimiser dispatch),
-in multiply-adds that take as long: ≈ 0.6 ms a step at ≈ 1.2e-10 s a multiply-add, fitted on
-the MLP with hidden widths 16–800 on this project's 2-core VM, one thread."""
+"""**[measured]** The fixed cost of one local SGD step (Python, autograd and optimiser dispatch)
+in multiply-adds that take as long: a step of the MLP 784-h-h-10 at B = 32 took 0.58–0.69 ms
+at h = 16 (B·d = 4e5) and 1.15 ms at h = 200 (6.4e6) on this project's 2-core VM, one thread,
+≈ 1e-10 s a multiply-add on top of ≈ 0.5 ms a step. Without it a small model's many cheap
+steps look like no work (100 clients × 600 samples at h = 16: 7.5e8 without, 7.9e9 with; two
+processes ran it 1.4–1.8× as fast)."""
 
 
 def usable_cores() -> int:
