@@ -81,7 +81,7 @@ one below it (4e7–2e8) and 0.98–1.93× from 3.7e8 on (0.98×: 100 clients of
 
 AUTO_MIN_RUN_WORK = 1e10
 """**[measured]** ... and the whole run's (`rounds ×` a round's) at least this: the pool costs
-0.1–0.3 s to start, once. Whole runs whose rounds were large enough ran 0.90–1.58× as fast
+0.1–0.4 s to start, once. Whole runs whose rounds were large enough ran 0.90–1.58× as fast
 below it (2e9–9e9) and 1.11–1.80× from 1.1e10 on (`make demo`'s runs, 3.1e10 each: 1.42×)."""
 
 STEP_COST = 4e6
