@@ -186,7 +186,9 @@ def test_auto_workers_rule(work, rounds, per_round, cores, device, executor, req
     assert 1000 * AUTO_MIN_WORK >= AUTO_MIN_RUN_WORK > 5 * AUTO_MIN_WORK  # what the cases assume
     args = (work * AUTO_MIN_WORK, rounds, per_round, cores, device, executor, requested)
     chosen, why = auto_workers(*args)
-    assert chosen == n and why and "\n" not in why
+    assert chosen == n and "\n" not in (why or "")
+    assert (why is None) == (device != "cpu" or "batched" in (executor, requested)
+                             or min(cores, per_round) < 2)  # nothing weighed: nothing said
     assert auto_workers(*args) == (chosen, why)  # deterministic
 
 
@@ -200,7 +202,7 @@ def test_auto_workers_reasons_name_the_figures():
            "starting the workers")
     assert auto_workers(1e9, 30, 10, 4, "cpu", "sequential", "auto") == (
         4, "a round's work ~1.0e+09 multiply-adds ≥ 3e+08, the run's ~3.0e+10 ≥ 1e+10, 4 usable cores")
-    assert auto_workers(1e9, 30, 10, 1, "cpu", "sequential", "auto") == (1, "1 usable core")
+    assert auto_workers(1e9, 30, 10, 1, "cpu", "sequential", "auto") == (1, None)
 
 
 def test_grid_jobs_share_the_cores(monkeypatch):
@@ -291,7 +293,7 @@ def test_auto_never_spreads_the_batched_executor(monkeypatch, settings, executor
     assert [(s.workers, s.executor_name) for s in sims] == [(1, executor)] * 2
     assert not any(isinstance(s.executor, ProcessExecutor) for s in sims)
     assert can_share(sims) == [0, 1]
-    assert lines[0] == f"workers: auto → 1 (executor {executor})"
+    assert not any(line.startswith("workers:") for line in lines)  # silently
 
 
 def test_cli_workers_auto_is_stored_as_0_and_set_workers_auto_too(tmp_path, capsys):
@@ -302,10 +304,10 @@ def test_cli_workers_auto_is_stored_as_0_and_set_workers_auto_too(tmp_path, caps
         argv = ["run", "-d", "digits", "-n", "3", "-r", "1", "--out", str(out), "--quiet", *flags]
         assert main(argv) == 0
         assert json.loads((out / "config.json").read_text())["workers"] == 0
-        assert "workers: auto → 1 (" in capsys.readouterr().out
+        assert "workers: auto" not in capsys.readouterr().out  # one core (conftest): silent
 
 
-def test_an_old_run_with_workers_1_resumes_with_1(tmp_path, capsys):
+def test_an_old_run_with_workers_1_resumes_with_1(tmp_path, capsys, monkeypatch):
     """A config.json from before `auto` (`"workers": 1`, the old default) keeps its 1 worker on
     resume; a resume may switch it to auto."""
     import json
@@ -320,7 +322,25 @@ def test_an_old_run_with_workers_1_resumes_with_1(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "workers: auto" not in captured.out and json.loads((out / "summary.json").read_text())[
         "rounds_done"] == 2
+    monkeypatch.setenv("FEDHET_CORES", "2")
     assert main(["run", "--resume", str(out), "-r", "3", "--workers", "auto"]) == 0
     captured = capsys.readouterr()
-    assert "workers 1 → 0" in captured.out + captured.err and "workers: auto → 1 (" in captured.out
+    assert "workers 1 → 0" in captured.out + captured.err
+    assert "workers: auto → 1 (a round's work ~" in captured.out
     assert json.loads((out / "config.json").read_text())["workers"] == 0
+
+
+def test_a_flower_server_does_not_weigh_workers(monkeypatch):
+    """The deploy server's clients run on SuperNodes: `auto` is 1 there and says nothing (the
+    deploy console would otherwise announce processes that never start)."""
+    pytest.importorskip("flwr", reason="Flower is not installed (pip install fedhet[flower])")
+    from fedhet.deploy.server_app import FlowerRoundContext
+
+    force_auto(monkeypatch)
+    lines: list[str] = []
+    server = FlowerRoundContext(config_of({**BASE, "workers": 0}), None, None, round_timeout=1.0,
+                                log=lines.append)
+    assert server.workers == 1 and not isinstance(server.executor, ProcessExecutor)
+    assert lines == []
+    local, _ = simulate(0, log=lines.append)  # the same settings in one process: 2 workers
+    assert local.workers == 2

@@ -163,6 +163,8 @@ class Roster:
 class FlowerRoundContext(Simulation):
     """`Simulation` whose client updates run on SuperNodes (see the module docstring)."""
 
+    clients_here = False
+
     def __init__(
         self, cfg: RunConfig, store: RunStore | None, grid: Grid,
         round_timeout: float, log: Any = say,

@@ -56,6 +56,10 @@ def round_half_up(x: float) -> int:
 class Simulation:
     """One run: data, clients, model, algorithm, and the loop over rounds."""
 
+    clients_here = True
+    """Whether this process runs the client updates through its executor (a Flower server's
+    clients run on SuperNodes: `--workers auto` is 1 there, with nothing to weigh)."""
+
     def __init__(
         self, cfg: RunConfig, store: RunStore | None = None,
         data: Dataset | None = None, log: Callable[[str], None] = print,
@@ -114,10 +118,13 @@ class Simulation:
                                      [len(ix) for ix in self.client_indices], cfg.batch_size,
                                      self.model.dim)
         """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
-        if cfg.workers == 0:
+        if cfg.workers == 0 and not self.clients_here:
+            self.workers = 1
+        elif cfg.workers == 0:
             self.workers, why = auto_workers(self.round_work, cfg.rounds, per_round, usable_cores(),
                                              self.device.type, self.executor_name, cfg.executor)
-            log(f"workers: auto → {self.workers} ({why})")
+            if why is not None:  # else nothing to weigh: a GPU, batched, one core
+                log(f"workers: auto → {self.workers} ({why})")
         if self.workers > 1 and self.executor_name == "sequential":
             self.executor = ProcessExecutor(self.clients, self.workers)
         else:

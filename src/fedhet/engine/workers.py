@@ -25,7 +25,8 @@ together; the single ring of `ring` (one client per call) stays in the main proc
 
 `--workers auto` (0, the default) is `auto_workers`: the usable cores when the run computes on
 the CPU with the sequential executor and both a round's estimated work (`round_work`) and the
-whole run's pass a measured threshold, else 1; the Simulation logs the choice in one line.
+whole run's pass a measured threshold, else 1; the Simulation logs the choice and why in one
+line wherever it weighed the work (with 2 or more cores, on the CPU's sequential executor).
 """
 
 from __future__ import annotations
@@ -126,22 +127,20 @@ def round_work(
 def auto_workers(
     work: float, rounds: int, clients_per_round: int, cores: int, device: str, executor: str,
     requested: str,
-) -> tuple[int, str]:
+) -> tuple[int, str | None]:
     """`--workers auto`: the processes a run's rounds are spread over, and why, in words.
 
     The usable `cores` (at most one per client of a round) when the run computes on the CPU
     with the sequential executor (`executor`: the one `choose_executor` resolved; `requested`:
     the one asked for), there are 2 or more of them, a round's estimated `work` (`round_work`)
     is at least `AUTO_MIN_WORK` and the run's (`rounds · work`) at least `AUTO_MIN_RUN_WORK`;
-    else 1. A pure function of its arguments, so the same settings on the same cores always
-    choose the same (the choice sets each process's torch threads, `threads // N`)."""
+    else 1. The reason is None where there was nothing to weigh (a GPU, the batched executor,
+    fewer than 2 cores or clients a round): 1 goes without saying there. A pure function of its
+    arguments, so the same settings on the same cores always choose the same (the choice sets
+    each process's torch threads, `threads // N`)."""
     n = min(cores, clients_per_round)
-    if device != "cpu":
-        return 1, f"device {device}"
-    if requested == "batched" or executor != "sequential":
-        return 1, f"executor {executor}"
-    if n < 2:
-        return 1, f"{cores} usable core" if cores < 2 else "1 client a round"
+    if device != "cpu" or requested == "batched" or executor != "sequential" or n < 2:
+        return 1, None
     if work < AUTO_MIN_WORK:
         return 1, f"a round's work ~{work:.1e} multiply-adds < {AUTO_MIN_WORK:.0e}"
     if rounds * work < AUTO_MIN_RUN_WORK:
