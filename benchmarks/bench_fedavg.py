@@ -84,7 +84,7 @@ def main() -> None:
         "algorithm": "fedavg", "dataset": "mnist", "model": "mlp", "partition": "dirichlet",
         "partition.alpha": 0.5, "clients": args.clients, "rounds": args.rounds,
         "local_epochs": 1, "batch_size": 32, "lr": 0.01, "data_dir": args.data_dir,
-        "eval_every": args.rounds + 1,
+        "eval_every": args.rounds + 1, "workers": 1,  # one process against the bare loop's one
     }
     cfg = config_of(settings)
     sim = Simulation(cfg)

@@ -30,7 +30,7 @@ def main() -> None:
     settings = {
         "algorithm": args.algorithm, "dataset": "digits", "partition": "iid",
         "clients": args.clients, "rounds": args.rounds, "local_steps": 1, "batch_size": 2,
-        "model": "mlp", "eval_every": args.rounds,
+        "model": "mlp", "eval_every": args.rounds, "workers": 1,  # this process's RSS is all of it
     }
     cfg = config_of(settings, "bench_memory")
     sim = Simulation(cfg, store=None, log=lambda _: None)
