@@ -6,12 +6,14 @@ all mini-batch gradients in one call, then runs the local step's chain (`fedhet.
 once for the whole stack: the clients' chains, `LocalStep.of(cfg, transforms)` each, are stacked
 into one with per-row coefficients and stacked anchors and shifts, so weight decay, FedProx's
 proximal term, SCAFFOLD's correction, momentum and the step are one tensor operation each, and
-each row gets the bits it gets alone. Only a `Custom` transform and the `on_step(step, w, g,
-loss)` hook run per client, on row views `g[r]`, `w[r]` (the same live-buffer contract as the
-sequential loop). Clients whose batch stream ends earlier leave the stack (their rows of the
-parameters, buffers, momentum and chain are dropped; unequal `τ` is exact, not padded).
-Clients whose mini-batches differ in size (`min(B, n_i)`) are grouped by size within a step,
-so no loss is padded or reweighted.
+each row gets the bits it gets alone. The `on_step` hooks that are `StackableHook`s
+(`fedhet.training.hooks`: BHerd's gradient store, GraB's balancing, FedVeca's estimates) run
+once per step for all the clients whose hooks are of one class, on their rows of the stack; only
+a `Custom` transform and any other `on_step(step, w, g, loss)` hook run per client, on row views
+`g[r]`, `w[r]` (the same live-buffer contract as the sequential loop). Clients whose batch
+stream ends earlier leave the stack (their rows of the parameters, buffers, momentum, chain
+and hooks are dropped; unequal `τ` is exact, not padded). Clients whose mini-batches differ
+in size (`min(B, n_i)`) are grouped by size within a step, so no loss is padded or reweighted.
 
 Gradients come from `torch.func.vmap(grad(loss))` over `functional_call` of the shared module
 (the module's own `objective`, evaluated inside the functional call so that a loss that reads
@@ -40,6 +42,7 @@ from torch.nn import functional as F
 from fedhet.models.linear import LogisticRegression, SquaredSVM
 from fedhet.models.registry import objective
 from fedhet.training.flat import FlatModel
+from fedhet.training.hooks import StackableHook, StackedHook
 from fedhet.training.local import SGDConfig, StepHook
 from fedhet.training.steps import GradTransform, LocalStep, Transform
 
@@ -294,7 +297,12 @@ class CohortTrainer:
         )
         chain = LocalStep.stack([LocalStep.of(j.cfg, j.transforms) for j in jobs], device)
         v = chain.init(w)
-        hooked = any(j.on_step is not None for j in jobs)
+        try:
+            groups = _stack_hooks(jobs)
+        except torch.cuda.OutOfMemoryError as e:
+            raise _FirstStepOOMError from e
+        stacked = {c for group in groups for c in group.jobs}
+        hooked = any(j.on_step is not None and c not in stacked for c, j in enumerate(jobs))
         rows = list(range(len(jobs)))
         loss_sums = [0.0] * len(jobs)
         t = 0
@@ -317,6 +325,9 @@ class CohortTrainer:
                     if jobs[c].error is None and r not in keep:
                         jobs[c].result = (w[r].clone(), t, loss_sums[c] / max(t, 1))
                         jobs[c].buffers_out = bufs[r].clone() if has_bufs else None
+                kept = {rows[r] for r in keep}
+                for group in groups:
+                    group.leave([c for c in group.jobs if c not in kept], t, jobs)
                 if not keep:
                     break
                 ix = torch.tensor(keep, device=device)
@@ -336,10 +347,12 @@ class CohortTrainer:
             g = chain.gradient(g, w, t)
             for r, e in chain.failures():
                 jobs[rows[r]].error = e
+            for group in groups:
+                group.step(t, w, g, rows, jobs)
             if hooked:
                 for r, c in enumerate(rows):
                     job = jobs[c]
-                    if job.on_step is None or job.error is not None:
+                    if job.on_step is None or job.error is not None or c in stacked:
                         continue
                     try:
                         job.on_step(t, w[r], g[r], losses[r])
@@ -369,6 +382,61 @@ class CohortTrainer:
             loss.index_copy_(0, pix, l_)
             new_b.index_copy_(0, pix, b_)
         return g, loss, new_b
+
+
+@dataclass
+class _HookGroup:
+    """The jobs whose `on_step` hooks are of one `StackableHook` class, run as one `StackedHook`."""
+
+    hook: StackedHook
+    jobs: list[int]
+    """The members' job indices, in stack order."""
+
+    def step(self, t: int, w: torch.Tensor, g: torch.Tensor, rows: list[int], jobs: list[SGDJob]) -> None:
+        if not self.jobs:
+            return
+        if self.jobs == rows:
+            wv, gv = w, g
+        else:
+            where = {c: r for r, c in enumerate(rows)}
+            ix = torch.tensor([where[c] for c in self.jobs], device=w.device)
+            wv, gv = w.index_select(0, ix), g.index_select(0, ix)
+        try:
+            self.hook(t, wv, gv)
+        except Exception as e:  # noqa: BLE001  (the stacked hook failed: its clients fail)
+            for c in self.jobs:
+                jobs[c].error = jobs[c].error or e
+
+    def leave(self, gone: list[int], t: int, jobs: list[SGDJob]) -> None:
+        if not gone:
+            return
+        members = [k for k, c in enumerate(self.jobs) if c in set(gone)]
+        self.jobs = [c for c in self.jobs if c not in set(gone)]
+        try:
+            self.hook.leave(members, t)
+        except Exception as e:  # noqa: BLE001
+            for c in gone:
+                jobs[c].error = jobs[c].error or e
+
+
+def _stack_hooks(jobs: list[SGDJob]) -> list[_HookGroup]:
+    """One group per `StackableHook` class among the jobs' hooks (others run row by row)."""
+    by_class: dict[type, list[int]] = {}
+    for c, job in enumerate(jobs):
+        if isinstance(job.on_step, StackableHook):
+            by_class.setdefault(type(job.on_step), []).append(c)
+    groups = []
+    for cls, members in by_class.items():
+        try:
+            hook = cls.stack([jobs[c].on_step for c in members])
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001  (reported on its clients, as a failing hook)
+            for c in members:
+                jobs[c].error = e
+            continue
+        groups.append(_HookGroup(hook, members))
+    return groups
 
 
 def stacks_full_gradients(model: FlatModel) -> bool:
