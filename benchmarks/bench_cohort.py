@@ -7,7 +7,9 @@ sizes, small defaults otherwise):
 - `fednnnn-cnn`: FedNNNN, its Table-3 MNIST CNN (`cnn-fednnnn-mnist`), 100 clients, E=5, B=50;
 - `bn-cnn`: FedAvg, the BatchNorm CNN `cnn-fednnnn-cifar` on random 32x32x3 data;
 - `mlp-1000`: FedAvg, MLP, 1000 clients x 60 samples, E=1, B=32;
-- `svm`: FedAvg, squared-hinge SVM on 784 features, 5 clients x 240 local steps, B=32.
+- `svm`: FedAvg, squared-hinge SVM on 784 features, 5 clients x 240 local steps, B=32;
+- `fedveca-svm`, `bherd-svm`: the same SVM setting under FedVeca (its per-step β, δ estimates
+  and full gradients) and BHerd (α = 0.5: per-step gradient store, Gram matrix, herding).
 
 Each workload runs on every executor and device found (CPU; CUDA when torch sees a GPU); the
 figure is the median of the per-round training times (`round_time_s`, evaluation excluded),
@@ -77,6 +79,16 @@ WORKLOADS = [
     Workload(
         "svm", {"algorithm": "fedavg", "model": "svm", "clients": 5, "batch_size": 32,
                 "local_steps": 240, "partition": "iid", "lr": 0.01},
+        (784,), 2, 5 * 1200, 5 * 1200,
+    ),
+    Workload(
+        "fedveca-svm", {"algorithm": "fedveca", "model": "svm", "clients": 5, "batch_size": 32,
+                        "local_steps": 240, "partition": "iid", "lr": 0.01},
+        (784,), 2, 5 * 1200, 5 * 1200,
+    ),
+    Workload(
+        "bherd-svm", {"algorithm": "bherd", "model": "svm", "clients": 5, "batch_size": 32,
+                      "local_steps": 240, "partition": "iid", "lr": 0.01},
         (784,), 2, 5 * 1200, 5 * 1200,
     ),
 ]

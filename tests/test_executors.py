@@ -53,9 +53,10 @@ CASES = {
 }
 
 
-SEQUENTIAL_ANYWAY = {"moon"}
-"""MOON's `loss_fn` falls back inside the executor. Rings go through it hop by hop: FedSR
-stacks hop h of every edge's ring, the single `ring` a stack of one per hop."""
+SEQUENTIAL_ANYWAY: set[str] = set()
+"""Every algorithm reaches the stacked cohort (MOON's contrastive loss included). Rings go
+through it hop by hop: FedSR stacks hop h of every edge's ring, the single `ring` a stack of one
+per hop."""
 
 
 def _run(case: str, executor: str) -> tuple[Simulation, list[dict]]:

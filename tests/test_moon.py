@@ -120,3 +120,73 @@ def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch, algorithm):
     assert resumed["final_accuracy"] == full["final_accuracy"]
     assert resumed["final_loss"] == full["final_loss"]
     assert resumed["cum_model_transfers"] == full["cum_model_transfers"]
+
+
+def test_contrastive_loss_stacks_across_clients():
+    """The batched cohort computes MOON's `CE + μ ℓ_con` for several clients at once (each with
+    its own global and previous model, two values of μ, and a first-round client whose
+    objective is the plain CE in the same stack) and each ends where it ends alone."""
+    import numpy as np
+
+    from fedhet.algorithms.moon import ContrastiveLoss
+    from fedhet.training.cohort import CohortTrainer, SGDJob
+    from fedhet.training.flat import FlatModel
+    from fedhet.training.local import LocalTrainer, SGDConfig
+
+    torch.manual_seed(0)
+    model = FlatModel(build_model("moon-mlp", (64,), 10, MoonParams(hidden=16, proj_dim=8)))
+    x, y = torch.randn(96, 64), torch.randint(0, 10, (96,))
+    seq, cohort = LocalTrainer(model, x, y), CohortTrainer(model, x, y)
+    w0 = model.params.clone()
+    models = [w0 + 0.1 * torch.randn_like(w0) for _ in range(8)]
+    losses = [
+        ContrastiveLoss(model.layers, models[0], models[1], 1.0, 0.5),
+        ContrastiveLoss(model.layers, models[2], models[3], 1.0, 0.5),
+        None,
+        ContrastiveLoss(model.layers, models[4], models[5], 5.0, 0.5),
+        ContrastiveLoss(model.layers, models[6], models[7], 1.0, 0.5),
+    ]
+    plans = [(0, 24, 3), (24, 40, 2), (40, 56, 3), (56, 80, 4), (80, 96, 3)]
+    cfg = SGDConfig(0.1, momentum=0.5)
+
+    def batches(c):
+        a, b, tau = plans[c]
+        return seq.batches(torch.arange(a, b), 8, tau, np.random.default_rng(c))
+
+    alone = [seq.sgd(w0, batches(c), cfg, loss_fn=losses[c]) for c in range(5)]
+    jobs = [SGDJob(w0, batches(c), cfg, loss=losses[c]) for c in range(5)]
+    calls = []
+    stacked = cohort.gradients
+
+    def spy(w, bufs, batch, loss=None, frozen=()):
+        calls.append((None if loss is None else loss.key, w.shape[0]))
+        return stacked(w, bufs, batch, loss, frozen)
+
+    cohort.gradients = spy
+    cohort.sgd_many(jobs)
+    for job, (w, steps, loss) in zip(jobs, alone, strict=True):
+        assert job.error is None and job.result[1] == steps
+        assert float((job.result[0] - w).norm() / w.norm()) < 1e-5
+        assert job.result[2] == pytest.approx(loss, rel=1e-5)
+    # step 0: clients 0, 1 and 4 (μ = 1) in one call, client 3 (μ = 5) and client 2 (CE) alone
+    assert sorted(calls[:3], key=str) == sorted([((1.0, 0.5), 3), ((5.0, 0.5), 1), (None, 1)], key=str)
+    # and the contrastive term matters: without it client 0 ends elsewhere
+    plain = seq.sgd(w0, batches(0), cfg)
+    assert float((plain[0] - alone[0][0]).norm() / alone[0][0].norm()) > 1e-3
+
+
+def test_moon_contrastive_rounds_run_stacked():
+    """In a batched run, the second round's clients (with a previous model) reach the cohort
+    with their contrastive loss instead of falling back to one at a time."""
+    cfg = config_of({**BASE, "algorithm": "moon", "rounds": 2, "executor": "batched"}, "test")
+    sim = Simulation(cfg, store=None, log=lambda _: None)
+    stacked = sim.executor.cohort.sgd_many
+    seen = []
+
+    def counting(jobs):
+        seen.append(sum(j.loss is not None for j in jobs))
+        return stacked(jobs)
+
+    sim.executor.cohort.sgd_many = counting
+    sim.run()
+    assert seen[0] == 0 and sum(seen[1:]) == 4

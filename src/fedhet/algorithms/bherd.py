@@ -42,8 +42,12 @@ client keeps a cursor so fractional epochs walk on through its data across round
 **[choice]**; `order="reshuffle"` draws a new permutation every round (RR).
 Local momentum is rejected: BHerd herds the plain SGD gradients.
 
-Memory: one client at a time holds its `τ × d` float32 gradient buffer (`4 τ d` bytes) plus the
-`τ × τ` float64 Gram matrix; see docs/bherd.md for the CIFAR CNN's numbers.
+Memory: a client holds its `τ × d` float32 gradient buffer (`4 τ d` bytes) plus the `τ × τ`
+float64 Gram matrix: one client at a time under the sequential executor, every client of a
+stacked chunk under the batched one (`cohort_chunk` bounds it); see docs/bherd.md for the CIFAR
+CNN's numbers. Under the batched executor the buffers are one `(C, τ_max, d)` tensor written
+once per step, and the Gram matrices and herding orders of the clients that finish together are
+one batched computation (`HerdStore`).
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ from fedhet.algorithms.scaffold import (
     variate_step,
 )
 from fedhet.errors import FedhetError
+from fedhet.training.hooks import GradientStore
 from fedhet.training.steps import Transform
 
 TIE_TOLERANCE = 1e-9
@@ -100,30 +105,49 @@ def row_mean(x: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
 
 def centred_gram(x: torch.Tensor) -> torch.Tensor:
     """`Γ = Z Zᵀ` with `z^λ = x^λ − mean(x)`, in float64, without copying `x` (`Γ = H X Xᵀ H`)."""
-    tau, d = x.shape
-    cols = max(1, GRAM_CHUNK_ELEMENTS // max(tau, 1))
-    k = torch.zeros(tau, tau, dtype=torch.float64, device=x.device)
+    return centred_grams(x.unsqueeze(0))[0]
+
+
+def centred_grams(x: torch.Tensor) -> torch.Tensor:
+    """`centred_gram` of `L` clients' `τ × d` buffers at once: `x` is `(L, τ, d)`, the result
+    `(L, τ, τ)` float64 (one batched product per column chunk)."""
+    n, tau, d = x.shape
+    cols = max(1, GRAM_CHUNK_ELEMENTS // max(n * tau, 1))
+    k = torch.zeros(n, tau, tau, dtype=torch.float64, device=x.device)
     for start in range(0, d, cols):
-        part = x[:, start : start + cols].to(torch.float64)
-        k.addmm_(part, part.T)
-    r = k.mean(dim=1, keepdim=True)
-    return k - r - r.T + k.mean()
+        part = x[:, :, start : start + cols].to(torch.float64)
+        k.baddbmm_(part, part.transpose(1, 2))
+    r = k.mean(dim=2, keepdim=True)
+    return k - r - r.transpose(1, 2) + k.mean(dim=(1, 2), keepdim=True)
 
 
 def herding_order_gram(gram: torch.Tensor) -> torch.Tensor:
     """Algorithm 2 from the Gram matrix of the centred vectors: `O(τ²)`, ties → lowest index."""
-    tau = gram.shape[0]
-    diag = gram.diagonal().clone()
-    tol = TIE_TOLERANCE * float(diag.max()) if tau else 0.0
-    cross = torch.zeros(tau, dtype=gram.dtype, device=gram.device)
-    used = torch.zeros(tau, dtype=torch.bool, device=gram.device)
-    order = torch.empty(tau, dtype=torch.long, device=gram.device)
+    return herding_orders(gram.unsqueeze(0))[0]
+
+
+def herding_orders(grams: torch.Tensor) -> torch.Tensor:
+    """Algorithm 2 for `L` clients at once from their `(L, τ, τ)` centred Gram matrices; returns
+    `(L, τ)` orders. Step `t` appends, per client, the unused `j` minimising
+    `‖s + z^j‖² − ‖s‖² = 2 sᵀz^j + Γ_jj` (`sᵀz^j` a running sum of rows of `Γ`); candidates within
+    `TIE_TOLERANCE · max_j Γ_jj` of the best tie, and the lowest index wins. No device
+    synchronisation: the first candidate is an `argmax` over the tie mask."""
+    n, tau, _ = grams.shape
+    diag = grams.diagonal(dim1=1, dim2=2)
+    order = torch.empty(n, tau, dtype=torch.long, device=grams.device)
+    if tau == 0:
+        return order
+    tol = TIE_TOLERANCE * diag.max(dim=1, keepdim=True).values
+    cross = torch.zeros(n, tau, dtype=grams.dtype, device=grams.device)
+    used = torch.zeros(n, tau, dtype=torch.bool, device=grams.device)
+    clients = torch.arange(n, device=grams.device)
     for t in range(tau):
-        score = (2 * cross + diag).masked_fill_(used, float("inf"))  # ‖s + z^j‖² − ‖s‖²
-        j = int(torch.nonzero(score <= score.min() + tol)[0])  # ties → the lowest index
-        order[t] = j
-        used[j] = True
-        cross += gram[j]
+        score = (2 * cross + diag).masked_fill_(used, float("inf"))
+        tied = score <= score.min(dim=1, keepdim=True).values + tol
+        j = tied.to(torch.uint8).argmax(dim=1)  # the first (lowest-index) tied candidate
+        order[:, t] = j
+        used[clients, j] = True
+        cross += grams[clients, j]
     return order
 
 
@@ -171,9 +195,10 @@ class HerdSelection:
     """The guard replaced the kept herd by all `τ` rows (`guarded`)."""
 
 
-def herd_select(x: torch.Tensor, alpha: float) -> HerdSelection:
-    """Herd the rows of `x`, keep the first `max(1, ⌊α τ⌋)`, return their mean (eqs. 1, 6)."""
-    order = herding_order(x)
+def herd_select(x: torch.Tensor, alpha: float, order: torch.Tensor | None = None) -> HerdSelection:
+    """Herd the rows of `x`, keep the first `max(1, ⌊α τ⌋)`, return their mean (eqs. 1, 6).
+    `order`: the rows' herding order when already known (`HerdStore`)."""
+    order = herding_order(x) if order is None else order
     kept = order[: kept_count(alpha, x.shape[0])]
     g_kept, mu = row_mean(x, kept), row_mean(x)
     distance = float(torch.linalg.vector_norm(g_kept - mu))
@@ -214,22 +239,33 @@ class HerdPass:
     selection: HerdSelection
 
 
+class HerdStore(GradientStore):
+    """BHerd's `τ × d` gradient buffer (`GradientStore`). Stacked, the herding orders of the
+    clients that finish together come from one batched Gram product and one batched Algorithm 2
+    (`centred_grams`, `herding_orders`) instead of one client at a time."""
+
+    order: torch.Tensor | None = None
+
+    @classmethod
+    def finished(cls, stores: Sequence[HerdStore], grads: torch.Tensor) -> None:
+        for store, order in zip(stores, herding_orders(centred_grams(grads)), strict=True):
+            store.order = order
+
+
 def herd_local_pass(
     w0: torch.Tensor, ctx: ClientContext, batches: Any, alpha: float,
     transforms: Sequence[Transform] = (), fixed_point: bool = False, max_error: float = 0.0,
 ) -> HerdPass:
-    """Local SGD keeping each step's gradient in a preallocated `τ × d` buffer, then herd.
+    """Local SGD keeping each step's gradient in a `τ × d` buffer (`HerdStore`), then herd.
 
     `fixed_point`: the same pass with a zero step, so every gradient is taken at `w0`
     (Definition 1); the returned `w` is `w0`. `max_error`: the guard (`guarded`)."""
-    grads = torch.empty(ctx.tau, w0.numel(), device=w0.device)
-
-    def keep(step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
-        grads[step].copy_(g)
-
+    store = HerdStore(ctx.tau, w0.numel(), w0.device)
     sgd = replace(ctx.sgd, lr=0.0) if fixed_point else ctx.sgd
-    w, steps, loss = ctx.trainer.sgd(w0, batches, sgd, transforms=transforms, on_step=keep)
-    return HerdPass(w, steps, loss, guarded(herd_select(grads[:steps], alpha), max_error))
+    w, steps, loss = ctx.trainer.sgd(w0, batches, sgd, transforms=transforms, on_step=store)
+    grads = store.rows()[:steps]
+    order = store.order if store.order is not None and len(store.order) == steps else None
+    return HerdPass(w, steps, loss, guarded(herd_select(grads, alpha, order), max_error))
 
 
 def herd_reply(ctx: ClientContext, hp: HerdPass, extra: dict[str, torch.Tensor] | None = None):

@@ -68,6 +68,7 @@ from fedhet.algorithms.base import (
 )
 from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics
 from fedhet.errors import FedhetError
+from fedhet.training.hooks import StackableHook, StackedHook, keep_rows
 
 TAU_RESET = 2
 """`τ ≤ 1` is reset to 2 (Algorithm 1 lines 19–21): the analysis needs `τ > 1`."""
@@ -167,10 +168,13 @@ def _norm(v: torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(v.to(torch.float64)))
 
 
-class LocalEstimates:
+class LocalEstimates(StackableHook):
     """An `on_step` hook: accumulates `Σ g^λ` for `G` and the running maxima of `β^λ`, `δ^λ`.
 
-    Works online (nothing per step is kept), so `τ = 50` costs no memory on a large model.
+    Works online (nothing per step is kept), so `τ = 50` costs no memory on a large model, and
+    without a device synchronisation per step (`β`, `δ` stay tensors until read). Stacked
+    (`StackableHook`), the batched executor updates every client's estimates with one set of
+    tensor operations per step (`estimate_step`, the same code on a `(1, d)` row alone).
     `grad_local` is `∇F_i(w_k)`; `grad_global_prev` is the server's `∇F(w_(k−1))` (None in
     round 0, when neither estimate is made).
     """
@@ -183,26 +187,90 @@ class LocalEstimates:
         self.g_sum = torch.zeros_like(self.w0)
         self.prev_sq = None if grad_global_prev is None else _norm(grad_global_prev) ** 2
         self.steps = 0
-        self.beta = math.nan
-        self.delta = math.nan
+        self._beta = torch.full((), math.nan, dtype=torch.float64, device=self.w0.device)
+        self._delta = self._beta.clone()
+        self._prev_sq = torch.tensor(
+            [math.nan if self.prev_sq is None else self.prev_sq], dtype=torch.float64,
+            device=self.w0.device,
+        )
+
+    @property
+    def beta(self) -> float:
+        return float(self._beta)
+
+    @property
+    def delta(self) -> float:
+        return float(self._delta)
 
     def __call__(self, step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
-        g64 = g.to(torch.float64)
-        self.g_sum.add_(g64)
+        estimate_step(
+            step, w.unsqueeze(0), g.unsqueeze(0), self.w0.unsqueeze(0),
+            self.grad_local.unsqueeze(0), self.g_sum.unsqueeze(0),
+            self._beta.view(1), self._delta.view(1), self._prev_sq,
+        )
         self.steps = step + 1
-        if self.prev_sq is None or step == 0:
-            return
-        dist = _norm(self.w0 - w.to(torch.float64))
-        if dist > 0:
-            self.beta = _nanmax(self.beta, _norm(self.grad_local - g64) / dist)
-        if self.prev_sq > 0:
-            self.delta = _nanmax(self.delta, _norm(self.g_sum) ** 2 / ((step + 1) * self.prev_sq))
-        else:
-            self.delta = math.inf
 
     def direction(self) -> torch.Tensor:
         """`G_(k,i) = (1/τ) Σ_λ g^λ` (eq. 5)."""
         return (self.g_sum / max(self.steps, 1)).to(torch.float32)
+
+    @classmethod
+    def stack(cls, hooks: Sequence[LocalEstimates]) -> StackedHook:
+        return _StackedEstimates(list(hooks))
+
+
+def estimate_step(
+    step: int, w: torch.Tensor, g: torch.Tensor, w0: torch.Tensor, grad_local: torch.Tensor,
+    g_sum: torch.Tensor, beta: torch.Tensor, delta: torch.Tensor, prev_sq: torch.Tensor,
+) -> None:
+    """One step of `LocalEstimates` for `R` clients at once (Algorithm 2 lines 15–18), in place:
+    `g_sum += g`; from step 1 on, for the rows with a `‖∇F(w_(k−1))‖²` (`prev_sq`, NaN where
+    none), `β ← max(β, ‖∇F_i(w_k) − g‖ / ‖w_k − w‖)` (skipped while `w = w_k`) and
+    `δ ← max(δ, ‖g_sum‖² / ((λ+1) prev_sq))` (`∞` when `prev_sq = 0`). `w`, `g`: `(R, d)` of
+    any float dtype; the rest float64, `w0`, `grad_local`, `g_sum` `(R, d)`, the others `(R,)`."""
+    g64 = g.to(torch.float64)
+    g_sum.add_(g64)
+    if step == 0:
+        return
+    known = ~prev_sq.isnan()
+    dist = torch.linalg.vector_norm(w0 - w.to(torch.float64), dim=1)
+    ratio = torch.linalg.vector_norm(grad_local - g64, dim=1) / dist
+    beta.copy_(torch.where(known & (dist > 0), torch.fmax(beta, ratio), beta))
+    ratio = torch.linalg.vector_norm(g_sum, dim=1).square() / ((step + 1) * prev_sq)
+    ratio = torch.where(prev_sq > 0, ratio, torch.full_like(ratio, math.inf))
+    delta.copy_(torch.where(known, torch.fmax(delta, ratio), delta))
+
+
+class _StackedEstimates(StackedHook):
+    """Members' `LocalEstimates` as `(R, d)` stacks; written back when they leave."""
+
+    def __init__(self, hooks: list[LocalEstimates]) -> None:
+        self.hooks = hooks
+        self.w0 = torch.stack([h.w0 for h in hooks])
+        self.grad_local = torch.stack([h.grad_local for h in hooks])
+        self.g_sum = torch.stack([h.g_sum for h in hooks])
+        self.beta = torch.stack([h._beta for h in hooks])
+        self.delta = torch.stack([h._delta for h in hooks])
+        self.prev_sq = torch.cat([h._prev_sq for h in hooks])
+
+    def __call__(self, step: int, w: torch.Tensor, g: torch.Tensor) -> None:
+        estimate_step(
+            step, w, g, self.w0, self.grad_local, self.g_sum, self.beta, self.delta, self.prev_sq
+        )
+
+    def leave(self, members: Sequence[int], steps: int) -> None:
+        for m in members:
+            h = self.hooks[m]
+            h.g_sum, h._beta, h._delta = self.g_sum[m].clone(), self.beta[m].clone(), self.delta[m].clone()
+            h.steps = steps
+        stay = keep_rows(len(self.hooks), members, self.w0.device)
+        if stay is None:
+            self.hooks = []
+            return
+        gone = set(members)
+        self.hooks = [h for m, h in enumerate(self.hooks) if m not in gone]
+        for name in ("w0", "grad_local", "g_sum", "beta", "delta", "prev_sq"):
+            setattr(self, name, getattr(self, name).index_select(0, stay))
 
 
 def _nanmax(a: float, b: float) -> float:

@@ -22,6 +22,7 @@ mean `G` and uploads `Δ = −η τ G` (`reading="mean-tau"`, FedAvg at `α = 1`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -30,6 +31,7 @@ import torch
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, ClientState, Message
 from fedhet.algorithms.bherd import check_alpha, kept_count, row_mean
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.training.hooks import GradientStore, StackableHook, StackedHook
 
 
 @dataclass(kw_only=True, eq=False)
@@ -80,24 +82,39 @@ def grab_step(state: GraBState, g: torch.Tensor) -> float:
 
 def grab_balance(state: GraBState, g: torch.Tensor) -> tuple[bool, float]:
     """`grab_step` that also says whether the unit took the `+` sign (front of `σ'`)."""
-    unit = grab_current_unit(state)
+    plus = bool(balance_signs(state.s.unsqueeze(0), g.unsqueeze(0), state.mean.unsqueeze(0),
+                              state.epoch_sum.unsqueeze(0))[0])
+    grab_place(state, plus)
+    return plus, float(torch.linalg.vector_norm(state.s))
+
+
+def balance_signs(
+    s: torch.Tensor, g: torch.Tensor, mean: torch.Tensor, epoch_sum: torch.Tensor
+) -> torch.Tensor:
+    """The vector half of one GraB step for `R` clients at once, in place: `c = g − m`, the sign
+    `+` where `‖s + c‖ ≤ ‖s − c‖`, `s ← s ± c`, `epoch_sum += g`. `s`, `epoch_sum`: `(R, d)`
+    float64; `g`, `mean`: `(R, d)`. Returns the signs, `(R,)` bool (True = `+`)."""
     g64 = g.to(torch.float64)
-    c = g64 - state.mean.to(torch.float64)
-    s = state.s
-    plus = bool(torch.linalg.vector_norm(s + c) <= torch.linalg.vector_norm(s - c))
+    c = g64 - mean.to(torch.float64)
+    plus = torch.linalg.vector_norm(s + c, dim=1) <= torch.linalg.vector_norm(s - c, dim=1)
+    s.add_(torch.where(plus.unsqueeze(1), c, -c))
+    epoch_sum.add_(g64)
+    return plus
+
+
+def grab_place(state: GraBState, plus: bool) -> None:
+    """The bookkeeping half of a GraB step: the current unit goes to the next free slot of `σ'`
+    from the front (`+`) or the back (`−`); the epoch ends after the last unit."""
+    unit = grab_current_unit(state)
     if plus:
-        s.add_(c)
         state.next[state.left] = unit
         state.left += 1
     else:
-        s.sub_(c)
         state.next[state.right] = unit
         state.right -= 1
-    state.epoch_sum.add_(g64)
     state.pos += 1
     if state.pos == len(state.order):
         grab_end_epoch(state)
-    return plus, float(torch.linalg.vector_norm(s))
 
 
 def grab_end_epoch(state: GraBState) -> None:
@@ -117,6 +134,77 @@ def grab_epoch(vectors: torch.Tensor, state: GraBState) -> list[float]:
     for _ in range(len(state.order)):
         norms.append(grab_step(state, vectors[grab_current_unit(state)]))
     return norms
+
+
+class Balancer(StackableHook):
+    """GraB's `on_step` hook: balances each step's gradient into the client's `GraBState`
+    (`grab_balance`), records the signs of the round (`plus`) and, for cropping, keeps the
+    gradients (`store`). Stacked, the vector half of a step (`balance_signs`) is one set of
+    tensor operations for the whole stack and one device synchronisation for the signs; the
+    orders and pointers stay per client (they choose each client's next unit)."""
+
+    def __init__(self, state: GraBState, store: GradientStore | None = None) -> None:
+        self.state = state
+        self.store = store
+        self.plus: list[bool] = []
+
+    def __call__(self, step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
+        self.plus.append(grab_balance(self.state, g)[0])
+        if self.store is not None:
+            self.store(step, w, g, loss)
+
+    @classmethod
+    def stack(cls, hooks: Sequence[Balancer]) -> StackedHook:
+        return _StackedBalancer(list(hooks))
+
+
+class _StackedBalancer(StackedHook):
+    """Members' `s`, `epoch_sum` and `m` as `(R, d)` stacks, written back when they leave."""
+
+    def __init__(self, hooks: list[Balancer]) -> None:
+        self.hooks = hooks
+        self.s = torch.stack([h.state.s for h in hooks])
+        self.epoch_sum = torch.stack([h.state.epoch_sum for h in hooks])
+        self.mean = torch.stack([h.state.mean for h in hooks])
+        stores = [h.store for h in hooks if h.store is not None]
+        self.stored = [m for m, h in enumerate(hooks) if h.store is not None]
+        self.store = GradientStore.stack(stores) if stores else None
+
+    def __call__(self, step: int, w: torch.Tensor, g: torch.Tensor) -> None:
+        plus = balance_signs(self.s, g, self.mean, self.epoch_sum).tolist()
+        for m, (h, p) in enumerate(zip(self.hooks, plus, strict=True)):
+            h.plus.append(p)
+            if h.state.pos == len(h.state.order) - 1:  # this step ends the client's epoch
+                n = len(h.state.order)
+                self.mean[m] = (self.epoch_sum[m] / n).to(self.mean.dtype)
+                self.epoch_sum[m].zero_()
+                self.s[m].zero_()
+            grab_place(h.state, p)
+        if self.store is not None:
+            if len(self.stored) == len(self.hooks):
+                self.store(step, w, g)
+            else:
+                ix = torch.tensor(self.stored, device=g.device)
+                self.store(step, w.index_select(0, ix), g.index_select(0, ix))
+
+    def leave(self, members: Sequence[int], steps: int) -> None:
+        gone = set(members)
+        for m in members:
+            st = self.hooks[m].state
+            st.s, st.epoch_sum, st.mean = self.s[m].clone(), self.epoch_sum[m].clone(), self.mean[m].clone()
+        if self.store is not None:
+            leaving = [k for k, m in enumerate(self.stored) if m in gone]
+            if leaving:
+                self.store.leave(leaving, steps)
+        stay = [m for m in range(len(self.hooks)) if m not in gone]
+        renumber = {m: k for k, m in enumerate(stay)}
+        self.stored = [renumber[m] for m in self.stored if m not in gone]
+        self.hooks = [self.hooks[m] for m in stay]
+        if stay:
+            ix = torch.tensor(stay, device=self.s.device)
+            self.s, self.epoch_sum, self.mean = (
+                t.index_select(0, ix) for t in (self.s, self.epoch_sum, self.mean)
+            )
 
 
 def round_order(plus: list[bool]) -> list[int]:
@@ -156,22 +244,16 @@ class GraBFedAvg(FedAvg):
             for _ in range(ctx.tau):
                 yield units[grab_current_unit(state)]
 
-        crop = self.params.alpha < 1.0
-        grads = torch.empty(ctx.tau, w0.numel(), device=w0.device) if crop else None
-        plus: list[bool] = []
-
-        def balance(step: int, w: torch.Tensor, g: torch.Tensor, loss: float) -> None:
-            plus.append(grab_balance(state, g)[0])
-            if grads is not None:
-                grads[step].copy_(g)
+        store = GradientStore(ctx.tau, w0.numel(), w0.device) if self.params.alpha < 1.0 else None
+        balance = Balancer(state, store)
 
         w, steps, loss = ctx.trainer.sgd(w0, batches(), ctx.sgd, on_step=balance)
         scalars = {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss}
-        if grads is None:
+        if store is None:
             return Message({"delta": w - w0}, scalars), state
         kept = torch.tensor(
-            round_order(plus)[: kept_count(self.params.alpha, steps)], device=w0.device
+            round_order(balance.plus)[: kept_count(self.params.alpha, steps)], device=w0.device
         )
         scale = ctx.sgd.lr * (steps if self.params.reading == "mean-tau" else len(kept))
-        delta = row_mean(grads[:steps], kept).mul_(-scale).to(torch.float32)
+        delta = row_mean(store.rows()[:steps], kept).mul_(-scale).to(torch.float32)
         return Message({"delta": delta}, {**scalars, "kept_steps": float(len(kept))}), state

@@ -10,7 +10,9 @@ In a client's first round there is no previous model and the term is absent **[c
 is the same as `ℓ_con = 0`). Aggregation is FedAvg's. `μ = 0` reproduces FedAvg.
 
 The contrastive loss reaches the trainer through `LocalTrainer.sgd(..., loss_fn=)`, which
-replaces the model's objective on each mini-batch.
+replaces the model's objective on each mini-batch; it is a `StackableLoss`, so the batched
+executor computes it for a whole stack of clients (`z_glob`, `z_prev` vmapped over the clients'
+frozen models, the gradient over their parameters).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from fedhet.algorithms.fedavg import FedAvg
 from fedhet.errors import FedhetError
 from fedhet.models.registry import objective
 from fedhet.training.flat import Layer
+from fedhet.training.losses import StackableLoss
 
 
 @dataclass(kw_only=True, eq=False)
@@ -75,6 +78,35 @@ def named_params(layers: tuple[Layer, ...], flat: torch.Tensor) -> dict[str, tor
     return {layer.name: flat[layer.start : layer.stop].view(layer.shape) for layer in layers}
 
 
+class ContrastiveLoss(StackableLoss):
+    """MOON's `CE + μ ℓ_con` for one client, stackable (`fedhet.training.losses`): the targets
+    are `z_glob` and `z_prev`, the projections of the global and the previous model (frozen)."""
+
+    def __init__(
+        self, layers: tuple[Layer, ...], w_glob: torch.Tensor, w_prev: torch.Tensor, mu: float,
+        temperature: float,
+    ) -> None:
+        self.layers = layers
+        self.frozen = (w_glob, w_prev)
+        self.mu = mu
+        self.temperature = temperature
+
+    @property
+    def key(self) -> tuple[float, float]:
+        return (self.mu, self.temperature)
+
+    def targets(self, module: torch.nn.Module, x: torch.Tensor, *frozen: torch.Tensor) -> tuple:
+        return tuple(
+            functional_call(module, named_params(self.layers, w), (x,), {"with_z": True})[1]
+            for w in frozen
+        )
+
+    def loss(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, targets: tuple) -> torch.Tensor:
+        out, z = module(x, with_z=True)
+        z_glob, z_prev = targets
+        return objective(module, out, y) + self.mu * contrastive_loss(z, z_glob, z_prev, self.temperature)
+
+
 @ALGORITHMS.register("moon", MoonParams, "MOON: local CE + μ model-contrastive loss, FedAvg server")
 class Moon(FedAvg):
     name = "moon"
@@ -90,22 +122,12 @@ class Moon(FedAvg):
     def client_init(self, client_id: int) -> MoonClientState:
         return MoonClientState()
 
-    def loss_fn(self, w_glob: torch.Tensor, w_prev: torch.Tensor | None):
-        glob = named_params(self.run.layers, w_glob)
-        prev = None if w_prev is None else named_params(self.run.layers, w_prev)
-        mu, temperature = self.params.mu, self.params.temperature
-
-        def loss(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            out, z = module(x, with_z=True)
-            ce = objective(module, out, y)
-            if prev is None:
-                return ce
-            with torch.no_grad():
-                _, z_glob = functional_call(module, glob, (x,), {"with_z": True})
-                _, z_prev = functional_call(module, prev, (x,), {"with_z": True})
-            return ce + mu * contrastive_loss(z, z_glob, z_prev, temperature)
-
-        return loss
+    def loss_fn(self, w_glob: torch.Tensor, w_prev: torch.Tensor | None) -> ContrastiveLoss | None:
+        """The local objective: `CE + μ ℓ_con`, or None (the model's own CE) in a client's
+        first round."""
+        if w_prev is None:
+            return None
+        return ContrastiveLoss(self.run.layers, w_glob, w_prev, self.params.mu, self.params.temperature)
 
     def client_update(self, message: Message, ctx: ClientContext, state: MoonClientState):
         w0 = message.tensors["w"].clone()

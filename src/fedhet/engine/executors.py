@@ -14,8 +14,8 @@ BatchNorm compute them one client at a time), hands each client its result and r
 clients one at a time, in order, until each finishes (or parks again).
 
 Which calls fall back to the sequential loop inside the batched executor, and why:
-- `sgd(..., loss_fn=...)` (MOON): the custom loss calls the module directly and may run
-  `functional_call` with frozen models, which the stacked gradient does not express;
+- `sgd(..., loss_fn=...)` with a loss that is not a `StackableLoss` (MOON's is one): an
+  arbitrary callable may call the module in ways the stacked gradient does not express;
 - models with dropout, or BatchNorm with `momentum=None` (`unsupported_reason`): their
   per-client randomness or cumulative statistics are not stacked; the whole executor is then
   sequential.
@@ -48,6 +48,7 @@ from fedhet.training.cohort import (
     unsupported_reason,
 )
 from fedhet.training.local import LocalTrainer
+from fedhet.training.losses import StackableLoss
 
 if TYPE_CHECKING:
     from fedhet.algorithms.base import Message
@@ -159,7 +160,8 @@ class _ParkingTrainer:
 
     def sgd(self, w0, batches, cfg, transforms=(), on_step=None, loss_fn=None):
         client = self._client
-        if loss_fn is not None:  # MOON: run this call sequentially, right here
+        if loss_fn is not None and not isinstance(loss_fn, StackableLoss):
+            # a loss the stack cannot express: run this call sequentially, right here
             model = self._trainer.model
             if client.buffers is not None:
                 model.buffers.copy_(client.buffers)
@@ -167,7 +169,7 @@ class _ParkingTrainer:
             if client.buffers is not None:
                 client.buffers = model.buffers.clone()
             return out
-        client.job = SGDJob(w0, iter(batches), cfg, transforms, on_step, client.buffers)
+        client.job = SGDJob(w0, iter(batches), cfg, transforms, on_step, client.buffers, loss_fn)
         self._park(client)
         job, client.job = client.job, None
         if job.error is not None:

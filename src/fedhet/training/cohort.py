@@ -6,12 +6,14 @@ all mini-batch gradients in one call, then runs the local step's chain (`fedhet.
 once for the whole stack: the clients' chains, `LocalStep.of(cfg, transforms)` each, are stacked
 into one with per-row coefficients and stacked anchors and shifts, so weight decay, FedProx's
 proximal term, SCAFFOLD's correction, momentum and the step are one tensor operation each, and
-each row gets the bits it gets alone. Only a `Custom` transform and the `on_step(step, w, g,
-loss)` hook run per client, on row views `g[r]`, `w[r]` (the same live-buffer contract as the
-sequential loop). Clients whose batch stream ends earlier leave the stack (their rows of the
-parameters, buffers, momentum and chain are dropped; unequal `τ` is exact, not padded).
-Clients whose mini-batches differ in size (`min(B, n_i)`) are grouped by size within a step,
-so no loss is padded or reweighted.
+each row gets the bits it gets alone. The `on_step` hooks that are `StackableHook`s
+(`fedhet.training.hooks`: BHerd's gradient store, GraB's balancing, FedVeca's estimates) run
+once per step for all the clients whose hooks are of one class, on their rows of the stack; only
+a `Custom` transform and any other `on_step(step, w, g, loss)` hook run per client, on row views
+`g[r]`, `w[r]` (the same live-buffer contract as the sequential loop). Clients whose batch
+stream ends earlier leave the stack (their rows of the parameters, buffers, momentum, chain
+and hooks are dropped; unequal `τ` is exact, not padded). Clients whose mini-batches differ
+in size (`min(B, n_i)`) are grouped by size within a step, so no loss is padded or reweighted.
 
 Gradients come from `torch.func.vmap(grad(loss))` over `functional_call` of the shared module
 (the module's own `objective`, evaluated inside the functional call so that a loss that reads
@@ -22,8 +24,11 @@ with the module's own momentum, because the in-place update inside `vmap(grad(..
 reach the caller. For the two linear models (`LogisticRegression`, `SquaredSVM`) a closed-form
 batched gradient (`bmm`) replaces `vmap`.
 
-Not covered here (the executor runs these clients sequentially): a custom `loss_fn` (MOON) and
-modules with dropout (their randomness would differ from the sequential stream).
+A replacement objective that is a `StackableLoss` (`fedhet.training.losses`: MOON's
+`CE + μ ℓ_con`) is stacked too: its targets are vmapped over the rows' frozen models and its
+gradient over their parameters, rows grouped by the loss's key. Not covered here (the executor
+runs these clients sequentially): any other `loss_fn`, and modules with dropout (their
+randomness would differ from the sequential stream).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -40,7 +46,9 @@ from torch.nn import functional as F
 from fedhet.models.linear import LogisticRegression, SquaredSVM
 from fedhet.models.registry import objective
 from fedhet.training.flat import FlatModel
+from fedhet.training.hooks import StackableHook, StackedHook
 from fedhet.training.local import SGDConfig, StepHook
+from fedhet.training.losses import StackableLoss
 from fedhet.training.steps import GradTransform, LocalStep, Transform
 
 
@@ -56,6 +64,8 @@ class SGDJob:
     on_step: StepHook | None = None
     buffers: torch.Tensor | None = None
     """The client's BatchNorm running statistics before the call (flat; updated per step)."""
+    loss: StackableLoss | None = None
+    """Replaces the model's objective (`LocalTrainer.sgd(..., loss_fn=)`, e.g. MOON's)."""
     result: tuple[torch.Tensor, int, float] | None = None
     error: BaseException | None = None
     buffers_out: torch.Tensor | None = field(default=None, repr=False)
@@ -99,6 +109,18 @@ class _WithObjective(nn.Module):
         return objective(self.inner, self.inner(x), y)
 
 
+class _WithLoss(nn.Module):
+    """`forward(x, y, targets) = loss.loss(inner, x, y, targets)` for a `StackableLoss`."""
+
+    def __init__(self, inner: nn.Module, loss: StackableLoss) -> None:
+        super().__init__()
+        self.inner = inner
+        self.stackable = loss
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, targets: tuple) -> torch.Tensor:
+        return self.stackable.loss(self.inner, x, y, targets)
+
+
 class CohortTrainer:
     """Stacked SGD over the shared `FlatModel` (its parameter layout, its module)."""
 
@@ -129,7 +151,7 @@ class CohortTrainer:
         self._vgrad = vmap(grad(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None))
 
     # -- gradients --------------------------------------------------------------------------
-    def _loss(self, ws, bufs, x, y, fixed):
+    def _loss(self, ws, bufs, x, y, fixed, targets=(), wrapper=None):
         tensors = dict(zip(self.param_names, ws, strict=True))
         tensors.update(fixed)
         seen: dict[str, torch.Tensor] = {}
@@ -142,7 +164,10 @@ class CohortTrainer:
         for m in self.norms.values():
             m.track_running_stats = False
         try:
-            loss = functional_call(self.wrapper, tensors, (x, y))
+            if wrapper is None:
+                loss = functional_call(self.wrapper, tensors, (x, y))
+            else:
+                loss = functional_call(wrapper, tensors, (x, y, targets))
         finally:
             for h in hooks:
                 h.remove()
@@ -163,22 +188,32 @@ class CohortTrainer:
         return loss, (loss.detach(), new_bufs)
 
     def gradients(
-        self, w: torch.Tensor, bufs: torch.Tensor, batch: torch.Tensor
+        self, w: torch.Tensor, bufs: torch.Tensor, batch: torch.Tensor,
+        loss: StackableLoss | None = None, frozen: tuple[torch.Tensor, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Mini-batch gradients `(G, d)`, losses `(G,)` and new buffers for stacked `w`, batches
-        `(G, b)` of indices (all of one size)."""
+        `(G, b)` of indices (all of one size). `loss` (with the rows' stacked `frozen` vectors,
+        `(G, d)` each) replaces the model's objective for every row."""
         x, y = self.x[batch], self.y[batch]
-        if self.linear:
-            g, loss = self._linear_gradients(w, x, y)
-            return g, loss, bufs
+        if self.linear and loss is None:
+            g, loss_values = self._linear_gradients(w, x, y)
+            return g, loss_values, bufs
         fixed = {
             f"inner.{n}": b.clone() for n, b in self.model.module.named_buffers()
             if not b.is_floating_point()
         }
         n = w.shape[0]
         ws = tuple(w[:, a:b].view(n, *s) for a, b, s in self.param_slices)
-        gs, (loss, new_bufs) = self._vgrad(ws, bufs, x, y, fixed)
-        return torch.cat([g.reshape(n, -1) for g in gs], dim=1), loss, new_bufs
+        if loss is None:
+            gs, (loss_values, new_bufs) = self._vgrad(ws, bufs, x, y, fixed)
+        else:
+            module = self.model.module
+            with torch.no_grad():
+                targets = vmap(lambda xr, *fr: loss.targets(module, xr, *fr))(x, *frozen)
+            step = partial(self._loss, wrapper=_WithLoss(module, loss))
+            vgrad = vmap(grad(step, has_aux=True), in_dims=(0, 0, 0, 0, None, 0))
+            gs, (loss_values, new_bufs) = vgrad(ws, bufs, x, y, fixed, targets)
+        return torch.cat([g.reshape(n, -1) for g in gs], dim=1), loss_values, new_bufs
 
     def _linear_gradients(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
         """Closed-form gradients for `fc.weight (k, D)`, `fc.bias (k,)` stacked per client."""
@@ -294,8 +329,15 @@ class CohortTrainer:
         )
         chain = LocalStep.stack([LocalStep.of(j.cfg, j.transforms) for j in jobs], device)
         v = chain.init(w)
-        hooked = any(j.on_step is not None for j in jobs)
+        try:
+            groups = _stack_hooks(jobs)
+        except torch.cuda.OutOfMemoryError as e:
+            raise _FirstStepOOMError from e
+        stacked = {c for group in groups for c in group.jobs}
+        hooked = any(j.on_step is not None and c not in stacked for c, j in enumerate(jobs))
         rows = list(range(len(jobs)))
+        frozen: dict[tuple, tuple[torch.Tensor, ...]] = {}
+        """Stacked `StackableLoss.frozen` vectors per (key, member jobs), while those rows last."""
         loss_sums = [0.0] * len(jobs)
         t = 0
         while rows:
@@ -317,6 +359,10 @@ class CohortTrainer:
                     if jobs[c].error is None and r not in keep:
                         jobs[c].result = (w[r].clone(), t, loss_sums[c] / max(t, 1))
                         jobs[c].buffers_out = bufs[r].clone() if has_bufs else None
+                frozen.clear()  # stacked for the rows that were
+                kept = {rows[r] for r in keep}
+                for group in groups:
+                    group.leave([c for c in group.jobs if c not in kept], t, jobs)
                 if not keep:
                     break
                 ix = torch.tensor(keep, device=device)
@@ -325,7 +371,7 @@ class CohortTrainer:
                 chain = chain.select(keep, device)
                 rows = [rows[r] for r in keep]
             try:
-                g, loss, bufs = self._gradients(w, bufs, batches)
+                g, loss, bufs = self._gradients(w, bufs, batches, [jobs[c] for c in rows], frozen)
             except torch.cuda.OutOfMemoryError as e:
                 if t == 0:
                     for c, batch in zip(rows, batches, strict=True):  # put them back for the retry
@@ -336,10 +382,12 @@ class CohortTrainer:
             g = chain.gradient(g, w, t)
             for r, e in chain.failures():
                 jobs[rows[r]].error = e
+            for group in groups:
+                group.step(t, w, g, rows, jobs)
             if hooked:
                 for r, c in enumerate(rows):
                     job = jobs[c]
-                    if job.on_step is None or job.error is not None:
+                    if job.on_step is None or job.error is not None or c in stacked:
                         continue
                     try:
                         job.on_step(t, w[r], g[r], losses[r])
@@ -351,24 +399,97 @@ class CohortTrainer:
             t += 1
 
     def _gradients(
-        self, w: torch.Tensor, bufs: torch.Tensor, batches: list[torch.Tensor]
+        self, w: torch.Tensor, bufs: torch.Tensor, batches: list[torch.Tensor],
+        jobs: list[SGDJob], frozen: dict[tuple, tuple[torch.Tensor, ...]],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`gradients` for one batch per row, rows grouped by batch size (no padding)."""
-        sizes = [len(b) for b in batches]
-        if len(set(sizes)) == 1:
-            return self.gradients(w, bufs, torch.stack(batches).to(self.x.device))
+        """`gradients` for one batch per row (`jobs[r]` is row `r`'s job), rows grouped by batch
+        size (no padding) and by objective (the model's, or a `StackableLoss` key)."""
+        keys = [(len(b), None if j.loss is None else (type(j.loss), j.loss.key))
+                for b, j in zip(batches, jobs, strict=True)]
+        if len(set(keys)) == 1:
+            return self._group_gradients(w, bufs, batches, jobs, frozen)
         g = torch.empty_like(w)
         loss = torch.empty(len(batches), device=w.device)
         new_b = torch.empty_like(bufs)
-        for size in dict.fromkeys(sizes):
-            members = [r for r, n in enumerate(sizes) if n == size]
-            idx = torch.stack([batches[r] for r in members]).to(self.x.device)
+        for key in dict.fromkeys(keys):
+            members = [r for r, k in enumerate(keys) if k == key]
             pix = torch.tensor(members, device=w.device)
-            g_, l_, b_ = self.gradients(w.index_select(0, pix), bufs.index_select(0, pix), idx)
+            g_, l_, b_ = self._group_gradients(
+                w.index_select(0, pix), bufs.index_select(0, pix), [batches[r] for r in members],
+                [jobs[r] for r in members], frozen,
+            )
             g.index_copy_(0, pix, g_)
             loss.index_copy_(0, pix, l_)
             new_b.index_copy_(0, pix, b_)
         return g, loss, new_b
+
+    def _group_gradients(self, w, bufs, batches, jobs, frozen):
+        """`gradients` for rows of one batch size and one objective."""
+        idx = torch.stack(batches).to(self.x.device)
+        loss = jobs[0].loss
+        if loss is None:
+            return self.gradients(w, bufs, idx)
+        cache_key = (loss.key, tuple(id(j) for j in jobs))
+        if cache_key not in frozen:
+            frozen[cache_key] = tuple(
+                torch.stack([j.loss.frozen[i] for j in jobs]) for i in range(len(loss.frozen))
+            )
+        return self.gradients(w, bufs, idx, loss, frozen[cache_key])
+
+
+@dataclass
+class _HookGroup:
+    """The jobs whose `on_step` hooks are of one `StackableHook` class, run as one `StackedHook`."""
+
+    hook: StackedHook
+    jobs: list[int]
+    """The members' job indices, in stack order."""
+
+    def step(self, t: int, w: torch.Tensor, g: torch.Tensor, rows: list[int], jobs: list[SGDJob]) -> None:
+        if not self.jobs:
+            return
+        if self.jobs == rows:
+            wv, gv = w, g
+        else:
+            where = {c: r for r, c in enumerate(rows)}
+            ix = torch.tensor([where[c] for c in self.jobs], device=w.device)
+            wv, gv = w.index_select(0, ix), g.index_select(0, ix)
+        try:
+            self.hook(t, wv, gv)
+        except Exception as e:  # noqa: BLE001  (the stacked hook failed: its clients fail)
+            for c in self.jobs:
+                jobs[c].error = jobs[c].error or e
+
+    def leave(self, gone: list[int], t: int, jobs: list[SGDJob]) -> None:
+        if not gone:
+            return
+        members = [k for k, c in enumerate(self.jobs) if c in set(gone)]
+        self.jobs = [c for c in self.jobs if c not in set(gone)]
+        try:
+            self.hook.leave(members, t)
+        except Exception as e:  # noqa: BLE001
+            for c in gone:
+                jobs[c].error = jobs[c].error or e
+
+
+def _stack_hooks(jobs: list[SGDJob]) -> list[_HookGroup]:
+    """One group per `StackableHook` class among the jobs' hooks (others run row by row)."""
+    by_class: dict[type, list[int]] = {}
+    for c, job in enumerate(jobs):
+        if isinstance(job.on_step, StackableHook):
+            by_class.setdefault(type(job.on_step), []).append(c)
+    groups = []
+    for cls, members in by_class.items():
+        try:
+            hook = cls.stack([jobs[c].on_step for c in members])
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001  (reported on its clients, as a failing hook)
+            for c in members:
+                jobs[c].error = e
+            continue
+        groups.append(_HookGroup(hook, members))
+    return groups
 
 
 def stacks_full_gradients(model: FlatModel) -> bool:

@@ -1,0 +1,51 @@
+"""Replacement objectives that the stacked cohort can compute for many clients at once.
+
+`LocalTrainer.sgd(..., loss_fn=)` replaces the model's objective on every mini-batch with
+`loss_fn(module, x, y)`. An arbitrary callable runs one client at a time (the batched executor
+falls back for it). A `StackableLoss` is written in two parts that `torch.func.vmap` can map
+over the clients of a stack:
+
+- `targets(module, x, *frozen)`: what the loss needs from parameter vectors that the step does
+  not train (`frozen`, one set per client: MOON's global and previous models), computed without
+  gradient with `functional_call`;
+- `loss(module, x, y, targets)`: the objective at the module's current (trained) parameters.
+
+Alone, `__call__` runs the two in order; stacked, the cohort (`fedhet.training.cohort`)
+vmaps `targets` over the rows' `frozen` vectors and `grad(loss)` over the rows' parameters,
+grouping rows whose `key` is equal (the same hyper-parameters).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Hashable
+
+import torch
+
+
+class StackableLoss(ABC):
+    """A `loss_fn` for `LocalTrainer.sgd` that the cohort can also run stacked."""
+
+    frozen: tuple[torch.Tensor, ...] = ()
+    """This client's flat parameter vectors that `targets` reads (each `(d,)`)."""
+
+    @property
+    @abstractmethod
+    def key(self) -> Hashable:
+        """Equal for losses that differ only in `frozen` (they share one stacked call)."""
+
+    @abstractmethod
+    def targets(self, module: torch.nn.Module, x: torch.Tensor, *frozen: torch.Tensor) -> tuple:
+        """Tensors the loss compares against, from the `frozen` vectors (no gradient)."""
+
+    @abstractmethod
+    def loss(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, targets: tuple) -> torch.Tensor:
+        """The mini-batch objective at `module`'s parameters (a scalar)."""
+
+    def __call__(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            targets = self.targets(module, x, *self.frozen)
+        return self.loss(module, x, y, targets)
+
+
+__all__ = ["StackableLoss"]
