@@ -31,7 +31,20 @@ CASES = [
     ("hierfavg", {"algorithm.clusters": 2, "algorithm.kappa2": 2}),
     ("moon", {"model": "moon-mlp", "model.hidden": 16}),
     ("fedavg", {"client_dropout": 0.3}),
+    ("fedavgm", {}),
+    ("norm-norm", {}),
+    ("central", {}),
+    ("bherd", {}),
+    ("bherd-fednova", {}),
+    ("ring", {}),
+    ("fedsr", {"algorithm.clusters": 2, "algorithm.ring_passes": 2}),
 ]
+
+
+def test_every_registered_algorithm_is_covered():
+    from fedhet.algorithms.base import ALGORITHMS
+
+    assert set(ALGORITHMS.names()) <= {algorithm for algorithm, _ in CASES}
 
 
 def simulate(workers: int, log=None, patch=None, **settings) -> tuple[Simulation, dict]:
