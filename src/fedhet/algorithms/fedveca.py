@@ -185,14 +185,12 @@ class LocalEstimates(StackableHook):
         self.w0 = w0.to(torch.float64)
         self.grad_local = grad_local.to(torch.float64)
         self.g_sum = torch.zeros_like(self.w0)
-        self.prev_sq = None if grad_global_prev is None else _norm(grad_global_prev) ** 2
         self.steps = 0
         self._beta = torch.full((), math.nan, dtype=torch.float64, device=self.w0.device)
         self._delta = self._beta.clone()
-        self._prev_sq = torch.tensor(
-            [math.nan if self.prev_sq is None else self.prev_sq], dtype=torch.float64,
-            device=self.w0.device,
-        )
+        prev_sq = math.nan if grad_global_prev is None else _norm(grad_global_prev) ** 2
+        self._prev_sq = torch.tensor([prev_sq], dtype=torch.float64, device=self.w0.device)
+        """`‖∇F(w_(k−1))‖²`, NaN in round 0 (no estimates then), as `estimate_step` takes it."""
 
     @property
     def beta(self) -> float:

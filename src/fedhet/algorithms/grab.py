@@ -84,7 +84,10 @@ def grab_balance(state: GraBState, g: torch.Tensor) -> tuple[bool, float]:
     """`grab_step` that also says whether the unit took the `+` sign (front of `σ'`)."""
     plus = bool(balance_signs(state.s.unsqueeze(0), g.unsqueeze(0), state.mean.unsqueeze(0),
                               state.epoch_sum.unsqueeze(0))[0])
-    grab_place(state, plus)
+    if grab_place(state, plus):
+        state.mean = (state.epoch_sum / len(state.order)).to(torch.float32)
+        state.epoch_sum.zero_()
+        state.s.zero_()
     return plus, float(torch.linalg.vector_norm(state.s))
 
 
@@ -102,9 +105,11 @@ def balance_signs(
     return plus
 
 
-def grab_place(state: GraBState, plus: bool) -> None:
+def grab_place(state: GraBState, plus: bool) -> bool:
     """The bookkeeping half of a GraB step: the current unit goes to the next free slot of `σ'`
-    from the front (`+`) or the back (`−`); the epoch ends after the last unit."""
+    from the front (`+`) or the back (`−`). After the epoch's last unit `σ ← σ'`, the pointers
+    restart and it returns True: the caller then sets `m ←` the epoch's mean gradient and zeroes
+    `Σ g` and `s` (wherever it keeps them: the state, or a stack's rows)."""
     unit = grab_current_unit(state)
     if plus:
         state.next[state.left] = unit
@@ -113,17 +118,11 @@ def grab_place(state: GraBState, plus: bool) -> None:
         state.next[state.right] = unit
         state.right -= 1
     state.pos += 1
-    if state.pos == len(state.order):
-        grab_end_epoch(state)
-
-
-def grab_end_epoch(state: GraBState) -> None:
-    n = len(state.order)
+    if state.pos < len(state.order):
+        return False
     state.order = state.next.clone()
-    state.mean = (state.epoch_sum / n).to(torch.float32)
-    state.epoch_sum.zero_()
-    state.s.zero_()
-    state.pos, state.left, state.right = 0, 0, n - 1
+    state.pos, state.left, state.right = 0, 0, len(state.order) - 1
+    return True
 
 
 def grab_epoch(vectors: torch.Tensor, state: GraBState) -> list[float]:
@@ -174,12 +173,10 @@ class _StackedBalancer(StackedHook):
         plus = balance_signs(self.s, g, self.mean, self.epoch_sum).tolist()
         for m, (h, p) in enumerate(zip(self.hooks, plus, strict=True)):
             h.plus.append(p)
-            if h.state.pos == len(h.state.order) - 1:  # this step ends the client's epoch
-                n = len(h.state.order)
-                self.mean[m] = (self.epoch_sum[m] / n).to(self.mean.dtype)
+            if grab_place(h.state, p):  # this step ended the client's epoch
+                self.mean[m] = (self.epoch_sum[m] / len(h.state.order)).to(self.mean.dtype)
                 self.epoch_sum[m].zero_()
                 self.s[m].zero_()
-            grab_place(h.state, p)
         if self.store is not None:
             if len(self.stored) == len(self.hooks):
                 self.store(step, w, g)

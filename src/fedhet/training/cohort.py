@@ -463,8 +463,9 @@ class _HookGroup:
     def leave(self, gone: list[int], t: int, jobs: list[SGDJob]) -> None:
         if not gone:
             return
-        members = [k for k, c in enumerate(self.jobs) if c in set(gone)]
-        self.jobs = [c for c in self.jobs if c not in set(gone)]
+        leaving = set(gone)
+        members = [k for k, c in enumerate(self.jobs) if c in leaving]
+        self.jobs = [c for c in self.jobs if c not in leaving]
         try:
             self.hook.leave(members, t)
         except Exception as e:  # noqa: BLE001
