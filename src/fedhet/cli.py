@@ -173,6 +173,10 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     page = write_report(Path(args.dir), Path(args.out) if args.out else None)
     print(f"report: {page}")
+    if args.screenshot:
+        from fedhet.experiments.report_screenshot import screenshot
+
+        print(f"screenshot: {screenshot(page, Path(args.screenshot))}")
     return 0
 
 
@@ -367,6 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="HTML report with plots of a run or grid directory")
     report.add_argument("dir", help="a run directory or a compare/reproduce directory")
     report.add_argument("--out", help="where report.html and the PNGs go (default: DIR)")
+    report.add_argument("--screenshot", metavar="PNG",
+                        help="also render the page with headless Chromium into PNG (as a reader sees it)")
     report.set_defaults(func=cmd_report)
     ls = sub.add_parser("list", help="algorithms, datasets, partitions and models")
     ls.set_defaults(func=cmd_list)

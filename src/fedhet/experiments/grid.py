@@ -356,6 +356,10 @@ def _to_specs(runs, methods, axes, columns, loc) -> list[RunSpec]:
             k for k in varying
             if k != "seed" and not k.startswith(METHOD_PREFIX) and k not in method_keys
         ]
+    # a column's own parameters are part of it: with columns = ["partition"], α = 0.1 and 0.3
+    # are two columns `partition=dirichlet, partition.alpha=0.1` and `…0.3`, not two labels
+    columns = [*columns, *(k for k in varying if k not in columns and k.split(".")[0] in columns
+                           and k.split(".")[0] != "algorithm")]
     specs, seen = [], set()
     for m, settings in runs:
         values = {k: s.value for k, s in settings.items()}

@@ -23,7 +23,12 @@ from fedhet.experiments.grid import cell_key, duplicate_groups, write_manifest
 from fedhet.experiments.papers.base import PRESETS
 from fedhet.experiments.presets import SCALES, Preset, RunSpec
 from fedhet.experiments.report import write_report
-from fedhet.experiments.results import collect, compare_published, published_markdown
+from fedhet.experiments.results import (
+    collect,
+    compare_published,
+    published_markdown,
+    uncovered_published,
+)
 from fedhet.experiments.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
 
 
@@ -143,6 +148,9 @@ def _run_stages(
                  "the numbers.\n\n")
     if preset.published:
         text += published_markdown(compare_published(rows, preset.published))
+        missing = uncovered_published(rows, preset.published)
+        if missing:
+            text += "\n" + missing + "\n"
     else:
         text += "The paper gives no numbers to compare with (its results are figures).\n"
     text += "\nFull tables: summary.md; per run: results.csv; plots: `fedhet report " + str(out) + "`.\n"

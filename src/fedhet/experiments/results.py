@@ -102,13 +102,20 @@ class Table:
 
 
 METRICS = (
-    # (results key, title, scale, higher is better, format)
+    # (results key, title, scale, higher is better (None: never bold), format)
     ("final_accuracy", "Final test accuracy (%)", 100.0, True, "{:.2f}"),
     ("best_accuracy", "Best test accuracy (%)", 100.0, True, "{:.2f}"),
     ("rounds_to_target", "Rounds to {target}", 1.0, False, "{:.1f}"),
     ("transfers_to_target", "Model transfers to {target}", 1.0, False, "{:.0f}"),
     ("bytes_to_target", "Communication to {target} (MB)", 1e-6, False, "{:.2f}"),
-    ("wall_time_s", "Wall time (s)", 1.0, False, "{:.1f}"),
+    ("wall_time_s", "Wall time (s)", 1.0, None, "{:.1f}"),
+)
+"""Wall time is no quality of a method (it depends on the machine and its load): never bold."""
+
+BOLD_RULE = (
+    "Bold: the best mean per column in the quality tables (accuracy, and rounds, transfers and "
+    "communication to the target), compared as printed; cells that tie are all bold, and a "
+    "column where every method ties has none. Wall time is never bold."
 )
 
 
@@ -146,15 +153,24 @@ def summary_tables(rows: list[dict[str, Any]], target: float | None) -> list[Tab
                 if runs and len(vals) == len(runs):
                     means[(i, j)] = statistics.fmean(vals)
             cells.append((label, line))
-        best = set()
-        for j in range(len(groups)):
-            col = {i: m for (i, jj), m in means.items() if jj == j}
-            if len(col) > 1:
-                pick = max(col.values()) if higher else min(col.values())
-                best |= {(i, j) for i, m in col.items() if m == pick}
+        best = set() if higher is None else _best_cells(means, len(groups), higher, fmt)
         name = title.format(target=f"{100 * target:g}%" if target else "")
         tables.append(Table(name, groups, cells, best))
     return tables
+
+
+def _best_cells(means: dict[tuple[int, int], float], n_groups: int, higher: bool,
+                fmt: str) -> set[tuple[int, int]]:
+    """The bold cells: per column the best mean as printed (ties all bold); none where every
+    competing cell ties, since bold would then single out nothing."""
+    best: set[tuple[int, int]] = set()
+    for j in range(n_groups):
+        col = {i: float(fmt.format(m)) for (i, jj), m in means.items() if jj == j}
+        if len(col) < 2 or len(set(col.values())) == 1:
+            continue
+        pick = max(col.values()) if higher else min(col.values())
+        best |= {(i, j) for i, m in col.items() if m == pick}
+    return best
 
 
 def _finite(v: Any) -> bool:
@@ -194,7 +210,7 @@ def tables_html(tables: list[Table]) -> str:
 def write_summary_md(path: Path, title: str, rows: list[dict[str, Any]], target: float | None) -> None:
     n_seeds = max((sum(1 for r in rows if r["label"] == x["label"] and r["group"] == x["group"])
                    for x in rows), default=0)
-    intro = f"# {title}\n\nMean ± std over up to {n_seeds} seed(s) per cell; best per column in bold."
+    intro = f"# {title}\n\nMean ± std over up to {n_seeds} seed(s) per cell. {BOLD_RULE}"
     if target is not None:
         intro += f" Target accuracy {100 * target:g}%; `(k/n)`: k of n seeds reached it."
     failed = [f"{r['name']} ({r['status']})" for r in rows if r["status"] != "finished"]
@@ -223,7 +239,10 @@ METRIC_ALIASES = {
 
 
 def compare_published(rows: list[dict[str, Any]], published: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The paper's numbers beside ours: one entry per published row.
+    """The paper's numbers beside ours: one entry per published row that has runs here.
+
+    A published row whose setting (group) and method (label) no run has is left out; say so
+    with `uncovered_published`.
 
     A published row is `{"group", "label", "metric", "value", "source"}`; `metric` is a
     results.csv column (`final_accuracy`, `best_accuracy`, `rounds_to_target`,
@@ -239,7 +258,9 @@ def compare_published(rows: list[dict[str, Any]], published: list[dict[str, Any]
         scale = 100.0 if percent else 1.0
         vals = [float(r[metric]) * scale for r in runs if _finite(r.get(metric))]
         fmt = "{:.2f}" if "accuracy" in metric else "{:.4g}"
-        ours = _cell(vals, len(runs), fmt) if runs else "no such run"
+        if not runs:
+            continue
+        ours = _cell(vals, len(runs), fmt)
         out.append({
             "group": p.get("group", ""), "label": p.get("label", ""), "metric": metric,
             "paper": value, "ours": ours, "source": p.get("source", ""),
@@ -247,7 +268,32 @@ def compare_published(rows: list[dict[str, Any]], published: list[dict[str, Any]
     return out
 
 
+def uncovered_published(rows: list[dict[str, Any]], published: list[dict[str, Any]]) -> str:
+    """One line naming the published columns (settings) that no run here covers, and the
+    published methods missing from columns that are covered; empty when everything is."""
+    have = {(r["group"], r["label"]) for r in rows}
+    groups = {r["group"] for r in rows}
+    columns = list(dict.fromkeys(str(p.get("group", "")) for p in published))
+    missing = [c for c in columns if c not in groups]
+    methods = list(dict.fromkeys(
+        f"{p.get('label')} in {p.get('group')}" for p in published
+        if p.get("group") in groups and (p.get("group"), p.get("label")) not in have
+    ))
+    n = sum(1 for p in published if (p.get("group"), p.get("label")) not in have)
+    if not n:
+        return ""
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} of {len(columns)} published columns have no run at this "
+                     f"scale ({', '.join(missing)})")
+    if methods:
+        parts.append(f"no run of {', '.join(methods)}")
+    return f"Not compared: {n} published number(s); " + "; ".join(parts) + "."
+
+
 def published_markdown(comparison: list[dict[str, Any]]) -> str:
+    if not comparison:
+        return "No published number has a run of its setting here.\n"
     lines = ["| setting | method | metric | paper | ours | source |", "|---|---|---|---|---|---|"]
     lines += [
         f"| {c['group']} | {c['label']} | {c['metric']} | {c['paper']} | {c['ours']} | {c['source']} |"

@@ -98,7 +98,8 @@ def table2(tasks: list[str], rounds: int, parts: list[str] | None = None,
             for label, msettings in methods(task):
                 settings = {**COMMON, "dataset": dataset or TASKS[task][0], "rounds": rounds,
                             **psettings, **msettings}
-                name = f"t2__{slug(task)}__{slug(pname)}__{slug(label)}"
+                # named by the data used: a stand-in dataset (smoke's digits) is not the task's
+                name = f"t2__{slug(dataset or task)}__{slug(pname)}__{slug(label)}"
                 specs.append(RunSpec(name, f"{task} {pname}", label, settings))
     return specs
 
@@ -168,7 +169,8 @@ def scale_runs(scale: str) -> list[RunSpec]:
             settings = {**spec.settings, "model.hidden": 64, "lr": 0.1}
             settings["model"] = "moon-mlp" if settings["algorithm"] == "moon" else "mlp"
             group = "digits " + spec.group.split(" ", 1)[1]
-            out.append(RunSpec(spec.name, group, spec.label, settings))
+            name = spec.name if spec.name.startswith("t2__") else spec.name.replace("__", "__digits__", 1)
+            out.append(RunSpec(name, group, spec.label, settings))
         return out
     if scale == "small":
         return table2(["MNIST"], 50)
