@@ -162,6 +162,18 @@ def _series(runs: list[RunData], x_col: str, y_col: str, scale: float = 1.0):
     return x[ok], ys.mean(axis=0)[ok], ys.min(axis=0)[ok], ys.max(axis=0)[ok]
 
 
+def _figure_legend(fig: Any, handles: dict[str, Any]) -> float:
+    """One legend for the whole figure, below its panels (never over a line); returns the
+    share of the figure's height it takes."""
+    if not handles:
+        return 0.0
+    ncol = min(4, len(handles))
+    rows = math.ceil(len(handles) / ncol)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=ncol, fontsize=8,
+               frameon=False)
+    return (0.28 * rows + 0.1) / fig.get_figheight()
+
+
 def _integer_ticks(ax: Any) -> None:
     """Rounds are whole numbers: no 1.5 on a round axis."""
     from matplotlib.ticker import MaxNLocator
@@ -237,10 +249,11 @@ def plot_curves(runs: list[RunData], path: Path, title: str, styles: dict[str, A
     if has_train_loss(runs):
         axes[1, 0].set_title("loss (bold: test; thin, faded: train)", fontsize=9)
     handles, names = axes[0, 0].get_legend_handles_labels()
-    if handles:
-        axes[0, 0].legend(fontsize=8, loc="lower right")
+    if has_train_loss(runs):
+        handles, names = axes[1, 0].get_legend_handles_labels()
+    bottom = _figure_legend(fig, dict(zip(names, handles, strict=True)))
     fig.suptitle(title)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
+    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=90)
     plt.close(fig)
 
@@ -285,8 +298,8 @@ DIAGNOSTIC_AXES: dict[str, tuple[str, str]] = {
     "beta_*": ("β_i per client", "β (unitless)"),
     "delta_*": ("δ_i per client", "δ (unitless)"),
     "A_*": ("A_i per client", "A (unitless)"),
-    "L_k": ("smoothness estimate L_k", "L (1/step)"),
-    "L_max": ("smoothness estimate L_max", "L (1/step)"),
+    "L_k": ("smoothness estimate L_k", "L (gradient Lipschitz estimate)"),
+    "L_max": ("smoothness estimate L_max", "L (gradient Lipschitz estimate)"),
     "eta_tau_L": ("η τ_k L", "η τ L (unitless)"),
     "test_accuracy (extra models)": ("test accuracy of each model", "test accuracy (%)"),
     "test_loss (extra models)": ("test loss of each model", "loss (cross-entropy)"),
@@ -331,6 +344,8 @@ class Panel:
     family: str
     label: str | None
     lines: list[tuple[str, str, list[RunData]]]
+    per_method: bool
+    """True: a line per method (legend shared by the figure); False: a line per column."""
     """(legend, column, the runs (seeds) averaged)."""
 
 
@@ -359,12 +374,12 @@ def diagnostic_panels(runs: list[RunData]) -> tuple[list[Panel], dict[str, list[
         if len(cols) == 1 and not family.endswith("(extra models)"):
             lines = [(label, cols[0], by_label[label]) for label in labels if cols[0] in changing[label]]
             if lines:
-                panels.append(Panel(family, None, lines))
+                panels.append(Panel(family, None, lines, True))
             continue
         for label in labels:
             lines = [(col, col, by_label[label]) for col in cols if col in changing[label]]
             if lines:
-                panels.append(Panel(family, label if len(labels) > 1 else None, lines))
+                panels.append(Panel(family, label if len(labels) > 1 else None, lines, False))
     return panels, flat
 
 
@@ -383,12 +398,15 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
     ncols = min(3, len(items))
     nrows = math.ceil(len(items) / ncols)
     width = max(4.2 * ncols, 8.0)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.0 * nrows), squeeze=False)
+    n_methods = len({r.label for r in runs})
+    extra = 0.6 + 0.3 * math.ceil(n_methods / 4)  # the title and the legend below the panels
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, 3.0 * nrows + extra), squeeze=False)
     cmap = plt.get_cmap("viridis")
+    shared_legend: dict[str, Any] = {}
     for ax, panel in zip(axes.flat, items, strict=False):
         name, ylabel = diagnostic_axes(panel.family)
         scale = ACCURACY_SCALE if "accuracy" in panel.family else 1.0
-        per_method = panel.label is None and not panel.family.endswith("(extra models)")
+        per_method = panel.per_method
         n = len(panel.lines)
         for j, (legend, col, mine) in enumerate(panel.lines):
             got = _series(mine, "round", col, scale)
@@ -405,7 +423,10 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
             ax.plot(x, mean, markevery=_markevery(len(x)), label=legend, **style)
             if len(mine) > 1 and (per_method or n <= 2):
                 ax.fill_between(x, lo, hi, color=style["color"], alpha=0.15, lw=0)
-        if 1 < n <= 8:
+        if per_method:
+            for handle, legend_name in zip(*ax.get_legend_handles_labels(), strict=True):
+                shared_legend.setdefault(legend_name, handle)
+        elif 1 < n <= 8:
             ax.legend(fontsize=7)
         elif n > 8:
             ax.text(0.99, 0.02, f"{n} clients", transform=ax.transAxes, ha="right", fontsize=7)
@@ -420,7 +441,8 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
     head = title or (runs[0].group or runs[0].name)
     fig.suptitle(textwrap.fill(f"diagnostics: {head}" + (f", mean over {seeds} seeds" if seeds > 1 else ""),
                                int(width * 11)), fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 1 - 0.35 / fig.get_figheight()))
+    bottom = _figure_legend(fig, shared_legend)
+    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.35 / fig.get_figheight()))
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return True
@@ -569,7 +591,8 @@ RUN_KEYS = (
 def _run_cell(row: dict[str, Any], key: str, scale: float | None) -> Any:
     v = row.get(key, "")
     if scale is not None and isinstance(v, int | float) and not isinstance(v, bool):
-        return float(v) * scale
+        v = float(v) * scale
+        return "" if math.isnan(v) else f"{v:.2f}"
     return v
 
 
@@ -629,10 +652,12 @@ def _diagnostics_section(runs: list[RunData], out: Path) -> str:
     styles = _styles(list(dict.fromkeys(r.label for r in runs)))
     parts = []
     flat_all: dict[str, list[float | None]] = {}
-    cells = 0
+    logged: dict[str, int] = {}  # column → method × setting cells that log it
     for group in dict.fromkeys(r.group for r in runs):
         mine = [r for r in runs if r.group == group]
-        cells += len({r.label for r in mine})
+        for label in dict.fromkeys(r.label for r in mine):
+            for col in dict.fromkeys(c for r in mine if r.label == label for c in r.metrics):
+                logged[col] = logged.get(col, 0) + 1
         _, flat = diagnostic_panels(mine)
         for col, values in flat.items():
             flat_all.setdefault(col, []).extend(values)
@@ -646,7 +671,8 @@ def _diagnostics_section(runs: list[RunData], out: Path) -> str:
         described = []
         for col, values in flat_all.items():
             shown = sorted({_short(v) if v is not None else "empty" for v in values})
-            where = "" if len(values) == cells else f" (in {len(values)} of {cells} method × setting cells)"
+            where = ("" if len(values) == logged.get(col, 0) else
+                     f" (in {len(values)} of the {logged[col]} method × setting cells that log it)")
             described.append(f"{col} = {' or '.join(shown)}{where}")
         parts.append('<p class="note">Not drawn, never changing: ' + html.escape("; ".join(described))
                      + ".</p>")

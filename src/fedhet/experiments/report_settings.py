@@ -23,7 +23,8 @@ ORDER = (
 
 EXECUTION = {"device", "executor", "cohort_chunk", "workers", "checkpoint_every", "data_dir",
              "train_loss"}
-"""Settings that change how a run executes, not what it computes (left out of the block)."""
+"""Settings that change how a run executes, not what it computes (left out of the block), and
+those switched off (`_inert`) are not listed."""
 
 COMPONENTS = {"model": "model_params", "dataset": "dataset_params", "partition": "partition_params"}
 
@@ -33,6 +34,8 @@ def _text(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:g}"
+    if value == "":
+        return '""'
     if isinstance(value, dict | list):
         return json.dumps(value, sort_keys=True)
     return str(value)
@@ -44,7 +47,22 @@ def component(name: Any, params: dict[str, Any] | None) -> str:
     return f"{name}({inner})" if inner else str(name)
 
 
-def flat_settings(config: dict[str, Any]) -> dict[str, str]:
+def _inert(key: str, config: dict[str, Any]) -> bool:
+    """Settings whose value switches their feature off (`local_steps = 0`: epochs are used),
+    or that only matter when another is on (`lr_min` without a schedule): not listed."""
+    value = config.get(key)
+    if key in ("local_steps", "epochs_min", "epochs_max"):
+        return value in (0, None)
+    if key == "client_steps":
+        return not value
+    if key == "lr_min":
+        return config.get("lr_schedule", "constant") == "constant"
+    if key == "straggler_policy":
+        return not config.get("straggler_fraction")
+    return False
+
+
+def flat_settings(config: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, str]:
     """The run's settings as `name → text`, components with their parameters, in `ORDER`.
 
     The algorithm's parameters are not here (see `algorithm_params`): each algorithm has its own.
@@ -53,7 +71,7 @@ def flat_settings(config: dict[str, Any]) -> dict[str, str]:
     params = set(COMPONENTS.values()) | {"algorithm_params"}
     keys = [k for k in ORDER if k in config] + [k for k in config if k not in ORDER]
     for key in keys:
-        if key in EXECUTION or key in params:
+        if key in EXECUTION or key in params or (_inert(key, config) and key not in keep):
             continue
         value = config[key]
         out[key] = component(value, config.get(COMPONENTS[key])) if key in COMPONENTS else _text(value)
@@ -84,7 +102,9 @@ def summarize(configs: list[dict[str, Any]]) -> SettingsSummary:
     A setting missing from some run's config counts as a value of its own (`(unset)`), so a
     key only some runs have is listed as varying, never as shared.
     """
-    flats = [flat_settings(c) for c in configs]
+    # a setting switched off in some runs but on in others is listed with every run's value
+    active = frozenset(k for c in configs for k in flat_settings(c))
+    flats = [flat_settings(c, active) for c in configs]
     keys = list(dict.fromkeys(k for f in flats for k in f))
     shared: dict[str, str] = {}
     varying: dict[str, list[str]] = {}

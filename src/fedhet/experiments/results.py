@@ -285,9 +285,9 @@ def uncovered_published(rows: list[dict[str, Any]], published: list[dict[str, An
     parts = []
     if missing:
         parts.append(f"{len(missing)} of {len(columns)} published columns have no run at this "
-                     f"scale ({', '.join(missing)})")
+                     f"scale ({'; '.join(missing)})")
     if methods:
-        parts.append(f"no run of {', '.join(methods)}")
+        parts.append(f"no run of {'; '.join(methods)}")
     return f"Not compared: {n} published number(s); " + "; ".join(parts) + "."
 
 
