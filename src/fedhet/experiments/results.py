@@ -201,8 +201,8 @@ def tables_html(tables: list[Table]) -> str:
             )
             body.append(f"<tr><th>{html.escape(label)}</th>{tds}</tr>")
         parts.append(
-            f"<h3>{html.escape(t.title)}</h3>\n<table><tr><th>method</th>{head}</tr>\n"
-            + "\n".join(body) + "\n</table>"
+            f'<h3>{html.escape(t.title)}</h3>\n<div class="scroll"><table><tr><th>method</th>{head}</tr>\n'
+            + "\n".join(body) + "\n</table></div>"
         )
     return "\n".join(parts)
 
