@@ -101,9 +101,9 @@ def curves(runs: Mapping[str, Path], out: Path, title: str = "") -> Path:
         ok = ~np.isnan(m["test_accuracy"])
         style = "--" if label.lower().startswith("central") else "-"
         loss_ax.plot(m["round"][ok], m["test_loss"][ok], style, label=label)
-        acc_ax.plot(m["round"][ok], m["test_accuracy"][ok], style, label=label)
+        acc_ax.plot(m["round"][ok], 100 * m["test_accuracy"][ok], style, label=label)
     loss_ax.set(xlabel="round", ylabel="test loss")
-    acc_ax.set(xlabel="round", ylabel="test accuracy")
+    acc_ax.set(xlabel="round", ylabel="test accuracy (%)")
     acc_ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
@@ -126,7 +126,7 @@ def main_report(root: Path, scale: str = "paper", setup: str = "svm-mnist",
 
     out = Path(out or root / "report")
     specs = [s for s in main_runs(scale) if s.name.startswith(f"main-{setup}-")]
-    lines = ["| case | method | final acc | best acc | final loss | rounds to FedAvg's final acc |",
+    lines = ["| case | method | final acc (%) | best acc (%) | final loss | rounds to FedAvg's final acc |",
              "|---|---|---|---|---|---|"]
     pngs: list[Path] = []
     for case in CASES:
@@ -136,8 +136,8 @@ def main_report(root: Path, scale: str = "paper", setup: str = "svm-mnist",
         for label, m in metrics.items():
             reach = rounds_to_reach(m, target) if not label.startswith("Central") else None
             lines.append(
-                f"| {case} | {label} | {_last(m, 'test_accuracy'):.4f} | "
-                f"{np.nanmax(m['test_accuracy']):.4f} | {_last(m, 'test_loss'):.4f} | "
+                f"| {case} | {label} | {100 * _last(m, 'test_accuracy'):.2f} | "
+                f"{100 * np.nanmax(m['test_accuracy']):.2f} | {_last(m, 'test_loss'):.4f} | "
                 f"{'—' if reach is None else reach} |"
             )
         pngs.append(curves(runs, out / f"{setup}-{case}-curves.png", f"{setup} {case}"))

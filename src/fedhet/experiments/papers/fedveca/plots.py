@@ -92,13 +92,13 @@ def plot_loss_accuracy(group_dir: Path, out_path: Path, title: str | None = None
         c = columns(run)
         ok = np.isfinite(c["test_accuracy"])
         central = _config(run)["algorithm"] == CENTRAL
-        for ax, key in zip(axes, ("test_loss", "test_accuracy"), strict=True):
+        for ax, key, scale in zip(axes, ("test_loss", "test_accuracy"), (1.0, 100.0), strict=True):
             if central:
-                ax.axhline(c[key][ok][-1], color="black", ls="--", lw=1.2, label=labels[run])
+                ax.axhline(scale * c[key][ok][-1], color="black", ls="--", lw=1.2, label=labels[run])
             else:
-                ax.plot(c["round"][ok], c[key][ok], lw=1.4, label=labels[run])
+                ax.plot(c["round"][ok], scale * c[key][ok], lw=1.4, label=labels[run])
     _log_if_wide(axes[0], np.concatenate([line.get_ydata() for line in axes[0].get_lines()]), 20)
-    for ax, name in zip(axes, ("loss", "accuracy"), strict=True):
+    for ax, name in zip(axes, ("loss", "accuracy (%)"), strict=True):
         ax.set_xlabel("round k")
         ax.set_ylabel(f"test {name}")
         ax.grid(alpha=0.3)
