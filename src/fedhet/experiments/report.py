@@ -247,7 +247,7 @@ def plot_curves(runs: list[RunData], path: Path, title: str, styles: dict[str, A
         if x_col == "round":
             _integer_ticks(ax)
     if has_train_loss(runs):
-        axes[1, 0].set_title("loss (bold: test; thin, faded: train)", fontsize=9)
+        axes[1, 0].set_title("loss (thick: test; thin, faded: train)", fontsize=9)
     handles, names = axes[0, 0].get_legend_handles_labels()
     if has_train_loss(runs):
         handles, names = axes[1, 0].get_legend_handles_labels()
