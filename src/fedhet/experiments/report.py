@@ -623,7 +623,8 @@ def _tables_section(manifest: dict[str, Any], runs: list[RunData]) -> str:
     if len(runs) == 1:
         cfg = runs[0].config
         flat = [[k, json.dumps(v) if isinstance(v, dict | list) else v] for k, v in cfg.items()]
-        parts.append("<h3>Configuration</h3>" + _table(["setting", "value"], flat, "settings"))
+        parts.append("<details><summary>Configuration: every key of config.json</summary>"
+                     + _table(["setting", "value"], flat, "settings") + "</details>")
     return "\n".join(parts)
 
 
