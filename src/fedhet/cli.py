@@ -174,7 +174,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     page = write_report(Path(args.dir), Path(args.out) if args.out else None)
     print(f"report: {page}")
     if args.screenshot:
-        from fedhet.experiments.report_screenshot import screenshot
+        from fedhet.experiments.report_screenshot import screenshot  # lazy, as above
 
         print(f"screenshot: {screenshot(page, Path(args.screenshot))}")
     return 0
