@@ -1,13 +1,15 @@
 """`fedhet report DIR`: an HTML page with PNGs beside it, for a run or a grid directory.
 
-Plots: test accuracy and loss against the round and against communication (`cum_bytes`),
-one figure per setting (group) with a line per method (mean over seeds, band = min..max);
-every diagnostic column of metrics.csv, generically (indexed families such as `tau_<i>` or
-`herd_dist_<i>` drawn together); a clients × labels heatmap of each partition (recomputed
-from the run's config); and the summary tables. Paper-specific figures plug in through
-`EXTRA_PLOTTERS`: algorithm name → `"module:function"`, imported only when a run of that
-algorithm is in the report; the function gets `(runs: list[RunData], out: Path)` and returns
-`[(caption, png_path), ...]`.
+The page, top to bottom: the settings the runs share and those that vary (`report_settings`);
+the summary tables (mean ± std over seeds, accuracy in percent, bold only for quality metrics);
+the paper's published numbers beside runs of their setting (reproduce pages); test accuracy and
+loss against the round and against communication, one figure per setting with a line per method
+(`report_plots`); the diagnostic columns of metrics.csv that change, per setting, averaged over
+seeds (`report_diagnostics`); a clients × labels heatmap of each partition (recomputed from the
+run's config); and paper-specific figures. Those plug in through `EXTRA_PLOTTERS`: algorithm
+name → its figure maker (see `fedhet.experiments.figures`), called with `(runs: list[RunData],
+out: Path)`, returning `[(caption, png_path), ...]`. `report_screenshot` renders the page with
+headless Chromium (`fedhet report DIR --screenshot PNG`).
 """
 
 from __future__ import annotations
