@@ -117,7 +117,7 @@ def test_column_headers_name_the_partition_with_its_parameter(grid_page):
     assert final[0] == ["method", "partition=dirichlet, partition.alpha=0.1",
                         "partition=dirichlet, partition.alpha=0.3"]
     assert [row[0] for row in final[1:]] == ["fedavg", "fedprox"]  # α left the labels
-    apart = table_after(text, "what sets each apart")
+    apart = table_after(text, "Table columns:")
     assert [r[1].split(", balance")[0] for r in apart[1:]] == [
         "partition=dirichlet(alpha=0.1", "partition=dirichlet(alpha=0.3"]
     assert "partition.alpha=0.3" in (root / "summary.md").read_text()

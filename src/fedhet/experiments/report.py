@@ -227,8 +227,8 @@ def _settings_section(runs: list[RunData]) -> str:
     if len(groups) > 1:
         rows = [[g or "(none)", group_header([r.config for r in runs if r.group == g], configs)]
                 for g in groups]
-        parts.append("<p>Table columns (settings), and what sets each apart:</p>")
-        parts.append(_table(["column", "settings of its runs that differ from other columns'"],
+        parts.append("<p>Table columns: the varying settings that all runs of a column share:</p>")
+        parts.append(_table(["column", "settings"],
                             rows, "settings"))
     return "\n".join(parts)
 

@@ -124,10 +124,11 @@ def summarize(configs: list[dict[str, Any]]) -> SettingsSummary:
 
 
 def group_header(configs: list[dict[str, Any]], all_configs: list[dict[str, Any]]) -> str:
-    """A column's settings in full: those the column's runs share and other runs do not.
+    """A column's settings in full: the settings that vary across the page (`all_configs`)
+    and that every run of the column (`configs`) shares, with that value.
 
-    `configs` are the column's runs, `all_configs` every run of the page; the algorithm and the
-    seed are rows and bands, never columns. Empty when nothing tells the column apart.
+    The algorithm and the seed are rows and bands, never columns. Empty when the column's runs
+    share no varying setting.
     """
     mine = summarize(configs)
     every = summarize(all_configs)
