@@ -120,12 +120,15 @@ def partition_counts(config: dict[str, Any]):
 
 def plot_partition(counts, title: str, path: Path) -> None:
     plt = _plt()
+    from matplotlib.ticker import MaxNLocator  # slow import (matplotlib): only when drawing
+
     n_clients, n_classes = counts.shape
     height = min(max(2.5, 0.22 * n_clients + 1.2), 14)
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(8, height), width_ratios=[3, 1], sharey=True)
     im = ax.imshow(counts, aspect="auto", cmap="Blues", interpolation="nearest")
     ax.set_xlabel("label")
     ax.set_ylabel("client")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # clients are whole numbers
     ax.set_xticks(range(n_classes) if n_classes <= 20 else np.linspace(0, n_classes - 1, 6).astype(int))
     if n_clients * n_classes <= 400:
         peak = counts.max() or 1
@@ -135,7 +138,7 @@ def plot_partition(counts, title: str, path: Path) -> None:
                         color="white" if v > 0.6 * peak else "black")
     fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
     bx.barh(range(n_clients), counts.sum(axis=1), color="gray")
-    bx.set_xlabel("samples")
+    bx.set_xlabel("samples (per client)")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
