@@ -330,7 +330,8 @@ def _diagnostics_section(runs: list[RunData], out: Path) -> str:
     if flat_all:
         described = []
         for col, values in flat_all.items():
-            shown = sorted({_short(v) if v is not None else "empty" for v in values})
+            numbers = sorted({v for v in values if v is not None})
+            shown = [_short(v) for v in numbers] + (["empty"] if None in values else [])
             where = ("" if len(values) == logged.get(col, 0) else
                      f" (in {len(values)} of the {logged[col]} method × setting cells that log it)")
             described.append(f"{col} = {' or '.join(shown)}{where}")
