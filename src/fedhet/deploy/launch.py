@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -146,7 +147,7 @@ class LocalFederation:
                  node_config: dict[int, dict[str, Any]] | None = None, simulation: bool = False,
                  cpus_per_node: int = 1, tls: tuple[Path, Path, Path] | None = None,
                  warm: bool = True, node_max_wait: float = 60.0, gpus_per_node: float = 0.0,
-                 ray_address: str | None = None) -> None:
+                 ray_address: str | None = None, logs_to: Path | None = None) -> None:
         self.num_nodes = num_nodes
         self.warm = warm and not simulation
         self.node_max_wait = node_max_wait
@@ -160,6 +161,11 @@ class LocalFederation:
         self.workdir = Path(workdir or self._tmp.name)
         self.flwr_home = self.workdir / "flwr-home"
         self.logs = self.workdir / "logs"
+        self.logs_to = Path(logs_to) if logs_to else None
+        """Where the logs are copied when the federation stops (messages name it)."""
+        self.shown_logs = self.logs_to or self.logs
+        self.events_file = self.workdir / "node-events.jsonl"
+        """SuperNodes seen dying (`Watchdog`), for the server app (`project.app_pyproject`)."""
         self.env = flower_env(self.flwr_home)
         if simulation:
             self.env["RAY_ADDRESS"] = ray_address or os.environ.get("RAY_ADDRESS") or "local"
@@ -185,7 +191,7 @@ class LocalFederation:
                                     start_new_session=True)
         finally:
             log.close()
-        self.names[proc.pid] = (name, self.logs / f"{log_name}.log")
+        self.names[proc.pid] = (name, self.shown_logs / f"{log_name}.log")
         self.spawned.append(proc)
         self.track()
         return proc
@@ -229,7 +235,7 @@ class LocalFederation:
             "--host", HOST, "--port", str(self.port),
             "--disable-runtime-dependency-installation", *(["--simulation"] * self.simulation),
         ], "SuperLink")
-        _wait_port(self.port, self.start_timeout, self.superlink, self.logs / "superlink.log")
+        _wait_port(self.port, self.start_timeout, self.superlink, self.shown_logs / "superlink.log")
         for i in range(0 if self.simulation else self.num_nodes):
             self.start_node(i)
         return self
@@ -323,6 +329,8 @@ class LocalFederation:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+        if self.logs_to is not None and self.logs.is_dir():
+            shutil.copytree(self.logs, self.logs_to, dirs_exist_ok=True)
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -348,7 +356,7 @@ class LocalFederation:
         client = self.submit(app_dir, run_config)
         watchdog = Watchdog(self, client, echo=echo, out=Path(out))
         try:
-            return wait_for_run(Path(out), timeout, [client, *self.processes()], self.logs,
+            return wait_for_run(Path(out), timeout, [client, *self.processes()], self.shown_logs,
                                 watchdog=watchdog)
         finally:
             stop_tree(client, grace=2.0)
@@ -425,6 +433,7 @@ class Watchdog:
         self.echo = echo
         self.out = out
         self.joined = False  # the server app said that every SuperNode joined
+        self.done = False  # the server app said the run finished
         self.serverapps: dict[int, None] = {}
         self.ignored = set(self._serverapp_pids())  # left over from an earlier run
         self.offsets: dict[Path, int] = {}
@@ -452,6 +461,7 @@ class Watchdog:
             if "fedhet: " in line:
                 line = line[line.index("fedhet: "):].rstrip()
                 self.joined = self.joined or "SuperNodes joined" in line
+                self.done = self.done or line.startswith("fedhet: finished")
                 self.echo(line)
         for i, proc in list(self.fed.nodes.items()):
             lines = self._new_lines(self.fed.logs / f"supernode-{i}.log")
@@ -459,7 +469,7 @@ class Watchdog:
             if bad and i not in self.warned:
                 self.warned.add(i)
                 self.echo(f"warning: SuperNode {i} (PID {proc.pid}) cannot reach the SuperLink at "
-                          f"{self.fed.node_address.get(i, '?')}; retrying (see {self.fed.logs})")
+                          f"{self.fed.node_address.get(i, '?')}; retrying (see {self.fed.shown_logs})")
 
     def check(self) -> None:
         """Raise if a watched process has exited (see the class docstring)."""
@@ -473,14 +483,14 @@ class Watchdog:
                 raise FedhetError(
                     f"the ServerApp ({SERVERAPP}, PID {pid}) died before the run finished "
                     f"({describe_status(_wait_status(pid))}); stopped the other processes; "
-                    f"see {self.fed.logs}"
+                    f"see {self.fed.shown_logs}"
                 )
         self.fed.track()
         for proc in [*self.fed.processes(), self.client]:
             status = proc.poll()
             if status is None or proc is self.client or proc not in self.fed.processes():
                 continue  # alive, or already reported with its SuperNode
-            name, log = self.fed.names.get(proc.pid, ("a Flower process", self.fed.logs))
+            name, log = self.fed.names.get(proc.pid, ("a Flower process", self.fed.shown_logs))
             hint = ""
             if name.startswith(("SuperNode ", "ClientApp worker ")):
                 i = int(name.split()[-1])
@@ -503,6 +513,8 @@ class Watchdog:
         pid = node.pid if node is not None else proc.pid
         with contextlib.suppress(KeyError, subprocess.TimeoutExpired):
             self.fed.kill_node(i)
+        with self.fed.events_file.open("a") as f:
+            f.write(json.dumps({"partition": i, "time": time.time(), "pid": pid}) + "\n")
         what = "" if name.startswith("SuperNode ") else f" (its ClientApp worker, PID {proc.pid})"
         self.echo(f"fedhet: {time.strftime('%H:%M:%S')} SuperNode {i} (PID {pid}){what} died "
                   f"with {describe_status(status)} during round {self._round()}; client {i} is "
@@ -557,8 +569,12 @@ def wait_for_run(out: Path, timeout: float, procs: list[subprocess.Popen], logs:
         if (out / "error.txt").exists():
             raise FedhetError(f"the run failed on the server: {_server_error(out)}")
         if (summary := finished()) is not None:
-            if watchdog is not None:
+            if watchdog is not None:  # the last lines may still be on their way through flwr run
+                until = time.monotonic() + 3.0
                 watchdog.echo_news()
+                while not watchdog.done and time.monotonic() < until:
+                    time.sleep(0.1)
+                    watchdog.echo_news()
             return summary
         try:
             if watchdog is not None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ ROUND_TIMEOUT_KEY = "round-timeout"
 NODE_WAIT_KEY = "node-wait-timeout"
 FORCE_KEY = "force"
 FAST_PULLS_KEY = "fast-pulls"
+NODE_EVENTS_KEY = "node-events"
 POLL_S = 0.1
 UNREACHABLE = "unreachable"
 """Error code reported for a node that did not reply in time (or that the SuperLink gave up on)."""
@@ -63,12 +64,15 @@ def say(line: str) -> None:
 
 
 def exchange(
-    grid: Grid, messages: dict[Any, FlowerMessage], timeout: float
+    grid: Grid, messages: dict[Any, FlowerMessage], timeout: float,
+    gone: Callable[[], set[Any]] | None = None,
 ) -> tuple[dict[Any, FlowerMessage], list[Any]]:
     """Push all `messages`, pull replies until every one arrived or `timeout` s passed.
 
     Returns the replies by key and the keys that got none. Polls every `POLL_S` s (Flower's
-    own `send_and_receive` polls every 3 s, which would dominate a round on localhost).
+    own `send_and_receive` polls every 3 s, which would dominate a round on localhost);
+    `gone()`, asked at each poll, names keys whose node is known to be dead: they stop the
+    wait for their reply at once.
     """
     if not messages:
         return {}, []
@@ -78,15 +82,21 @@ def exchange(
     pending = set(ids)
     replies: dict[Any, FlowerMessage] = {}
     deadline = time.monotonic() + timeout
+    given_up: list[Any] = []
     while pending and time.monotonic() < deadline:
         for reply in grid.pull_messages(list(pending)):
             mid = reply.metadata.reply_to_message_id
             if mid in pending:
                 pending.discard(mid)
                 replies[key_of[mid]] = reply
+        if pending and gone is not None:
+            dead = gone()
+            for mid in [m for m in pending if key_of[m] in dead]:
+                pending.discard(mid)
+                given_up.append(key_of[mid])
         if pending:
             time.sleep(POLL_S)
-    return replies, [key_of[m] for m in pending]
+    return replies, [*given_up, *(key_of[m] for m in pending)]
 
 
 def node_failure(reply: FlowerMessage) -> str | None:
@@ -112,6 +122,10 @@ class Roster:
         self.left: dict[int, int] = {}  # dropped client -> the round (1-based) it was dropped in
         self.round = 0  # the round (0-based) being started, for the log lines
         self.events: list[dict[str, Any]] = []  # {"round", "client", "event": dropped|rejoined}
+        self.joined_at: dict[int, float] = {}  # node -> time.time() it was registered
+        self.events_file: Path | None = None  # deaths the local launcher saw (`gone`)
+        self._deaths: dict[int, float] = {}  # partition -> last death time read from it
+        self._read = 0
 
     def refresh(self, timeout: float) -> None:
         """Ask every SuperNode not seen before who it is, and check its partition."""
@@ -154,6 +168,7 @@ class Roster:
             self.events.append({"round": self.round + 1, "client": client_id, "event": "rejoined",
                                 "node": node})
         self.node_of[client_id] = node
+        self.joined_at[node] = time.time()
 
     def wait_for_all(self, timeout: float) -> None:
         n = self.world.run_info.num_clients
@@ -170,6 +185,25 @@ class Roster:
                     "`flower-supernode --node-config 'partition-id=<i>'` per client"
                 )
             time.sleep(0.5)
+
+    def gone(self, client_ids: Any) -> set[int]:
+        """The clients among `client_ids` whose current node died after it joined, as the
+        launcher recorded in `events_file` (one JSON object a line: partition, time)."""
+        if self.events_file is None:
+            return set()
+        try:
+            with self.events_file.open("rb") as f:
+                f.seek(self._read)
+                data = f.read()
+        except OSError:
+            return set()
+        end = data.rfind(b"\n") + 1
+        self._read += end
+        for line in data[:end].splitlines():
+            event = json.loads(line)
+            self._deaths[int(event["partition"])] = float(event["time"])
+        return {c for c in client_ids if c in self.node_of and c in self._deaths
+                and self._deaths[c] > self.joined_at.get(self.node_of[c], float("inf"))}
 
     def drop(self, client_id: int, round: int) -> None:
         """The client's node left in `round` (0-based): ignore it until a new one joins."""
@@ -235,8 +269,11 @@ class FlowerRoundContext(Simulation):
                 content, self.roster.node_of[c], "train", group_id=str(round + 1),
                 ttl=self.round_timeout,
             )
-        replies, silent = exchange(self.grid, messages, self.round_timeout)
-        why = dict.fromkeys(silent, f"no reply within {self.round_timeout:g} s")
+        replies, silent = exchange(self.grid, messages, self.round_timeout,
+                                   gone=lambda: self.roster.gone(downs))
+        dead = self.roster.gone(silent)
+        why = {c: "its SuperNode died" if c in dead else f"no reply within {self.round_timeout:g} s"
+               for c in silent}
         ups: dict[int, Message] = {}
         for c in sorted(replies):
             failure = node_failure(replies[c])
@@ -336,6 +373,8 @@ def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
     rc = FlowerRoundContext(
         cfg, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)),
     )
+    if context.run_config.get(NODE_EVENTS_KEY):
+        rc.roster.events_file = Path(str(context.run_config[NODE_EVENTS_KEY]))
     t0 = time.perf_counter()
     rc.roster.wait_for_all(float(context.run_config.get(NODE_WAIT_KEY, 300.0)))
     say(f"fedhet: {len(rc.roster.node_of)} SuperNodes joined in {time.perf_counter() - t0:.1f} s")
