@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+import signal
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +69,7 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     prepare_out(out, force)
     t0 = time.perf_counter()
     logs_to = None if keep_logs else out / LOGS_DIR
-    with LocalFederation(cfg.clients, workdir=keep_logs, simulation=simulation,
+    with _stopped_cleanly(), LocalFederation(cfg.clients, workdir=keep_logs, simulation=simulation,
                          node_max_wait=node_wait, logs_to=logs_to, **ray) as fed:
         app_dir = fed.workdir / "app"
         write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait,
@@ -86,6 +90,28 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     summary["supernodes_finished"] = deploy.get("supernodes_finished", len(deploy.get("nodes", {})))
     print(f"{summary['supernodes_finished']} of {cfg.clients} SuperNodes finished the run")
     return summary
+
+
+@contextlib.contextmanager
+def _stopped_cleanly() -> Iterator[None]:
+    """SIGTERM or SIGHUP (a batch scheduler's time limit, a closed terminal) end the run like
+    Ctrl-C does: the federation's `with` stops every process it started, then one line."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # one stop at a time
+        raise FedhetError(f"stopped by {signal.Signals(signum).name}; stopped every Flower "
+                          "process of the run")
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 class Echo:
