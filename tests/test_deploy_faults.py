@@ -28,8 +28,8 @@ from fedhet.engine.simulation import Simulation  # noqa: E402
 from fedhet.engine.store import read_checkpoint  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-SETTINGS = {"algorithm": "fedavg", "dataset": "digits", "partition": "dirichlet", "clients": 3,
-            "rounds": 8, "lr": 0.1, "seed": 3, "local_steps": 4}
+SETTINGS = {"algorithm": "fedavg", "dataset": "digits", "partition": "dirichlet", "clients": 2,
+            "rounds": 10, "lr": 0.1, "seed": 3, "local_steps": 4}
 
 
 def _rows(out: Path) -> list[dict[str, str]]:
@@ -52,7 +52,7 @@ def test_a_killed_supernode_is_dropped_for_the_rounds_it_misses_and_rejoins(tmp_
     out = tmp_path / "out"
     seen: list[str] = []
     result: dict[str, Any] = {}
-    with LocalFederation(3, workdir=tmp_path / "fed") as fed:
+    with LocalFederation(2, workdir=tmp_path / "fed") as fed:
         write_app(tmp_path / "app", SETTINGS, out, round_timeout=120, node_wait_timeout=120,
                   fast_pulls=True, node_events=fed.events_file)
         def run() -> None:
@@ -64,37 +64,37 @@ def test_a_killed_supernode_is_dropped_for_the_rounds_it_misses_and_rejoins(tmp_
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         _wait(lambda: len(_rows(out)) >= 2 or not thread.is_alive(), 180, "round 1")
-        victim = fed.nodes[2].pid
+        victim = fed.nodes[1].pid
         os.kill(victim, signal.SIGKILL)
-        _wait(lambda: any(f"SuperNode 2 (PID {victim}) died" in s for s in seen)
+        _wait(lambda: any(f"SuperNode 1 (PID {victim}) died" in s for s in seen)
               or not thread.is_alive(), 30, "the watchdog's line")
-        fed.start_node(2)  # started again by hand: the same partition, a new Flower node
+        fed.start_node(1)  # started again by hand: the same partition, a new Flower node
         thread.join(timeout=240)
         assert not thread.is_alive(), "the run did not end"
         pids = fed.all_pids()
     assert "error" not in result, result.get("error")
-    assert result["summary"]["finished"] and result["summary"]["rounds_done"] == 8
+    assert result["summary"]["finished"] and result["summary"]["rounds_done"] == 10
 
-    died = [s for s in seen if f"SuperNode 2 (PID {victim}) died" in s]
+    died = [s for s in seen if f"SuperNode 1 (PID {victim}) died" in s]
     assert len(died) == 1 and "killed by SIGKILL" in died[0] and "during round" in died[0]
     assert "flower-supernode --insecure --superlink 127.0.0.1:" in died[0]
 
     # the drop: a block of rounds from the kill to the rejoin, as deploy.json records them
     events = json.loads((out / "deploy.json").read_text())["node_events"]
-    assert [(e["client"], e["event"]) for e in events] == [(2, "dropped"), (2, "rejoined")]
+    assert [(e["client"], e["event"]) for e in events] == [(1, "dropped"), (1, "rejoined")]
     first, back = events[0]["round"], events[1]["round"]
-    assert 2 <= first < back <= 8
+    assert 2 <= first < back <= 10
     dropped = [float(r["clients_dropped"]) for r in _rows(out)]
-    assert dropped == [0.0 if k < first or k >= back else 1.0 for k in range(9)]
-    assert any(f"round {back}: client 2 rejoined" in s for s in seen), seen
+    assert dropped == [0.0 if k < first or k >= back else 1.0 for k in range(11)]
+    assert any(f"round {back}: client 1 rejoined" in s for s in seen), seen
     # the launcher told the server app at once: no wait for two missed heartbeats (20 s)
-    assert any(s.startswith(f"fedhet: round {first}: dropped client 2 (SuperNode ") and
+    assert any(s.startswith(f"fedhet: round {first}: dropped client 1 (SuperNode ") and
                "its SuperNode died" in s for s in seen), seen
 
-    # the same model as the in-process engine with client 2 offline in exactly those rounds
+    # the same model as the in-process engine with client 1 offline in exactly those rounds
     class Offline(FaultModel):
         def outcome(self, client_id: int, round: int) -> str:
-            return DROPPED if client_id == 2 and first <= round + 1 < back else OK
+            return DROPPED if client_id == 1 and first <= round + 1 < back else OK
 
     local = Simulation(config_of(SETTINGS), store=None, log=lambda _: None)
     local.faults = Offline.from_config(local.cfg)
@@ -107,7 +107,7 @@ def test_a_killed_supernode_is_dropped_for_the_rounds_it_misses_and_rejoins(tmp_
 
 def test_a_killed_superlink_ends_deploy_local_and_leaves_nothing_running(tmp_path):
     cmd = [sys.executable, "-m", "fedhet", "deploy", "local", "-a", "fedavg", "-d", "digits",
-           "-n", "2", "-r", "200", "--set", "lr=0.1", "--out", str(tmp_path / "out")]
+           "-n", "1", "-r", "200", "--set", "lr=0.1", "--out", str(tmp_path / "out")]
     env = {**os.environ, "PYTHONPATH": SRC, "FLWR_TELEMETRY_ENABLED": "0"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
