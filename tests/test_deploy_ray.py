@@ -80,8 +80,10 @@ def _unshare_works() -> bool:
 
 
 def test_ray_flags_are_checked_and_the_address_is_chosen(monkeypatch):
-    with pytest.raises(FedhetError, match="--ray-address, --client-gpus only apply with --simulation"):
+    with pytest.raises(FedhetError, match="--ray-address, --client-gpus apply only with --simulation"):
         _ray_options(False, "127.0.0.1:6379", None, 0.5)
+    with pytest.raises(FedhetError, match="--client-cpus applies only with --simulation"):
+        _ray_options(False, None, 2, None)
     with pytest.raises(FedhetError, match="--client-cpus must be a whole number"):
         _ray_options(True, None, 0.5, None)
     with pytest.raises(FedhetError, match="--client-gpus must be a share"):

@@ -145,11 +145,12 @@ def _ray_options(simulation: bool, address: str | None, cpus: int | None,
     given = [f for f, v in (("--ray-address", address), ("--client-cpus", cpus),
                             ("--client-gpus", gpus)) if v is not None]
     if given and not simulation:
-        raise FedhetError(f"{', '.join(given)} only apply with --simulation (Flower's Ray runtime)")
+        verb = "applies" if len(given) == 1 else "apply"
+        raise FedhetError(f"{', '.join(given)} {verb} only with --simulation (Flower's Ray runtime)")
     if cpus is not None and (cpus != int(cpus) or cpus < 1):
-        raise FedhetError(f"--client-cpus must be a whole number of CPUs, at least 1, got {cpus}")
+        raise FedhetError(f"--client-cpus must be a whole number of CPUs, at least 1, got {cpus:g}")
     if gpus is not None and not gpus >= 0:
-        raise FedhetError(f"--client-gpus must be a share of GPUs >= 0 (e.g. 0.25), got {gpus}")
+        raise FedhetError(f"--client-gpus must be a share of GPUs >= 0 (e.g. 0.25), got {gpus:g}")
     if address is not None and not address.strip():
         raise FedhetError("--ray-address is empty; give HOST:PORT of the cluster's head, or auto")
     return {"ray_address": address, "cpus_per_node": int(cpus or 1),
