@@ -35,6 +35,8 @@ def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: 
         print(f"  flower-supernode --insecure --superlink 127.0.0.1:9093 --port {9100 + i} "
               f"--max-wait-time {node_wait:g} --node-config 'partition-id={i} num-partitions={cfg.clients}'")
     print(f"then: flwr run {q(str(app_dir))} <connection> --stream  (results in {out})")
+    print("a SuperNode that dies is a dropped client for the rounds it misses; "
+          "start it again with the same command and it rejoins")
     return path
 
 
