@@ -14,6 +14,7 @@ with TLS across machines.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,22 @@ from fedhet.errors import FedhetError
 
 HOST = "127.0.0.1"
 CONNECTION = "fedhet-local"
+
+
+def _parent_death_signal() -> Any:
+    """A `preexec_fn` that makes the child get SIGTERM when the thread that started it ends
+    (Linux `prctl(PR_SET_PDEATHSIG)`), or None where that is not available. `prctl` is looked
+    up here, in the parent, so the child only calls it between fork and exec."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+
+
+_DIE_WITH_PARENT = _parent_death_signal()
 
 
 def free_port() -> int:
@@ -138,7 +156,9 @@ class LocalFederation:
 
     Every process started here gets its own session, and every process they start is
     tracked (`track`), so `stop` also ends what a dead parent left behind (the SuperLink's
-    `flwr-superexec` and `flwr-serverapp` when the SuperLink itself was killed).
+    `flwr-superexec` and `flwr-serverapp` when the SuperLink itself was killed). On Linux the
+    processes started from the main thread also get SIGTERM if this process dies without
+    stopping them (`kill -9`): `PR_SET_PDEATHSIG`.
     `tls=(ca.crt, server.pem, server.key)` replaces `--insecure` on every connection.
     `node_config` adds node-config entries per partition id (e.g. `data-dir`).
     """
@@ -186,9 +206,13 @@ class LocalFederation:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{log_name}.log", "ab")  # noqa: SIM115 (closed with the process)
         try:
+            # the signal goes when the starting *thread* ends: only ask for it from the main
+            # thread, which lives as long as the process
+            main = threading.current_thread() is threading.main_thread()
             proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=self.workdir,
-                                    start_new_session=True)
+                                    start_new_session=True,
+                                    preexec_fn=_DIE_WITH_PARENT if main else None)
         finally:
             log.close()
         self.names[proc.pid] = (name, self.shown_logs / f"{log_name}.log")
