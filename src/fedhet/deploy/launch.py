@@ -5,8 +5,9 @@ subprocesses (insecure HTTP on loopback only, runtime dependency installation, t
 update checks off, all state under a private `FLWR_HOME`), submits a fedhet run with
 `flwr run` and stops every process it started when it exits, even on error. By default
 (`warm=True`) each SuperNode runs in process-isolation mode with a warm ClientApp worker next
-to it (`fedhet.deploy.worker`, `fedhet.deploy.node`); `Watchdog` ends a run as soon as any
-started process dies. It is what
+to it (`fedhet.deploy.worker`, `fedhet.deploy.node`). `Watchdog` ends a run as soon as the
+SuperLink, the ServerApp or `flwr run` dies, and turns a SuperNode that dies mid-run into one
+line and a dropped client (recorded in `events_file` for the server app). It is what
 `fedhet deploy local` and the tests use; docs/deploy.md shows the same commands by hand and
 with TLS across machines.
 """
