@@ -427,6 +427,24 @@ def test_a_node_that_left_is_dropped_until_its_partition_rejoins():
     assert torch.allclose(remote.final_state.w, local.final_state.w, atol=1e-6, rtol=0)
 
 
+def test_a_round_where_no_node_answers_keeps_the_server_state():
+    """As in process (docs/faults.md): nobody returned, the model stays, the run goes on."""
+    settings = {**BASE, "algorithm": "fedavg", "rounds": 2}
+    grid = InProcessGrid(settings, 3)
+    lines: list[str] = []
+    remote = FlowerRoundContext(config_of(settings), None, grid, round_timeout=0.2,
+                                log=lines.append)
+    remote.roster.wait_for_all(1.0)
+    grid.silent = {100, 101, 102}
+    rows: list[dict[str, Any]] = []
+    remote.on_round = rows.append
+    summary = remote.run()
+    assert summary["finished"] and [r["clients_dropped"] for r in rows] == [3, 3]
+    assert torch.equal(remote.final_state.w, remote.w0)
+    assert "fedhet: round 1: no client returned; server state kept" in lines
+    assert "fedhet: round 2: no client returned; server state kept" in lines
+
+
 def test_silent_node_on_a_relayed_topology_fails_clearly(test_algorithms):
     settings = {**BASE, "algorithm": ChainAvg.name}
     grid = InProcessGrid(settings, 3)
