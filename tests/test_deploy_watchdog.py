@@ -174,3 +174,51 @@ def _cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return ""
+
+
+def test_a_supernode_dying_mid_run_is_a_line_not_the_end_of_the_run(tmp_path):
+    """Before the server app said the nodes joined, a dead SuperNode ends the run (the server
+    would only wait for it); after, it is one line, its worker is stopped with it and the
+    death is recorded for the server app. A dead worker takes its SuperNode out the same way."""
+    fed = LocalFederation(2, workdir=tmp_path)
+    fed.logs.mkdir(parents=True)
+    (fed.logs / "flwr-run.log").write_text("")
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "metrics.csv").write_text("round\n0\n1\n")  # round 2 in flight
+    for i in (0, 1):
+        fed.nodes[i] = fed._spawn(f"supernode-{i}", ["sleep", "60"], f"SuperNode {i}")
+        fed.workers[i] = fed._spawn(f"clientapp-{i}", ["sleep", "60"], f"ClientApp worker {i}")
+    idle = subprocess.Popen(["sleep", "60"])
+    seen: list[str] = []
+    try:
+        watchdog = Watchdog(fed, idle, echo=seen.append, out=tmp_path / "out")
+        early = fed.nodes[0].pid
+        os.kill(early, signal.SIGKILL)
+        fed.nodes[0].wait(timeout=10)
+        with pytest.raises(FedhetError, match=rf"SuperNode 0 \(PID {early}\) died with killed by SIGKILL"):
+            watchdog.check()
+
+        with (fed.logs / "flwr-run.log").open("a") as f:
+            f.write("fedhet: 2 SuperNodes joined in 1.0 s\n")
+        watchdog.echo_news()
+        worker, node = fed.workers[0].pid, fed.nodes[0].pid
+        watchdog.check()  # the joined line: from now on a node's death is not fatal
+        assert seen[-1].startswith("fedhet: ") and f"SuperNode 0 (PID {node}) died with killed by " \
+            "SIGKILL during round 2; client 0 is dropped from the rounds it misses" in seen[-1]
+        assert 0 not in fed.nodes and 0 not in fed.workers and not _alive(worker)
+
+        node1, worker1 = fed.nodes[1].pid, fed.workers[1].pid
+        os.kill(worker1, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while fed.workers.get(1) is not None and fed.workers[1].poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watchdog.check()
+        assert f"SuperNode 1 (PID {node1}) (its ClientApp worker, PID {worker1}) died" in seen[-1]
+        assert not fed.nodes and not fed.workers and not _alive(node1)
+        events = [json.loads(line) for line in fed.events_file.read_text().splitlines()]
+        assert [(e["partition"], e["pid"]) for e in events] == [(0, node), (1, node1)]
+    finally:
+        fed.stop(grace=1.0)
+        idle.kill()
+        idle.wait()

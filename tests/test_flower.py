@@ -362,11 +362,87 @@ def test_each_dropped_client_is_reported_in_each_round():
     grid.silent = {102}
     remote.run()
     assert lines == [
-        "fedhet: round 1: dropped client 2 (SuperNode 102): no reply within 0.3 s; left out of "
-        "the rest of the run",
-        "fedhet: round 2: dropped client 2: its SuperNode left the run earlier",
-        "fedhet: round 3: dropped client 2: its SuperNode left the run earlier",
+        "fedhet: round 1: dropped client 2 (SuperNode 102): no reply within 0.3 s; left out "
+        "until a SuperNode for partition-id 2 joins again",
+        "fedhet: round 2: dropped client 2: its SuperNode left the run in round 1",
+        "fedhet: round 3: dropped client 2: its SuperNode left the run in round 1",
     ]
+
+
+def test_a_node_that_left_is_dropped_until_its_partition_rejoins():
+    """The node of client 2 goes offline in round 2 (the SuperLink answers NODE_UNAVAILABLE);
+    a new node for partition 2 joins before round 4. Client 2 is dropped in rounds 2 and 3
+    only, and the model equals the in-process engine's with client 2 offline in exactly those
+    rounds (`client_dropout`'s partial participation)."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    from fedhet.engine.faults import DROPPED, OK, FaultModel
+
+    settings = {**BASE, "algorithm": "fedavg", "rounds": 4}
+    cfg = config_of(settings)
+    grid = InProcessGrid(settings, 3)
+    lines: list[str] = []
+    remote = FlowerRoundContext(cfg, None, grid, round_timeout=5.0, log=lines.append)
+    remote.roster.wait_for_all(1.0)
+    push = grid.push_messages
+
+    def offline_node_102(messages):
+        ids = push(messages)
+        for mid, msg in zip(ids, messages, strict=True):
+            if msg.metadata.dst_node_id == 102 and msg.metadata.message_type == "train" \
+                    and msg.metadata.group_id == "2":
+                grid.replies[mid] = flwr.app.Message(
+                    Error(ErrorCode.NODE_UNAVAILABLE, "offline"), reply_to=msg)
+        return ids
+
+    grid.push_messages = offline_node_102
+    rows: list[dict[str, Any]] = []
+
+    def on_round(row):
+        rows.append(row)
+        if row["round"] == 3:  # the restarted node registers before round 4
+            run_config = {"fedhet-settings": json.dumps(settings)}
+            grid.contexts[103] = Context(1, 103, {"partition-id": 2}, RecordDict(), run_config)
+
+    remote.on_round = on_round
+    remote.run()
+    assert [r["clients_dropped"] for r in rows] == [0, 1, 1, 0]
+    assert lines == [
+        "fedhet: round 2: dropped client 2 (SuperNode 102): the SuperLink reports its SuperNode "
+        "offline; left out until a SuperNode for partition-id 2 joins again",
+        "fedhet: round 3: dropped client 2: its SuperNode left the run in round 2",
+        "fedhet: round 4: client 2 rejoined on SuperNode 103 (dropped since round 2)",
+    ]
+    assert remote.roster.node_of == {0: 100, 1: 101, 2: 103}
+
+    class Offline(FaultModel):
+        def outcome(self, client_id: int, round: int) -> str:
+            return DROPPED if (client_id, round) in {(2, 1), (2, 2)} else OK
+
+    local = Simulation(cfg, store=None, log=lambda _: None)
+    local.faults = Offline.from_config(cfg)
+    assert isinstance(local.faults, Offline)
+    local.run()
+    assert torch.allclose(remote.final_state.w, local.final_state.w, atol=1e-6, rtol=0)
+
+
+def test_a_round_where_no_node_answers_keeps_the_server_state():
+    """As in process (docs/faults.md): nobody returned, the model stays, the run goes on."""
+    settings = {**BASE, "algorithm": "fedavg", "rounds": 2}
+    grid = InProcessGrid(settings, 3)
+    lines: list[str] = []
+    remote = FlowerRoundContext(config_of(settings), None, grid, round_timeout=0.2,
+                                log=lines.append)
+    remote.roster.wait_for_all(1.0)
+    grid.silent = {100, 101, 102}
+    rows: list[dict[str, Any]] = []
+    remote.on_round = rows.append
+    summary = remote.run()
+    assert summary["finished"] and [r["clients_dropped"] for r in rows] == [3, 3]
+    assert torch.equal(remote.final_state.w, remote.w0)
+    assert "fedhet: round 1: no client returned; server state kept" in lines
+    assert "fedhet: round 2: no client returned; server state kept" in lines
 
 
 def test_silent_node_on_a_relayed_topology_fails_clearly(test_algorithms):

@@ -271,7 +271,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         return 0
     keep = Path(args.keep_logs) if args.keep_logs else None
     summary = deploy_local(values, out, args.round_timeout, args.node_wait, args.timeout,
-                           args.force, keep, simulation=args.simulation)
+                           args.force, keep, simulation=args.simulation,
+                           ray_address=args.ray_address, client_cpus=args.client_cpus,
+                           client_gpus=args.client_gpus)
     print(
         f"{summary['algorithm']} over Flower ({summary.get('supernodes_finished', summary['clients'])} of "
         f"{summary['clients']} SuperNodes finished): final accuracy "
@@ -398,6 +400,13 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--keep-logs", metavar="DIR", help="local: keep Flower's logs and home in DIR")
     dep.add_argument("--simulation", action="store_true",
                      help="local: Flower's simulation runtime (Ray; needs fedhet[flower-sim])")
+    dep.add_argument("--ray-address", metavar="ADDR",
+                     help="--simulation: join this Ray cluster (HOST:PORT of `ray start --head`, "
+                          "or auto; default: $RAY_ADDRESS, else a private one-node Ray)")
+    dep.add_argument("--client-cpus", type=float, metavar="N",
+                     help="--simulation: CPUs each virtual SuperNode's ClientApp holds (default 1)")
+    dep.add_argument("--client-gpus", type=float, metavar="G",
+                     help="--simulation: GPU share of each virtual SuperNode (e.g. 0.25; default 0)")
     dep.set_defaults(func=cmd_deploy)
     demo = sub.add_parser("demo", help="FedAvg vs FedNova on digits, Dirichlet 0.5 (embedded)")
     demo.add_argument("--out", default="runs/demo")

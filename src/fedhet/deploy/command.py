@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
+import signal
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,42 +35,128 @@ def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: 
         print(f"  flower-supernode --insecure --superlink 127.0.0.1:9093 --port {9100 + i} "
               f"--max-wait-time {node_wait:g} --node-config 'partition-id={i} num-partitions={cfg.clients}'")
     print(f"then: flwr run {q(str(app_dir))} <connection> --stream  (results in {out})")
+    print("a SuperNode that dies is a dropped client for the rounds it misses; "
+          "start it again with the same command and it rejoins")
     return path
+
+
+LOGS_DIR = "flower-logs"
+"""Where `deploy local` keeps the Flower logs, inside the run directory."""
 
 
 def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_wait: float,
                  timeout: float, force: bool, keep_logs: Path | None,
-                 simulation: bool = False) -> dict[str, Any]:
+                 simulation: bool = False, ray_address: str | None = None,
+                 client_cpus: int | None = None, client_gpus: float | None = None) -> dict[str, Any]:
     """Start a SuperLink and one SuperNode per client on 127.0.0.1 (or, with `simulation`,
     a SuperLink running Flower's Ray simulation runtime), run, stop everything.
 
-    Every started process is watched: when one dies the others are stopped and a
-    `FedhetError` names it (the CLI prints it as one `error:` line and exits non-zero), as
-    it does when the server app wrote `OUT/error.txt`. The server app's progress lines
-    (SuperNodes joined, each dropped client per round) are echoed as they happen. The returned
-    summary carries `supernodes_finished` (SuperNodes still in the run at its end).
+    Every started process is watched: when the SuperLink, the ServerApp or `flwr run` dies,
+    the others are stopped and a `FedhetError` names it (the CLI prints it as one `error:`
+    line and exits non-zero), as it does when the server app wrote `OUT/error.txt`. A
+    SuperNode that dies mid-run is one line and a dropped client (`launch.Watchdog`). The
+    server app's progress lines (SuperNodes joined, one line per round, each dropped or
+    rejoined client) are echoed as they happen; on a terminal the round lines overwrite each
+    other. Flower's logs end up in `OUT/flower-logs` (or live in `keep_logs`, with Flower's
+    home). With `simulation`, `ray_address` (else `RAY_ADDRESS`) joins an existing Ray cluster
+    and each virtual node's ClientApp holds `client_cpus` CPUs and `client_gpus` GPUs. The
+    returned summary carries `supernodes_finished` (SuperNodes still in the run at its end).
     """
 
     # needs the optional extra fedhet[flower]
     from fedhet.deploy.launch import LocalFederation
 
     cfg = config_of(values)
+    ray = _ray_options(simulation, ray_address, client_cpus, client_gpus)
     prepare_out(out, force)
     t0 = time.perf_counter()
-    with LocalFederation(cfg.clients, workdir=keep_logs, simulation=simulation,
-                         node_max_wait=node_wait) as fed:
+    logs_to = None if keep_logs else out / LOGS_DIR
+    with _stopped_cleanly(), LocalFederation(cfg.clients, workdir=keep_logs, simulation=simulation,
+                         node_max_wait=node_wait, logs_to=logs_to, **ray) as fed:
         app_dir = fed.workdir / "app"
         write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait,
-                  fast_pulls=not simulation)
+                  fast_pulls=not simulation, node_events=None if simulation else fed.events_file)
         nodes = "simulated (Ray) " if simulation else ""
-        print(f"SuperLink on 127.0.0.1:{fed.port} with {cfg.clients} {nodes}SuperNodes; "
-              f"logs in {fed.logs}", flush=True)
-        summary = fed.run(app_dir, out, timeout=timeout, echo=lambda line: print(line, flush=True))
+        cluster = f" on the Ray cluster at {fed.env['RAY_ADDRESS']}" \
+            if simulation and fed.env["RAY_ADDRESS"] != "local" else ""
+        where = f"{fed.logs} (copied to {logs_to} at the end)" if logs_to else str(fed.logs)
+        print(f"SuperLink on 127.0.0.1:{fed.port} with {cfg.clients} {nodes}SuperNodes{cluster}; "
+              f"logs in {where}", flush=True)
+        echo = Echo()
+        try:
+            summary = fed.run(app_dir, out, timeout=timeout, echo=echo)
+        finally:
+            echo.close()
     summary["deploy_wall_s"] = time.perf_counter() - t0
     deploy = json.loads((out / "deploy.json").read_text())
     summary["supernodes_finished"] = deploy.get("supernodes_finished", len(deploy.get("nodes", {})))
     print(f"{summary['supernodes_finished']} of {cfg.clients} SuperNodes finished the run")
     return summary
+
+
+@contextlib.contextmanager
+def _stopped_cleanly() -> Iterator[None]:
+    """SIGTERM or SIGHUP (a batch scheduler's time limit, a closed terminal) end the run like
+    Ctrl-C does: the federation's `with` stops every process it started, then one line."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # one stop at a time
+        raise FedhetError(f"stopped by {signal.Signals(signum).name}; stopped every Flower "
+                          "process of the run")
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+class Echo:
+    """Prints the server app's lines; on a terminal a round's progress line replaces the last."""
+
+    def __init__(self, stream: Any = None) -> None:
+        self.stream = stream or sys.stdout
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.open = False  # a progress line is on screen without its newline
+
+    def __call__(self, line: str) -> None:
+        progress = line.startswith("fedhet: round ") and " s/round, ETA " in line
+        if self.tty and progress:
+            self.stream.write(f"\r\033[K{line}")
+            self.open = True
+        else:
+            self.close()
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.open = False
+
+
+def _ray_options(simulation: bool, address: str | None, cpus: int | None,
+                 gpus: float | None) -> dict[str, Any]:
+    """LocalFederation's Ray arguments from the flags; one clear line for a bad one."""
+    given = [f for f, v in (("--ray-address", address), ("--client-cpus", cpus),
+                            ("--client-gpus", gpus)) if v is not None]
+    if given and not simulation:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise FedhetError(f"{', '.join(given)} {verb} only with --simulation (Flower's Ray runtime)")
+    if cpus is not None and (cpus != int(cpus) or cpus < 1):
+        raise FedhetError(f"--client-cpus must be a whole number of CPUs, at least 1, got {cpus:g}")
+    if gpus is not None and not gpus >= 0:
+        raise FedhetError(f"--client-gpus must be a share of GPUs >= 0 (e.g. 0.25), got {gpus:g}")
+    if address is not None and not address.strip():
+        raise FedhetError("--ray-address is empty; give HOST:PORT of the cluster's head, or auto")
+    return {"ray_address": address, "cpus_per_node": int(cpus or 1),
+            "gpus_per_node": float(gpus or 0.0)}
 
 
 def check_timeouts(*pairs: tuple[str, float]) -> None:

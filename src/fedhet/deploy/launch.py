@@ -5,8 +5,9 @@ subprocesses (insecure HTTP on loopback only, runtime dependency installation, t
 update checks off, all state under a private `FLWR_HOME`), submits a fedhet run with
 `flwr run` and stops every process it started when it exits, even on error. By default
 (`warm=True`) each SuperNode runs in process-isolation mode with a warm ClientApp worker next
-to it (`fedhet.deploy.worker`, `fedhet.deploy.node`); `Watchdog` ends a run as soon as any
-started process dies. It is what
+to it (`fedhet.deploy.worker`, `fedhet.deploy.node`). `Watchdog` ends a run as soon as the
+SuperLink, the ServerApp or `flwr run` dies, and turns a SuperNode that dies mid-run into one
+line and a dropped client (recorded in `events_file` for the server app). It is what
 `fedhet deploy local` and the tests use; docs/deploy.md shows the same commands by hand and
 with TLS across machines.
 """
@@ -14,13 +15,16 @@ with TLS across machines.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,22 @@ from fedhet.errors import FedhetError
 
 HOST = "127.0.0.1"
 CONNECTION = "fedhet-local"
+
+
+def _parent_death_signal() -> Any:
+    """A `preexec_fn` that makes the child get SIGTERM when the thread that started it ends
+    (Linux `prctl(PR_SET_PDEATHSIG)`), or None where that is not available. `prctl` is looked
+    up here, in the parent, so the child only calls it between fork and exec."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+
+
+_DIE_WITH_PARENT = _parent_death_signal()
 
 
 def free_port() -> int:
@@ -49,6 +69,20 @@ def _wait_port(port: int, timeout: float, proc: subprocess.Popen, log: Path) -> 
         except OSError:
             time.sleep(0.2)
     raise FedhetError(f"flower-superlink did not listen on {HOST}:{port} within {timeout:.0f} s")
+
+
+def _process_table() -> dict[int, tuple[int, int, int]]:
+    """Every process as PID -> (parent PID, session id, start time in clock ticks), from /proc."""
+    table: dict[int, tuple[int, int, int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            f = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            table[int(entry.name)] = (int(f[1]), int(f[3]), int(f[19]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
 
 
 def _children(pid: int) -> list[int]:
@@ -114,7 +148,18 @@ class LocalFederation:
     """`with LocalFederation(n) as fed: fed.run(app_dir, out)` — see the module docstring.
 
     `simulation=True` uses Flower's simulation runtime (Ray) instead: the SuperLink runs the
-    `n` nodes itself (`cpus_per_node` CPUs each) and no SuperNode is started.
+    `n` nodes itself and no SuperNode is started. Each virtual node's ClientApp runs in a Ray
+    actor holding `cpus_per_node` CPUs and `gpus_per_node` GPUs (Flower's backend config
+    `client_resources`; the actor pool is as large as the cluster's nodes can hold).
+    `ray_address` joins an existing Ray cluster (`ray start --head` on one machine, `ray start
+    --address HEAD:6379` on the others; Ray's own `RAY_ADDRESS` otherwise); without one,
+    Flower starts a private one-node Ray instance (`RAY_ADDRESS=local`), never a stray one.
+
+    Every process started here gets its own session, and every process they start is
+    tracked (`track`), so `stop` also ends what a dead parent left behind (the SuperLink's
+    `flwr-superexec` and `flwr-serverapp` when the SuperLink itself was killed). On Linux the
+    processes started from the main thread also get SIGTERM if this process dies without
+    stopping them (`kill -9`): `PR_SET_PDEATHSIG`.
     `tls=(ca.crt, server.pem, server.key)` replaces `--insecure` on every connection.
     `node_config` adds node-config entries per partition id (e.g. `data-dir`).
     """
@@ -122,19 +167,29 @@ class LocalFederation:
     def __init__(self, num_nodes: int, workdir: Path | None = None, start_timeout: float = 60.0,
                  node_config: dict[int, dict[str, Any]] | None = None, simulation: bool = False,
                  cpus_per_node: int = 1, tls: tuple[Path, Path, Path] | None = None,
-                 warm: bool = True, node_max_wait: float = 60.0) -> None:
+                 warm: bool = True, node_max_wait: float = 60.0, gpus_per_node: float = 0.0,
+                 ray_address: str | None = None, logs_to: Path | None = None) -> None:
         self.num_nodes = num_nodes
         self.warm = warm and not simulation
         self.node_max_wait = node_max_wait
         self.tls = tuple(Path(p).resolve() for p in tls) if tls else None
         self.simulation = simulation
         self.cpus_per_node = cpus_per_node
+        self.gpus_per_node = gpus_per_node
+        self.ray_address = ray_address
         self.start_timeout = start_timeout
         self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="fedhet-flower-")
         self.workdir = Path(workdir or self._tmp.name)
         self.flwr_home = self.workdir / "flwr-home"
         self.logs = self.workdir / "logs"
+        self.logs_to = Path(logs_to) if logs_to else None
+        """Where the logs are copied when the federation stops (messages name it)."""
+        self.shown_logs = self.logs_to or self.logs
+        self.events_file = self.workdir / "node-events.jsonl"
+        """SuperNodes seen dying (`Watchdog`), for the server app (`project.app_pyproject`)."""
         self.env = flower_env(self.flwr_home)
+        if simulation:
+            self.env["RAY_ADDRESS"] = ray_address or os.environ.get("RAY_ADDRESS") or "local"
         self.port = free_port()
         self.superlink: subprocess.Popen | None = None
         self.nodes: dict[int, subprocess.Popen] = {}
@@ -142,6 +197,9 @@ class LocalFederation:
         self.node_address: dict[int, str] = {}
         self.names: dict[int, tuple[str, Path]] = {}
         self.node_config = node_config or {}
+        self.spawned: list[subprocess.Popen] = []
+        self.tracked: dict[int, int] = {}  # PID -> start time, every process of the federation
+        self.sessions: set[int] = set()
 
     # -- processes ------------------------------------------------------------------------
     def _spawn(self, log_name: str, args: list[str], name: str) -> subprocess.Popen:
@@ -149,12 +207,44 @@ class LocalFederation:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = open(self.logs / f"{log_name}.log", "ab")  # noqa: SIM115 (closed with the process)
         try:
+            # the signal goes when the starting *thread* ends: only ask for it from the main
+            # thread, which lives as long as the process
+            main = threading.current_thread() is threading.main_thread()
             proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=self.workdir)
+                                    stdin=subprocess.DEVNULL, cwd=self.workdir,
+                                    start_new_session=True,
+                                    preexec_fn=_DIE_WITH_PARENT if main else None)
         finally:
             log.close()
-        self.names[proc.pid] = (name, self.logs / f"{log_name}.log")
+        self.names[proc.pid] = (name, self.shown_logs / f"{log_name}.log")
+        self.spawned.append(proc)
+        self.track()
         return proc
+
+    def track(self) -> None:
+        """Remember every live descendant of the started processes (PID, start time, session),
+        so that `stop` finds them even after their parent died."""
+        table = _process_table()
+        kids: dict[int, list[int]] = {}
+        for pid, (ppid, _, _) in table.items():
+            kids.setdefault(ppid, []).append(pid)
+        todo = [p.pid for p in self.spawned if p.poll() is None]
+        while todo:
+            pid = todo.pop()
+            if pid in table:
+                self.tracked[pid] = table[pid][2]
+                self.sessions.add(table[pid][1])
+            todo.extend(kids.get(pid, []))
+        self.sessions.discard(os.getsid(0))
+
+    def leftovers(self) -> list[int]:
+        """Live processes of this federation: tracked PIDs (same start time) and any process in
+        a session that one of them led."""
+        own = os.getsid(0)
+        table = _process_table()
+        return [pid for pid, (_, sid, start) in table.items()
+                if pid != os.getpid() and _alive(pid)
+                and (self.tracked.get(pid) == start or (sid in self.sessions and sid != own))]
 
     def start(self) -> LocalFederation:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
@@ -170,7 +260,7 @@ class LocalFederation:
             "--host", HOST, "--port", str(self.port),
             "--disable-runtime-dependency-installation", *(["--simulation"] * self.simulation),
         ], "SuperLink")
-        _wait_port(self.port, self.start_timeout, self.superlink, self.logs / "superlink.log")
+        _wait_port(self.port, self.start_timeout, self.superlink, self.shown_logs / "superlink.log")
         for i in range(0 if self.simulation else self.num_nodes):
             self.start_node(i)
         return self
@@ -217,6 +307,16 @@ class LocalFederation:
                     os.kill(pid, signal.SIGKILL)
             proc.wait(timeout=10)
 
+    def restart_command(self, partition_id: int) -> str:
+        """The command that starts the SuperNode of `partition_id` again, by hand."""
+        items = {"partition-id": partition_id, "num-partitions": self.num_nodes,
+                 **self.node_config.get(partition_id, {})}
+        config = " ".join(f"{k}={_config_value(v)}" for k, v in items.items())
+        security = f"--root-certificates {self.tls[0]}" if self.tls else "--insecure"
+        return (f"FLWR_HOME={self.flwr_home} flower-supernode {security} --superlink "
+                f"{self.node_address.get(partition_id, f'{HOST}:{self.port}')} "
+                f"--node-config '{config}'")
+
     def processes(self) -> list[subprocess.Popen]:
         return [p for p in (self.superlink, *self.nodes.values(), *self.workers.values())
                 if p is not None]
@@ -224,9 +324,23 @@ class LocalFederation:
     def all_pids(self) -> list[int]:
         return [pid for p in self.processes() for pid in (p.pid, *_children(p.pid))]
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop every process of the federation: SIGTERM, then SIGKILL what is left after
+        `grace` s, orphans included (`leftovers`)."""
+        self.track()
         for proc in reversed(self.processes()):
-            stop_tree(proc)
+            stop_tree(proc, grace=grace)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            left = self.leftovers()
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + grace
+            while left and time.monotonic() < deadline and any(_alive(p) for p in left):
+                time.sleep(0.1)
+        for proc in self.spawned:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1.0)
         self.nodes.clear()
         self.workers.clear()
         self.superlink = None
@@ -240,6 +354,8 @@ class LocalFederation:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+        if self.logs_to is not None and self.logs.is_dir():
+            shutil.copytree(self.logs, self.logs_to, dirs_exist_ok=True)
         if self._tmp is not None:
             self._tmp.cleanup()
 
@@ -251,7 +367,8 @@ class LocalFederation:
             args += ["--run-config", item]
         if self.simulation:
             args += ["--federation-config",
-                     f"num-supernodes={self.num_nodes} client-resources-num-cpus={self.cpus_per_node}"]
+                     f"num-supernodes={self.num_nodes} client-resources-num-cpus={self.cpus_per_node} "
+                     f"client-resources-num-gpus={float(self.gpus_per_node)!r}"]
         return self._spawn("flwr-run", args, "flwr run")
 
     def run(self, app_dir: Path, out: Path, timeout: float = 3600.0,
@@ -262,9 +379,9 @@ class LocalFederation:
         a `FedhetError` naming it, and the caller's `with` stops the others.
         """
         client = self.submit(app_dir, run_config)
-        watchdog = Watchdog(self, client, echo=echo)
+        watchdog = Watchdog(self, client, echo=echo, out=Path(out))
         try:
-            return wait_for_run(Path(out), timeout, [client, *self.processes()], self.logs,
+            return wait_for_run(Path(out), timeout, [client, *self.processes()], self.shown_logs,
                                 watchdog=watchdog)
         finally:
             stop_tree(client, grace=2.0)
@@ -323,16 +440,25 @@ class Watchdog:
     """Watches every process a `LocalFederation` started while a run is in flight.
 
     `check()` raises a one-line `FedhetError` naming the first process that died (name, PID,
-    exit status) — the SuperLink, a SuperNode, a ClientApp worker, `flwr run`, or the
-    `flwr-serverapp` process the SuperLink started for this run — and echoes to `echo`, as
-    they happen: the server app's `fedhet:` lines (joins, dropped clients, the result) from
+    exit status) whose death ends the run: the SuperLink, `flwr run`, or the `flwr-serverapp`
+    process the SuperLink started for this run. A SuperNode (or its ClientApp worker) that
+    dies once the run has started is not fatal: it is one line (which node, when, during which
+    round, how to start it again) and the server app drops its client from the rounds it
+    misses until a SuperNode for the same partition joins again. A SuperNode that dies before
+    the nodes joined, or that could not reach its SuperLink, still ends the run: the server
+    would only wait for it. `check()` also echoes to `echo`, as they happen: the server app's
+    `fedhet:` lines (joins, rounds, dropped and rejoined clients, the result) from
     `flwr run --stream`, and a SuperNode that cannot reach its SuperLink, with the address.
     """
 
-    def __init__(self, fed: LocalFederation, client: subprocess.Popen, echo: Any = print) -> None:
+    def __init__(self, fed: LocalFederation, client: subprocess.Popen, echo: Any = print,
+                 out: Path | None = None) -> None:
         self.fed = fed
         self.client = client
         self.echo = echo
+        self.out = out
+        self.joined = False  # the server app said that every SuperNode joined
+        self.done = False  # the server app said the run finished
         self.serverapps: dict[int, None] = {}
         self.ignored = set(self._serverapp_pids())  # left over from an earlier run
         self.offsets: dict[Path, int] = {}
@@ -358,14 +484,17 @@ class Watchdog:
         """Print the server app's `fedhet:` lines and unreachable-SuperLink warnings."""
         for line in self._new_lines(self.fed.logs / "flwr-run.log"):
             if "fedhet: " in line:
-                self.echo(line[line.index("fedhet: "):].rstrip())
+                line = line[line.index("fedhet: "):].rstrip()
+                self.joined = self.joined or "SuperNodes joined" in line
+                self.done = self.done or line.startswith("fedhet: finished")
+                self.echo(line)
         for i, proc in list(self.fed.nodes.items()):
             lines = self._new_lines(self.fed.logs / f"supernode-{i}.log")
             bad = [ln for ln in lines if any(k in ln for k in CONNECT_FAILED)]
             if bad and i not in self.warned:
                 self.warned.add(i)
                 self.echo(f"warning: SuperNode {i} (PID {proc.pid}) cannot reach the SuperLink at "
-                          f"{self.fed.node_address.get(i, '?')}; retrying (see {self.fed.logs})")
+                          f"{self.fed.node_address.get(i, '?')}; retrying (see {self.fed.shown_logs})")
 
     def check(self) -> None:
         """Raise if a watched process has exited (see the class docstring)."""
@@ -379,20 +508,51 @@ class Watchdog:
                 raise FedhetError(
                     f"the ServerApp ({SERVERAPP}, PID {pid}) died before the run finished "
                     f"({describe_status(_wait_status(pid))}); stopped the other processes; "
-                    f"see {self.fed.logs}"
+                    f"see {self.fed.shown_logs}"
                 )
+        self.fed.track()
         for proc in [*self.fed.processes(), self.client]:
             status = proc.poll()
-            if status is None or proc is self.client:
-                continue
-            name, log = self.fed.names.get(proc.pid, ("a Flower process", self.fed.logs))
+            if status is None or proc is self.client or proc not in self.fed.processes():
+                continue  # alive, or already reported with its SuperNode
+            name, log = self.fed.names.get(proc.pid, ("a Flower process", self.fed.shown_logs))
             hint = ""
-            if name.startswith("SuperNode "):
-                i = int(name.split()[1])
-                hint = f"; it could not reach the SuperLink at {self.fed.node_address.get(i)}" \
-                    if i in self.warned or _log_mentions(log, CONNECT_FAILED) else ""
+            if name.startswith(("SuperNode ", "ClientApp worker ")):
+                i = int(name.split()[-1])
+                unreachable = i in self.warned or _log_mentions(
+                    self.fed.logs / f"supernode-{i}.log", CONNECT_FAILED)
+                if self.joined and not unreachable:
+                    self._node_left(i, name, proc, status)
+                    continue
+                if unreachable:
+                    hint = f"; it could not reach the SuperLink at {self.fed.node_address.get(i)}"
             raise FedhetError(f"{name} (PID {proc.pid}) died with {describe_status(status)}{hint}; "
                               f"stopped the other processes; see {log}")
+
+    def _node_left(self, i: int, name: str, proc: subprocess.Popen, status: int | None) -> None:
+        """A SuperNode or its worker died mid-run: stop the pair, say so in one line."""
+        node = self.fed.nodes.get(i)
+        if name.startswith("ClientApp worker ") and node is None:
+            self.fed.workers.pop(i, None)  # its SuperNode went first and was reported
+            return
+        pid = node.pid if node is not None else proc.pid
+        with contextlib.suppress(KeyError, subprocess.TimeoutExpired):
+            self.fed.kill_node(i)
+        with self.fed.events_file.open("a") as f:
+            f.write(json.dumps({"partition": i, "time": time.time(), "pid": pid}) + "\n")
+        what = "" if name.startswith("SuperNode ") else f" (its ClientApp worker, PID {proc.pid})"
+        self.echo(f"fedhet: {time.strftime('%H:%M:%S')} SuperNode {i} (PID {pid}){what} died "
+                  f"with {describe_status(status)} during round {self._round()}; client {i} is "
+                  "dropped from the rounds it misses; to bring it back: "
+                  f"{self.fed.restart_command(i)}")
+
+    def _round(self) -> str:
+        """The round in flight, from the rows of OUT/metrics.csv (row 0 is the initial model)."""
+        try:
+            rows = len((self.out / "metrics.csv").read_text().splitlines()) - 1  # type: ignore[operator]
+        except (OSError, TypeError):
+            return "?"
+        return str(max(rows, 1))
 
 
 def _log_mentions(log: Path, needles: tuple[str, ...]) -> bool:
@@ -434,8 +594,12 @@ def wait_for_run(out: Path, timeout: float, procs: list[subprocess.Popen], logs:
         if (out / "error.txt").exists():
             raise FedhetError(f"the run failed on the server: {_server_error(out)}")
         if (summary := finished()) is not None:
-            if watchdog is not None:
+            if watchdog is not None:  # the last lines may still be on their way through flwr run
+                until = time.monotonic() + 3.0
                 watchdog.echo_news()
+                while not watchdog.done and time.monotonic() < until:
+                    time.sleep(0.1)
+                    watchdog.echo_news()
             return summary
         try:
             if watchdog is not None:

@@ -27,11 +27,15 @@ def _toml_str(s: str) -> str:
 def app_pyproject(
     settings: dict[str, Any], out: Path, round_timeout: float = 600.0,
     node_wait_timeout: float = 300.0, force: bool = False, fast_pulls: bool = False,
+    node_events: Path | None = None,
 ) -> str:
     """The text of the Flower App's `pyproject.toml` for one fedhet run.
 
     `fast_pulls` makes the server app retry a reply's not-yet-arrived parts after 0.05 s
     instead of Flower's 1 s, 2 s, … (`fedhet deploy local` sets it: free on loopback).
+    `node_events` is a file where the launcher of a federation on this machine records each
+    SuperNode it saw die (`launch.Watchdog`), so the server app drops its client at once instead
+    of waiting for the SuperLink to miss two heartbeats.
     """
     config = {
         "fedhet-settings": _toml_str(json.dumps(settings, sort_keys=True)),
@@ -41,6 +45,8 @@ def app_pyproject(
         "force": "true" if force else "false",
         "fast-pulls": "true" if fast_pulls else "false",
     }
+    if node_events is not None:
+        config["node-events"] = _toml_str(str(Path(node_events).resolve()))
     lines = [
         "[build-system]",
         'requires = ["hatchling"]',

@@ -9,9 +9,14 @@ unchanged; for hierarchical and ring topologies the edge role is played by this 
 ring hop `i → j` is relayed through it (node `i` replies, the server forwards to node `j`),
 while `CommLedger` still counts it once as a device-to-device transfer. The star topology gets
 `flower_star_round`, the same protocol as `engine.rounds.star_round` but with all downlinks
-pushed at once so that nodes train in parallel; a client whose node does not answer within the
-round timeout is dropped from the round (and the run) and the round completes with the replies
-that arrived.
+pushed at once so that nodes train in parallel. A client whose node does not answer within the
+round timeout, or whose node the SuperLink reports offline (a SuperNode that died: no heartbeat
+for two intervals), is dropped from the round and the round completes with the replies that
+arrived, as a `client_dropout` client is in process (docs/faults.md); the client stays dropped
+in the rounds that follow until a SuperNode for its partition joins again (a restarted node:
+`Roster.refresh` at the start of each round), and then takes part again. `clients_dropped`
+in each round's metrics row counts the clients that missed it. A round where no client
+replied keeps the server state, as in process.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +49,7 @@ ROUND_TIMEOUT_KEY = "round-timeout"
 NODE_WAIT_KEY = "node-wait-timeout"
 FORCE_KEY = "force"
 FAST_PULLS_KEY = "fast-pulls"
+NODE_EVENTS_KEY = "node-events"
 POLL_S = 0.1
 UNREACHABLE = "unreachable"
 """Error code reported for a node that did not reply in time (or that the SuperLink gave up on)."""
@@ -58,12 +64,15 @@ def say(line: str) -> None:
 
 
 def exchange(
-    grid: Grid, messages: dict[Any, FlowerMessage], timeout: float
+    grid: Grid, messages: dict[Any, FlowerMessage], timeout: float,
+    gone: Callable[[], set[Any]] | None = None,
 ) -> tuple[dict[Any, FlowerMessage], list[Any]]:
     """Push all `messages`, pull replies until every one arrived or `timeout` s passed.
 
     Returns the replies by key and the keys that got none. Polls every `POLL_S` s (Flower's
-    own `send_and_receive` polls every 3 s, which would dominate a round on localhost).
+    own `send_and_receive` polls every 3 s, which would dominate a round on localhost);
+    `gone()`, asked at each poll, names keys whose node is known to be dead: they stop the
+    wait for their reply at once.
     """
     if not messages:
         return {}, []
@@ -73,15 +82,21 @@ def exchange(
     pending = set(ids)
     replies: dict[Any, FlowerMessage] = {}
     deadline = time.monotonic() + timeout
+    given_up: list[Any] = []
     while pending and time.monotonic() < deadline:
         for reply in grid.pull_messages(list(pending)):
             mid = reply.metadata.reply_to_message_id
             if mid in pending:
                 pending.discard(mid)
                 replies[key_of[mid]] = reply
+        if pending and gone is not None:
+            dead = gone()
+            for mid in [m for m in pending if key_of[m] in dead]:
+                pending.discard(mid)
+                given_up.append(key_of[mid])
         if pending:
             time.sleep(POLL_S)
-    return replies, [key_of[m] for m in pending]
+    return replies, [*given_up, *(key_of[m] for m in pending)]
 
 
 def node_failure(reply: FlowerMessage) -> str | None:
@@ -95,7 +110,8 @@ def node_failure(reply: FlowerMessage) -> str | None:
 
 
 class Roster:
-    """Which SuperNode hosts which client id; nodes that failed are ignored for the run."""
+    """Which SuperNode hosts which client id; nodes that failed are ignored for the run, and a
+    new node for a dropped client's partition brings the client back (`left`)."""
 
     def __init__(self, grid: Grid, world: Simulation, log: Any) -> None:
         self.grid = grid
@@ -103,6 +119,13 @@ class Roster:
         self.log = log
         self.node_of: dict[int, int] = {}
         self.ignored: set[int] = set()
+        self.left: dict[int, int] = {}  # dropped client -> the round (1-based) it was dropped in
+        self.round = 0  # the round (0-based) being started, for the log lines
+        self.events: list[dict[str, Any]] = []  # {"round", "client", "event": dropped|rejoined}
+        self.joined_at: dict[int, float] = {}  # node -> time.time() it was registered
+        self.events_file: Path | None = None  # deaths the local launcher saw (`gone`)
+        self._deaths: dict[int, float] = {}  # partition -> last death time read from it
+        self._read = 0
 
     def refresh(self, timeout: float) -> None:
         """Ask every SuperNode not seen before who it is, and check its partition."""
@@ -138,7 +161,14 @@ class Roster:
         if old is not None:
             self.log(f"fedhet: partition-id {client_id}: SuperNode {node} replaces SuperNode {old}")
             self.ignored.add(old)
+        if client_id in self.left:
+            since = self.left.pop(client_id)
+            self.log(f"fedhet: round {self.round + 1}: client {client_id} rejoined on SuperNode "
+                     f"{node} (dropped since round {since})")
+            self.events.append({"round": self.round + 1, "client": client_id, "event": "rejoined",
+                                "node": node})
         self.node_of[client_id] = node
+        self.joined_at[node] = time.time()
 
     def wait_for_all(self, timeout: float) -> None:
         n = self.world.run_info.num_clients
@@ -156,8 +186,32 @@ class Roster:
                 )
             time.sleep(0.5)
 
-    def drop(self, client_id: int) -> None:
-        self.ignored.add(self.node_of.pop(client_id))
+    def gone(self, client_ids: Any) -> set[int]:
+        """The clients among `client_ids` whose current node died after it joined, as the
+        launcher recorded in `events_file` (one JSON object a line: partition, time)."""
+        if self.events_file is None:
+            return set()
+        try:
+            with self.events_file.open("rb") as f:
+                f.seek(self._read)
+                data = f.read()
+        except OSError:
+            return set()
+        end = data.rfind(b"\n") + 1
+        self._read += end
+        for line in data[:end].splitlines():
+            event = json.loads(line)
+            self._deaths[int(event["partition"])] = float(event["time"])
+        return {c for c in client_ids if c in self.node_of and c in self._deaths
+                and self._deaths[c] > self.joined_at.get(self.node_of[c], float("inf"))}
+
+    def drop(self, client_id: int, round: int) -> None:
+        """The client's node left in `round` (0-based): ignore it until a new one joins."""
+        node = self.node_of.pop(client_id)
+        self.ignored.add(node)
+        self.left[client_id] = round + 1
+        self.events.append({"round": round + 1, "client": client_id, "event": "dropped",
+                            "node": node})
 
 
 class FlowerRoundContext(Simulation):
@@ -215,22 +269,26 @@ class FlowerRoundContext(Simulation):
                 content, self.roster.node_of[c], "train", group_id=str(round + 1),
                 ttl=self.round_timeout,
             )
-        replies, silent = exchange(self.grid, messages, self.round_timeout)
+        replies, silent = exchange(self.grid, messages, self.round_timeout,
+                                   gone=lambda: self.roster.gone(downs))
+        dead = self.roster.gone(silent)
+        why = {c: "its SuperNode died" if c in dead else f"no reply within {self.round_timeout:g} s"
+               for c in silent}
         ups: dict[int, Message] = {}
         for c in sorted(replies):
             failure = node_failure(replies[c])
             if failure == UNREACHABLE:
-                silent.append(c)
+                why[c] = "the SuperLink reports its SuperNode offline"
             elif failure is not None:
                 raise FedhetError(f"client {c} failed in round {round + 1}: {failure}")
             else:
                 self.wire["up"] += wire_bytes(replies[c].content)
                 ups[c] = self._received(c, replies[c])
-        for c in silent:
+        for c in sorted(why):
             self.log(f"fedhet: round {round + 1}: dropped client {c} (SuperNode "
-                     f"{self.roster.node_of[c]}): no reply within {self.round_timeout:g} s; "
-                     "left out of the rest of the run")
-            self.roster.drop(c)
+                     f"{self.roster.node_of[c]}): {why[c]}; left out until a SuperNode for "
+                     f"partition-id {c} joins again")
+            self.roster.drop(c, round)
             self.dropped += 1
         return ups
 
@@ -255,6 +313,7 @@ def flower_star_round(
     rc: FlowerRoundContext, state: ServerState, round: int, clients: Sequence[int]
 ) -> tuple[ServerState, dict[str, Any]]:
     """`star_round` with the sampled clients' updates in flight at the same time."""
+    rc.roster.round = round
     rc.roster.refresh(rc.round_timeout)  # a restarted SuperNode re-joins here
     downs = {}
     for client_id in clients:
@@ -264,7 +323,7 @@ def flower_star_round(
         else:
             rc.dropped += 1
             rc.log(f"fedhet: round {round + 1}: dropped client {client_id}: its SuperNode left "
-                   "the run earlier")
+                   f"the run in round {rc.roster.left.get(client_id, '?')}")
     ups = rc.exchange(downs, round)
     replies = []
     for client_id in clients:
@@ -272,8 +331,23 @@ def flower_star_round(
             rc.comm.send("device-cloud", "up", ups[client_id])
             replies.append(Reply(client_id, ups[client_id]))
     if not replies:
-        raise FedhetError(f"no client replied in round {round + 1}; nothing to aggregate")
+        rc.log(f"fedhet: round {round + 1}: no client returned; server state kept")
+        return state, {}
     return rc.algorithm.aggregate(state, round, replies)
+
+
+def progress_line(row: dict[str, Any], rounds: int, started: int, seconds: float) -> str:
+    """`fedhet: round k/R: accuracy …, loss …, s/round, ETA` for one metrics row; `started`
+    is the round this process began at and `seconds` its time since."""
+    k = int(row["round"])
+    per_round = seconds / max(k - started, 1)
+    parts = [f"fedhet: round {k}/{rounds}:"]
+    for name, key in (("accuracy", "test_accuracy"), ("loss", "test_loss")):
+        value = float(row.get(key, float("nan")))
+        if value == value:  # not NaN (rounds that are not evaluated)
+            parts.append(f"{name} {value:.4f},")
+    parts.append(f"{per_round:.2f} s/round, ETA {per_round * (rounds - k):.0f} s")
+    return " ".join(parts)
 
 
 @app.main()
@@ -299,9 +373,13 @@ def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
     rc = FlowerRoundContext(
         cfg, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)),
     )
+    if context.run_config.get(NODE_EVENTS_KEY):
+        rc.roster.events_file = Path(str(context.run_config[NODE_EVENTS_KEY]))
     t0 = time.perf_counter()
     rc.roster.wait_for_all(float(context.run_config.get(NODE_WAIT_KEY, 300.0)))
     say(f"fedhet: {len(rc.roster.node_of)} SuperNodes joined in {time.perf_counter() - t0:.1f} s")
+    t1 = time.perf_counter()
+    rc.on_round = lambda row: say(progress_line(row, cfg.rounds, 0, time.perf_counter() - t1))
     summary = rc.run()
     summary["cum_wire_bytes"] = rc.wire["total"]
     store.write_summary(summary)
@@ -310,6 +388,7 @@ def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
         "nodes": {str(c): n for c, n in sorted(rc.roster.node_of.items())},
         "dropped_nodes": sorted(rc.roster.ignored), "round_timeout_s": rc.round_timeout,
         "clients": cfg.clients, "supernodes_finished": finished_nodes,
+        "node_events": rc.roster.events,
     }))
     say(f"fedhet: finished with {finished_nodes} of {cfg.clients} SuperNodes; final accuracy "
           f"{summary['final_accuracy']:.4f}; results in {out}")
