@@ -1,0 +1,131 @@
+"""`--cluster ray` on a real two-node Ray cluster (tests/cluster_harness.py).
+
+One harness run, inside a private network namespace, starts the cluster once and drives every
+grid below against it; these tests read what it reports and the directories it leaves:
+a grid on the cluster equals the same grid with `--jobs`; a worker node lost part-way (its
+raylet SIGKILLed) and then the driver killed with -9 lose nothing; a cluster without what a
+grid needs is refused in one line.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedhet.cli import main
+from fedhet.engine.store import TIME_COLUMNS
+
+HARNESS = Path(__file__).with_name("cluster_harness.py")
+
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="Ray is not installed (pip install 'fedhet[cluster]')")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> tuple[Path, dict]:
+    work = tmp_path_factory.mktemp("cluster")
+    done = subprocess.run(["unshare", "-n", sys.executable, str(HARNESS), str(work)],
+                          capture_output=True, text=True, timeout=540)
+    report_path = work / "report.json"
+    assert report_path.exists(), f"the harness reported nothing ({done.returncode}): {done.stderr}"
+    report = json.loads(report_path.read_text())
+    assert report["left_running"] == [], "the harness left Ray processes running"
+    return work, report
+
+
+def metrics(run: Path) -> list[dict[str, str]]:
+    with (run / "metrics.csv").open() as f:
+        return [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in csv.DictReader(f)]
+
+
+def summary(run: Path) -> dict:
+    s = json.loads((run / "summary.json").read_text())
+    return {k: v for k, v in s.items() if "time" not in k}
+
+
+def same_runs(a: Path, b: Path) -> list[str]:
+    """The run names of grid directories `a` and `b`, asserting they hold the same runs with the
+    same files, config, metrics (time columns aside) and summary."""
+    names = sorted(p.name for p in (a / "runs").iterdir())
+    assert names == sorted(p.name for p in (b / "runs").iterdir())
+    for name in names:
+        ra, rb = a / "runs" / name, b / "runs" / name
+        assert sorted(p.name for p in ra.iterdir()) == sorted(p.name for p in rb.iterdir())
+        assert (ra / "config.json").read_text() == (rb / "config.json").read_text()
+        assert metrics(ra) == metrics(rb), name
+        assert summary(ra) == summary(rb), name
+    return names
+
+
+def log(work: Path, name: str) -> str:
+    return (work / f"{name}.log").read_text()
+
+
+@needs_ray
+def test_a_grid_on_the_cluster_equals_the_grid_with_jobs(cluster):
+    work, report = cluster
+    assert "same_failed" not in report, report.get("same_failed")
+    assert report["same_jobs_rc"] == 0, log(work, "same-jobs")
+    assert report["same_ray_rc"] == 0, log(work, "same-ray")
+    names = same_runs(work / "same-jobs", work / "same-ray")
+    assert len(names) == 4 and all(json.loads((work / "same-ray" / "runs" / n / "summary.json")
+                                              .read_text())["rounds_done"] == 4 for n in names)
+    text = log(work, "same-ray")
+    assert "cluster: 2 Ray node(s), 2 unit(s) at a time (1 CPU, 0 GPU each)" in text
+    assert text.count(" on ") >= 4  # each finished run names its node
+    assert not (work / "same-ray" / ".cluster").exists()  # the control files are cleaned up
+
+
+@needs_ray
+def test_a_lost_node_and_a_killed_driver_lose_nothing(cluster):
+    work, report = cluster
+    assert "lost_failed" not in report, report.get("lost_failed")
+    first, second = log(work, "lost-1"), log(work, "lost-2")
+    victim, at = report["lost_victim"], report["lost_victim_round"]
+    assert at >= 3
+    # the lost run was resubmitted and resumed from its checkpoint, not from round 0
+    line = next(x for x in first.splitlines() if "resubmitted" in x)
+    assert victim in line
+    resumed = int(line.split(f"{victim} (from round ")[1].split(")")[0])
+    assert resumed >= at
+    # the driver was killed -9 part-way; started again it finished the grid
+    assert report["lost_rc"] == 0, second
+    assert any(0 < k < 40 for k in report["killed_at"].values()), report["killed_at"]
+    assert report["lost_jobs_rc"] == 0, log(work, "lost-jobs")
+    names = same_runs(work / "lost-jobs", work / "lost")
+    assert len(names) == 4
+    for name in names:  # every round once, in order: resumed exactly, nothing repeated
+        assert [int(r["round"]) for r in metrics(work / "lost" / "runs" / name)] == list(range(41))
+
+
+@needs_ray
+def test_a_cluster_without_what_the_grid_needs_is_refused_in_one_line(cluster):
+    work, report = cluster
+    assert "refused_failed" not in report, report.get("refused_failed")
+    assert report["refused_cpus_rc"] == 2
+    text = log(work, "refused-cpus").strip().splitlines()
+    assert text[-1].startswith("error: no node of the Ray cluster has the 2 CPU and 0 GPU")
+    assert report["refused_fs_rc"] == 2
+    last = log(work, "refused-fs").strip().splitlines()[-1]
+    assert last.startswith("error: Ray node ") and "cannot use the grid directory" in last
+    assert "shared filesystem" in last
+    assert not (work / "hidden" / "grid" / "runs").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ray-address", "auto"], "--ray-address: options of --cluster ray; add --cluster ray"),
+    (["--cluster", "ray", "--jobs", "2"], "--jobs sets local processes"),
+])
+def test_cluster_flags_misused_are_one_line(tmp_path, capsys, argv, message):
+    grid = tmp_path / "g.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 2\nrounds = 1\n')
+    assert main(["compare", "--config", str(grid), "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not (tmp_path / "o").exists()
