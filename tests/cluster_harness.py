@@ -11,8 +11,9 @@ directories left in WORK):
 - `same`: one grid with `--jobs 2` and with `--cluster ray`.
 - `lost`: a grid on the cluster whose worker node's raylet is SIGKILLed while one of its runs is
   part-way; then the driver itself is killed with -9 part-way and started again.
-- `refused`: a grid asking for more CPUs than a node has; and a third node that cannot see the
-  grid directory (a private mount namespace with an empty tmpfs over it).
+- `stop`: Ctrl-C on a grid on the cluster, then the same command again.
+- `refused`: a grid asking for more CPUs than a node has; and a grid directory the worker node
+  cannot see (it runs in a private mount namespace with an empty tmpfs over WORK/hidden).
 """
 
 from __future__ import annotations
@@ -229,26 +230,39 @@ def scenario_lost(work: Path, address: str, worker: Node, worker_id: str, report
     report["lost_jobs_rc"] = finish(reference, 240)
 
 
+def scenario_stop(work: Path, address: str, report: dict) -> None:
+    """Ctrl-C (SIGINT to the driver's process group, as a terminal sends it) while two runs are
+    part-way and two are queued; then the same command again."""
+    grid = work / "lost.toml"
+    grid.write_text(GRID.format(clients=6, rounds=40))
+    out = work / "stop"
+    proc = driver(work, "stop-1", grid, out, "--cluster", "ray", "--ray-address", address)
+
+    def both_running() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the driver ended early: {(work / 'stop-1.log').read_text()}")
+        runs = list((out / "runs").iterdir()) if (out / "runs").is_dir() else []
+        return sum(3 <= rounds_done(r) < 30 for r in runs) >= 2
+
+    wait_for("two runs part-way", both_running, 150, 0.05)
+    t = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    report["stop_rc"] = finish(proc, 90)
+    report["stop_exit_s"] = time.monotonic() - t
+    report["stopped_at"] = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
+    again = driver(work, "stop-2", grid, out, "--cluster", "ray", "--ray-address", address)
+    report["stop_again_rc"] = finish(again, 240)
+
+
 def scenario_refused(work: Path, address: str, report: dict) -> None:
     grid = work / "same.toml"
     big = driver(work, "refused-cpus", grid, work / "refused-cpus", "--cluster", "ray",
                  "--ray-address", address, "--cpus-per-run", "2")
     report["refused_cpus_rc"] = finish(big, 120)
-    # a third node that sees an empty directory where the grid directories are
-    hidden = work / "hidden"
-    hidden.mkdir()
-    blind = Node(["--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                  "--disable-usage-stats", "--temp-dir", report["temp_dir"]],
-                 work / "node-blind.log",
-                 prefix=["unshare", "-m", "sh", "-c", f"mount -t tmpfs none {hidden} && exec \"$0\" \"$@\""])
-    try:
-        blind.started()
-        nodes(address, 3)
-        proc = driver(work, "refused-fs", grid, hidden / "grid", "--cluster", "ray",
-                      "--ray-address", address)
-        report["refused_fs_rc"] = finish(proc, 180)
-    finally:
-        blind.stop()
+    # the worker node sees an empty directory over WORK/hidden (`main`)
+    proc = driver(work, "refused-fs", grid, work / "hidden" / "grid", "--cluster", "ray",
+                  "--ray-address", address)
+    report["refused_fs_rc"] = finish(proc, 180)
 
 
 def main(work: Path) -> None:
@@ -265,8 +279,14 @@ def main(work: Path) -> None:
                      "--temp-dir", str(temp)], work / "node-head.log")
         started.append(head)
         head.started()
+        # the worker node lives in a mount namespace of its own where WORK/hidden is an empty
+        # tmpfs: a node that does not share that part of the filesystem (`scenario_refused`)
+        hidden = work / "hidden"
+        hidden.mkdir()
         worker = Node(["--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                       "--disable-usage-stats", "--temp-dir", str(temp)], work / "node-worker.log")
+                       "--disable-usage-stats", "--temp-dir", str(temp)], work / "node-worker.log",
+                      prefix=["unshare", "-m", "sh", "-c",
+                              f'mount -t tmpfs none {hidden} && exec "$0" "$@"'])
         started.append(worker)
         worker.started()
         found = nodes(address, 2)
@@ -276,6 +296,7 @@ def main(work: Path) -> None:
         for step, run in (
             ("same", lambda: scenario_same(work, address, report)),
             ("refused", lambda: scenario_refused(work, address, report)),
+            ("stop", lambda: scenario_stop(work, address, report)),
             ("lost", lambda: scenario_lost(work, address, worker, worker_id, report)),
         ):
             t = time.monotonic()
@@ -291,6 +312,7 @@ def main(work: Path) -> None:
         shutil.rmtree(temp, ignore_errors=True)
         report["total_s"] = time.monotonic() - t0
         (work / "report.json").write_text(json.dumps(report, indent=1))
+        print(json.dumps({k: v for k, v in report.items() if k != "pids"}))
 
 
 if __name__ == "__main__":

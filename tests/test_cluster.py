@@ -105,6 +105,25 @@ def test_a_lost_node_and_a_killed_driver_lose_nothing(cluster):
 
 
 @needs_ray
+def test_ctrl_c_on_the_cluster_stops_at_saved_rounds_and_resumes_exactly(cluster):
+    work, report = cluster
+    assert "stop_failed" not in report, report.get("stop_failed")
+    first = log(work, "stop-1")
+    assert report["stop_rc"] == 130, first
+    last = first.strip().splitlines()[-1]
+    assert last.startswith("interrupted: 2 running run(s) stopped after a saved round")
+    assert "2 queued run(s) cancelled" in last
+    stopped = report["stopped_at"]
+    assert len(stopped) == 2 and all(0 < k < 40 for k in stopped.values())  # queued: untouched
+    for name, k in stopped.items():  # each stopped after the round it had saved last
+        assert f"{name} at round {k}" in last
+    assert report["stop_again_rc"] == 0, log(work, "stop-2")
+    assert report["lost_jobs_rc"] == 0, log(work, "lost-jobs")
+    for name in same_runs(work / "lost-jobs", work / "stop"):
+        assert [int(r["round"]) for r in metrics(work / "stop" / "runs" / name)] == list(range(41))
+
+
+@needs_ray
 def test_a_cluster_without_what_the_grid_needs_is_refused_in_one_line(cluster):
     work, report = cluster
     assert "refused_failed" not in report, report.get("refused_failed")

@@ -28,7 +28,7 @@ import torch
 
 from fedhet.engine import rundir
 from fedhet.engine.config import RUNTIME, build, canonical_config, config_of, parse
-from fedhet.engine.executors import LINEAR_MODELS
+from fedhet.engine.plan import batchable
 from fedhet.engine.store import to_json
 from fedhet.engine.workers import CORES_ENV, usable_cores
 from fedhet.errors import FedhetError
@@ -211,12 +211,7 @@ def batch_key(job: Job, cuda: bool | None = None) -> str | None:
             cfg = config_of(job.settings)
     except (FedhetError, OSError, ValueError):
         return None
-    if cfg.workers > 1 or cfg.executor == "sequential":
-        return None
-    if cuda is None:
-        cuda = torch.cuda.is_available()
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and cuda)
-    if cfg.executor == "auto" and not (cuda or cfg.model in LINEAR_MODELS):
+    if not batchable(cfg, torch.cuda.is_available() if cuda is None else cuda):
         return None
     d = cfg.to_dict()
     fields = ("dataset", "dataset_params", "data_dir", "validation_fraction", "model",
