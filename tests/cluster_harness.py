@@ -9,9 +9,8 @@ its own; every process Ray starts stays in that group, and the harness ends them
 Scenarios (each writes its facts into WORK/report.json; the test asserts on them and on the
 directories left in WORK):
 - `same`: one grid with `--jobs 2` and with `--cluster ray`.
-- `lost`: a grid on the cluster whose worker node's raylet is SIGKILLed while one of its runs is
-  part-way; then the driver itself is killed with -9 part-way and started again.
-- `stop`: Ctrl-C on a grid on the cluster, then the same command again.
+- `lost`: a grid on the cluster stopped with Ctrl-C, started again, its worker node's raylet
+  SIGKILLed while one of its runs is part-way, its driver killed with -9 and started again.
 - `refused`: a grid asking for more CPUs than a node has; and a grid directory the worker node
   cannot see (it runs in a private mount namespace with an empty tmpfs over WORK/hidden).
 """
@@ -178,80 +177,80 @@ def scenario_same(work: Path, address: str, report: dict) -> None:
     report["same_ray_s"] = time.monotonic() - t0
 
 
-def scenario_lost(work: Path, address: str, worker: Node, worker_id: str, report: dict) -> None:
+def scenario_lost(work: Path, worker: Node, worker_id: str, report: dict) -> None:
+    """One grid through three faults, each followed by the same command again: Ctrl-C (SIGINT to
+    the driver's process group, as a terminal sends it) while two runs are part-way and two are
+    queued; the worker node's raylet SIGKILLed while one of its runs is part-way; the driver
+    killed with -9. Then the same grid with `--jobs 2`, undisturbed, as the reference."""
     grid = work / "lost.toml"
     grid.write_text(GRID.format(clients=6, rounds=40))
     out = work / "lost"
-    env_address = {**ENV, "RAY_ADDRESS": address}  # the address from the environment this time
-    log = (work / "lost-1.log").open("w")
-    proc = subprocess.Popen([PY, "-m", "fedhet", "compare", "--config", str(grid), "--out",
-                             str(out), "--cluster", "ray"], stdout=log, stderr=subprocess.STDOUT,
-                            env=env_address, cwd=ROOT, start_new_session=True)
+    runs = out / "runs"
 
-    def victim() -> str | None:
-        where = out / ".cluster" / "where"
-        for entry in where.iterdir() if where.is_dir() else []:
-            try:
-                on_worker = entry.read_text().strip() == worker_id
-            except OSError:
-                continue
-            if on_worker and 3 <= rounds_done(out / "runs" / entry.name) < 35:
-                return entry.name
+    def compare(log: str) -> subprocess.Popen:  # the cluster's address from $RAY_ADDRESS
+        return subprocess.Popen(
+            [PY, "-m", "fedhet", "compare", "--config", str(grid), "--out", str(out), "--cluster",
+             "ray"], stdout=(work / f"{log}.log").open("w"), stderr=subprocess.STDOUT,
+            env={**ENV, "RAY_ADDRESS": report["address"]}, cwd=ROOT, start_new_session=True)
+
+    def alive(proc: subprocess.Popen, log: str) -> None:
         if proc.poll() is not None:
-            raise RuntimeError(f"the driver ended early: {(work / 'lost-1.log').read_text()}")
-        return None
+            raise RuntimeError(f"the driver ended early: {(work / f'{log}.log').read_text()}")
 
-    name = wait_for("a run part-way on the worker node", victim, 150, 0.05)
-    raylet = worker.members("raylet")
-    report["lost_victim"] = name
-    report["lost_victim_round"] = rounds_done(out / "runs" / name)
-    os.kill(raylet[0], signal.SIGKILL)
+    def done() -> dict[str, int]:
+        return {r.name: rounds_done(r) for r in runs.iterdir()} if runs.is_dir() else {}
 
-    # the driver resubmits the lost run; once it has gone on a little, the driver is killed -9
-    def resubmitted() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the driver ended early: {(work / 'lost-1.log').read_text()}")
-        return "resubmitted" in (work / "lost-1.log").read_text()
-
-    wait_for("the lost run to be resubmitted", resubmitted, 120)
-    before = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
-    wait_for("the grid to go on",
-             lambda: sum(rounds_done(r) for r in (out / "runs").iterdir()) >= sum(before.values()) + 5,
-             120, 0.05)
-    proc.kill()  # the driver, with -9
-    proc.wait(10)
-    report["killed_at"] = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
-    again = subprocess.Popen([PY, "-m", "fedhet", "compare", "--config", str(grid), "--out",
-                              str(out), "--cluster", "ray"], stdout=(work / "lost-2.log").open("w"),
-                             stderr=subprocess.STDOUT, env=env_address, cwd=ROOT,
-                             start_new_session=True)
-    report["lost_rc"] = finish(again, 240)
-    reference = driver(work, "lost-jobs", grid, work / "lost-jobs", "--jobs", "2")
-    report["lost_jobs_rc"] = finish(reference, 240)
-
-
-def scenario_stop(work: Path, address: str, report: dict) -> None:
-    """Ctrl-C (SIGINT to the driver's process group, as a terminal sends it) while two runs are
-    part-way and two are queued; then the same command again."""
-    grid = work / "lost.toml"
-    grid.write_text(GRID.format(clients=6, rounds=40))
-    out = work / "stop"
-    proc = driver(work, "stop-1", grid, out, "--cluster", "ray", "--ray-address", address)
+    # 1. Ctrl-C with two runs part-way
+    proc = compare("lost-0")
 
     def both_running() -> bool:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the driver ended early: {(work / 'stop-1.log').read_text()}")
-        runs = list((out / "runs").iterdir()) if (out / "runs").is_dir() else []
-        return sum(3 <= rounds_done(r) < 30 for r in runs) >= 2
+        alive(proc, "lost-0")
+        return sum(3 <= k < 30 for k in done().values()) >= 2
 
     wait_for("two runs part-way", both_running, 150, 0.05)
     t = time.monotonic()
     os.killpg(proc.pid, signal.SIGINT)
     report["stop_rc"] = finish(proc, 90)
     report["stop_exit_s"] = time.monotonic() - t
-    report["stopped_at"] = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
-    again = driver(work, "stop-2", grid, out, "--cluster", "ray", "--ray-address", address)
-    report["stop_again_rc"] = finish(again, 240)
+    report["stopped_at"] = done()
+
+    # 2. the worker node lost while one of its runs is part-way (and has gone on since the restart)
+    proc = compare("lost-1")
+    restart = done()
+
+    def victim() -> str | None:
+        alive(proc, "lost-1")
+        where = out / ".cluster" / "where"
+        for entry in where.iterdir() if where.is_dir() else []:
+            try:
+                on_worker = entry.read_text().strip() == worker_id
+            except OSError:
+                continue
+            k = rounds_done(runs / entry.name)
+            if on_worker and max(3, restart.get(entry.name, 0) + 2) <= k < 35:
+                return entry.name
+        return None
+
+    name = wait_for("a run part-way on the worker node", victim, 150, 0.05)
+    report["lost_victim"] = name
+    report["lost_victim_round"] = rounds_done(runs / name)
+    os.kill(worker.members("raylet")[0], signal.SIGKILL)
+
+    def resubmitted() -> bool:
+        alive(proc, "lost-1")
+        return "resubmitted" in (work / "lost-1.log").read_text()
+
+    wait_for("the lost run to be resubmitted", resubmitted, 120)
+
+    # 3. the driver killed with -9 once the grid has gone on a little
+    before = sum(done().values())
+    wait_for("the grid to go on", lambda: sum(done().values()) >= before + 5, 120, 0.05)
+    proc.kill()
+    proc.wait(10)
+    report["killed_at"] = done()
+    report["lost_rc"] = finish(compare("lost-2"), 240)
+    reference = driver(work, "lost-jobs", grid, work / "lost-jobs", "--jobs", "2")
+    report["lost_jobs_rc"] = finish(reference, 240)
 
 
 def scenario_refused(work: Path, address: str, report: dict) -> None:
@@ -270,7 +269,7 @@ def main(work: Path) -> None:
     report: dict = {}
     temp = Path(tempfile.mkdtemp(prefix="fr", dir="/tmp"))  # short: Ray's socket paths
     report["temp_dir"] = str(temp)
-    address = f"127.0.0.1:{PORT}"
+    address = report["address"] = f"127.0.0.1:{PORT}"
     started: list[Node] = []
     t0 = time.monotonic()
     try:
@@ -296,8 +295,7 @@ def main(work: Path) -> None:
         for step, run in (
             ("same", lambda: scenario_same(work, address, report)),
             ("refused", lambda: scenario_refused(work, address, report)),
-            ("stop", lambda: scenario_stop(work, address, report)),
-            ("lost", lambda: scenario_lost(work, address, worker, worker_id, report)),
+            ("lost", lambda: scenario_lost(work, worker, worker_id, report)),
         ):
             t = time.monotonic()
             try:
