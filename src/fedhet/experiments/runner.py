@@ -328,7 +328,8 @@ class Progress:
         if self.first is not None and rounds_done > self.first[1]:
             rate = (rounds_done - self.first[1]) / max(time.monotonic() - self.first[0], 1e-9)
             eta = _clock(left / rate)
-        line = f"[{self.done}/{self.total} runs] ETA {eta} | " + " | ".join(running[:4])
+        more = [f"+{len(running) - 4} running"] if len(running) > 4 else []
+        line = f"[{self.done}/{self.total} runs] ETA {eta} | " + " | ".join(running[:4] + more)
         width = _width()
         self.stream.write("\r\x1b[K" + line[: width - 1])
         self.stream.flush()
