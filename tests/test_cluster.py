@@ -147,3 +147,21 @@ def test_cluster_flags_misused_are_one_line(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_cuda_runs_without_a_gpu_share_are_refused_before_ray_starts(tmp_path, capsys,
+                                                                      monkeypatch):
+    from fedhet.experiments import cluster
+
+    def no_ray(options):
+        raise AssertionError("Ray must not start")
+
+    monkeypatch.setattr(cluster, "connect", no_ray)
+    grid = tmp_path / "g.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 2\nrounds = 1\n[axes]\nseed = [0, 1]\n')
+    argv = ["compare", "--config", str(grid), "--out", str(tmp_path / "o"), "--cluster", "ray",
+            "--device", "cuda"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2 run(s) ask for device=cuda" in err[0] and "--gpus-per-run" in err[0]
+    assert not list((tmp_path / "o" / "runs").glob("*/config.json"))  # nothing ran

@@ -159,6 +159,20 @@ def check_resources(nodes: list[dict[str, Any]], options: ClusterOptions) -> Non
         )
 
 
+def check_gpus(units: list[list[Job]], options: ClusterOptions) -> None:
+    """Runs set to `device = cuda` need a GPU share: Ray hides the GPUs from a task that asks
+    for none (every such run would fail on its node)."""
+    if options.gpus_per_run > 0:
+        return
+    cuda = [job.name for unit in units for job in unit if job.settings.get("device") == "cuda"]
+    if cuda:
+        raise FedhetError(
+            f"{len(cuda)} run(s) ask for device=cuda ({cuda[0]}, …) but --gpus-per-run is 0, "
+            "and Ray hides the GPUs from tasks that ask for none; give each run a share, e.g. "
+            "--gpus-per-run 1 (or 0.25 to put four on a GPU)"
+        )
+
+
 # -- the shared-filesystem probe -----------------------------------------------------------
 def probe(marker: str, token: str, cwd: str, version: str) -> dict[str, Any]:
     """On one node: can it read the driver's marker, write beside it, and enter the driver's
@@ -293,6 +307,7 @@ def run_units(
 ) -> None:
     """Run `units` on the cluster until done, stopped (`requested`: Ctrl-C) or interrupted
     (a second Ctrl-C: `KeyboardInterrupt`; `hard` gets `True`); results go to `tally`."""
+    check_gpus(units, options)
     ray, _ = connect(options)
     try:
         _drive(ray, units, options, runs_dir, requested, hard, tally, progress)
