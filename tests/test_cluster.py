@@ -20,6 +20,8 @@ import pytest
 
 from fedhet.cli import main
 from fedhet.engine.store import TIME_COLUMNS
+from fedhet.errors import FedhetError
+from fedhet.experiments.cluster import check_resources
 
 HARNESS = Path(__file__).with_name("cluster_harness.py")
 
@@ -165,3 +167,50 @@ def test_cuda_runs_without_a_gpu_share_are_refused_before_ray_starts(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "2 run(s) ask for device=cuda" in err[0] and "--gpus-per-run" in err[0]
     assert not list((tmp_path / "o" / "runs").glob("*/config.json"))  # nothing ran
+
+
+def test_capacity_counts_units_per_node_with_gpu_shares():
+    from fedhet.experiments.cluster import ClusterOptions, capacity
+
+    nodes = [{"Resources": {"CPU": 16.0, "GPU": 4.0}}, {"Resources": {"CPU": 8.0}},
+             {"Resources": {"CPU": 0.0, "GPU": 0.0}}]  # e.g. a head started with --num-cpus 0
+    assert capacity(nodes, ClusterOptions()) == 16 + 8
+    assert capacity(nodes, ClusterOptions(cpus_per_run=3)) == 5 + 2
+    # 0.25 of a GPU: 16 on the GPU node's 4 GPUs, limited by its 16 CPUs; none elsewhere
+    assert capacity(nodes, ClusterOptions(gpus_per_run=0.25)) == 16
+    assert capacity(nodes, ClusterOptions(cpus_per_run=2, gpus_per_run=0.25)) == 8
+    assert capacity(nodes, ClusterOptions(gpus_per_run=0.3)) == 13  # ⌊4 / 0.3⌋
+    assert capacity([{"Resources": {"CPU": 64.0, "GPU": 1.0}}], ClusterOptions(gpus_per_run=0.1)) == 10
+    with pytest.raises(FedhetError, match="no node of the Ray cluster has the 1 CPU and 8 GPU"):
+        check_resources(nodes, ClusterOptions(gpus_per_run=8))
+
+
+def test_node_labels_are_host_names_made_unique():
+    from fedhet.experiments.cluster import node_labels
+
+    nodes = [{"NodeID": "aa11" * 7, "NodeManagerHostname": "gpu1"},
+             {"NodeID": "bb22" * 7, "NodeManagerHostname": "cpu"},
+             {"NodeID": "cc33" * 7, "NodeManagerHostname": "cpu"}]
+    assert node_labels(nodes) == {"aa11" * 7: "gpu1", "bb22" * 7: "cpu:bb22bb", "cc33" * 7: "cpu:cc33cc"}
+
+
+def test_a_retried_job_resumes_what_its_lost_task_began(tmp_path):
+    from fedhet.experiments.cluster import refreshed
+    from fedhet.experiments.runner import Job
+
+    job = Job("r", {"dataset": "digits"}, str(tmp_path / "r"), resume=False)
+    assert refreshed(job) is job  # nothing there yet: a fresh start
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_text("{}")
+    assert refreshed(job).resume and refreshed(job).settings == job.settings
+    again = Job("r", {}, str(tmp_path / "r"), resume=True)
+    assert refreshed(again) is again
+
+
+def test_cluster_options_are_checked():
+    from fedhet.experiments.cluster import ClusterOptions
+
+    with pytest.raises(FedhetError, match="--cpus-per-run must be > 0"):
+        ClusterOptions(cpus_per_run=0)
+    with pytest.raises(FedhetError, match="--cluster dask: unknown"):
+        ClusterOptions(kind="dask")

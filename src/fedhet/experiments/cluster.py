@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import time
@@ -141,11 +142,17 @@ def capacity(nodes: list[dict[str, Any]], options: ClusterOptions) -> int:
     total = 0
     for n in nodes:
         res = n.get("Resources", {})
-        k = int(res.get("CPU", 0) // options.cpus_per_run + 1e-9)
+        k = _fits(res.get("CPU", 0), options.cpus_per_run)
         if options.gpus_per_run > 0:
-            k = min(k, int(res.get("GPU", 0) // options.gpus_per_run + 1e-9))
+            k = min(k, _fits(res.get("GPU", 0), options.gpus_per_run))
         total += k
     return total
+
+
+def _fits(have: float, each: float) -> int:
+    """How many shares of `each` fit in `have` (`1.0 // 0.1` is 9 in floating point; Ray counts
+    resources to 1e-4, so ten 0.1-GPU tasks fit one GPU)."""
+    return int(math.floor(have / each + 1e-6))
 
 
 def check_resources(nodes: list[dict[str, Any]], options: ClusterOptions) -> None:
