@@ -10,6 +10,7 @@ Ray started once beforehand with 2 CPUs (`ray start --head --num-cpus 2`); and `
 --cluster ray` with no address (the driver starts a local Ray for the grid and stops it after).
 Each into a fresh directory; wall time of the whole command. Prints each time and the medians;
 the overhead is `ray / jobs - 1`. The head is stopped by its process group at the end.
+`--phases`: instead, one driver's steps against the running head, timed.
 """
 
 from __future__ import annotations
@@ -47,10 +48,36 @@ def timed(argv: list[str], env: dict[str, str]) -> float:
     return time.perf_counter() - t
 
 
+PHASES = """
+import logging, os, sys, time
+t = time.perf_counter()
+def mark(what):
+    print(f"{time.perf_counter() - t:6.2f} s  {what}", flush=True)
+import torch; mark("import torch")
+import fedhet.experiments.runner; mark("import fedhet's runner")
+import ray; mark("import ray")
+ray.init(address="127.0.0.1:6379", logging_level=logging.ERROR, log_to_driver=False); mark("ray.init")
+from pathlib import Path
+from fedhet.experiments import cluster
+nodes = cluster.alive_nodes(ray)
+control = Path(sys.argv[1]); (control / "where").mkdir(parents=True, exist_ok=True)
+cluster.check_nodes(ray, nodes, control, os.getcwd()); mark("the file probe")
+def first():
+    import fedhet.experiments.runner
+    return os.getpid()
+task = ray.remote(first).options(num_cpus=1)
+ray.get([task.remote(), task.remote()]); mark("two tasks importing torch and fedhet")
+ray.get([task.remote(), task.remote()]); mark("two more tasks (warm workers)")
+ray.shutdown(); mark("ray.shutdown")
+"""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--phases", action="store_true",
+                    help="instead: where one driver's time goes against the running head")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fb", dir="/tmp"))
     grid = work / "grid.toml"
@@ -69,6 +96,10 @@ def main() -> None:
             if time.monotonic() > deadline or head.poll() is not None:
                 sys.exit(f"ray start failed: {(work / 'head.log').read_text()[-2000:]}")
             time.sleep(0.2)
+        if args.phases:
+            subprocess.run([sys.executable, "-c", PHASES, str(work / "control")], env=env,
+                           cwd=ROOT, timeout=600, check=True)
+            return
         times: dict[str, list[float]] = {"jobs 2": [], "ray (joined)": [], "ray (local start)": []}
         compare = [sys.executable, "-m", "fedhet", "compare", "--config", str(grid)]
         for i in range(args.repeat):
