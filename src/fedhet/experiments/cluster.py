@@ -279,10 +279,13 @@ def wait_unlocked(out: Path, timeout: float) -> None:
             time.sleep(0.5)
 
 
-def run_task(unit: list[Job], control: str, cwd: str, cores: int) -> list[dict[str, Any]]:
+def run_task(
+    unit: list[Job], control: str, cwd: str, cores: int, gpus: float = 0.0
+) -> list[dict[str, Any]]:
     """One unit on a node: the local runner's `run_unit`, with the driver's stop flag read from
     the shared filesystem, each run's node written for the progress display, and partial runs
-    resumed (`refreshed`)."""
+    resumed (`refreshed`). A task that asked for no GPU sees none (`device = auto` is the CPU),
+    whatever Ray's default for such tasks."""
     import ray
 
     from fedhet.engine.store import atomic_write_text
@@ -291,6 +294,8 @@ def run_task(unit: list[Job], control: str, cwd: str, cores: int) -> list[dict[s
 
     os.chdir(cwd)  # relative data and run paths mean what they mean to the driver
     os.environ[CORES_ENV] = str(cores)
+    if gpus == 0:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     runner._limit_threads()  # one torch thread, as in a --jobs process (same results)
     ctl = Path(control)
     runner._STOP = FileFlag(ctl / "stop")
@@ -345,7 +350,7 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
     attempts: dict[int, int] = {}
     inflight: dict[Any, list[Job]] = {}
     room, checked = capacity(nodes, options), time.monotonic()
-    stopping = False
+    stopping = waiting = False
     progress.note(f"cluster: {len(nodes)} Ray node(s), {room} unit(s) at a time "
                   f"({options.cpus_per_run:g} CPU, {options.gpus_per_run:g} GPU each)")
     try:
@@ -358,12 +363,17 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
             if time.monotonic() - checked > CAPACITY_EVERY_S:
                 nodes = alive_nodes(ray)
                 labels.update(node_labels(nodes))
-                room, checked = max(1, capacity(nodes, options)), time.monotonic()
+                room, checked = capacity(nodes, options), time.monotonic()
+                if room < 1 and not waiting:
+                    progress.note("cluster: no alive node has room for a run; waiting for nodes "
+                                  "to join (Ctrl-C stops the grid)")
+                waiting = room < 1
             while queue and len(inflight) < max(1, room):
                 unit = queue.popleft()
                 attempts[id(unit)] = attempts.get(id(unit), 0) + 1
                 ref = task.remote([dataclasses.replace(j, out=str(Path(j.out).resolve()))
-                                   for j in unit], str(control), cwd, cores)
+                                   for j in unit], str(control), cwd, cores,
+                                  options.gpus_per_run)
                 inflight[ref] = unit
             ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0.2)
             for ref in ready:
