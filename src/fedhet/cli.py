@@ -108,7 +108,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from fedhet.experiments.compare import compare
 
     rows = compare(args.config, args.out, args.jobs, args.force, args.tensorboard,
-                   overrides=_overrides(args), **_batch_runs(args))
+                   overrides=_overrides(args), **_batch_runs(args), **_cluster(args))
     print(f"{len(rows)} runs; results in {args.out}/results.csv and {args.out}/summary.md")
     return 0
 
@@ -133,7 +133,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     out = Path(args.out or f"runs/{args.paper}-{scale}")
     only = tuple(d.strip() for d in args.only.split(",") if d.strip()) if args.only else None
     reproduce(args.paper, scale, out, args.jobs, args.force, args.tensorboard,
-              overrides=_overrides(args), only=only, **_batch_runs(args))
+              overrides=_overrides(args), only=only, **_batch_runs(args), **_cluster(args))
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
     return 0
 
@@ -145,7 +145,8 @@ def _batch_runs(args: argparse.Namespace) -> dict[str, int]:
 
 def _reproduce_protocol(args: argparse.Namespace) -> int:
     preset_only = [
-        flag for flag in ("--scale", "--only", "--jobs", "--batch-runs", "--tensorboard")
+        flag for flag in ("--scale", "--only", "--jobs", "--batch-runs", "--tensorboard",
+                          *CLUSTER_FLAGS)
         if getattr(args, flag[2:].replace("-", "_"), None)
     ]
     if preset_only:
@@ -327,6 +328,53 @@ def _add_pool_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="start every run again from scratch")
     p.add_argument("--tensorboard", action="store_true",
                    help="log each run's metrics for TensorBoard (needs tensorboard)")
+    _add_cluster_flags(p)
+
+
+# -- `--cluster ray` of compare and reproduce (docs/cluster.md) ------------------------------
+CLUSTER_FLAGS = ("--cluster", "--ray-address", "--cpus-per-run", "--gpus-per-run")
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", choices=("ray",),
+                   help="run each run (or batch of runs) as a task on a Ray cluster "
+                        "(docs/cluster.md); needs fedhet[cluster]")
+    p.add_argument("--ray-address", metavar="ADDR|auto",
+                   help="--cluster ray: the cluster to join (default $RAY_ADDRESS, else a local "
+                        "Ray started for this grid; auto: the one running on this machine)")
+    p.add_argument("--cpus-per-run", type=_share, metavar="N",
+                   help="--cluster ray: CPUs each run's task asks for (default 1)")
+    p.add_argument("--gpus-per-run", type=_share, metavar="F",
+                   help="--cluster ray: GPUs each run's task asks for; a fraction shares one "
+                        "GPU between runs, e.g. 0.25 (default 0)")
+
+
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}")
+    return value
+
+
+def _cluster(args: argparse.Namespace) -> dict[str, Any]:
+    """`{"cluster": ClusterOptions}` for `--cluster ray`; its options without it, or `--jobs`
+    with it, are one line."""
+    given = [f for f in CLUSTER_FLAGS[1:] if getattr(args, f[2:].replace("-", "_")) is not None]
+    if args.cluster is None:
+        if given:
+            raise FedhetError(f"{', '.join(given)}: options of --cluster ray; add --cluster ray")
+        return {}
+    if args.jobs:
+        raise FedhetError("--jobs sets local processes; with --cluster ray each run is a task "
+                          "sized by --cpus-per-run and --gpus-per-run")
+    from fedhet.experiments.cluster import ClusterOptions
+
+    cpus = 1.0 if args.cpus_per_run is None else args.cpus_per_run
+    gpus = 0.0 if args.gpus_per_run is None else args.gpus_per_run
+    return {"cluster": ClusterOptions(args.cluster, args.ray_address, cpus, gpus)}
 
 
 def build_parser() -> argparse.ArgumentParser:

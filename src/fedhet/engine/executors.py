@@ -64,8 +64,16 @@ LINEAR_MODELS = ("logreg", "svm")
 
 def resolve_device(name: str) -> torch.device:
     """`auto`: CUDA when this torch build sees a GPU, else CPU; `cuda` without one is an error."""
+    return device_choice(name)[0]
+
+
+def device_choice(name: str) -> tuple[torch.device, str]:
+    """`resolve_device`, with the reason in words (`fedhet.engine.plan`)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if torch.cuda.is_available():
+            return torch.device("cuda"), "auto: torch sees a GPU"
+        build = "a CPU-only build" if torch.version.cuda is None else "no GPU visible"
+        return torch.device("cpu"), f"auto: torch {torch.__version__} ({build}) sees no GPU"
     if name == "cuda" and not torch.cuda.is_available():
         cuda = torch.version.cuda
         build = "a CPU-only build" if cuda is None else f"CUDA {cuda}, no GPU visible"
@@ -73,7 +81,7 @@ def resolve_device(name: str) -> torch.device:
             f"device=cuda but torch {torch.__version__} ({build}) has no usable GPU; "
             "see docs/gpu.md or use --set device=cpu"
         )
-    return torch.device(name)
+    return torch.device(name), "set"
 
 
 def choose_executor(
@@ -84,6 +92,14 @@ def choose_executor(
     `sequential` when the model cannot be stacked (`unsupported_reason`). `workers > 1` asks
     for the sequential executor over processes (`engine/workers.py`): CPU only, and `auto`
     then means `sequential`."""
+    return executor_choice(name, device, model, module, workers)[0]
+
+
+def executor_choice(
+    name: str, device: torch.device, model: str, module: torch.nn.Module | None, workers: int = 1
+) -> tuple[str, str]:
+    """`choose_executor`, with the reason in words; `module` None: the model is not built yet,
+    so whether it can be stacked is not known (the reason says so)."""
     if workers > 1:
         if device.type != "cpu":
             raise FedhetError(
@@ -95,14 +111,21 @@ def choose_executor(
                 f"--workers {workers} runs the sequential executor in processes; use "
                 "--executor sequential (or auto) with it, or --workers 1 with --executor batched"
             )
-        return "sequential"
-    if unsupported_reason(module) is not None:
-        return "sequential"
+        return "sequential", f"--workers {workers} runs the sequential executor in processes"
+    why = unsupported_reason(module) if module is not None else None
+    if why is not None:
+        return "sequential", f"the model cannot be stacked ({why})"
     if name != "auto":
-        return name
-    if device.type == "cuda" or model in LINEAR_MODELS:
-        return "batched"
-    return "sequential"
+        chosen, reason = name, "set"
+    elif device.type == "cuda":
+        chosen, reason = "batched", "auto: on CUDA"
+    elif model in LINEAR_MODELS:
+        chosen, reason = "batched", "auto: a linear model (closed-form gradients)"
+    else:
+        chosen, reason = "sequential", "auto: on the CPU, not a linear model"
+    if module is None and chosen == "batched":
+        reason += "; sequential if the model has dropout or BatchNorm(momentum=None)"
+    return chosen, reason
 
 
 def failure(client_id: int, round: int, error: BaseException) -> ClientFailure:
@@ -290,5 +313,6 @@ def make_executor(work: ClientWork, name: str, chunk: int = 0) -> SequentialExec
 
 
 __all__ = [
-    "EXECUTORS", "BatchedExecutor", "SequentialExecutor", "choose_executor", "make_executor",
+    "EXECUTORS", "BatchedExecutor", "SequentialExecutor", "choose_executor", "device_choice",
+    "executor_choice", "make_executor", "resolve_device",
 ]

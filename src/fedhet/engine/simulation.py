@@ -28,13 +28,13 @@ from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RESUMABLE, RunConfig, canonical_config
 from fedhet.engine.evaluation import Evaluator
 from fedhet.engine.evaluation import summary as run_summary
-from fedhet.engine.executors import choose_executor, make_executor, resolve_device
 from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.engine.faults import FaultModel
 from fedhet.engine.federate import federate
+from fedhet.engine.plan import Plan, Work, executor_for, plan
 from fedhet.engine.rounds import ROUND_RUNNERS
 from fedhet.engine.store import TIME_COLUMNS, RunStore
-from fedhet.engine.workers import ProcessExecutor, auto_workers, round_work, usable_cores
+from fedhet.engine.workers import round_work, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.models.registry import build_model
 from fedhet.training.flat import FlatModel
@@ -75,7 +75,18 @@ class Simulation:
         self.data, parts = fed.data, fed.parts
         torch.manual_seed(cfg.seed)
         module = build_model(cfg.model, self.data.input_shape, self.data.num_classes, cfg.model_params)
-        self.device = resolve_device(cfg.device)
+        steps = [local_steps(cfg, len(p), i, 0, clamp=False) for i, p in enumerate(parts)]
+        per_round = min(len(parts), max(1, round_half_up(cfg.sample_fraction * len(parts))))
+        dim = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        self.round_work = round_work(per_round, [max(1, t) for t in steps],
+                                     [len(p) for p in parts], cfg.batch_size, dim)
+        """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
+        self.plan: Plan = plan(cfg, usable_cores(), work=Work(module, self.round_work, per_round),
+                               clients_here=self.clients_here)
+        """Where this run's work runs, and why (`fedhet.engine.plan`): decided once, here."""
+        if self.plan.workers_note is not None:  # else nothing was weighed: a GPU, batched, one core
+            log(f"workers: auto → {self.plan.workers} ({self.plan.workers_note})")
+        self.device = self.plan.device
         self.model = FlatModel(module.to(self.device))
         self.partition = parts
         if self.device.type != "cpu":  # the data goes to the device once (after partitioning)
@@ -96,7 +107,6 @@ class Simulation:
             cfg, self.model, self.trainer, self.client_indices, self.algorithm, log
         )
         self.evaluator = Evaluator(cfg, self.model, self.data, self.algorithm)
-        steps = [local_steps(cfg, len(ix), i, 0, clamp=False) for i, ix in enumerate(self.client_indices)]
         self.algorithm.check_local_steps(steps)
         runner = ROUND_RUNNERS.get(algo_cls.topology)
         if runner is None:
@@ -108,27 +118,10 @@ class Simulation:
         self.split = split_digest(self.client_indices)
         """The data split this run trains on, stored in every checkpoint (`check_same_split`)."""
         self.buffers = self.model.buffers.clone()
-        self.executor_name = choose_executor(
-            cfg.executor, self.device, cfg.model_name, module, cfg.workers
-        )
-        self.workers = cfg.workers
+        self.executor_name = self.plan.executor
+        self.workers = self.plan.workers
         """Processes a round's clients are spread over: `cfg.workers`, or what `auto` (0) chose."""
-        per_round = min(len(parts), max(1, round_half_up(cfg.sample_fraction * len(parts))))
-        self.round_work = round_work(per_round, [max(1, t) for t in steps],
-                                     [len(ix) for ix in self.client_indices], cfg.batch_size,
-                                     self.model.dim)
-        """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
-        if cfg.workers == 0 and not self.clients_here:
-            self.workers = 1
-        elif cfg.workers == 0:
-            self.workers, why = auto_workers(self.round_work, cfg.rounds, per_round, usable_cores(),
-                                             self.device.type, self.executor_name, cfg.executor)
-            if why is not None:  # else nothing to weigh: a GPU, batched, one core
-                log(f"workers: auto → {self.workers} ({why})")
-        if self.workers > 1 and self.executor_name == "sequential":
-            self.executor = ProcessExecutor(self.clients, self.workers)
-        else:
-            self.executor = make_executor(self.clients, self.executor_name, cfg.cohort_chunk)
+        self.executor = executor_for(self.plan, self.clients, cfg.cohort_chunk)
 
     # -- the round runner's protocol -----------------------------------------------------
     def configure(self, state: states.ServerState, client_id: int, round: int) -> Message:

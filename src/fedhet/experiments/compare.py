@@ -22,13 +22,14 @@ from fedhet.experiments.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, 
 def compare(
     config: str | Path, out: str | Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
-    batch_runs: int = DEFAULT_BATCH_RUNS,
+    batch_runs: int = DEFAULT_BATCH_RUNS, cluster: Any = None,
 ) -> list[dict[str, Any]]:
     """Validate the whole grid, run what is not finished, write results; returns the rows.
 
     `out` is marked as fedhet's grid directory and locked for the whole call, so a second
     `compare` (or `reproduce`) on it fails at once, naming this process. Ctrl-C stops the grid
     at the next saved round of each running run (`runner.Interrupted`); calling again resumes.
+    `cluster` (`fedhet.experiments.cluster.ClusterOptions`): run on a cluster, not in `jobs`.
     """
     grid = load_grid(config)
     grid.specs = with_overrides(grid.specs, overrides)
@@ -49,7 +50,7 @@ def compare(
             shutil.copyfile(config, out / "grid.toml")
         write_manifest(out, grid.title, grid.specs, grid.target_accuracy)
         errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream, hint,
-                           batch_runs=batch_runs)
+                           batch_runs=batch_runs, cluster=cluster)
         return _finish(out, grid.title, grid.specs, grid.target_accuracy, errors)
 
 

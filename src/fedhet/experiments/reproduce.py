@@ -93,9 +93,11 @@ def reproduce(
     paper: str, scale: str, out: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
     batch_runs: int = DEFAULT_BATCH_RUNS, only: tuple[str, ...] | None = None,
+    cluster: Any = None,
 ) -> Preset:
     """Run `paper`'s preset at `scale` into `out` (marked and locked like `compare`'s); returns
-    the preset. Ctrl-C stops it as in `compare` (`runner.Interrupted`); calling again resumes."""
+    the preset. Ctrl-C stops it as in `compare` (`runner.Interrupted`); calling again resumes.
+    `cluster` (`fedhet.experiments.cluster.ClusterOptions`): run on a cluster, not in `jobs`."""
     preset = load_preset(paper, scale)
     if tensorboard:
         # optional extra: fedhet[tensorboard]
@@ -110,7 +112,7 @@ def reproduce(
     with rundir.exclusive(out, "reproduce"):
         rundir.mark(out, "grid")
         _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint, overrides,
-                    batch_runs, only)
+                    batch_runs, only, cluster)
     return preset
 
 
@@ -118,6 +120,7 @@ def _run_stages(
     paper: str, scale: str, preset: Preset, out: Path, jobs: int | None, force: bool,
     tensorboard: bool, stream: TextIO | None, hint: str, overrides: dict[str, Any] | None = None,
     batch_runs: int = DEFAULT_BATCH_RUNS, only: tuple[str, ...] | None = None,
+    cluster: Any = None,
 ) -> None:
     """Run the preset's stages in order, then write results, report.md and report.html."""
     title = f"{paper} ({scale})"
@@ -136,7 +139,7 @@ def _run_stages(
         if len(preset.stages) > 1:
             (stream or sys.stderr).write(f"stage {i}/{len(preset.stages)}: {len(new)} runs\n")
         errors.update(run_specs(new, out / "runs", jobs, force, tensorboard, stream, hint,
-                                batch_runs=batch_runs))
+                                batch_runs=batch_runs, cluster=cluster))
         if errors:
             break
     rows = collect(out, title, specs, preset.target_accuracy, errors)

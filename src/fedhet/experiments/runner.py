@@ -22,18 +22,21 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
 from fedhet.engine import rundir
 from fedhet.engine.config import RUNTIME, build, canonical_config, config_of, parse
-from fedhet.engine.executors import LINEAR_MODELS
+from fedhet.engine.plan import batchable
 from fedhet.engine.store import to_json
 from fedhet.engine.workers import CORES_ENV, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.single import execute, execute_together, is_finished
+
+if TYPE_CHECKING:
+    from fedhet.experiments.cluster import ClusterOptions
 
 
 @dataclass(frozen=True)
@@ -194,10 +197,11 @@ def _outcome(job: Job, outcome: dict[str, Any] | BaseException) -> dict[str, Any
     return {"name": job.name, "summary": outcome}
 
 
-def batch_key(job: Job) -> str | None:
+def batch_key(job: Job, cuda: bool | None = None) -> str | None:
     """Jobs with the same key may step as one batch of runs (`fedhet.engine.batch`): the same
     data, model and device, on the batched executor. None: this job runs on its own (it would
-    use the sequential executor, or its settings do not build; it then reports that itself)."""
+    use the sequential executor, or its settings do not build; it then reports that itself).
+    `cuda`: whether `device = auto` finds a GPU where the job runs (None: on this machine)."""
     try:
         if job.resume:
             saved = canonical_config(json.loads((Path(job.out) / "config.json").read_text()))
@@ -207,10 +211,7 @@ def batch_key(job: Job) -> str | None:
             cfg = config_of(job.settings)
     except (FedhetError, OSError, ValueError):
         return None
-    if cfg.workers > 1 or cfg.executor == "sequential":
-        return None
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if cfg.executor == "auto" and not (cuda or cfg.model in LINEAR_MODELS):
+    if not batchable(cfg, torch.cuda.is_available() if cuda is None else cuda):
         return None
     d = cfg.to_dict()
     fields = ("dataset", "dataset_params", "data_dir", "validation_fraction", "model",
@@ -218,7 +219,7 @@ def batch_key(job: Job) -> str | None:
     return json.dumps({f: d[f] for f in fields}, sort_keys=True)
 
 
-def batch_units(jobs: list[Job], limit: int) -> list[list[Job]]:
+def batch_units(jobs: list[Job], limit: int, cuda: bool | None = None) -> list[list[Job]]:
     """`jobs` as units of work: runs that share a `batch_key` in batches of at most `limit`
     (in grid order), every other run on its own."""
     if limit <= 1:
@@ -226,7 +227,7 @@ def batch_units(jobs: list[Job], limit: int) -> list[list[Job]]:
     units: list[list[Job]] = []
     open_units: dict[str, list[Job]] = {}
     for job in jobs:
-        key = batch_key(job)
+        key = batch_key(job, cuda)
         if key is None:
             units.append([job])
             continue
@@ -295,13 +296,18 @@ class Progress:
         self.finished: set[str] = set()
         self.first: tuple[float, int] | None = None
         self.last = 0.0
+        self.where: dict[str, str] = {}
+        """The node each running run is on (a cluster backend fills it in)."""
 
     def _status(self, job: Job) -> tuple[int, float]:
-        try:
-            s = json.loads((Path(job.out) / "summary.json").read_text())
-            return int(s.get("rounds_done", 0)), float(s.get("final_accuracy", float("nan")))
-        except (OSError, ValueError):
-            return 0, float("nan")
+        return _status_of(job)
+
+    def note(self, text: str) -> None:
+        """A line about the grid itself (a backend's start, a lost node), above the status."""
+        prefix = "\r\x1b[K" if self.live else ""
+        self.stream.write(prefix + text + "\n")
+        self.stream.flush()
+        self.last = 0.0
 
     def tick(self) -> None:
         if not self.live or time.monotonic() - self.last < 0.5:
@@ -312,7 +318,8 @@ class Progress:
             r, acc = self._status(job)
             rounds_done += self.rounds[name] if name in self.finished else r
             if name not in self.finished and r > 0:
-                running.append(f"{_short(name)} r{r} {acc:.3f}")
+                where = f" @{self.where[name]}" if name in self.where else ""
+                running.append(f"{_short(name)} r{r} {acc:.3f}{where}")
         if self.first is None and rounds_done > self.start_rounds:
             # the rate is measured from the first finished round on, not from worker start-up
             self.first = (time.monotonic(), rounds_done)
@@ -321,7 +328,8 @@ class Progress:
         if self.first is not None and rounds_done > self.first[1]:
             rate = (rounds_done - self.first[1]) / max(time.monotonic() - self.first[0], 1e-9)
             eta = _clock(left / rate)
-        line = f"[{self.done}/{self.total} runs] ETA {eta} | " + " | ".join(running[:4])
+        more = [f"+{len(running) - 4} running"] if len(running) > 4 else []
+        line = f"[{self.done}/{self.total} runs] ETA {eta} | " + " | ".join(running[:4] + more)
         width = _width()
         self.stream.write("\r\x1b[K" + line[: width - 1])
         self.stream.flush()
@@ -334,9 +342,10 @@ class Progress:
         else:
             s = result["summary"]
             seconds = s.get("total_time_s", seconds)
+            node = f" on {result['node']}" if result.get("node") else ""
             text = (
                 f"[{self.done}/{self.total}] {name}: final {s['final_accuracy']:.4f}, best "
-                f"{s['best_accuracy']:.4f} (round {s['best_round']}), {seconds:.1f} s"
+                f"{s['best_accuracy']:.4f} (round {s['best_round']}), {seconds:.1f} s{node}"
             )
         prefix = "\r\x1b[K" if self.live else ""
         self.stream.write(prefix + text + "\n")
@@ -347,6 +356,15 @@ class Progress:
         if self.live:
             self.stream.write("\r\x1b[K")
             self.stream.flush()
+
+
+def _status_of(job: Job) -> tuple[int, float]:
+    """A run's rounds done and latest accuracy, from its summary.json (0, nan: none yet)."""
+    try:
+        s = json.loads((Path(job.out) / "summary.json").read_text())
+        return int(s.get("rounds_done", 0)), float(s.get("final_accuracy", float("nan")))
+    except (OSError, ValueError):
+        return 0, float("nan")
 
 
 def _setting(job: Job, key: str, default: int) -> int:
@@ -391,7 +409,7 @@ def _clock(seconds: float) -> str:
 def run_specs(
     specs: list[RunSpec], runs_dir: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, resume_hint: str | None = None,
-    batch_runs: int = DEFAULT_BATCH_RUNS,
+    batch_runs: int = DEFAULT_BATCH_RUNS, cluster: ClusterOptions | None = None,
 ) -> dict[str, str]:
     """Run every spec into `runs_dir/<name>`; returns `{name: error}` for runs that failed.
 
@@ -403,6 +421,9 @@ def run_specs(
     once, running ones stop after their next saved round (so running the grid again resumes
     them exactly); one line says so and `Interrupted` is raised. A second Ctrl-C stops at once
     (the runs then resume from their last checkpoint).
+
+    `cluster`: the units run as tasks on a cluster (`fedhet.experiments.cluster`) instead of
+    in `jobs` local processes, with the same guarantees.
     """
     todo, done = plan_jobs(specs, runs_dir, force, tensorboard)
     progress = Progress(len(specs), done, todo, stream)
@@ -410,12 +431,17 @@ def run_specs(
         return {}
     if force:
         clear_cells([Path(job.out) for job in todo], progress.stream)
-    units = batch_units(todo, batch_runs)
+    cuda = cluster.gpus_per_run > 0 if cluster is not None else None
+    units = batch_units(todo, batch_runs, cuda)
     n = max(1, min(jobs or default_jobs(), len(units)))
     tally = _Tally()
     with _graceful_sigint(progress) as (requested, hard):
         global _STOP
-        if n == 1:
+        if cluster is not None:
+            from fedhet.experiments.cluster import run_units
+
+            run_units(units, cluster, runs_dir, requested, hard, tally, progress)
+        elif n == 1:
             previous, _STOP = _STOP, requested
             left = list(units)
             try:

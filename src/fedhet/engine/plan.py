@@ -1,0 +1,145 @@
+"""Where a run's work runs, decided in one place: device, executor, worker processes, backend.
+
+`plan` takes a run's settings and returns a `Plan` with the reason for each choice. It composes
+the rules that live next to what they govern — `executors.device_choice` (CUDA or CPU),
+`executors.executor_choice` (sequential or batched; `cohort.unsupported_reason` for models that
+cannot be stacked), `workers.auto_workers` (`--workers auto`, measured thresholds) — and is
+the only caller of them while a `Simulation` is built. `batchable` answers the grid runner's
+question (may this run step in a batch of runs?) with the same rules, and `describe_plan` lists
+the plan of a config before any data is loaded (`fedhet config show`).
+
+The plan is pure: the same settings, cores and model always give the same plan, so a resumed
+run or a run on a cluster node computes exactly what it would have computed locally.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from fedhet.engine.executors import LINEAR_MODELS, device_choice, executor_choice, make_executor
+from fedhet.engine.workers import ProcessExecutor, auto_workers, usable_cores
+from fedhet.errors import FedhetError
+
+if TYPE_CHECKING:
+    from fedhet.engine.clients import ClientWork
+    from fedhet.engine.config import RunConfig
+    from fedhet.experiments.cluster import ClusterOptions
+
+
+@dataclass(frozen=True)
+class Work:
+    """What the run's model and data say, once they are built: the model (can it be stacked?),
+    a round's estimated multiply-adds (`workers.round_work`) and clients a round."""
+
+    module: torch.nn.Module
+    round_work: float
+    clients_per_round: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where a run's work runs, and why. `workers` is 0 while `--workers auto` is undecided
+    (no `Work` yet); `workers_note` is what the Simulation logs about it (None: nothing was
+    weighed, e.g. on a GPU or with one core)."""
+
+    device: torch.device
+    executor: str
+    workers: int
+    backend: str
+    reasons: dict[str, str] = field(default_factory=dict)
+    workers_note: str | None = None
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """`(key, value, reason)` for each decision, in order."""
+        workers = str(self.workers) if self.workers else "auto"
+        values = {"device": str(self.device), "executor": self.executor, "workers": workers,
+                  "backend": self.backend}
+        return [(k, v, self.reasons.get(k, "")) for k, v in values.items()]
+
+    def line(self) -> str:
+        """The plan in one line (values only)."""
+        return ", ".join(f"{k} {v}" for k, v, _ in self.rows())
+
+
+def backend_of(cluster: ClusterOptions | None) -> tuple[str, str]:
+    """Where the run itself executes: this process, or a task on a cluster."""
+    if cluster is None:
+        return "local", "this process (compare/reproduce: one of --jobs processes)"
+    where = cluster.address or "$RAY_ADDRESS or a local Ray"
+    return cluster.kind, (f"a task on the Ray cluster at {where}, {cluster.cpus_per_run:g} CPU "
+                          f"and {cluster.gpus_per_run:g} GPU per run")
+
+
+def plan(
+    cfg: RunConfig, cores: int, cluster: ClusterOptions | None = None, *,
+    work: Work | None = None, clients_here: bool = True, cuda: bool | None = None,
+) -> Plan:
+    """The plan of run `cfg` on `cores` usable cores (`workers.usable_cores`).
+
+    `work`: the built model and the round's work; without it the model is not checked for
+    stacking and `--workers auto` stays undecided (0). `clients_here`: False where the clients
+    run elsewhere (a Flower server: `auto` is then 1, with nothing to weigh). `cuda`: whether a
+    GPU is visible where the run will execute (None: ask torch here); `device = cuda` without
+    one is a `FedhetError` only when the plan is for this process (`cuda` None)."""
+    reasons: dict[str, str] = {}
+    if cuda is None:
+        device, reasons["device"] = device_choice(cfg.device)
+    else:
+        device = torch.device("cuda" if cfg.device == "cuda" or (cfg.device == "auto" and cuda)
+                              else "cpu")
+        reasons["device"] = ("set" if cfg.device != "auto" else
+                             "auto: the runs ask for GPUs" if cuda else "auto: the runs ask for no GPU")
+    module = work.module if work is not None else None
+    executor, reasons["executor"] = executor_choice(cfg.executor, device, cfg.model_name, module,
+                                                    cfg.workers)
+    note = None
+    if cfg.workers > 0:
+        workers, reasons["workers"] = cfg.workers, "set"
+    elif not clients_here:
+        workers, reasons["workers"] = 1, "auto: the clients run elsewhere (Flower SuperNodes)"
+    elif work is None:
+        workers, reasons["workers"] = 0, (
+            "auto: decided when the run starts, from a round's estimated work and the "
+            f"{cores} usable core(s) (docs/gpu.md)")
+    else:
+        workers, note = auto_workers(work.round_work, cfg.rounds, work.clients_per_round, cores,
+                                     device.type, executor, cfg.executor)
+        reasons["workers"] = f"auto: {note}" if note else "auto: nothing to weigh (one process)"
+    backend, reasons["backend"] = backend_of(cluster)
+    return Plan(device, executor, workers, backend, reasons, note)
+
+
+def executor_for(p: Plan, clients: ClientWork, chunk: int = 0) -> Any:
+    """The executor object `p` asks for over `clients`: the sequential one spread over
+    `p.workers` processes, or the sequential or batched one in this process."""
+    if p.workers > 1 and p.executor == "sequential":
+        return ProcessExecutor(clients, p.workers)
+    return make_executor(clients, p.executor, chunk)
+
+
+def batchable(cfg: RunConfig, cuda: bool) -> bool:
+    """Whether run `cfg` would use the batched executor (so it may step in a batch of runs),
+    judged from its settings alone: not with `--workers N > 1` or `--executor sequential`, and
+    `auto` only on a GPU or for the linear models (`executor_choice`)."""
+    if cfg.workers > 1 or cfg.executor == "sequential":
+        return False
+    on_gpu = cfg.device == "cuda" or (cfg.device == "auto" and cuda)
+    return not (cfg.executor == "auto" and not (on_gpu or cfg.model in LINEAR_MODELS))
+
+
+def describe_plan(cfg: RunConfig, cluster: ClusterOptions | None = None) -> list[tuple[str, str, str]]:
+    """`(key, value, reason)` of `cfg`'s plan on this machine before anything is built (for
+    `fedhet config show`); a device that is not there is shown with the reason, not raised."""
+    try:
+        return plan(cfg, usable_cores(), cluster).rows()
+    except FedhetError as e:
+        return [("device", cfg.device, f"not possible here: {e}"),
+                ("executor", cfg.executor, "as set"),
+                ("workers", str(cfg.workers or "auto"), "as set"),
+                ("backend", *backend_of(cluster))]
+
+
+__all__ = ["Plan", "Work", "batchable", "describe_plan", "executor_for", "plan"]

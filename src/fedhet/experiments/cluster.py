@@ -1,0 +1,459 @@
+"""`--cluster ray`: a grid's runs as Ray tasks over a cluster's nodes (docs/cluster.md).
+
+The driver (`fedhet compare|reproduce`) keeps everything the local runner does: the grid lock,
+finished runs skipped, partial runs resumed, duplicate cells refused (all before this module is
+entered, `fedhet.experiments.runner.run_specs`). What changes is where a unit of work — one
+run, or a batch of runs stepped as one cohort — executes: each is one Ray task asking for
+`--cpus-per-run` CPUs and `--gpus-per-run` GPUs (fractions allowed).
+
+**Files [choice].** Workers write the run directories themselves, on a filesystem that every
+node mounts at the same path (NFS, Lustre, CephFS, GPFS, or one machine's disk). Nothing is
+streamed back: a run directory written by a task is byte-for-byte what `--jobs` writes, its
+checkpoint outlives the node that wrote it, and the one-writer `flock` of each run directory
+(`fedhet.engine.rundir`) keeps a straggler of a lost node and its replacement apart. At start,
+a probe task on every node must read a marker the driver wrote into the grid directory and
+write beside it; a node that cannot is refused with one line (`check_nodes`).
+
+**Control files.** `GRID/.cluster/` holds what the driver and its tasks tell each other: `stop`
+(the driver's Ctrl-C: running runs stop after their next saved round, as with `--jobs`) and
+`where/<run>` (the node a run runs on, for the progress display). It is cleared when a driver
+starts.
+
+**A lost node loses nothing.** A task whose node (or worker process) dies fails with a Ray
+system error; the driver resubmits its unit (`MAX_ATTEMPTS`), and the new task resumes each run
+from its last checkpoint (`refreshed`: a job is idempotent). Application errors are a run's own
+(`{"error": ...}`), never retried. A driver killed with -9 takes its tasks with it (Ray ends a
+dead driver's job); started again it resumes the grid as `--jobs` does.
+
+`import ray` happens only here, and only when a grid asks for a cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+import warnings
+from collections import deque
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fedhet.engine import rundir
+from fedhet.errors import FedhetError
+
+if TYPE_CHECKING:
+    import threading
+
+    from fedhet.experiments.runner import Job, Progress, _Tally
+
+CLUSTERS = ("ray",)
+
+MAX_ATTEMPTS = 4
+"""**[choice]** Times one unit may be started: the first try and three after lost nodes or
+worker processes. A unit lost more often points at a run that kills its worker (memory), not at
+bad luck; it is then reported as that run's error."""
+
+PROBE_TIMEOUT_S = 120.0
+"""**[choice]** How long every node has to answer the file probe (a node must start a worker
+process for it: seconds on an idle node, longer on a busy one)."""
+
+LOCK_WAIT_S = 120.0
+"""**[choice]** How long a resubmitted task waits for a straggler of a lost node to let go of a
+run directory's lock (a Ray worker whose raylet died exits within seconds)."""
+
+CAPACITY_EVERY_S = 2.0
+"""How often the driver re-reads the cluster's nodes (nodes lost or joined)."""
+
+CONTROL = ".cluster"
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Where a grid's units run: a Ray cluster at `address` (`None`: `$RAY_ADDRESS`, else a
+    local Ray started for this grid; `auto`: the one running on this machine), each unit asking
+    for `cpus_per_run` CPUs and `gpus_per_run` GPUs."""
+
+    kind: str = "ray"
+    address: str | None = None
+    cpus_per_run: float = 1.0
+    gpus_per_run: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in CLUSTERS:
+            raise FedhetError(f"--cluster {self.kind}: unknown; choose one of {', '.join(CLUSTERS)}")
+        if not self.cpus_per_run > 0:
+            raise FedhetError(f"--cpus-per-run must be > 0, got {self.cpus_per_run:g}")
+        if not self.gpus_per_run >= 0:
+            raise FedhetError(f"--gpus-per-run must be ≥ 0, got {self.gpus_per_run:g}")
+
+
+def import_ray() -> Any:
+    """Ray, or one line saying how to get it."""
+    try:
+        import ray
+    except ImportError:
+        raise FedhetError(
+            "--cluster ray needs Ray, which is not installed: pip install 'fedhet[cluster]'"
+        ) from None
+    return ray
+
+
+def connect(options: ClusterOptions) -> tuple[Any, bool]:
+    """Join the cluster (`ray.init`); returns Ray and whether this call started a local one."""
+    ray = import_ray()
+    # Ray's hint about accelerator variables on tasks without GPUs is not the user's business
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
+    address = options.address or os.environ.get("RAY_ADDRESS") or None
+    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+    try:
+        if address:
+            ray.init(address=address, **quiet)
+        else:
+            ray.init(include_dashboard=False, **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"at {address}" if address else "on this machine"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FedhetError(f"cannot join a Ray cluster {where}: {first}") from None
+    return ray, not address
+
+
+def alive_nodes(ray: Any) -> list[dict[str, Any]]:
+    return [n for n in ray.nodes() if n.get("Alive")]
+
+
+def node_labels(nodes: list[dict[str, Any]]) -> dict[str, str]:
+    """A short name for each node id: its host name, with the id's start where hosts repeat."""
+    hosts = [n.get("NodeManagerHostname") or n.get("NodeManagerAddress", "?") for n in nodes]
+    return {
+        n["NodeID"]: h if hosts.count(h) == 1 else f"{h}:{n['NodeID'][:6]}"
+        for n, h in zip(nodes, hosts, strict=True)
+    }
+
+
+def capacity(nodes: list[dict[str, Any]], options: ClusterOptions) -> int:
+    """Units the alive `nodes` can run at once: per node, its CPUs over `cpus_per_run` (and its
+    GPUs over `gpus_per_run` when runs ask for GPUs), summed."""
+    total = 0
+    for n in nodes:
+        res = n.get("Resources", {})
+        k = _fits(res.get("CPU", 0), options.cpus_per_run)
+        if options.gpus_per_run > 0:
+            k = min(k, _fits(res.get("GPU", 0), options.gpus_per_run))
+        total += k
+    return total
+
+
+def _fits(have: float, each: float) -> int:
+    """How many shares of `each` fit in `have` (`1.0 // 0.1` is 9 in floating point; Ray counts
+    resources to 1e-4, so ten 0.1-GPU tasks fit one GPU)."""
+    return int(math.floor(have / each + 1e-6))
+
+
+def check_resources(nodes: list[dict[str, Any]], options: ClusterOptions) -> None:
+    if capacity(nodes, options) < 1:
+        have = "; ".join(f"{n.get('NodeManagerHostname', '?')}: {n.get('Resources', {}).get('CPU', 0):g} "
+                         f"CPU, {n.get('Resources', {}).get('GPU', 0):g} GPU" for n in nodes)
+        raise FedhetError(
+            f"no node of the Ray cluster has the {options.cpus_per_run:g} CPU and "
+            f"{options.gpus_per_run:g} GPU a run asks for ({have or 'no nodes'}); lower "
+            "--cpus-per-run/--gpus-per-run or add nodes"
+        )
+
+
+def check_gpus(units: list[list[Job]], options: ClusterOptions) -> None:
+    """Runs set to `device = cuda` need a GPU share: Ray hides the GPUs from a task that asks
+    for none (every such run would fail on its node)."""
+    if options.gpus_per_run > 0:
+        return
+    cuda = [job.name for unit in units for job in unit if job.settings.get("device") == "cuda"]
+    if cuda:
+        raise FedhetError(
+            f"{len(cuda)} run(s) ask for device=cuda ({cuda[0]}, …) but --gpus-per-run is 0, "
+            "and Ray hides the GPUs from tasks that ask for none; give each run a share, e.g. "
+            "--gpus-per-run 1 (or 0.25 to put four on a GPU)"
+        )
+
+
+# -- the shared-filesystem probe -----------------------------------------------------------
+def probe(marker: str, token: str, cwd: str, version: str) -> dict[str, Any]:
+    """On one node: can it read the driver's marker, write beside it, and enter the driver's
+    working directory, with the same fedhet? Returns what it found (`ok` and, if not, why)."""
+    import ray
+
+    import fedhet
+
+    node = ray.get_runtime_context().get_node_id()
+    path = Path(marker)
+    try:
+        if path.read_text().strip() != token:
+            return {"node": node, "ok": False, "why": f"{path} holds another grid's marker"}
+    except OSError as e:
+        return {"node": node, "ok": False, "why": f"cannot read {path} ({e.strerror or e})"}
+    mine = path.parent / f"probe-{node}"
+    try:
+        mine.write_text(token)
+        mine.unlink()
+    except OSError as e:
+        return {"node": node, "ok": False, "why": f"cannot write in {path.parent} ({e.strerror or e})"}
+    if not Path(cwd).is_dir():
+        return {"node": node, "ok": False, "why": f"the driver's working directory {cwd} is missing"}
+    if fedhet.__version__ != version:
+        return {"node": node, "ok": False,
+                "why": f"fedhet {fedhet.__version__} is installed there, the driver runs {version}"}
+    return {"node": node, "ok": True, "host": socket.gethostname()}
+
+
+def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str) -> None:
+    """Run `probe` on every alive node (pinned to it, no CPU asked); refuse the cluster, in one
+    line, when a node cannot see the grid directory or does not answer in time."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    import fedhet
+
+    token = uuid.uuid4().hex
+    marker = control / "probe"
+    marker.write_text(token + "\n")
+    task = ray.remote(probe)
+    labels = node_labels(nodes)
+    refs = {
+        task.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            n["NodeID"], soft=False)).remote(str(marker), token, cwd, fedhet.__version__): n["NodeID"]
+        for n in nodes
+    }
+    ready, missing = ray.wait(list(refs), num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+    if missing:
+        late = ", ".join(labels[refs[r]] for r in missing)
+        for r in missing:
+            ray.cancel(r, force=True)
+        raise FedhetError(f"Ray node(s) {late} did not answer the file probe within "
+                          f"{PROBE_TIMEOUT_S:.0f} s; check that they are healthy (docs/cluster.md)")
+    for ref in ready:
+        try:
+            answer = ray.get(ref)
+        except ray.exceptions.RayError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise FedhetError(f"Ray node {labels[refs[ref]]} cannot run fedhet: {first}") from None
+        if not answer["ok"]:
+            raise FedhetError(
+                f"Ray node {labels[refs[ref]]} cannot use the grid directory: {answer['why']}; "
+                "every node must mount it at the same path (a shared filesystem, docs/cluster.md)"
+            )
+    marker.unlink(missing_ok=True)
+
+
+# -- the task --------------------------------------------------------------------------------
+class FileFlag:
+    """The driver's stop flag as a file on the shared filesystem (`is_set` like an `Event`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def is_set(self) -> bool:
+        return self.path.exists()
+
+
+def refreshed(job: Job) -> Job:
+    """`job` as it must run now: a run directory that already holds a config (a task of a lost
+    node got that far) is resumed from its last checkpoint instead of started over."""
+    if not job.resume and (Path(job.out) / "config.json").is_file():
+        return dataclasses.replace(job, resume=True)
+    return job
+
+
+def wait_unlocked(out: Path, timeout: float) -> None:
+    """Wait (bounded) until no process holds `out`'s run lock: a straggler of a lost node."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with rundir.exclusive(out, "run"):
+                return
+        except FedhetError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def run_task(
+    unit: list[Job], control: str, cwd: str, cores: int, gpus: float = 0.0
+) -> list[dict[str, Any]]:
+    """One unit on a node: the local runner's `run_unit`, with the driver's stop flag read from
+    the shared filesystem, each run's node written for the progress display, and partial runs
+    resumed (`refreshed`). A task that asked for no GPU sees none (`device = auto` is the CPU),
+    whatever Ray's default for such tasks."""
+    import ray
+
+    from fedhet.engine.store import atomic_write_text
+    from fedhet.engine.workers import CORES_ENV
+    from fedhet.experiments import runner
+
+    os.chdir(cwd)  # relative data and run paths mean what they mean to the driver
+    os.environ[CORES_ENV] = str(cores)
+    if gpus == 0:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    runner._limit_threads()  # one torch thread, as in a --jobs process (same results)
+    ctl = Path(control)
+    runner._STOP = FileFlag(ctl / "stop")
+    node = ray.get_runtime_context().get_node_id()
+    unit = [refreshed(job) for job in unit]
+    for job in unit:
+        atomic_write_text(ctl / "where" / job.name, node)
+    try:
+        for job in unit:
+            if Path(job.out).is_dir():
+                wait_unlocked(Path(job.out), LOCK_WAIT_S)
+    except FedhetError as e:
+        return [{"name": job.name, "error": str(e)} for job in unit]
+    return runner.run_unit(unit)
+
+
+# -- the driver ------------------------------------------------------------------------------
+def run_units(
+    units: list[list[Job]], options: ClusterOptions, runs_dir: Path,
+    requested: threading.Event, hard: list[bool], tally: _Tally, progress: Progress,
+) -> None:
+    """Run `units` on the cluster until done, stopped (`requested`: Ctrl-C) or interrupted
+    (a second Ctrl-C: `KeyboardInterrupt`; `hard` gets `True`); results go to `tally`."""
+    check_gpus(units, options)
+    ray, _ = connect(options)
+    try:
+        _drive(ray, units, options, runs_dir, requested, hard, tally, progress)
+    finally:
+        ray.shutdown()
+
+
+def _control(runs_dir: Path) -> Path:
+    control = runs_dir.parent / CONTROL
+    (control / "where").mkdir(parents=True, exist_ok=True)
+    for stale in [control / "stop", *(control / "where").iterdir()]:
+        stale.unlink(missing_ok=True)
+    return control
+
+
+def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress) -> None:
+    nodes = alive_nodes(ray)
+    check_resources(nodes, options)
+    control = _control(runs_dir.resolve())
+    cwd = os.getcwd()
+    check_nodes(ray, nodes, control, cwd)
+    labels = node_labels(nodes)
+    cores = max(1, int(options.cpus_per_run))
+    task = ray.remote(run_task).options(
+        num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0,
+    )
+    queue: deque[list[Job]] = deque(units)
+    attempts: dict[int, int] = {}
+    inflight: dict[Any, list[Job]] = {}
+    room, checked = capacity(nodes, options), time.monotonic()
+    stopping = waiting = False
+    progress.note(f"cluster: {len(nodes)} Ray node(s), {room} unit(s) at a time "
+                  f"({options.cpus_per_run:g} CPU, {options.gpus_per_run:g} GPU each)")
+    try:
+        while queue or inflight:
+            if requested.is_set() and not stopping:
+                stopping = True
+                (control / "stop").write_text("stop\n")
+                tally.cancelled += sum(len(u) for u in queue)
+                queue.clear()
+            if time.monotonic() - checked > CAPACITY_EVERY_S:
+                nodes = alive_nodes(ray)
+                labels.update(node_labels(nodes))
+                room, checked = capacity(nodes, options), time.monotonic()
+                if room < 1 and not waiting:
+                    progress.note("cluster: no alive node has room for a run; waiting for nodes "
+                                  "to join (Ctrl-C stops the grid)")
+                waiting = room < 1
+            while queue and len(inflight) < max(1, room):
+                unit = queue.popleft()
+                attempts[id(unit)] = attempts.get(id(unit), 0) + 1
+                ref = task.remote([dataclasses.replace(j, out=str(Path(j.out).resolve()))
+                                   for j in unit], str(control), cwd, cores,
+                                  options.gpus_per_run)
+                inflight[ref] = unit
+            ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0.2)
+            for ref in ready:
+                unit = inflight.pop(ref)
+                for result in _results(ray, ref, unit, attempts, queue, stopping, progress,
+                                       labels, control):
+                    tally.add(result, progress, 0.0)
+            _where(progress, control, labels)
+            progress.tick()
+    except KeyboardInterrupt:
+        hard.append(True)
+        for ref in inflight:
+            ray.cancel(ref, force=True)
+        tally.unfinished = sum(len(u) for u in queue) + sum(len(u) for u in inflight.values())
+    finally:
+        (control / "stop").unlink(missing_ok=True)
+        for entry in (control / "where").iterdir():
+            entry.unlink(missing_ok=True)
+        with suppress(OSError):
+            (control / "where").rmdir()
+            control.rmdir()
+
+
+def _results(ray, ref, unit, attempts, queue, stopping, progress, labels, control) -> list[dict]:
+    """What a finished task means for its runs: their results, or (its node or worker lost)
+    a resubmission that resumes them, or (stopping) runs stopped at their last checkpoint."""
+    try:
+        results = ray.get(ref)
+    except ray.exceptions.TaskCancelledError:
+        return [{"name": job.name, "cancelled": True} for job in unit]
+    except ray.exceptions.RayTaskError as e:  # a bug outside a run's own error handling
+        return [{"name": job.name, "error": f"task failed: {str(e).strip().splitlines()[-1]}"}
+                for job in unit]
+    except ray.exceptions.RayError as e:  # the node or the worker process was lost
+        where = _where_of(unit, control, labels)
+        why = type(e).__name__
+        if stopping:
+            return [{"name": job.name, "stopped": _saved_round(job)} for job in unit]
+        if attempts[id(unit)] >= MAX_ATTEMPTS:
+            return [{"name": job.name, "error": f"lost {attempts[id(unit)]} times ({why}, last on "
+                                                f"{where}); see docs/cluster.md"} for job in unit]
+        runs = ", ".join(f"{job.name} (from round {_saved_round(job)})" for job in unit)
+        progress.note(f"lost on {where} ({why}); resubmitted: {runs}")
+        queue.appendleft(unit)
+        return []
+    where = _where_of(unit, control, labels)
+    for job in unit:
+        progress.where.pop(job.name, None)
+    return [{**r, "node": where} for r in results]
+
+
+def _saved_round(job: Job) -> int:
+    """The round a run resumes from: its last checkpointed round (0: none yet)."""
+    from fedhet.experiments.runner import _checkpoint_every, _status_of
+
+    done = _status_of(job)[0]
+    return done - done % _checkpoint_every(job)
+
+
+def _where_of(unit: list[Job], control: Path, labels: dict[str, str]) -> str:
+    try:
+        node = (control / "where" / unit[0].name).read_text().strip()
+    except OSError:
+        return "an unknown node"
+    return labels.get(node, node[:8])
+
+
+def _where(progress: Progress, control: Path, labels: dict[str, str]) -> None:
+    """Which node each running run is on, for the progress display."""
+    if not progress.live:
+        return
+    for entry in (control / "where").iterdir():
+        name = entry.name
+        if name in progress.finished:
+            continue
+        try:
+            node = entry.read_text().strip()
+        except OSError:
+            continue
+        progress.where[name] = labels.get(node, node[:8])
+
+
+__all__ = ["ClusterOptions", "check_nodes", "connect", "run_task", "run_units"]

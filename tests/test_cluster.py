@@ -1,0 +1,216 @@
+"""`--cluster ray` on a real two-node Ray cluster (tests/cluster_harness.py).
+
+One harness run, inside a private network namespace, starts the cluster once and drives every
+grid below against it; these tests read what it reports and the directories it leaves:
+a grid on the cluster equals the same grid with `--jobs`; a worker node lost part-way (its
+raylet SIGKILLed) and then the driver killed with -9 lose nothing; a cluster without what a
+grid needs is refused in one line.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedhet.cli import main
+from fedhet.engine.store import TIME_COLUMNS
+from fedhet.errors import FedhetError
+from fedhet.experiments.cluster import check_resources
+
+HARNESS = Path(__file__).with_name("cluster_harness.py")
+
+needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                               reason="Ray is not installed (pip install 'fedhet[cluster]')")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> tuple[Path, dict]:
+    work = tmp_path_factory.mktemp("cluster")
+    done = subprocess.run(["unshare", "-n", sys.executable, str(HARNESS), str(work)],
+                          capture_output=True, text=True, timeout=540)
+    report_path = work / "report.json"
+    assert report_path.exists(), f"the harness reported nothing ({done.returncode}): {done.stderr}"
+    report = json.loads(report_path.read_text())
+    assert report["left_running"] == [], "the harness left Ray processes running"
+    return work, report
+
+
+def metrics(run: Path) -> list[dict[str, str]]:
+    with (run / "metrics.csv").open() as f:
+        return [{k: v for k, v in row.items() if k not in TIME_COLUMNS} for row in csv.DictReader(f)]
+
+
+def summary(run: Path) -> dict:
+    s = json.loads((run / "summary.json").read_text())
+    return {k: v for k, v in s.items() if "time" not in k}
+
+
+def same_runs(a: Path, b: Path) -> list[str]:
+    """The run names of grid directories `a` and `b`, asserting they hold the same runs with the
+    same files, config, metrics (time columns aside) and summary."""
+    names = sorted(p.name for p in (a / "runs").iterdir())
+    assert names == sorted(p.name for p in (b / "runs").iterdir())
+    for name in names:
+        ra, rb = a / "runs" / name, b / "runs" / name
+        assert sorted(p.name for p in ra.iterdir()) == sorted(p.name for p in rb.iterdir())
+        assert (ra / "config.json").read_text() == (rb / "config.json").read_text()
+        assert metrics(ra) == metrics(rb), name
+        assert summary(ra) == summary(rb), name
+    return names
+
+
+def log(work: Path, name: str) -> str:
+    return (work / f"{name}.log").read_text()
+
+
+@needs_ray
+def test_a_grid_on_the_cluster_equals_the_grid_with_jobs(cluster):
+    work, report = cluster
+    assert "same_failed" not in report, report.get("same_failed")
+    assert report["same_jobs_rc"] == 0, log(work, "same-jobs")
+    assert report["same_ray_rc"] == 0, log(work, "same-ray")
+    names = same_runs(work / "same-jobs", work / "same-ray")
+    assert len(names) == 4 and all(json.loads((work / "same-ray" / "runs" / n / "summary.json")
+                                              .read_text())["rounds_done"] == 4 for n in names)
+    text = log(work, "same-ray")
+    assert "cluster: 2 Ray node(s), 2 unit(s) at a time (1 CPU, 0 GPU each)" in text
+    assert text.count(" on ") >= 4  # each finished run names its node
+    assert not (work / "same-ray" / ".cluster").exists()  # the control files are cleaned up
+
+
+@needs_ray
+def test_a_lost_node_and_a_killed_driver_lose_nothing(cluster):
+    work, report = cluster
+    assert "lost_failed" not in report, report.get("lost_failed")
+    first, second = log(work, "lost-1"), log(work, "lost-2")
+    victim, at = report["lost_victim"], report["lost_victim_round"]
+    assert at >= 3
+    # the lost run was resubmitted and resumed from its checkpoint, not from round 0
+    line = next(x for x in first.splitlines() if "resubmitted" in x)
+    assert victim in line
+    resumed = int(line.split(f"{victim} (from round ")[1].split(")")[0])
+    assert resumed >= at
+    # the driver was killed -9 part-way; started again it finished the grid
+    assert report["lost_rc"] == 0, second
+    assert any(0 < k < 40 for k in report["killed_at"].values()), report["killed_at"]
+    assert report["lost_jobs_rc"] == 0, log(work, "lost-jobs")
+    names = same_runs(work / "lost-jobs", work / "lost")
+    assert len(names) == 4
+    for name in names:  # every round once, in order: resumed exactly, nothing repeated
+        assert [int(r["round"]) for r in metrics(work / "lost" / "runs" / name)] == list(range(41))
+
+
+@needs_ray
+def test_ctrl_c_on_the_cluster_stops_at_saved_rounds_and_resumes_exactly(cluster):
+    work, report = cluster
+    assert "lost_failed" not in report, report.get("lost_failed")
+    first = log(work, "lost-0")
+    assert report["stop_rc"] == 130, first
+    last = first.strip().splitlines()[-1]
+    assert last.startswith("interrupted: 2 running run(s) stopped after a saved round")
+    assert "2 queued run(s) cancelled" in last
+    stopped = report["stopped_at"]
+    assert len(stopped) == 2 and all(0 < k < 40 for k in stopped.values())  # queued: untouched
+    for name, k in stopped.items():  # each stopped after the round it had saved last
+        assert f"{name} at round {k}" in last
+    assert report["stop_exit_s"] < 60  # a round of digits takes well under a second
+    # the same command resumed them: the grid's runs end equal to an undisturbed grid's (the
+    # lost-node test checks every run's metrics, round by round)
+
+
+@needs_ray
+def test_a_cluster_without_what_the_grid_needs_is_refused_in_one_line(cluster):
+    work, report = cluster
+    assert "refused_failed" not in report, report.get("refused_failed")
+    assert report["refused_cpus_rc"] == 2
+    text = log(work, "refused-cpus").strip().splitlines()
+    assert text[-1].startswith("error: no node of the Ray cluster has the 2 CPU and 0 GPU")
+    assert report["refused_fs_rc"] == 2
+    last = log(work, "refused-fs").strip().splitlines()[-1]
+    assert last.startswith("error: Ray node ") and "cannot use the grid directory" in last
+    assert "shared filesystem" in last
+    assert not (work / "hidden" / "grid" / "runs").exists()  # nothing ran
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ray-address", "auto"], "--ray-address: options of --cluster ray; add --cluster ray"),
+    (["--cluster", "ray", "--jobs", "2"], "--jobs sets local processes"),
+])
+def test_cluster_flags_misused_are_one_line(tmp_path, capsys, argv, message):
+    grid = tmp_path / "g.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 2\nrounds = 1\n')
+    assert main(["compare", "--config", str(grid), "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not (tmp_path / "o").exists()
+
+
+def test_cuda_runs_without_a_gpu_share_are_refused_before_ray_starts(tmp_path, capsys,
+                                                                      monkeypatch):
+    from fedhet.experiments import cluster
+
+    def no_ray(options):
+        raise AssertionError("Ray must not start")
+
+    monkeypatch.setattr(cluster, "connect", no_ray)
+    grid = tmp_path / "g.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 2\nrounds = 1\n[axes]\nseed = [0, 1]\n')
+    argv = ["compare", "--config", str(grid), "--out", str(tmp_path / "o"), "--cluster", "ray",
+            "--device", "cuda"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2 run(s) ask for device=cuda" in err[0] and "--gpus-per-run" in err[0]
+    assert not list((tmp_path / "o" / "runs").glob("*/config.json"))  # nothing ran
+
+
+def test_capacity_counts_units_per_node_with_gpu_shares():
+    from fedhet.experiments.cluster import ClusterOptions, capacity
+
+    nodes = [{"Resources": {"CPU": 16.0, "GPU": 4.0}}, {"Resources": {"CPU": 8.0}},
+             {"Resources": {"CPU": 0.0, "GPU": 0.0}}]  # e.g. a head started with --num-cpus 0
+    assert capacity(nodes, ClusterOptions()) == 16 + 8
+    assert capacity(nodes, ClusterOptions(cpus_per_run=3)) == 5 + 2
+    # 0.25 of a GPU: 16 on the GPU node's 4 GPUs, limited by its 16 CPUs; none elsewhere
+    assert capacity(nodes, ClusterOptions(gpus_per_run=0.25)) == 16
+    assert capacity(nodes, ClusterOptions(cpus_per_run=2, gpus_per_run=0.25)) == 8
+    assert capacity(nodes, ClusterOptions(gpus_per_run=0.3)) == 13  # ⌊4 / 0.3⌋
+    assert capacity([{"Resources": {"CPU": 64.0, "GPU": 1.0}}], ClusterOptions(gpus_per_run=0.1)) == 10
+    with pytest.raises(FedhetError, match="no node of the Ray cluster has the 1 CPU and 8 GPU"):
+        check_resources(nodes, ClusterOptions(gpus_per_run=8))
+
+
+def test_node_labels_are_host_names_made_unique():
+    from fedhet.experiments.cluster import node_labels
+
+    nodes = [{"NodeID": "aa11" * 7, "NodeManagerHostname": "gpu1"},
+             {"NodeID": "bb22" * 7, "NodeManagerHostname": "cpu"},
+             {"NodeID": "cc33" * 7, "NodeManagerHostname": "cpu"}]
+    assert node_labels(nodes) == {"aa11" * 7: "gpu1", "bb22" * 7: "cpu:bb22bb", "cc33" * 7: "cpu:cc33cc"}
+
+
+def test_a_retried_job_resumes_what_its_lost_task_began(tmp_path):
+    from fedhet.experiments.cluster import refreshed
+    from fedhet.experiments.runner import Job
+
+    job = Job("r", {"dataset": "digits"}, str(tmp_path / "r"), resume=False)
+    assert refreshed(job) is job  # nothing there yet: a fresh start
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "config.json").write_text("{}")
+    assert refreshed(job).resume and refreshed(job).settings == job.settings
+    again = Job("r", {}, str(tmp_path / "r"), resume=True)
+    assert refreshed(again) is again
+
+
+def test_cluster_options_are_checked():
+    from fedhet.experiments.cluster import ClusterOptions
+
+    with pytest.raises(FedhetError, match="--cpus-per-run must be > 0"):
+        ClusterOptions(cpus_per_run=0)
+    with pytest.raises(FedhetError, match="--cluster dask: unknown"):
+        ClusterOptions(kind="dask")
