@@ -185,6 +185,16 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_paper_scale(args: argparse.Namespace) -> int:
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.experiments.paper_scale import write_page
+
+    if not Path(args.results).is_dir():
+        raise FedhetError(f"--results {args.results} is not a directory")
+    print(f"page: {write_page(Path(args.results), Path(args.out))}")
+    return 0
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.report import write_report
@@ -393,6 +403,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dir", help="a run directory or a compare/reproduce directory")
     report.add_argument("--out", help="where report.html and the PNGs go (default: DIR)")
     report.set_defaults(func=cmd_report)
+    page = sub.add_parser("paper-scale", help="write docs/paper-scale.md (the papers' numbers and "
+                          "claims beside ours) from results/")
+    page.add_argument("--results", default="results", help="result files (default results)")
+    page.add_argument("--out", default="docs/paper-scale.md", help="the page (default docs/paper-scale.md)")
+    page.set_defaults(func=cmd_paper_scale)
     ls = sub.add_parser("list", help="algorithms, datasets, partitions and models")
     ls.set_defaults(func=cmd_list)
     part = sub.add_parser("partition", help="per-client sizes and label counts of a partition")

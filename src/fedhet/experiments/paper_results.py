@@ -272,3 +272,34 @@ def grid_minutes(grid_dir: Path) -> float:
         if isinstance(t, int | float) and math.isfinite(t):
             total += float(t)
     return total / 60.0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m fedhet.experiments.paper_results DIR --paper P --experiment E`: export a
+    finished preset/grid directory to `RESULTS/P/E.csv` and its json."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0] if main.__doc__ else None)
+    ap.add_argument("dir", type=Path, help="a finished reproduce/compare/grid directory")
+    ap.add_argument("--paper", required=True)
+    ap.add_argument("--experiment", required=True)
+    ap.add_argument("--results", type=Path, default=Path("results"))
+    ap.add_argument("--algorithm-from", choices=("label", "config"), default="label",
+                    help="the algorithm column: the preset's label or the run's algorithm name")
+    ap.add_argument("--command", default="", help="the command that made the runs")
+    ap.add_argument("--device", default="cpu: 2-core VM")
+    ap.add_argument("--scale", default="paper")
+    a = ap.parse_args(argv)
+    algorithm_of = (lambda r: str(r.config.get("algorithm", r.label))) if a.algorithm_from == "config" \
+        else None
+    out_csv = a.results / a.paper / f"{a.experiment}.csv"
+    skipped = export_grid(a.dir, out_csv, algorithm_of=algorithm_of)
+    runs = grid_runs(a.dir)
+    write_meta(out_csv.with_suffix(".json"), a.experiment, a.paper, a.command, a.device,
+               grid_minutes(a.dir), sorted({r.seed for r in runs}), a.scale,
+               complete=not skipped, runs=len(runs) - len(skipped), runs_planned=len(runs))
+    print(str(out_csv) + (f" ({len(skipped)} unfinished runs left out)" if skipped else ""))
+
+
+if __name__ == "__main__":
+    main()
