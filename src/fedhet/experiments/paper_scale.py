@@ -647,7 +647,11 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
         "benchmark first), stops before its budget ends and continues in the next sitting: "
         f"`{campaign.command(budget=30)}`. Estimates: rounds × runs × the measured batched floor "
         f"(one FedNNNN CNN round over 100 clients: {campaign.CNN_ROUND_S} s on one H100; one MLP round: "
-        f"{campaign.MLP_ROUND_S} s), the CNN figure used for every CNN table.",
+        f"{campaign.MLP_ROUND_S} s), the CNN figure used for every CNN table. It runs from the "
+        "checkout (`PYTHONPATH=src`, torch + numpy only) and needs MNIST at "
+        "`data/mnist/mnist.pkl.gz` (17 MB; `data/` is git-ignored, so a device session carries it). "
+        "State and run directories: `runs/campaign/` (`campaign.json` says what is done and the "
+        "measured seconds per run-round); result files appear as each table finishes.",
         "",
         "| step | table | runs × rounds | GPU-minutes | result file |",
         "|---|---|---|---|---|",
