@@ -231,7 +231,10 @@ class Campaign:
         with rundir.exclusive(self.out, "campaign"):
             rundir.mark(self.out, "grid")
             self.load_state()
+            from fedhet.experiments.results import git_commit
+
             sitting = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                       "commit": git_commit(),
                        "budget_min": self.budget_min, "device": self.device, "scale": self.scale,
                        "stopped": ""}
             self.state["sittings"].append(sitting)
@@ -379,6 +382,7 @@ class Campaign:
             csv_path.with_suffix(".json"), t.experiment, t.paper,
             command(self.scale, self.device, self.budget_min, t.key), _device_name(self.device),
             self.step_state(t.key)["minutes"] + (self.clock() - self._step_t0) / 60, seeds,
+            commit=" ".join(dict.fromkeys(s.get("commit", "?") for s in self.state["sittings"])),
             scale=self.scale, complete=complete, runs=len(finished), runs_planned=len(specs), table=t.title,
         )
         self.say(f"{t.key}: {len(finished)}/{len(specs)} runs in {csv_path}")

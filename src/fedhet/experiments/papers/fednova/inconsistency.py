@@ -127,6 +127,9 @@ def rows_of(run_dir: Path, algorithm: str, seed: int, clients: int, dim: int) ->
 def run_all(out_dir: Path, seeds: list[int], rounds: int = 500, lr: float = 0.01,
             clients: int = 30, dim: int = 10, command: str = "", device: str = "cpu") -> Path:
     """Every method × seed; writes `out_dir/inconsistency.csv` and `.json`."""
+    from fedhet.experiments.results import git_commit
+
+    commit = git_commit()  # the code the runs are made with (HEAD when they start)
     t0 = time.perf_counter()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,7 +142,8 @@ def run_all(out_dir: Path, seeds: list[int], rounds: int = 500, lr: float = 0.01
     paper_results.write_rows(csv_path, rows, ("dist_true", "dist_surrogate", "optima_gap"))
     paper_results.write_meta(
         out_dir / "inconsistency.json", "inconsistency", "fednova", command, device,
-        (time.perf_counter() - t0) / 60, seeds, rounds=rounds, lr=lr, clients=clients, dim=dim,
+        (time.perf_counter() - t0) / 60, seeds, commit=commit, rounds=rounds, lr=lr, clients=clients,
+        dim=dim,
     )
     return csv_path
 
