@@ -83,7 +83,7 @@ def test_published_numbers_and_missing_rows(page: str) -> None:
     assert "99.00%" in row and "98.60 ± 0.14 (n=2)" in row and "-0.40 pts" in row and "| **yes** |" in row
     assert "| **no** |" in _line(page, "MNIST NonIID-UB, FedAvg |")
     # a Table 2 MNIST row with no result needs the GPU campaign; CIFAR is not run
-    assert "needs a GPU (job `fednnnn-mnist`" in _line(page, "MNIST IID-B, FedProx |")
+    assert "needs a GPU (`--tables fednnnn-mnist`" in _line(page, "MNIST IID-B, FedProx |")
     assert "not run: CIFAR-10" in _line(page, "CIFAR10 IID-B, FedAvg |")
     # FedProx's quadratic row has no run: the command to make it
     assert "not run: `PYTHONPATH=src python -m fedhet.experiments.papers.fednova.inconsistency" in _line(
