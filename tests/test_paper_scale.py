@@ -101,6 +101,8 @@ def test_label_reading() -> None:
     assert ps.parse_label("bherd[alpha=0.3, criterion=grab-stale]") == (
         "bherd", {"alpha": "0.3", "criterion": "grab-stale"})
     assert ps.parse_label("Centralized SGD") == ("central", {})
+    assert ps.parse_label("FedVeca (α=0.995)") == ("fedveca", {"alpha": "0.995"})
+    assert ps.parse_label("FedAvg (N=50)") == ("fedavg", {"clients": "50"})
     assert ps.case_of("SVM MNIST Case 3") == 3 and ps.case_of("case2") == 2
     cols = {"round": [0.0, 1.0, 2.0, 3.0], "train_loss": [3.0, 2.0, 1.0, 0.5]}
     assert ps.rounds_to(cols, cols["train_loss"], 1.0, False) == 2

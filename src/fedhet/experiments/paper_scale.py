@@ -92,16 +92,16 @@ ALIASES = {"bherd-fedavg": "bherd", "centralized": "central", "centralized-sgd":
 
 
 def parse_label(algorithm: str) -> tuple[str, dict[str, str]]:
-    """`"bherd[alpha=0.3, criterion=grab-stale]"` → `("bherd", {"alpha": "0.3", ...})`."""
-    base, _, rest = algorithm.partition("[")
-    base = re.sub(r"[\s_]+", "-", base.strip().lower())
-    base = re.sub(r"-?\(.*\)$", "", base)
-    variants = dict(_tokens(rest.rstrip("]")))
-    return ALIASES.get(base, base), variants
+    """`"bherd[alpha=0.3, criterion=grab-stale]"` → `("bherd", {"alpha": "0.3", ...})`; the
+    presets' labels too: `"FedVeca (α=0.5)"` → `("fedveca", {"alpha": "0.5"})`, `N=` is `clients`."""
+    base = re.split(r"[\[(]", algorithm, maxsplit=1)[0]
+    rest = algorithm[len(base):]
+    base = re.sub(r"[\s_]+", "-", base.strip().lower()).strip("-")
+    return ALIASES.get(base, base), dict(_tokens(rest))
 
 
 def _tokens(text: str) -> Iterable[tuple[str, str]]:
-    for m in re.finditer(r"([A-Za-zα_]+)\s*=\s*([^,\s\]]+)", text):
+    for m in re.finditer(r"([A-Za-zα_]+)\s*=\s*([^,\s\])]+)", text):
         key = m.group(1).lower().replace("α", "alpha")
         yield ("clients" if key == "n" else key), m.group(2)
 
@@ -516,18 +516,22 @@ def _gpu(key: str) -> str:
             f"(≈{campaign.gpu_minutes(t):.0f} GPU-min over sittings)")
 
 
-def _not_run(cmd: str) -> str:
-    return f"not run: `{cmd}`"
+def _not_run(cmd: str, then: str = "") -> str:
+    return f"not run: `{cmd}`" + (f" (then {then})" if then else "")
 
 
-FEDVECA_SVM = ("PYTHONPATH=src python -m fedhet.experiments.papers.fedveca.study --out runs/fedveca-paper "
-               "(then export to results/fedveca/)")
-BHERD_SVM = ("PYTHONPATH=src python -m fedhet.experiments.papers.bherd.readings run --root runs/bherd-study "
-             "--study … --seeds 0-9 (then export to results/bherd/)")
 FEDNOVA_Q = "PYTHONPATH=src python -m fedhet.experiments.papers.fednova.inconsistency --out results/fednova"
 FEDNOVA_SYN = ("PYTHONPATH=src python -m fedhet reproduce fednova --scale paper --out runs/fednova-paper && "
                "PYTHONPATH=src python -m fedhet.experiments.paper_results runs/fednova-paper "
                "--paper fednova --experiment synthetic")
+
+
+FEDVECA_SVM = "PYTHONPATH=src python -m fedhet.experiments.papers.fedveca.study --out runs/fedveca-paper"
+BHERD_SVM = ("PYTHONPATH=src python -m fedhet.experiments.papers.bherd.readings run --root runs/bherd-study "
+             "--study readings|alpha|criterion|ref40|batch --seeds 0-9")
+EXPORT = "`fedhet.experiments.paper_results.export_runs` into results/{}/"
+FV_TODO = _not_run(FEDVECA_SVM, EXPORT.format("fedveca"))
+BH_TODO = _not_run(BHERD_SVM, EXPORT.format("bherd"))
 
 
 def _svm(e: Experiment) -> bool:
@@ -557,35 +561,35 @@ def sections() -> list[Section]:
     return [
         Section("FedVeca", "Figs. 3 and 5: SVM + MNIST even/odd, Cases 1–3 (fair protocol)", lambda r: (
             claim_rows(r, "fedveca", "SVM", fv_first + " loss", fedveca_first(False), _svm,
-                       _not_run(FEDVECA_SVM))
+                       FV_TODO)
             + claim_rows(r, "fedveca", "SVM", fv_first + " accuracy", fedveca_first(True), _svm,
-                         _not_run(FEDVECA_SVM))
+                         FV_TODO)
             + claim_rows(r, "fedveca", "SVM", "FedVeca is equally fast in Cases 1–3 while FedAvg and "
-                         "FedNova slow down in Case 3", fedveca_case3, _svm, _not_run(FEDVECA_SVM)))),
+                         "FedNova slow down in Case 3", fedveca_case3, _svm, FV_TODO))),
         Section("FedVeca", "Fig. 7: α_k on SVM, Case 3", lambda r: claim_rows(
             r, "fedveca", "SVM", "1 − α = 0.005 converges first, 0.5 slowest (0.05: between)",
-            order_claim("fedveca", "alpha", ("0.995", "0.95", "0.5")), _svm, _not_run(FEDVECA_SVM))),
+            order_claim("fedveca", "alpha", ("0.995", "0.95", "0.5")), _svm, FV_TODO)),
         Section("FedVeca", "Fig. 8: clients on SVM, Case 3", lambda r: (
             claim_rows(r, "fedveca", "SVM", "FedVeca does not converge faster with more clients "
                        "(N = 5 fastest, then 30, then 50)",
-                       order_claim("fedveca", "clients", ("5", "30", "50")), _svm, _not_run(FEDVECA_SVM))
+                       order_claim("fedveca", "clients", ("5", "30", "50")), _svm, FV_TODO)
             + claim_rows(r, "fedveca", "SVM", "even at 50 clients FedVeca converges faster than FedAvg "
-                         "and FedNova", fedveca_n50, _svm, _not_run(FEDVECA_SVM)))),
+                         "and FedNova", fedveca_n50, _svm, FV_TODO))),
         Section("FedVeca", "Fig. 3: CNN + MNIST, Case 3", lambda r: claim_rows(
             r, "fedveca", "CNN", fv_first + " loss", fedveca_first(False), _cnn, _gpu("fedveca-cnn-mnist"))),
         Section("BHerd", "Fig. 2a–b: SVM + MNIST even/odd, Cases 1–3 (and item 2's variants)", lambda r: (
             claim_rows(r, "bherd", "SVM", "BHerd-FedAvg converges faster than FedAvg",
-                       bherd_vs("bherd", "fedavg"), _svm, _not_run(BHERD_SVM))
+                       bherd_vs("bherd", "fedavg"), _svm, BH_TODO)
             + claim_rows(r, "bherd", "SVM", "GraB-FedAvg falls short in enhancing FedAvg's convergence "
                          "(holds = not faster)", _negate(bherd_vs("grab-fedavg", "fedavg")), _svm,
-                         _not_run(BHERD_SVM))
+                         BH_TODO)
             + claim_rows(r, "bherd", "SVM", "BHerd improves FedNova's convergence",
-                         bherd_vs("bherd-fednova", "fednova"), _svm, _not_run(BHERD_SVM))
+                         bherd_vs("bherd-fednova", "fednova"), _svm, BH_TODO)
             + claim_rows(r, "bherd", "SVM", "BHerd improves SCAFFOLD's convergence",
-                         bherd_vs("bherd-scaffold", "scaffold"), _svm, _not_run(BHERD_SVM)))),
+                         bherd_vs("bherd-scaffold", "scaffold"), _svm, BH_TODO))),
         Section("BHerd", "Fig. 3a: α on SVM + MNIST, Cases 1–3", lambda r: claim_rows(
             r, "bherd", "SVM", "α = 0.3 converges faster than α = 1", alpha_faster("0.3", "1.0"), _svm,
-            _not_run(BHERD_SVM))),
+            BH_TODO)),
         Section("BHerd", "Fig. 2a: CNN + MNIST, Cases 1–3", lambda r: claim_rows(
             r, "bherd", "CNN", "BHerd-FedAvg converges faster than FedAvg", bherd_vs("bherd", "fedavg"),
             _cnn, _gpu("bherd-cnn-mnist"))),
