@@ -336,12 +336,21 @@ def fedveca_first(accuracy: bool) -> Check:
                 central = got["central"][0]
                 r = {m: _to_central(got[m][0], central, accuracy) for m in ("fedveca", "fedavg", "fednova")}
                 holds = r["fedveca"] < min(r["fedavg"], r["fednova"])
+                k = max((max(c["round"]) for c in central.by_seed.values()), default=0)
                 ours = "rounds to centralized " + ("accuracy" if accuracy else "loss") + ": " + ", ".join(
-                    f"{m} {v:g}" for m, v in r.items()) + f" (median of {len(central.by_seed)})"
+                    f"{m} {_rounds(v, k)}" for m, v in r.items()) + f" (median of {len(central.by_seed)})"
                 out.append((f"Case {case} [{name}]", Verdict(ours, holds, central.exp)))
         return out
 
     return check
+
+
+def _rounds(v: float, k: float) -> str:
+    return f"never in {k:g}" if v > k else f"{v:g}"
+
+
+def _pm(mean: float, sd: float, fmt: str = "{:+.4f}") -> str:
+    return fmt.format(mean) + ("" if math.isnan(sd) else " ± " + fmt.format(sd).lstrip("+"))
 
 
 def fedveca_case3(cs: list[Cell]) -> list[tuple[str, Verdict]]:
@@ -386,8 +395,9 @@ def faster(a_sel: Callable[[list[Cell]], list[Cell]], b_sel: Callable[[list[Cell
                 fa = {s: final(c, "test_accuracy") * 100 for s, c in a.by_seed.items()}
                 fb = {s: final(c, "test_accuracy") * 100 for s, c in b.by_seed.items()}
                 acc_mean, acc_sd, _, acc_out = paired(fa, fb)
-                ours = (f"Δ early loss {mean:+.4f} ± {sd:.4f}{' *' if outside else ''}; "
-                        f"Δ final acc {acc_mean:+.2f} ± {acc_sd:.2f} pts{' *' if acc_out else ''} (n={n})")
+                acc = _pm(acc_mean, acc_sd, "{:+.2f}")
+                ours = (f"Δ early loss {_pm(mean, sd)}{' *' if outside else ''}; "
+                        f"Δ final acc {acc} pts{' *' if acc_out else ''} (n={n})")
                 where = f"Case {a.case}" if a.case else a.setting
                 out.append((f"{where}: {a.algorithm} vs {b.algorithm} [{name}]",
                             Verdict(ours, outside and mean < 0, a.exp)))
@@ -502,7 +512,7 @@ def synthetic_lower_loss(cs: list[Cell]) -> list[tuple[str, Verdict]]:
         fa = {s: final({"x": loss_column(c)}, "x") for s, c in a[0].by_seed.items()}
         fb = {s: final({"x": loss_column(c)}, "x") for s, c in b[0].by_seed.items()}
         mean, sd, n, outside = paired(fa, fb)
-        ours = f"Δ final training loss (FedNova − FedAvg) {mean:+.4f} ± {sd:.4f} (n={n})"
+        ours = f"Δ final training loss (FedNova − FedAvg) {_pm(mean, sd)} (n={n})"
         out.append((f"[{name}]", Verdict(ours, outside and mean < 0, a[0].exp)))
     return out
 
