@@ -57,11 +57,13 @@ ExtraColumn = str | tuple[str, str]
 """An extra column: its metrics.csv name, or `(name in the CSV, name in metrics.csv)`."""
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: Any, digits: int | None = None) -> str:
     if v is None:
         return ""
     if isinstance(v, float):
-        return "" if math.isnan(v) else repr(v)
+        if math.isnan(v):
+            return ""
+        return repr(float(f"{v:.{digits}g}")) if digits else repr(v)
     return str(v)
 
 
@@ -113,9 +115,11 @@ def run_rows(run: Run, setting: str, algorithm: str,
     return out
 
 
-def write_rows(out_csv: Path, rows: list[dict[str, Any]], extra: Sequence[str] = ()) -> None:
+def write_rows(out_csv: Path, rows: list[dict[str, Any]], extra: Sequence[str] = (),
+               digits: int | None = None) -> None:
     """Write rows in the contract's column order (base columns, then `extra`, then any others),
-    sorted by (setting, algorithm, seed, round) in order of first appearance of the names."""
+    sorted by (setting, algorithm, seed, round) in order of first appearance of the names;
+    float cells rounded to `digits` significant digits when given (smaller files)."""
     columns = list(BASE_COLUMNS) + [c for c in extra if c not in BASE_COLUMNS]
     for r in rows:
         columns += [k for k in r if k not in columns]
@@ -128,7 +132,7 @@ def write_rows(out_csv: Path, rows: list[dict[str, Any]], extra: Sequence[str] =
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(columns)
     for r in rows:
-        writer.writerow([_fmt(r.get(c, "")) for c in columns])
+        writer.writerow([_fmt(r.get(c, ""), digits) for c in columns])
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_csv.with_name(f".{out_csv.name}.tmp")
@@ -289,14 +293,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--command", default="", help="the command that made the runs")
     ap.add_argument("--device", default="cpu: 2-core VM")
     ap.add_argument("--scale", default="paper")
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="wall minutes of the runs (default: the sum of their times, which counts "
+                         "runs that stepped together as a batch once each)")
+    ap.add_argument("--commit", default=None, help="the commit the runs were made at (default HEAD)")
     a = ap.parse_args(argv)
     algorithm_of = (lambda r: str(r.config.get("algorithm", r.label))) if a.algorithm_from == "config" \
         else None
     out_csv = a.results / a.paper / f"{a.experiment}.csv"
     skipped = export_grid(a.dir, out_csv, algorithm_of=algorithm_of)
     runs = grid_runs(a.dir)
+    minutes = grid_minutes(a.dir) if a.minutes is None else a.minutes
     write_meta(out_csv.with_suffix(".json"), a.experiment, a.paper, a.command, a.device,
-               grid_minutes(a.dir), sorted({r.seed for r in runs}), a.scale,
+               minutes, sorted({r.seed for r in runs}), a.scale, commit=a.commit,
                complete=not skipped, runs=len(runs) - len(skipped), runs_planned=len(runs))
     print(str(out_csv) + (f" ({len(skipped)} unfinished runs left out)" if skipped else ""))
 

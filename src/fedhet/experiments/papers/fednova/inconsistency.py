@@ -139,7 +139,7 @@ def run_all(out_dir: Path, seeds: list[int], rounds: int = 500, lr: float = 0.01
                             clients, dim)
                 rows += rows_of(d, algorithm, seed, clients, dim)
     csv_path = out_dir / "inconsistency.csv"
-    paper_results.write_rows(csv_path, rows, ("dist_true", "dist_surrogate", "optima_gap"))
+    paper_results.write_rows(csv_path, rows, ("dist_true", "dist_surrogate", "optima_gap"), digits=6)
     paper_results.write_meta(
         out_dir / "inconsistency.json", "inconsistency", "fednova", command, device,
         (time.perf_counter() - t0) / 60, seeds, commit=commit, rounds=rounds, lr=lr, clients=clients,
