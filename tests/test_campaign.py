@@ -113,5 +113,8 @@ def test_cli_reproduce_all_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
                  "--out", str(tmp_path / "c")]) == 2
     assert "unknown campaign step 'nope'" in capsys.readouterr().err
     assert main(["reproduce", "fednova", "--budget", "1"]) == 2
+    if not __import__("torch").cuda.is_available():
+        assert main(["reproduce", "all", "--budget", "1", "--out", str(tmp_path / "c")]) == 2
+        assert "torch sees no CUDA device" in capsys.readouterr().err
     assert main(["reproduce", "all", "--out", str(tmp_path / "c")]) == 2
     assert "needs --budget" in capsys.readouterr().err

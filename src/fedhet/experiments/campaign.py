@@ -182,6 +182,12 @@ class Campaign:
         for s in self.steps:
             if s not in known:
                 raise FedhetError(f"unknown campaign step {s!r}; choose from: {', '.join(sorted(known))}")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise FedhetError(f"--device {self.device}: torch sees no CUDA device here; the "
+                                  "campaign is for a GPU machine (--device cpu to try it at smoke scale)")
         self.start = self.clock()
         margin = max(10.0, MARGIN * self.budget_min * 60)
         self.deadline = self.start + self.budget_min * 60 - margin
@@ -368,7 +374,8 @@ class Campaign:
         if not finished:
             return
         csv_path = self.results / t.paper / f"{t.experiment}.csv"
-        paper_results.export_runs(finished, csv_path, t.setting_of, t.algorithm_of, t.extra_columns)
+        paper_results.export_runs(finished, csv_path, t.setting_of, t.algorithm_of, t.extra_columns,
+                                  digits=7)
         seeds = sorted({r.seed for r in finished})
         paper_results.write_meta(
             csv_path.with_suffix(".json"), t.experiment, t.paper,

@@ -143,7 +143,7 @@ def write_rows(out_csv: Path, rows: list[dict[str, Any]], extra: Sequence[str] =
 def export_runs(
     run_dirs: Iterable[Path | Run], out_csv: Path, setting_of: Namer | None = None,
     algorithm_of: Namer | None = None, extra_columns: Sequence[ExtraColumn] = (),
-    merge: bool = False, finished_only: bool = True,
+    merge: bool = False, finished_only: bool = True, digits: int | None = None,
 ) -> list[Path]:
     """Write the runs' per-round metrics to `out_csv` in the contract's format.
 
@@ -151,7 +151,8 @@ def export_runs(
     setting and algorithm (default: its group and label). With `merge`, rows already in
     `out_csv` whose (setting, algorithm, seed) is not exported now are kept, so tables can be
     added one at a time. Unfinished runs are skipped (unless `finished_only` is False) and
-    returned; two runs with the same (setting, algorithm, seed) are an error.
+    returned; two runs with the same (setting, algorithm, seed) are an error. `digits`: see
+    `write_rows`.
     """
     setting_of = setting_of or (lambda r: r.group)
     algorithm_of = algorithm_of or (lambda r: r.label)
@@ -174,7 +175,7 @@ def export_runs(
     if merge and Path(out_csv).exists():
         old = read_rows(Path(out_csv))
         rows = [r for r in old if (r["setting"], r["algorithm"], r["seed"]) not in seen] + rows
-    write_rows(Path(out_csv), rows, names)
+    write_rows(Path(out_csv), rows, names, digits)
     return skipped
 
 
