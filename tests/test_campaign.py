@@ -118,3 +118,25 @@ def test_cli_reproduce_all_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert "torch sees no CUDA device" in capsys.readouterr().err
     assert main(["reproduce", "all", "--out", str(tmp_path / "c")]) == 2
     assert "needs --budget" in capsys.readouterr().err
+
+
+def test_the_campaign_imports_no_optional_package() -> None:
+    """The GPU machine has torch, numpy, sklearn and matplotlib only: building the campaign's
+    tables (every preset, the runner, the page's estimates) imports no flwr, ray or tensorboard."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from fedhet.experiments import campaign, paper_scale\n"
+        "[campaign.estimate_run_rounds(t, 'paper') for t in campaign.TABLES]\n"
+        "import fedhet.experiments.runner, fedhet.experiments.reproduce\n"
+        "top = {m.split('.')[0] for m in sys.modules}\n"
+        "bad = sorted(top & {'flwr', 'ray', 'tensorboard', 'matplotlib'})\n"
+        "print(bad)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
