@@ -59,6 +59,10 @@ def page(tmp_path: Path) -> str:
         b += _rows("case1", "bherd", seed, [1.0] + [0.4 + 2 * eps] * 10, [0.5] * 11)
         b += _rows("case3", "fedavg", seed, early, [0.5] * 11)
         b += _rows("case3", "BHerd-FedAvg", seed, [1.0] + [0.6 + eps] * 10, [0.5] * 11)
+        # the setup of reference [40]: BHerd against FedAvg of the same setup, not plain FedAvg
+        b += _rows("case2", "fedavg", seed, [1.0] + [0.1] * 10, [0.5] * 11)
+        b += _rows("case2", "fedavg[ref40]", seed, early, [0.5] * 11)
+        b += _rows("case2", "bherd[ref40]", seed, [1.0] + [0.4 + 2 * eps] * 10, [0.5] * 11)
         b += _rows("case1", "bherd[alpha=0.3]", seed, [1.0] + [0.3] * 10, [0.5] * 11)
         b += _rows("case1", "bherd[alpha=1.0]", seed, [1.0] + [0.3 + 0.01 * (seed + 1)] * 10, [0.5] * 11)
     _write(res, "bherd", "svm", b)
@@ -75,6 +79,7 @@ def test_claims_that_hold_and_fail(page: str) -> None:
     assert "| **yes** |" in case1 and "Δ early loss -0.0985 ± 0.0013 *" in case1  # Δ = −0.1 + 0.001·seed
     case3 = _line(page, "Case 3: BHerd-FedAvg vs fedavg")
     assert "| **no** |" in case3 and "Δ early loss +0.1000" in case3
+    assert "| **yes** |" in _line(page, "Case 2: bherd[ref40] vs fedavg[ref40]")
     assert "| **yes** |" in _line(page, "α = 0.3 converges faster", "bherd[alpha=0.3] vs bherd[alpha=1.0]")
 
 
@@ -103,6 +108,7 @@ def test_label_reading() -> None:
     assert ps.parse_label("Centralized SGD") == ("central", {})
     assert ps.parse_label("FedVeca (α=0.995)") == ("fedveca", {"alpha": "0.995"})
     assert ps.parse_label("FedAvg (N=50)") == ("fedavg", {"clients": "50"})
+    assert ps.parse_label("fedavg[ref40,B=10]") == ("fedavg", {"ref40": "true", "b": "10"})
     assert ps.case_of("SVM MNIST Case 3") == 3 and ps.case_of("case2") == 2
     cols = {"round": [0.0, 1.0, 2.0, 3.0], "train_loss": [3.0, 2.0, 1.0, 0.5]}
     assert ps.rounds_to(cols, cols["train_loss"], 1.0, False) == 2

@@ -101,9 +101,15 @@ def parse_label(algorithm: str) -> tuple[str, dict[str, str]]:
 
 
 def _tokens(text: str) -> Iterable[tuple[str, str]]:
-    for m in re.finditer(r"([A-Za-zα_]+)\s*=\s*([^,\s\])]+)", text):
-        key = m.group(1).lower().replace("α", "alpha")
-        yield ("clients" if key == "n" else key), m.group(2)
+    """`key=value` pairs of a label's variant part; a bare word is a flag (`ref40` → "true")."""
+    for part in re.split(r"[,;\s\[\]()]+", text):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key = key.strip().lower().replace("α", "alpha")
+        if not key:
+            continue
+        yield ("clients" if key == "n" else key), (value if eq else "true")
 
 
 def case_of(setting: str) -> int | None:
