@@ -12,7 +12,8 @@ Each table is its paper's preset restricted to MNIST (`reproduce --only mnist`),
 `OUT/<table>/runs/<name>` in chunks of `--batch-runs` runs (a preset lists a cell's seeds one
 after another, so a chunk is a cell's seeds stepping as one batch). Before a chunk starts, its
 time is estimated as (rounds left) × (seconds per run-round); a chunk that cannot finish inside
-what is left of the budget is not started and the sitting ends there. The seconds per
+what is left of the budget is cut to the runs that can, and when not even one run can, it is
+not started and the sitting ends there. The seconds per
 run-round start from the measured batched floor (`Table.s_per_round`, one H100) and are
 replaced by what this campaign measured once a chunk has run (kept in `OUT/campaign.json`). A
 timer stops the runs at the budget's end whatever the estimate said (the runner's graceful
@@ -327,10 +328,16 @@ class Campaign:
             left = [s for s in specs if s.name in names]
             if left:
                 check_data(t.paper, self.scale, left)
-            for i in range(0, len(left), self.batch_runs):
+            i = 0
+            while i < len(left):
+                # a batch of up to `batch_runs` runs, cut to what fits in the time left
                 chunk = left[i:i + self.batch_runs]
-                rounds = sum(_rounds_left(runs_dir / s.name, s) for s in chunk)
-                est = rounds * self.s_per_round(t)
+                while True:
+                    rounds = sum(_rounds_left(runs_dir / s.name, s) for s in chunk)
+                    est = rounds * self.s_per_round(t)
+                    if est <= self.left_s() or len(chunk) == 1:
+                        break
+                    chunk = chunk[:-1]
                 if est > self.left_s():
                     self.say(f"{t.key}: next {len(chunk)} run(s) need about {est / 60:.1f} min, "
                              f"{max(0, self.left_s()) / 60:.1f} left; stopping here")
@@ -342,6 +349,8 @@ class Campaign:
                 try:
                     errors = self._run_chunk(chunk, runs_dir)
                 except KeyboardInterrupt:  # the budget's alarm (runner.Interrupted) or Ctrl-C
+                    self.say(f"{t.key}: stopped at the budget's end (or Ctrl-C); the next sitting "
+                             "resumes its runs from their last saved round")
                     self._measure(t, chunk, runs_dir, rounds, self.clock() - t0)
                     self._export(t, out, all_specs, complete=False)
                     return False
@@ -349,6 +358,7 @@ class Campaign:
                     raise FedhetError(f"{t.key}: {len(errors)} run(s) failed; first: "
                                       f"{next(iter(errors.items()))}")
                 self._measure(t, chunk, runs_dir, rounds, self.clock() - t0)
+                i += len(chunk)
         self._export(t, out, all_specs, complete=True)
         return True
 
