@@ -6,6 +6,12 @@ projection. Each local step minimises `CE + μ ℓ_con` with
 `z_glob` from the received global model and `z_prev` from the client's own model at the end of
 its previous round (both frozen; that model is client state, `MoonClientState`, kept and
 checkpointed by the engine).
+
+The frozen models are evaluated in eval mode, as the authors' code does: with a BatchNorm
+encoder each reads its own running statistics — the global model's (the statistics the client
+received with it) and the previous model's (the client's at the end of its previous round,
+kept with `w_prev`) — and neither pass touches the statistics of the model being trained,
+which only its own training forward passes update.
 In a client's first round there is no previous model and the term is absent **[choice]** (which
 is the same as `ℓ_con = 0`). Aggregation is FedAvg's. `μ = 0` reproduces FedAvg.
 
@@ -17,6 +23,8 @@ frozen models, the gradient over their parameters).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,7 +32,7 @@ import torch
 from torch.func import functional_call
 from torch.nn import functional as F
 
-from fedhet.algorithms.base import ALGORITHMS, ClientContext, ClientState, Message, RunInfo
+from fedhet.algorithms.base import ALGORITHMS, BUFFERS, ClientContext, ClientState, Message, RunInfo
 from fedhet.algorithms.fedavg import FedAvg
 from fedhet.errors import FedhetError
 from fedhet.models.registry import objective
@@ -39,6 +47,9 @@ class MoonClientState(ClientState):
     w_prev: torch.Tensor | None = None
     """The client's local model at the end of its previous round (`z_prev`'s model); None
     before its first round."""
+    b_prev: torch.Tensor | None = None
+    """That model's BatchNorm running statistics (flat, `FlatModel.buffers`); None without
+    BatchNorm."""
 
     @classmethod
     def from_legacy(cls, value: Any) -> MoonClientState:
@@ -78,28 +89,67 @@ def named_params(layers: tuple[Layer, ...], flat: torch.Tensor) -> dict[str, tor
     return {layer.name: flat[layer.start : layer.stop].view(layer.shape) for layer in layers}
 
 
+def named_buffers(module: torch.nn.Module, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Flat BatchNorm statistics (the order of `FlatModel.buffers`: the module's floating-point
+    buffers) as a `{name: tensor}` dict for `functional_call`."""
+    out, offset = {}, 0
+    for name, b in module.named_buffers():
+        if b.is_floating_point():
+            out[name] = flat[offset : offset + b.numel()].view(b.shape)
+            offset += b.numel()
+    return out
+
+
+@contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """`module` in eval mode for the block, then back in the mode it was in."""
+    was = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was)
+
+
 class ContrastiveLoss(StackableLoss):
     """MOON's `CE + μ ℓ_con` for one client, stackable (`fedhet.training.losses`): the targets
-    are `z_glob` and `z_prev`, the projections of the global and the previous model (frozen)."""
+    are `z_glob` and `z_prev`, the projections of the global and the previous model (frozen),
+    computed in eval mode. With BatchNorm statistics (`b_glob`, `b_prev`) each frozen model
+    reads its own; `frozen` is then `(w_glob, b_glob, w_prev, b_prev)`, else `(w_glob, w_prev)`."""
 
     def __init__(
         self, layers: tuple[Layer, ...], w_glob: torch.Tensor, w_prev: torch.Tensor, mu: float,
-        temperature: float,
+        temperature: float, b_glob: torch.Tensor | None = None, b_prev: torch.Tensor | None = None,
     ) -> None:
         self.layers = layers
-        self.frozen = (w_glob, w_prev)
+        self.with_buffers = b_glob is not None and b_glob.numel() > 0
+        if self.with_buffers:
+            self.frozen = (w_glob, b_glob, w_prev, b_glob if b_prev is None else b_prev)
+        else:
+            self.frozen = (w_glob, w_prev)
         self.mu = mu
         self.temperature = temperature
 
     @property
-    def key(self) -> tuple[float, float]:
-        return (self.mu, self.temperature)
+    def key(self) -> tuple:
+        # `frozen` has four vectors with BatchNorm statistics, two without: not one stack
+        return (self.mu, self.temperature) + (("buffers",) if self.with_buffers else ())
 
     def targets(self, module: torch.nn.Module, x: torch.Tensor, *frozen: torch.Tensor) -> tuple:
-        return tuple(
-            functional_call(module, named_params(self.layers, w), (x,), {"with_z": True})[1]
-            for w in frozen
+        """`(z_glob, z_prev)`: eval-mode forward passes of the frozen models; the running
+        statistics they read are theirs (passed in), so the module's own are left untouched."""
+        models = (
+            [(frozen[0], frozen[1]), (frozen[2], frozen[3])] if self.with_buffers
+            else [(w, None) for w in frozen]
         )
+        out = []
+        with eval_mode(module):
+            for w, b in models:
+                tensors = named_params(self.layers, w)
+                if b is not None:
+                    tensors.update(named_buffers(module, b))
+                out.append(functional_call(module, tensors, (x,), {"with_z": True})[1])
+        return tuple(out)
 
     def loss(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, targets: tuple) -> torch.Tensor:
         out, z = module(x, with_z=True)
@@ -122,20 +172,36 @@ class Moon(FedAvg):
     def client_init(self, client_id: int) -> MoonClientState:
         return MoonClientState()
 
-    def loss_fn(self, w_glob: torch.Tensor, w_prev: torch.Tensor | None) -> ContrastiveLoss | None:
+    def loss_fn(
+        self, w_glob: torch.Tensor, w_prev: torch.Tensor | None, b_glob: torch.Tensor | None = None,
+        b_prev: torch.Tensor | None = None,
+    ) -> ContrastiveLoss | None:
         """The local objective: `CE + μ ℓ_con`, or None (the model's own CE) in a client's
         first round."""
         if w_prev is None:
             return None
-        return ContrastiveLoss(self.run.layers, w_glob, w_prev, self.params.mu, self.params.temperature)
+        return ContrastiveLoss(self.run.layers, w_glob, w_prev, self.params.mu, self.params.temperature,
+                               b_glob, b_prev)
 
     def client_update(self, message: Message, ctx: ClientContext, state: MoonClientState):
         w0 = message.tensors["w"].clone()
         tau = int(message.scalars.get("tau", ctx.tau))
-        loss_fn = self.loss_fn(w0, state.w_prev)
+        # the global model's BatchNorm statistics: those sent with it (else the client's own
+        # before training, the same thing on the sequential path)
+        b_glob = message.tensors.get(BUFFERS)
+        b_glob = b_glob.clone() if b_glob is not None and b_glob.numel() else _buffers(ctx)
+        loss_fn = self.loss_fn(w0, state.w_prev, b_glob, state.b_prev)
         w, steps, loss = ctx.trainer.sgd(w0, ctx.batches(tau), ctx.sgd, loss_fn=loss_fn)
         reply = Message(
             {"delta": w - w0},
             {"num_samples": float(ctx.num_samples), "steps": float(steps), "train_loss": loss},
         )
-        return reply, MoonClientState(w_prev=w)
+        # after `sgd` the trainer's model holds this client's statistics (both executors)
+        return reply, MoonClientState(w_prev=w, b_prev=_buffers(ctx))
+
+
+def _buffers(ctx: ClientContext) -> torch.Tensor | None:
+    """The BatchNorm statistics the client's model holds now (None without BatchNorm)."""
+    model = getattr(ctx.trainer, "model", None)
+    bufs = getattr(model, "buffers", None)
+    return bufs.clone() if isinstance(bufs, torch.Tensor) and bufs.numel() else None

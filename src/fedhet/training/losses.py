@@ -36,7 +36,9 @@ class StackableLoss(ABC):
 
     @abstractmethod
     def targets(self, module: torch.nn.Module, x: torch.Tensor, *frozen: torch.Tensor) -> tuple:
-        """Tensors the loss compares against, from the `frozen` vectors (no gradient)."""
+        """Tensors the loss compares against, from the `frozen` vectors (no gradient). It must
+        leave `module` as it found it (mode, BatchNorm running statistics): it runs between the
+        training forward passes of the client, sequentially and under `vmap` in the cohort."""
 
     @abstractmethod
     def loss(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, targets: tuple) -> torch.Tensor:
