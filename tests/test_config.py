@@ -56,7 +56,8 @@ def test_config_is_frozen_and_round_trips_through_its_serialised_forms():
 def test_later_layers_win_and_bad_paths_are_one_line():
     cfg = build(parse(BASE, "--config"), parse(["lr=0.3"], "--set"), parse({"lr": 0.4}, "flags"))
     assert cfg.lr == 0.4
-    with pytest.raises(FedhetError, match=r"^--set: unknown setting 'learning_rate' \(did you mean 'lr'\?\); valid settings"):
+    with pytest.raises(FedhetError, match=r"^--set: unknown setting 'learning_rate' "
+                                          r"\(did you mean 'lr'\?\); valid settings"):
         parse(["learning_rate=0.1"], "--set")
     with pytest.raises(FedhetError, match=r"^a.toml: lr must be a number"):
         parse({"lr": "fast"}, "a.toml")
