@@ -107,7 +107,7 @@ def fold(name: str) -> str:
 
 def nearest(word: str, choices: Iterable[str], synonyms: Mapping[str, str] | None = None) -> list[str]:
     """The choices a mistyped `word` most likely meant, best first (at most three): a known
-    synonym (`learning_rate` → `lr`), then close spellings (`difflib`, ratio ≥ 0.6, compared
+    synonym (`learning_rate` → `lr`), then close spellings (`difflib`, ratio ≥ 0.75, compared
     `fold`ed), then choices that contain the word or are contained in it (`epochs` →
     `local_epochs`)."""
     choices = list(dict.fromkeys(choices))
@@ -117,7 +117,7 @@ def nearest(word: str, choices: Iterable[str], synonyms: Mapping[str, str] | Non
     synonym = (synonyms or {}).get(key.replace("-", "_")) or (synonyms or {}).get(key)
     if synonym in choices:
         out.append(synonym)
-    out += [by_fold[m] for m in difflib.get_close_matches(key, list(by_fold), n=3, cutoff=0.6)]
+    out += [by_fold[m] for m in difflib.get_close_matches(key, list(by_fold), n=3, cutoff=0.75)]
     if len(key) >= 3:
         out += [c for f, c in by_fold.items() if key in f or (len(f) >= 3 and f in key)]
     return list(dict.fromkeys(out))[:3]

@@ -1,0 +1,91 @@
+"""`fedhet compare` changed on the command line, as Hydra's multirun: setting flags and `--set`
+fix a setting in every run (replacing the grid's value and its axis), `--sweep` makes axes, and
+a grid can be written with no file at all; the grid machinery (duplicate cells, lock, resume)
+is the same. Digits, 3 clients, 1 round."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedhet.cli import main
+from fedhet.experiments.grid import load_grid
+
+SWEEP = ["compare", "-a", "fedavg,FedProx", "-d", "digits", "-n", "3", "-r", "1",
+         "--sweep", "lr=0.01,0.1", "--sweep", "seed=0,1", "-j", "1"]
+
+
+def configs(out: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/config.json")}
+
+
+def test_a_sweep_on_the_command_line_with_no_grid_file(tmp_path, capsys):
+    out = tmp_path / "g"
+    assert main([*SWEEP, "--out", str(out)]) == 0
+    assert "8 runs" in capsys.readouterr().out
+    runs = configs(out)
+    assert sorted(runs) == sorted(f"{a}__lr={lr}__seed{s}" for a in ("fedavg", "fedprox")
+                                  for lr in ("0.01", "0.1") for s in (0, 1))
+    assert {(c["algorithm"], c["lr"], c["seed"]) for c in runs.values()} == {
+        (a, lr, s) for a in ("fedavg", "fedprox") for lr in (0.01, 0.1) for s in (0, 1)}
+    assert all(c["rounds"] == 1 and c["clients"] == 3 for c in runs.values())
+    assert (out / ".fedhet").exists() and (out / "results.csv").is_file()
+    # the grid it ran is saved as TOML: the same runs, and running that resumes (nothing reruns)
+    assert [s.name for s in load_grid(out / "grid.toml").specs] == \
+        [r["name"] for r in json.loads((out / "grid.json").read_text())["runs"]]
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/metrics.csv")}
+    assert main(["compare", "-c", str(out / "grid.toml"), "--out", str(out), "-j", "1"]) == 0
+    assert main([*SWEEP, "--out", str(out)]) == 0
+    assert stamps == {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/metrics.csv")}
+
+
+def test_set_overrides_a_grid_file_and_replaces_its_axis(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 3\nrounds = 5\nlr = 0.05\n'
+                    '[axes]\nalgorithm = ["fedavg", "fedprox"]\nseed = [0, 1, 2]\n')
+    out = tmp_path / "g"
+    assert main(["compare", "-c", str(grid), "--set", "rounds=1", "--set", "seed=0", "--out",
+                 str(out), "-j", "1"]) == 0
+    runs = configs(out)
+    assert sorted(runs) == ["fedavg__seed0", "fedprox__seed0"]
+    assert all(c["rounds"] == 1 and c["lr"] == 0.05 for c in runs.values())
+    saved = (out / "grid.toml").read_text()
+    assert saved.startswith(f"# the grid {grid} with --set rounds, --set seed")
+    # --sweep replaces the grid's axis of that setting, and a flag fixes one in every run
+    out2 = tmp_path / "g2"
+    assert main(["compare", "-c", str(grid), "-r", "1", "--sweep", "seed=3", "--sweep",
+                 "lr=0.1,0.2", "--out", str(out2), "-j", "1"]) == 0
+    assert {(c["algorithm"], c["seed"], c["lr"]) for c in configs(out2).values()} == {
+        (a, 3, lr) for a in ("fedavg", "fedprox") for lr in (0.1, 0.2)}
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--sweep", "lr=0.1,0.10"], "duplicate runs, the same cell twice"),
+        (["--set", "batch-size=0"], "error: --set batch_size: batch_size must be ≥ 1"),
+        (["--sweep", "local-epochs=1,x"], "error: --sweep local_epochs: local_epochs must be a number"),
+        (["--set", "learning_rate=0.1"], "(did you mean 'lr'?)"),
+        (["--sweep", "lr"], "--sweep expects key=value1,value2"),
+        (["--set", "seed=1"], "--sweep seed and --set seed both set seed"),
+    ],
+)
+def test_command_line_grid_mistakes_are_one_line(tmp_path, capsys, extra, needle):
+    out = tmp_path / "g"
+    assert main([*SWEEP, *extra, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert not (out / "runs").exists()
+
+
+def test_compare_needs_a_grid_and_makes_its_own_directory(tmp_path, capsys, monkeypatch):
+    assert main(["compare"]) == 2
+    assert "compare needs a grid: --config GRID.toml" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "-a", "fedavg,fedprox", "-n", "3", "-r", "1", "-j", "1"]) == 0
+    named = capsys.readouterr().err.split("grid directory: ")[1].split()[0]
+    assert named.startswith("runs/fedavg+fedprox-digits-")
+    assert sorted(configs(tmp_path / named)) == ["fedavg__seed0", "fedprox__seed0"]
