@@ -288,8 +288,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             "go with --protocol (--device, --executor and --workers choose where a preset runs)"
         )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.experiments.papers.base import PRESETS
     from fedhet.experiments.reproduce import reproduce
 
+    args.paper = PRESETS.canonical(args.paper)  # `FedSR` is `fedsr`
     scale = args.scale or "smoke"
     out = Path(args.out or f"runs/{args.paper}-{scale}")
     only = tuple(d.strip() for d in args.only.split(",") if d.strip()) if args.only else None
