@@ -57,6 +57,17 @@ def test_a_mistyped_name_gets_the_nearest_one(capsys, argv, hint):
     assert hint in line, line
 
 
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [(["rnu"], "(did you mean 'run'?)"), (["run", "--device", "cdua"], "(did you mean 'cuda'?)"),
+     (["compare", "--executor", "batch"], "(did you mean 'batched'?)"),
+     (["config", "shwo"], "(did you mean 'show'?)")],
+)
+def test_a_mistyped_command_or_choice_gets_the_nearest_one(capsys, argv, hint):
+    line = one_error_line(capsys, argv)
+    assert "invalid choice" in line and hint in line, line
+
+
 def test_a_name_far_from_all_gets_the_list_only(capsys):
     line = one_error_line(capsys, ["config", "show", "-a", "zzzzzz"])
     assert "did you mean" not in line and "choose one of: bherd" in line

@@ -25,6 +25,14 @@ class DivergedRunError(FedhetError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        import re
+
+        from fedhet.registry import did_you_mean
+
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:  # `fedhet rnu`, `--device cdua`: the nearest choice
+            choices = [c.strip().strip("'") for c in m.group(2).split(",")]
+            message += did_you_mean(m.group(1), choices)
         raise FedhetError(f"{message} (see `{self.prog} --help`)")
 
 
@@ -584,7 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "shipped settings files")
     ls.set_defaults(func=cmd_list)
     config = sub.add_parser("config", help="the settings a command would use (config show)")
-    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="show",
+                                       parser_class=_Parser)
     show = config_sub.add_parser(
         "show", help="every setting `run` would use with these flags: value and where it came from",
     )

@@ -107,9 +107,9 @@ def fold(name: str) -> str:
 
 def nearest(word: str, choices: Iterable[str], synonyms: Mapping[str, str] | None = None) -> list[str]:
     """The choices a mistyped `word` most likely meant, best first (at most three): a known
-    synonym (`learning_rate` → `lr`), then close spellings (`difflib`, ratio ≥ 0.75, compared
-    `fold`ed), then choices that contain the word or are contained in it (`epochs` →
-    `local_epochs`)."""
+    synonym (`learning_rate` → `lr`), then close spellings (`difflib`, ratio ≥ 0.75, or 0.6 for
+    words of up to four letters, compared `fold`ed), then choices that contain the word or are
+    contained in it (`epochs` → `local_epochs`)."""
     choices = list(dict.fromkeys(choices))
     by_fold = {fold(c): c for c in choices}
     out: list[str] = []
@@ -117,7 +117,8 @@ def nearest(word: str, choices: Iterable[str], synonyms: Mapping[str, str] | Non
     synonym = (synonyms or {}).get(key.replace("-", "_")) or (synonyms or {}).get(key)
     if synonym in choices:
         out.append(synonym)
-    out += [by_fold[m] for m in difflib.get_close_matches(key, list(by_fold), n=3, cutoff=0.75)]
+    cutoff = 0.75 if len(key) > 4 else 0.6  # a short word's one slip weighs more (`rnu` → `run`)
+    out += [by_fold[m] for m in difflib.get_close_matches(key, list(by_fold), n=3, cutoff=cutoff)]
     if len(key) >= 3:
         out += [c for f, c in by_fold.items() if key in f or (len(f) >= 3 and f in key)]
     return list(dict.fromkeys(out))[:3]
