@@ -204,7 +204,7 @@ def test_list_shows_the_engine_settings_and_shipped_files(capsys):
 
 
 def test_run_without_out_makes_a_new_directory_each_time(tmp_path):
-    first = fedhet("run", *SMALL, cwd=tmp_path)
+    first = fedhet("run", "--config", "run-fedavg-digits", *SMALL, cwd=tmp_path)  # a shipped file
     second = fedhet("run", *SMALL, cwd=tmp_path)
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     dirs = sorted(p.name for p in (tmp_path / "runs").iterdir())
@@ -212,6 +212,8 @@ def test_run_without_out_makes_a_new_directory_each_time(tmp_path):
     for r in (first, second):
         named = r.stderr.split("run directory: ")[1].split()[0]
         assert (tmp_path / named / "summary.json").is_file() and f"results in {named}" in r.stdout
+    lrs = sorted(json.loads((tmp_path / "runs" / d / "config.json").read_text())["lr"] for d in dirs)
+    assert lrs == [0.05, 0.1]  # the default, and run-fedavg-digits' own
 
 
 def test_new_run_dir_never_reuses_a_path(tmp_path, monkeypatch):

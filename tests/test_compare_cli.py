@@ -89,3 +89,36 @@ def test_compare_needs_a_grid_and_makes_its_own_directory(tmp_path, capsys, monk
     named = capsys.readouterr().err.split("grid directory: ")[1].split()[0]
     assert named.startswith("runs/fedavg+fedprox-digits-")
     assert sorted(configs(tmp_path / named)) == ["fedavg__seed0", "fedprox__seed0"]
+
+
+def test_ctrl_c_names_the_command_with_the_directory_it_made(tmp_path):
+    """Without --out, the line after Ctrl-C is the command that resumes: the same flags and the
+    directory `compare` made."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    argv = ["compare", "-a", "fedavg,fedprox", "-n", "3", "-r", "300", "-j", "1"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "fedhet", *argv], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "FEDHET_PROGRESS_SECONDS": "0"},
+    )
+    try:
+        assert p.stderr is not None
+        made = p.stderr.readline().removeprefix("grid directory: ").strip()
+        for line in p.stderr:
+            if " round 2/300 " in line:
+                p.send_signal(signal.SIGINT)
+                break
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    assert p.returncode == 130 and made.startswith("runs/fedavg+fedprox-digits-")
+    last = err.strip().splitlines()[-1]
+    assert last.endswith(f"run `fedhet {' '.join(argv)} --out {made}` to resume"), last
+    assert (tmp_path / made / "runs" / "fedavg__seed0" / "config.json").is_file()
