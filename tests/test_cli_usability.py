@@ -81,6 +81,13 @@ def test_names_in_any_case_and_settings_in_kebab_case(capsys, tmp_path):
     assert shown["run"]["partition"]["value"] == "iid" and shown["run"]["dataset"]["value"] == "digits"
     assert shown["run"]["local_epochs"] == {"value": 2.0, "source": "flag --set",
                                            "note": shown["run"]["local_epochs"]["note"]}
+    assert main(["config", "show", "--json", "-m", "Auto", "-d", "Synthetic", "--set",
+                 "lr-schedule=Cosine", "-a", "bherd-scaffold", "--set", "algorithm.option=i"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["run"]["model"]["value"] == "logreg" and shown["run"]["lr_schedule"]["value"] == "cosine"
+    assert shown["algorithm bherd-scaffold"]["algorithm.option"]["value"] == "I"
+    line = one_error_line(capsys, ["config", "show", "--set", "batch_order=fixd"])
+    assert "batch_order must be one of reshuffle, fixed, got 'fixd' (did you mean 'fixed'?)" in line
     out = tmp_path / "run"
     assert main(["run", "-a", "FedAvg", "--set", "batch-size=16", *SMALL, "--out", str(out), "-q"]) == 0
     config = json.loads((out / "config.json").read_text())

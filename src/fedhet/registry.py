@@ -55,9 +55,16 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         raise FedhetError(errors[0])
     if origin is typing.Literal:
         choices = typing.get_args(hint)
-        if value not in choices:
-            raise FedhetError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
-        return value
+        if value in choices:
+            return value
+        if isinstance(value, str):  # any case: `Cosine` is `cosine`
+            folded = {fold(c): c for c in choices if isinstance(c, str)}
+            if fold(value) in folded:
+                return folded[fold(value)]
+        hint_text = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+        raise FedhetError(
+            f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}{hint_text}"
+        )
     if origin in (tuple, list):
         if isinstance(value, str):
             value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]

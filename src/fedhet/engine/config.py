@@ -248,7 +248,8 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
         if dot and head in COMPONENTS and rest:
             out[key] = value
         elif key in COMPONENTS and isinstance(value, str):
-            out[key] = REGISTRIES[key].canonical(value)  # `FedAvg` is `fedavg`
+            # `FedAvg` is `fedavg`, `Auto` is `auto`
+            out[key] = "auto" if value.lower() == "auto" else REGISTRIES[key].canonical(value)
         elif key in ENGINE_FIELDS:
             out[key] = _engine_value(key, value, f"{where}: {key}")
         else:
