@@ -95,3 +95,11 @@ def test_runconfig_made_directly_has_no_components_until_built():
     cfg = RunConfig(lr=0.1)
     assert cfg.algorithm_params is None
     assert build(cfg.flat()).algorithm_params is not None
+
+
+def test_every_engine_setting_has_a_one_line_meaning():
+    """`fedhet list` and `fedhet config show` print one line per setting (`FIELD_DOCS`)."""
+    from fedhet.engine.config import ENGINE_FIELDS, FIELD_DOCS
+
+    assert set(FIELD_DOCS) == set(ENGINE_FIELDS)
+    assert all(doc and "\n" not in doc and len(doc) <= 80 for doc in FIELD_DOCS.values())

@@ -377,7 +377,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         if key in REGISTRIES:
             continue
         shown = f"{key}={_shown(defaults[key])}"
-        print(f"  {shown:<26} {FIELD_DOCS[key]}")
+        print(f"  {shown:<26} {FIELD_DOCS.get(key, '')}".rstrip())
     for kind in ("algorithm", "dataset", "partition", "model"):
         registry = REGISTRIES[kind]
         print(f"{kind}s (--{kind}, default {defaults[kind]}; parameters: --set {kind}.NAME=VALUE):")
