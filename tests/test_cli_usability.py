@@ -164,21 +164,21 @@ def test_a_dotted_key_beside_its_table_says_how_to_fix_it(capsys, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_shipped_files_resolve_by_name_from_any_directory(tmp_path):
+def test_shipped_files_resolve_by_name_from_any_directory(tmp_path, capsys, monkeypatch):
     r = fedhet("config", "show", "--config", "run-fedprox-dirichlet", "--json", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["algorithm fedprox"]["algorithm.mu"]["source"] == \
         "file run-fedprox-dirichlet"
-    r = fedhet("compare", "--config", "grid-digits", "--set", "rounds=1", "--set", "seed=0",
-               "-n", "3", "--out", "g", "-j", "1", cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
-    assert "6 runs" in r.stdout  # 3 methods × 2 partitions, one seed
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--config", "grid-digits", "--set", "rounds=1", "--set", "seed=0",
+                 "-n", "3", "--out", "g", "-j", "1"]) == 0
+    assert "6 runs" in capsys.readouterr().out  # 3 methods × 2 partitions, one seed
     cfg = json.loads(next((tmp_path / "g" / "runs").glob("*/config.json")).read_text())
     assert cfg["rounds"] == 1 and cfg["clients"] == 3 and cfg["seed"] == 0
-    r = fedhet("run", "--config", "grid-digits", cwd=tmp_path)
-    assert r.returncode == 2 and "is a grid ([axes])" in r.stderr and "fedhet compare" in r.stderr
-    r = fedhet("run", "--config", "run-fedavg-digit", cwd=tmp_path)
-    assert r.returncode == 2 and "(did you mean 'run-fedavg-digits'?)" in r.stderr
+    line = one_error_line(capsys, ["run", "--config", "grid-digits"])
+    assert "is a grid ([axes])" in line and "fedhet compare --config grid-digits" in line
+    line = one_error_line(capsys, ["run", "--config", "run-fedavg-digit"])
+    assert "(did you mean 'run-fedavg-digits'?)" in line
 
 
 def test_every_shipped_run_file_builds():
@@ -210,17 +210,18 @@ def test_list_shows_the_engine_settings_and_shipped_files(capsys):
         assert needle in out, needle
 
 
-def test_run_without_out_makes_a_new_directory_each_time(tmp_path):
-    first = fedhet("run", "--config", "run-fedavg-digits", *SMALL, cwd=tmp_path)  # a shipped file
-    second = fedhet("run", *SMALL, cwd=tmp_path)
-    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
-    dirs = sorted(p.name for p in (tmp_path / "runs").iterdir())
-    assert len(dirs) == 2 and all(d.startswith("fedavg-digits-") for d in dirs)
-    for r in (first, second):
-        named = r.stderr.split("run directory: ")[1].split()[0]
-        assert (tmp_path / named / "summary.json").is_file() and f"results in {named}" in r.stdout
-    lrs = sorted(json.loads((tmp_path / "runs" / d / "config.json").read_text())["lr"] for d in dirs)
-    assert lrs == [0.05, 0.1]  # the default, and run-fedavg-digits' own
+def test_run_without_out_makes_a_new_directory_each_time(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    named = []
+    for argv in (["--config", "run-fedavg-digits", *SMALL], SMALL):  # a shipped file, then flags
+        assert main(["run", *argv]) == 0
+        captured = capsys.readouterr()
+        named.append(captured.err.split("run directory: ")[1].split()[0])
+        assert f"results in {named[-1]}" in captured.out
+    assert named[0] != named[1] and all(n.startswith("runs/fedavg-digits-") for n in named)
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(Path(n).name for n in named)
+    lrs = [json.loads((tmp_path / n / "config.json").read_text())["lr"] for n in named]
+    assert lrs == [0.1, 0.05]  # run-fedavg-digits' own, then the default
 
 
 def test_new_run_dir_never_reuses_a_path(tmp_path, monkeypatch):
@@ -233,15 +234,15 @@ def test_new_run_dir_never_reuses_a_path(tmp_path, monkeypatch):
     assert new_run_dir("fedavg-digits", tmp_path).name == a.name + "-3"
 
 
-def test_progress_lines_in_a_log_file(tmp_path):
-    r = fedhet("run", "-n", "3", "-r", "3", "--out", str(tmp_path / "a"))
-    assert r.returncode == 0, r.stderr
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("round ")]
+def test_progress_lines_in_a_log_file(tmp_path, capsys):
+    assert main(["run", "-n", "3", "-r", "3", "--out", str(tmp_path / "a")]) == 0  # stdout: no tty
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("round ")]
     assert [ln.split()[1] for ln in lines] == ["1/3", "2/3", "3/3"]
     for ln in lines:
         assert " acc 0." in ln and " loss " in ln and " s/round" in ln and " ETA " in ln
-    quiet = fedhet("run", "-n", "3", "-r", "2", "--out", str(tmp_path / "b"), "-q")
-    assert quiet.returncode == 0 and "round 1/2" not in quiet.stdout
+    assert main(["run", "-n", "3", "-r", "2", "--out", str(tmp_path / "b"), "-q"]) == 0
+    assert "round 1/2" not in capsys.readouterr().out
 
 
 def test_round_lines_every_tenth_or_every_few_seconds():
