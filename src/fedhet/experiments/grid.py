@@ -202,8 +202,12 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
         doc = {"title": changes.title, **doc}
     loc = _Locator(path, key_lines(text), changes.sources)
     grid = _grid(doc, path, loc)
-    grid.text = to_toml(doc, f"the grid {path} with {', '.join(changes.sources.values())}") \
-        if changes and text else to_toml(doc, "a grid made on the command line") if changes else text
+    if not changes:
+        grid.text = text
+    elif text:
+        grid.text = to_toml(doc, f"the grid {path} with {', '.join(changes.sources.values())}")
+    else:
+        grid.text = to_toml(doc, "a grid made on the command line")
     return grid
 
 
@@ -254,9 +258,11 @@ def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:
 def apply_changes(doc: dict[str, Any], changes: Changes) -> dict[str, Any]:
     """The grid document with `changes` made (`Changes`): a fixed setting goes into `[base]`
     and out of `[axes]` and every variant; a sweep becomes `[axes]`' list of that setting."""
+    if not all(isinstance(doc.get(name, {}), dict) for name in ("base", "axes")):
+        return doc  # not a grid's shape: `load_grid` says so, naming the line
     doc = dict(doc)
-    base = {path_of(k): v for k, v in flatten(_table(doc.get("base", {}))).items()}
-    axes = {path_of(k): v for k, v in flatten(_table(doc.get("axes", {}))).items()}
+    base = {path_of(k): v for k, v in flatten(doc.get("base", {})).items()}
+    axes = {path_of(k): v for k, v in flatten(doc.get("axes", {})).items()}
     variants = [{path_of(k): v for k, v in flatten(v).items()} if isinstance(v, dict) else v
                 for v in doc.get("variant", [])] if isinstance(doc.get("variant"), list) else None
     for key, value in changes.fixed.items():
@@ -272,10 +278,6 @@ def apply_changes(doc: dict[str, Any], changes: Changes) -> dict[str, Any]:
     if variants is not None:
         doc["variant"] = variants
     return doc
-
-
-def _table(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _toml_value(value: Any) -> str:
