@@ -157,6 +157,15 @@ def test_a_dotted_key_beside_its_table_says_how_to_fix_it(capsys, tmp_path):
     line = one_error_line(capsys, ["run", "--config", str(bad), "--out", str(tmp_path / "o")])
     assert "Cannot overwrite a value" in line
     assert '[algorithm] name = "fedprox"' in line and "[algorithm_params]" in line
+    header = tmp_path / "header.toml"
+    header.write_text('rounds = 2\nalgorithm = "fedprox"\n\n[algorithm]\nmu = 0.01\n')
+    line = one_error_line(capsys, ["run", "--config", str(header), "--out", str(tmp_path / "o")])
+    assert "line 2 gives algorithm a value, so line 4 cannot also make it a table ([algorithm])" in line
+    assert 'remove line 2 and write name = "fedprox" as the table\'s first line' in line
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[base]\nalgorithm = "fedprox"\nalgorithm.mu = 0.01\n')
+    line = one_error_line(capsys, ["compare", "--config", str(grid), "--out", str(tmp_path / "o")])
+    assert line.startswith(f"error: {grid}: not valid TOML") and '"algorithm.mu" = ...' in line
     twice = tmp_path / "twice.toml"
     twice.write_text("lr = 0.1\nrounds = 2\nlr = 0.2\n")
     line = one_error_line(capsys, ["run", "--config", str(twice), "--out", str(tmp_path / "o")])

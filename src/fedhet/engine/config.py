@@ -362,10 +362,13 @@ def toml_hint(text: str, message: str) -> str:
         if earlier and not earlier.group(1) and earlier.group(3) == "=" and \
                 earlier.group(2).strip() == head and (k.group(1) or head != key):
             value = line.split("=", 1)[1].split("#")[0].strip()
-            return (f"; line {i} gives {head} a value, so line {n} cannot also make it a table "
-                    f"({key}): put the value inside the table, [{head}] name = {value} followed "
-                    f"by its parameters, or keep line {i} and put the parameters under "
-                    f"[{head}_params]")
+            said = f"; line {i} gives {head} a value, so line {n} cannot also make it a table"
+            if k.group(1):  # a [header]
+                return (f"{said} ([{key}]): remove line {i} and write name = {value} as the "
+                        f"table's first line, or name the table [{head}_params]")
+            return (f"{said} ({key}): quote the key (\"{key}\" = ...), or write the name inside "
+                    f"the table, [{head}] name = {value} followed by its parameters, or put the "
+                    f"parameters under [{head}_params]")
     if k.group(3) == "=":
         return f"; {key} is given twice (line {n} repeats it): keep one"
     return ""
