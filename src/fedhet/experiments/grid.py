@@ -21,7 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.algorithms.base import ALGORITHMS
-from fedhet.engine.config import ENGINE_FIELDS, RUNTIME, config_of, flatten, parse, path_of, read_toml
+from fedhet.engine.config import (
+    ENGINE_FIELDS,
+    REGISTRIES,
+    RUNTIME,
+    config_of,
+    flatten,
+    parse,
+    path_of,
+    read_toml,
+)
 from fedhet.engine.store import atomic_write_text, to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
@@ -151,10 +160,10 @@ def _methods(doc: dict[str, Any], axes: dict[str, Any], loc: _Locator) -> list[d
             if not v:
                 raise loc.fail(section, k, f"{k} is an empty list; give at least one value")
         if "algorithm" in fixed:
-            named.add(fixed["algorithm"].value)
+            named.add(_canonical("algorithm", fixed["algorithm"].value))
         methods.append({"label": label, "settings": fixed, "axes": lists})
     for name in axes.pop("algorithm", ([], "axes"))[0]:
-        if name not in named:
+        if _canonical("algorithm", name) not in named:
             methods.append({
                 "label": None, "settings": {"algorithm": _Setting(name, "axes", "algorithm")},
                 "axes": {},
@@ -173,6 +182,14 @@ def _product(axes: dict[str, tuple[list[Any], str]]) -> list[dict[str, _Setting]
             settings.update({path_of(kk): _Setting(vv, axes[k][1], k) for kk, vv in bundle.items()})
         out.append(settings)
     return out
+
+
+def _canonical(key: str, value: Any) -> Any:
+    """A component's name as registered (`FedAvg` → `fedavg`), so names and labels match the
+    runs' configs; any other value as it is."""
+    if key in REGISTRIES and isinstance(value, str) and value.lower() != "auto":
+        return REGISTRIES[key].canonical(value)
+    return value
 
 
 def _fmt(value: Any) -> str:
@@ -462,7 +479,7 @@ def _to_specs(runs, methods, axes, columns, loc) -> list[RunSpec]:
         ]
     specs, seen = [], set()
     for m, settings in runs:
-        values = {k: s.value for k, s in settings.items()}
+        values = {k: _canonical(k, s.value) for k, s in settings.items()}
         given = methods[m]["label"]
         label = (
             _auto_label(values, [path_of(k) for k in methods[m]["axes"]], columns, given)
