@@ -165,11 +165,23 @@ def test_a_dotted_key_beside_its_table_says_how_to_fix_it(capsys, tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text('[base]\nalgorithm = "fedprox"\nalgorithm.mu = 0.01\n')
     line = one_error_line(capsys, ["compare", "--config", str(grid), "--out", str(tmp_path / "o")])
-    assert line.startswith(f"error: {grid}: not valid TOML") and '"algorithm.mu" = ...' in line
+    assert line.startswith(f"error: grid file {grid} is not valid TOML") and '"algorithm.mu" = ...' in line
     twice = tmp_path / "twice.toml"
     twice.write_text("lr = 0.1\nrounds = 2\nlr = 0.2\n")
     line = one_error_line(capsys, ["run", "--config", str(twice), "--out", str(tmp_path / "o")])
     assert "lr is given twice (line 3 repeats it)" in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "compare"])
+def test_a_settings_file_that_is_not_one_is_one_line(capsys, tmp_path, command):
+    what = "config file" if command == "run" else "grid file"
+    binary = tmp_path / "b.toml"
+    binary.write_bytes(bytes(range(128, 256)))
+    line = one_error_line(capsys, [command, "-c", str(binary), "--out", str(tmp_path / "o")])
+    assert line == f"error: {what} {binary} is not a text file (TOML is UTF-8 text)"
+    line = one_error_line(capsys, [command, "-c", str(tmp_path), "--out", str(tmp_path / "o")])
+    assert line == f"error: {what} {tmp_path} is a directory; give a .toml file"
     assert not (tmp_path / "o").exists()
 
 

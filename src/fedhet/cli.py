@@ -39,10 +39,9 @@ class _Parser(argparse.ArgumentParser):
 def _read_toml(given: str) -> dict[str, Any]:
     """A run file: a path, or the name of a shipped one (`fedhet.configs.resolve`)."""
     from fedhet.configs import resolve
-    from fedhet.engine.config import read_toml
+    from fedhet.engine.config import read_toml_file
 
-    path = resolve(given)
-    doc = read_toml(path.read_text(), f"config file {given} is")
+    _, doc = read_toml_file(resolve(given), "config file")
     grid_keys = sorted({"base", "axes", "variant"} & set(doc))
     if grid_keys:
         raise FedhetError(
@@ -241,6 +240,8 @@ def _grid_changes(args: argparse.Namespace) -> Any:
         flag = f"--{k.replace('_', '-')}"
         if isinstance(value, str) and "," in value and k != "data_dir":
             sweeps[k] = [v.strip() for v in value.split(",") if v.strip()]
+            if not sweeps[k]:
+                raise FedhetError(f"{flag} expects a name or a comma-separated list, got {value!r}")
         else:
             fixed[k] = value
         sources[k] = flag

@@ -23,6 +23,7 @@ import tomllib
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from fedhet.algorithms.base import ALGORITHMS
@@ -338,6 +339,20 @@ def read_toml(text: str, where: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise FedhetError(f"{where} not valid TOML: {e}{toml_hint(text, str(e))}") from None
+
+
+def read_toml_file(path: Path, what: str) -> tuple[str, dict[str, Any]]:
+    """A settings file's text and TOML document; a missing file, a directory or a file that is
+    not UTF-8 text is one `FedhetError` naming it (`what`: `config file`, `grid file`)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FedhetError(f"{what} {path} not found") from None
+    except IsADirectoryError:
+        raise FedhetError(f"{what} {path} is a directory; give a .toml file") from None
+    except UnicodeDecodeError:
+        raise FedhetError(f"{what} {path} is not a text file (TOML is UTF-8 text)") from None
+    return text, read_toml(text, f"{what} {path} is")
 
 
 _KEY_AT = re.compile(r"""^\s*(\[\[?)?\s*([A-Za-z0-9_.\-"' ]+?)\s*(\]\]?|=)""")

@@ -29,7 +29,7 @@ from fedhet.engine.config import (
     flatten,
     parse,
     path_of,
-    read_toml,
+    read_toml_file,
 )
 from fedhet.engine.store import atomic_write_text, to_json
 from fedhet.errors import FedhetError
@@ -206,13 +206,10 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
     changes = changes or Changes()
     if path is None:
         text, path = "", Path("command line")
+        doc: dict[str, Any] = {}
     else:
         path = Path(path)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise FedhetError(f"grid file {path} not found") from None
-    doc = read_toml(text, f"{path}:")
+        text, doc = read_toml_file(path, "grid file")
     if changes:
         doc = apply_changes(doc, changes)
     if not text and changes.title:
