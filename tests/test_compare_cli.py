@@ -122,3 +122,17 @@ def test_ctrl_c_names_the_command_with_the_directory_it_made(tmp_path):
     last = err.strip().splitlines()[-1]
     assert last.endswith(f"run `fedhet {' '.join(argv)} --out {made}` to resume"), last
     assert (tmp_path / made / "runs" / "fedavg__seed0" / "config.json").is_file()
+
+
+def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "-c", "grid-digits", "--set", "rounds=5", "--sweep", "seed=0",
+                 "--dry-run"]) == 0
+    title, *rows, shared = capsys.readouterr().out.strip().splitlines()
+    assert title == "FedAvg vs FedAvgM on digits: 6 runs (dry run: nothing is run or written)"
+    assert rows[-1].split() == ["fedavg__partition=dirichlet__partition.alpha=0.3__seed0",
+                                "algorithm=fedavg", "partition=dirichlet", "partition.alpha=0.3"]
+    assert shared.startswith("shared: dataset=digits clients=10 rounds=5 lr=0.05 ")
+    assert list(tmp_path.iterdir()) == []
+    assert main(["compare", "-a", "fedavg,fedavgg", "--dry-run"]) == 2  # checked like a real run
+    assert "(did you mean 'fedavg'" in capsys.readouterr().err

@@ -195,6 +195,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from fedhet.configs import resolve
 
         config = resolve(args.config, "grid file")
+    if args.dry_run:
+        return _dry_run(config, changes)
     out = Path(args.out) if args.out else new_run_dir(
         Path(args.config).name.removesuffix(".toml") if args.config else _sweep_name(changes.fixed,
                                                                                  changes.sweeps))
@@ -205,6 +207,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
                    overrides=_overrides(args), changes=changes or None,
                    hint="fedhet " + shlex.join(argv), **_batch_runs(args))
     print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
+    return 0
+
+
+def _dry_run(config: Path | None, changes: Any) -> int:
+    """`compare --dry-run`: the grid's runs, each with the settings that tell it apart, and the
+    settings they share; every run is checked, nothing is run or written."""
+    import json
+
+    from fedhet.experiments.grid import load_grid
+
+    grid = load_grid(config, changes or None)
+    keys = list(dict.fromkeys(k for spec in grid.specs for k in spec.settings))
+
+    def shown(spec: Any, k: str) -> str:
+        return json.dumps(spec.settings.get(k), sort_keys=True)
+
+    varying = [k for k in keys if len({shown(s, k) for s in grid.specs}) > 1]
+    width = max(len(s.name) for s in grid.specs)
+    print(f"{grid.title}: {len(grid.specs)} runs (dry run: nothing is run or written)")
+    for spec in grid.specs:
+        differ = " ".join(f"{k}={spec.settings[k]}" for k in varying if k in spec.settings)
+        print(f"  {spec.name:<{width}}  {differ}".rstrip())
+    shared = [f"{k}={grid.specs[0].settings[k]}" for k in keys if k not in varying]
+    print(f"shared: {' '.join(shared)}; every other setting at its default (fedhet list)" if shared
+          else "shared: every setting not named above at its default (fedhet list)")
     return 0
 
 
@@ -566,6 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="an axis: one run per value, crossed with the other axes (repeatable)")
     cmp.add_argument("--out", "-o", help="grid directory (runs/, results.csv, summary.md; "
                      "default: a new runs/<name>-<time>/)")
+    cmp.add_argument("--dry-run", action="store_true",
+                     help="list the runs and their settings, checked, without running anything")
     _add_pool_flags(cmp)
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="re-run a seed paper's experiment (a preset)")
