@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import re
 import shlex
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from fedhet.configs import is_grid, shipped
+from fedhet.configs import resolve as resolve_config
 from fedhet.errors import FedhetError
+from fedhet.registry import did_you_mean
 
 EXIT_ERROR = 2
 """Bad input or an unusable environment."""
@@ -25,10 +30,6 @@ class DivergedRunError(FedhetError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, no usage dump
-        import re
-
-        from fedhet.registry import did_you_mean
-
         m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if m:  # `fedhet rnu`, `--device cdua`: the nearest choice
             choices = [c.strip().strip("'") for c in m.group(2).split(",")]
@@ -38,10 +39,10 @@ class _Parser(argparse.ArgumentParser):
 
 def _read_toml(given: str) -> dict[str, Any]:
     """A run file: a path, or the name of a shipped one (`fedhet.configs.resolve`)."""
-    from fedhet.configs import resolve
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.config import read_toml_file
 
-    _, doc = read_toml_file(resolve(given), "config file")
+    _, doc = read_toml_file(resolve_config(given), "config file")
     grid_keys = sorted({"base", "axes", "variant"} & set(doc))
     if grid_keys:
         raise FedhetError(
@@ -95,6 +96,7 @@ def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
 
 
 def _default_name(values: dict[str, Any]) -> str:
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.config import RunConfig
 
     return f"{values.get('algorithm', RunConfig.algorithm)}-{values.get('dataset', RunConfig.dataset)}"
@@ -103,12 +105,11 @@ def _default_name(values: dict[str, Any]) -> str:
 def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int:
     """The rounds a run will end at, for its progress lines (a guess when the settings are bad:
     the run then fails before its first line)."""
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.config import RunConfig
 
     rounds = (values or {}).get("rounds")
     if rounds is None and resume:
-        import json
-
         try:
             rounds = json.loads((out / "config.json").read_text()).get("rounds")
         except (OSError, ValueError):
@@ -133,6 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.out:
             out = Path(args.out)
         else:
+            # lazy: a command imports torch only when it runs (fast --help and flag errors)
             from fedhet.engine.config import build
 
             build(values)  # bad settings fail before a directory is named
@@ -152,7 +154,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             logger = TensorBoardLogger(out)
         on_round: Any = logger
         if not sys.stdout.isatty() and not args.quiet:
-            # a log file or a batch job: a line every few rounds or seconds, on stdout
+            # a log file or a batch job: a line every few rounds or seconds, on stdout (lazy, as
+            # every command's imports)
             from fedhet.experiments.progress import RoundLines
 
             on_round = RoundLines(_total_rounds(values, out, bool(args.resume)), sys.stdout,
@@ -181,25 +184,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.experiments import sweep
     from fedhet.experiments.compare import compare
+    from fedhet.experiments.grid import load_grid
 
-    changes = _grid_changes(args)
+    flags = {k: getattr(args, k) for k in RUN_FLAGS
+             if k not in ("device", "executor", "workers")  # where runs compute: `_overrides`
+             and getattr(args, k, None) not in (None, "")}
+    changes = sweep.changes(flags, args.set, args.sweep, title=not args.config)
     if not args.config and not changes:
         raise FedhetError(
             "compare needs a grid: --config GRID.toml (or a shipped grid's name, e.g. "
             "grid-digits), or settings and sweeps, e.g. -a fedavg,fedprox -d digits "
             "--sweep lr=0.01,0.1 --sweep seed=0,1,2"
         )
-    config = None
-    if args.config:
-        from fedhet.configs import resolve
-
-        config = resolve(args.config, "grid file")
+    config = resolve_config(args.config, "grid file") if args.config else None
     if args.dry_run:
-        return _dry_run(config, changes)
-    out = Path(args.out) if args.out else new_run_dir(
-        Path(args.config).name.removesuffix(".toml") if args.config else _sweep_name(changes.fixed,
-                                                                                 changes.sweeps))
+        print("\n".join(sweep.dry_run(load_grid(config, changes or None))))
+        return 0
+    name = Path(args.config).name.removesuffix(".toml") if args.config else sweep.dir_name(changes)
+    out = Path(args.out) if args.out else new_run_dir(name)
     argv = [*args.argv] + ([] if args.out else ["--out", str(out)])
     if not args.out:
         print(f"grid directory: {out}", file=sys.stderr, flush=True)
@@ -208,106 +212,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
                    hint="fedhet " + shlex.join(argv), **_batch_runs(args))
     print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
     return 0
-
-
-def _dry_run(config: Path | None, changes: Any) -> int:
-    """`compare --dry-run`: the grid's runs, each with the settings that tell it apart, and the
-    settings they share; every run is checked, nothing is run or written."""
-    import json
-
-    from fedhet.experiments.grid import load_grid
-
-    grid = load_grid(config, changes or None)
-    keys = list(dict.fromkeys(k for spec in grid.specs for k in spec.settings))
-
-    def shown(spec: Any, k: str) -> str:
-        return json.dumps(spec.settings.get(k), sort_keys=True)
-
-    varying = [k for k in keys if len({shown(s, k) for s in grid.specs}) > 1]
-    width = max(len(s.name) for s in grid.specs)
-    print(f"{grid.title}: {len(grid.specs)} runs (dry run: nothing is run or written)")
-    for spec in grid.specs:
-        differ = " ".join(f"{k}={spec.settings[k]}" for k in varying if k in spec.settings)
-        print(f"  {spec.name:<{width}}  {differ}".rstrip())
-    shared = [f"{k}={grid.specs[0].settings[k]}" for k in keys if k not in varying]
-    print(f"shared: {' '.join(shared)}; every other setting at its default (fedhet list)" if shared
-          else "shared: every setting not named above at its default (fedhet list)")
-    return 0
-
-
-def _literal(text: str) -> Any:
-    """A value typed on the command line as TOML reads it (`0.1` a number, `true` a bool);
-    anything else (a name, a path) is the string."""
-    import tomllib
-
-    text = text.strip()
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-    return value if isinstance(value, bool | int | float | list) else text
-
-
-def _grid_changes(args: argparse.Namespace) -> Any:
-    """`fedhet compare`'s command-line grid changes (`grid.Changes`): each setting flag and
-    `--set` fixes a setting in every run; a comma list in `-a/-d/-p/-m` and each `--sweep
-    KEY=V1,V2` is an axis (`-a fedavg,fedprox`: one method each)."""
-    from fedhet.engine.config import path_of
-    from fedhet.experiments.grid import Changes
-
-    fixed: dict[str, Any] = {}
-    sweeps: dict[str, list[Any]] = {}
-    sources: dict[str, str] = {}
-    for k in RUN_FLAGS:
-        if k in ("device", "executor", "workers"):
-            continue  # where runs compute: `_overrides`
-        value = getattr(args, k, None)
-        if value is None or value == "":
-            continue
-        flag = f"--{k.replace('_', '-')}"
-        if isinstance(value, str) and "," in value and k != "data_dir":
-            sweeps[k] = [v.strip() for v in value.split(",") if v.strip()]
-            if not sweeps[k]:
-                raise FedhetError(f"{flag} expects a name or a comma-separated list, got {value!r}")
-        else:
-            fixed[k] = value
-        sources[k] = flag
-    for pair in args.set:
-        key, eq, value = pair.partition("=")
-        if not eq or not key.strip():
-            raise FedhetError(f"--set expects key=value, got {pair!r}")
-        key = path_of(key.strip())
-        fixed[key], sources[key] = _literal(value), f"--set {key}"
-        sweeps.pop(key, None)
-    for pair in args.sweep:
-        key, eq, value = pair.partition("=")
-        values = [_literal(v) for v in value.split(",") if v.strip()]
-        if not eq or not key.strip() or not values:
-            raise FedhetError(f"--sweep expects key=value1,value2,..., got {pair!r}")
-        key = path_of(key.strip())
-        if key in fixed:
-            raise FedhetError(f"--sweep {key} and {sources[key]} both set {key}; give one")
-        sweeps[key], sources[key] = values, f"--sweep {key}"
-    from fedhet.engine.config import REGISTRIES
-
-    for k in REGISTRIES:  # `-a FedAvg` names its runs as `-a fedavg` does
-        if isinstance(fixed.get(k), str):
-            fixed[k] = REGISTRIES[k].canonical(fixed[k])
-        if k in sweeps:
-            sweeps[k] = [REGISTRIES[k].canonical(v) if isinstance(v, str) else v for v in sweeps[k]]
-    title = None
-    if not args.config:
-        methods = sweeps.get("algorithm") or [fixed.get("algorithm", "fedavg")]
-        data = sweeps.get("dataset") or [fixed.get("dataset", "digits")]
-        title = f"{' vs '.join(map(str, methods))} on {', '.join(map(str, data))}"
-    return Changes(fixed, sweeps, sources, title)
-
-
-def _sweep_name(fixed: dict[str, Any], sweeps: dict[str, list[Any]]) -> str:
-    """A grid directory's name from its methods and data (`fedavg+fedprox-digits`)."""
-    methods = "+".join(map(str, sweeps.get("algorithm") or [fixed.get("algorithm", "fedavg")]))
-    data = "+".join(map(str, sweeps.get("dataset") or [fixed.get("dataset", "digits")]))
-    return f"{methods[:60]}-{data[:40]}".replace("/", "_")
 
 
 SETTING_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed",
@@ -396,7 +300,6 @@ def _workers(text: str) -> str | int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.configs import is_grid, shipped
     from fedhet.engine.config import ENGINE_FIELDS, FIELD_DOCS, REGISTRIES, engine_defaults
 
     defaults = engine_defaults()
@@ -433,13 +336,13 @@ def _shown(value: Any) -> str:
 def cmd_config_show(args: argparse.Namespace) -> int:
     """`fedhet config show`: every setting `run` would use with these flags, its value and
     where it came from (default, file, flag); nothing is loaded or written."""
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.engine.config import canonical_config, parse
+    from fedhet.engine.store import RunStore
     from fedhet.experiments.show import as_json, render, sections
 
     layers = _run_layers(args)
     if args.resume:
-        from fedhet.engine.config import canonical_config, parse
-        from fedhet.engine.store import RunStore
-
         target = Path(args.resume if isinstance(args.resume, str) else (args.out or ""))
         if not (target / "config.json").is_file():
             raise FedhetError(f"{target} has no config.json: it is not a fedhet run directory")
