@@ -56,7 +56,8 @@ def test_config_is_frozen_and_round_trips_through_its_serialised_forms():
 def test_later_layers_win_and_bad_paths_are_one_line():
     cfg = build(parse(BASE, "--config"), parse(["lr=0.3"], "--set"), parse({"lr": 0.4}, "flags"))
     assert cfg.lr == 0.4
-    with pytest.raises(FedhetError, match=r"^--set: unknown setting 'learning_rate'; valid settings"):
+    with pytest.raises(FedhetError, match=r"^--set: unknown setting 'learning_rate' "
+                                          r"\(did you mean 'lr'\?\); valid settings"):
         parse(["learning_rate=0.1"], "--set")
     with pytest.raises(FedhetError, match=r"^a.toml: lr must be a number"):
         parse({"lr": "fast"}, "a.toml")
@@ -94,3 +95,11 @@ def test_runconfig_made_directly_has_no_components_until_built():
     cfg = RunConfig(lr=0.1)
     assert cfg.algorithm_params is None
     assert build(cfg.flat()).algorithm_params is not None
+
+
+def test_every_engine_setting_has_a_one_line_meaning():
+    """`fedhet list` and `fedhet config show` print one line per setting (`FIELD_DOCS`)."""
+    from fedhet.engine.config import ENGINE_FIELDS, FIELD_DOCS
+
+    assert set(FIELD_DOCS) == set(ENGINE_FIELDS)
+    assert all(doc and "\n" not in doc and len(doc) <= 80 for doc in FIELD_DOCS.values())

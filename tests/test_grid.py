@@ -292,12 +292,31 @@ def test_tensorboard_logs_each_round(tmp_path):
     assert steps == [1, 2]
 
 
+def test_names_in_any_case_and_kebab_keys_in_a_grid(tmp_path):
+    """A grid may spell names in any case and settings in kebab case; the runs are named and
+    configured as with the registered spelling, and two spellings of one method are one cell."""
+    grid = load_grid(write(tmp_path, """
+        [base]
+        dataset = "Digits"
+        local-epochs = 2
+        [axes]
+        algorithm = ["FedAvg", "fedprox"]
+        partition = ["IID"]
+    """))
+    assert [s.name for s in grid.specs] == ["fedavg__seed0", "fedprox__seed0"]
+    assert grid.specs[0].settings == {"dataset": "digits", "local_epochs": 2, "algorithm": "fedavg",
+                                      "partition": "iid"}
+    with pytest.raises(FedhetError, match="duplicate runs, the same cell twice"):
+        load_grid(write(tmp_path, '[axes]\nalgorithm = ["FedAvg", "fedavg"]\n', "dup.toml"))
+
+
 def test_every_shipped_grid_loads_and_resolves():
-    """The grids in configs/ (documented study and tuning commands) stay valid."""
+    """The grids shipped in the package (documented study and tuning commands) stay valid."""
+    from fedhet.configs import is_grid, shipped
     from fedhet.engine.config import config_of
     from fedhet.experiments.grid import load_grid
 
-    grids = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
+    grids = [p for p in shipped().values() if is_grid(p)]
     assert len(grids) >= 5
     for path in grids:
         specs = load_grid(path).specs

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import re
+import shlex
 import sys
-import tomllib
+import time
 from pathlib import Path
 from typing import Any
 
+from fedhet.configs import is_grid, shipped
+from fedhet.configs import resolve as resolve_config
 from fedhet.errors import FedhetError
+from fedhet.registry import did_you_mean
 
 EXIT_ERROR = 2
 """Bad input or an unusable environment."""
@@ -24,39 +30,94 @@ class DivergedRunError(FedhetError):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:  # `fedhet rnu`, `--device cdua`: the nearest choice
+            choices = [c.strip().strip("'") for c in m.group(2).split(",")]
+            message += did_you_mean(m.group(1), choices)
         raise FedhetError(f"{message} (see `{self.prog} --help`)")
 
 
-def _read_toml(path: str) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise FedhetError(f"config file {path} not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise FedhetError(f"config file {path} is not valid TOML: {e}") from None
+def _read_toml(given: str) -> dict[str, Any]:
+    """A run file: a path, or the name of a shipped one (`fedhet.configs.resolve`)."""
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.engine.config import read_toml_file
+
+    _, doc = read_toml_file(resolve_config(given), "config file")
+    grid_keys = sorted({"base", "axes", "variant"} & set(doc))
+    if grid_keys:
+        raise FedhetError(
+            f"config file {given} is a grid ([{grid_keys[0]}]): run it with "
+            f"`fedhet compare --config {given}`"
+        )
+    return doc
 
 
-def _run_values(args: argparse.Namespace) -> dict[str, Any]:
-    """The run's settings as config paths: `--config` file, then flags, then `--set` (later
-    wins), each read by the one parser (`fedhet.engine.config.parse`)."""
+RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
+             "executor", "workers", "data_dir")
+"""The setting flags, in the order their layers apply (before `--set`)."""
+
+
+def _run_layers(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    """The run's settings as `(source, {path: value})` layers, later wins: the `--config` file,
+    then each flag, then each `--set`; each read by the one parser
+    (`fedhet.engine.config.parse`). The source is what `fedhet config show` prints."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.config import parse
 
-    values: dict[str, Any] = {}
+    layers: list[tuple[str, dict[str, Any]]] = []
     if args.config:
-        values.update(parse(_read_toml(args.config), args.config))
-    flags = {
-        k: getattr(args, k)
-        for k in ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
-                  "executor", "workers")
-        if getattr(args, k) is not None
-    }
-    if args.data_dir:
-        flags["data_dir"] = args.data_dir
-    values.update(parse(flags, "command line"))
-    values.update(parse(args.set, "--set"))
+        layers.append((f"file {args.config}", parse(_read_toml(args.config), args.config)))
+    for k in RUN_FLAGS:
+        value = getattr(args, k, None)
+        if value is not None and value != "":
+            layers.append((f"flag --{k.replace('_', '-')}", parse({k: value}, "command line")))
+    for pair in args.set:
+        layers.append(("flag --set", parse([pair], "--set")))
+    return layers
+
+
+def _run_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's settings as config paths (`_run_layers` merged, later wins)."""
+    values: dict[str, Any] = {}
+    for _, layer in _run_layers(args):
+        values.update(layer)
     return values
+
+
+def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
+    """`runs/<name>-<YYYYmmdd-HHMMSS>`, never an existing path (`-2`, `-3`, ... appended): where
+    a command writes when `--out` is not given."""
+    base = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = Path(f"{base}-{n}")
+    return out
+
+
+def _default_name(values: dict[str, Any]) -> str:
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.engine.config import RunConfig
+
+    return f"{values.get('algorithm', RunConfig.algorithm)}-{values.get('dataset', RunConfig.dataset)}"
+
+
+def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int:
+    """The rounds a run will end at, for its progress lines (a guess when the settings are bad:
+    the run then fails before its first line)."""
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.engine.config import RunConfig
+
+    rounds = (values or {}).get("rounds")
+    if rounds is None and resume:
+        try:
+            rounds = json.loads((out / "config.json").read_text()).get("rounds")
+        except (OSError, ValueError):
+            rounds = None
+    try:
+        return max(1, int(rounds if rounds is not None else RunConfig.rounds))
+    except (TypeError, ValueError):
+        return RunConfig.rounds
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -69,9 +130,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise FedhetError("--resume needs the run directory: --resume DIR")
         out, values = Path(target), _run_values(args) or None
     else:
-        if not args.out:
-            raise FedhetError("--out DIR is required (where metrics and checkpoints go)")
-        out, values = Path(args.out), _run_values(args)
+        values = _run_values(args)
+        if args.out:
+            out = Path(args.out)
+        else:
+            # lazy: a command imports torch only when it runs (fast --help and flag errors)
+            from fedhet.engine.config import build
+
+            build(values)  # bad settings fail before a directory is named
+            out = new_run_dir(_default_name(values))
+            print(f"run directory: {out}", file=sys.stderr, flush=True)
+    args.resume_hint = f"fedhet run --resume {shlex.quote(str(out))}"
+    args.run_dir = out
     show = sys.stderr.isatty() and not args.quiet
     logger = None
     if args.tensorboard:
@@ -82,8 +152,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if args.tensorboard:
             logger = TensorBoardLogger(out)
+        on_round: Any = logger
+        if not sys.stdout.isatty() and not args.quiet:
+            # a log file or a batch job: a line every few rounds or seconds, on stdout (lazy, as
+            # every command's imports)
+            from fedhet.experiments.progress import RoundLines
+
+            on_round = RoundLines(_total_rounds(values, out, bool(args.resume)), sys.stdout,
+                                  then=logger)
         summary = execute(
-            values, out, resume=bool(args.resume), force=args.force, progress=show, on_round=logger
+            values, out, resume=bool(args.resume), force=args.force, progress=show,
+            on_round=on_round,
         )
     finally:
         if logger is not None:
@@ -105,11 +184,33 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.experiments import sweep
     from fedhet.experiments.compare import compare
+    from fedhet.experiments.grid import load_grid
 
-    rows = compare(args.config, args.out, args.jobs, args.force, args.tensorboard,
-                   overrides=_overrides(args), **_batch_runs(args), **_cluster(args))
-    print(f"{len(rows)} runs; results in {args.out}/results.csv and {args.out}/summary.md")
+    flags = {k: getattr(args, k) for k in RUN_FLAGS
+             if k not in ("device", "executor", "workers")  # where runs compute: `_overrides`
+             and getattr(args, k, None) not in (None, "")}
+    changes = sweep.changes(flags, args.set, args.sweep, title=not args.config)
+    if not args.config and not changes:
+        raise FedhetError(
+            "compare needs a grid: --config GRID.toml (or a shipped grid's name, e.g. "
+            "grid-digits), or settings and sweeps, e.g. -a fedavg,fedprox -d digits "
+            "--sweep lr=0.01,0.1 --sweep seed=0,1,2"
+        )
+    config = resolve_config(args.config, "grid file") if args.config else None
+    if args.dry_run:
+        print("\n".join(sweep.dry_run(load_grid(config, changes or None))))
+        return 0
+    name = Path(args.config).name.removesuffix(".toml") if args.config else sweep.dir_name(changes)
+    out = Path(args.out) if args.out else new_run_dir(name)
+    argv = [*args.argv] + ([] if args.out else ["--out", str(out)])
+    if not args.out:
+        print(f"grid directory: {out}", file=sys.stderr, flush=True)
+    rows = compare(config, out, args.jobs, args.force, args.tensorboard,
+                   overrides=_overrides(args), changes=changes or None,
+                   hint="fedhet " + shlex.join(argv), **_batch_runs(args), **_cluster(args))
+    print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
     return 0
 
 
@@ -131,8 +232,10 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             "go with --protocol (--device, --executor and --workers choose where a preset runs)"
         )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.experiments.papers.base import PRESETS
     from fedhet.experiments.reproduce import reproduce
 
+    args.paper = PRESETS.canonical(args.paper)  # `FedSR` is `fedsr`
     scale = args.scale or "smoke"
     out = Path(args.out or f"runs/{args.paper}-{scale}")
     only = tuple(d.strip() for d in args.only.split(",") if d.strip()) if args.only else None
@@ -230,11 +333,18 @@ def _workers(text: str) -> str | int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import REGISTRIES
+    from fedhet.engine.config import ENGINE_FIELDS, FIELD_DOCS, REGISTRIES, engine_defaults
 
+    defaults = engine_defaults()
+    print("settings (--set KEY=VALUE, or KEY = VALUE in a run file; default, meaning):")
+    for key in ENGINE_FIELDS:
+        if key in REGISTRIES:
+            continue
+        shown = f"{key}={_shown(defaults[key])}"
+        print(f"  {shown:<26} {FIELD_DOCS.get(key, '')}".rstrip())
     for kind in ("algorithm", "dataset", "partition", "model"):
         registry = REGISTRIES[kind]
-        print(f"{kind}s:")
+        print(f"{kind}s (--{kind}, default {defaults[kind]}; parameters: --set {kind}.NAME=VALUE):")
         for entry in registry:
             fields = dataclasses.fields(entry.params)
             old = {new: name for name, new in getattr(entry.params, "ALIASES", {}).items()}
@@ -245,6 +355,35 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {entry.name:<16} {entry.doc}")
             if ps:
                 print(f"  {'':<16} params: {ps}")
+    files = shipped()
+    print("shipped settings files (--config NAME):")
+    print(f"  run files: {', '.join(n for n, p in files.items() if not is_grid(p))}")
+    print(f"  grids (fedhet compare): {', '.join(n for n, p in files.items() if is_grid(p))}")
+    return 0
+
+
+def _shown(value: Any) -> str:
+    return "()" if value == () else str(value)
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    """`fedhet config show`: every setting `run` would use with these flags, its value and
+    where it came from (default, file, flag); nothing is loaded or written."""
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.engine.config import canonical_config, parse
+    from fedhet.engine.store import RunStore
+    from fedhet.experiments.show import as_json, render, sections
+
+    layers = _run_layers(args)
+    if args.resume:
+        target = Path(args.resume if isinstance(args.resume, str) else (args.out or ""))
+        if not (target / "config.json").is_file():
+            raise FedhetError(f"{target} has no config.json: it is not a fedhet run directory")
+        saved = canonical_config(RunStore(target).read_config())
+        layers = [(f"file {target / 'config.json'}", parse(saved, "config.json")),
+                  *[(src, v) for src, v in layers if not src.startswith("file ")]]
+    parts = sections(layers)
+    print(as_json(parts) if args.json else render(parts))
     return 0
 
 
@@ -316,7 +455,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     _add_device_flags(p)
 
 
-def _add_setting_flags(p: argparse.ArgumentParser) -> None:
+def _add_setting_flags(p: argparse.ArgumentParser, config_help: str = "TOML run file (a path, or a "
+                       "shipped file's name: fedhet list)") -> None:
     p.add_argument("--algorithm", "-a")
     p.add_argument("--dataset", "-d")
     p.add_argument("--partition", "-p")
@@ -325,7 +465,7 @@ def _add_setting_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", "-r", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--data-dir", help="where dataset files are read from (default: data)")
-    p.add_argument("--config", help="TOML file with run settings")
+    p.add_argument("--config", "-c", help=config_help)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="any other setting, e.g. lr=0.1 or algorithm.mu=0.01 (repeatable)")
 
@@ -416,7 +556,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", help="run one experiment")
     _add_run_flags(run)
-    run.add_argument("--out", "-o", help="run directory for config, metrics and checkpoints")
+    run.add_argument("--out", "-o", help="run directory for config, metrics and checkpoints "
+                     "(default: a new runs/<algorithm>-<dataset>-<time>/)")
     run.add_argument("--resume", nargs="?", const=True, metavar="DIR",
                      help="continue the run in DIR (or --out) from its last checkpoint")
     run.add_argument("--force", action="store_true", help="replace a non-empty --out")
@@ -424,9 +565,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tensorboard", action="store_true",
                      help="also log metrics for TensorBoard into DIR/tensorboard (needs tensorboard)")
     run.set_defaults(func=cmd_run)
-    cmp = sub.add_parser("compare", help="run a grid of experiments (docs/grids.md) and tabulate it")
-    cmp.add_argument("--config", "-c", required=True, help="grid TOML file")
-    cmp.add_argument("--out", "-o", required=True, help="grid directory (runs/, results.csv, summary.md)")
+    cmp = sub.add_parser(
+        "compare", help="run a grid of experiments (docs/grids.md) and tabulate it",
+        description="Run a grid file (--config), optionally changed on the command line, or a "
+                    "grid written on the command line alone: setting flags and --set fix a "
+                    "setting in every run (replacing the grid's axis of it), --sweep and comma "
+                    "lists in -a/-d/-p/-m make axes. Example: fedhet compare -a fedavg,fedprox "
+                    "-d digits --sweep lr=0.01,0.1 --sweep seed=0,1,2 --out g",
+    )
+    _add_setting_flags(cmp, "grid TOML file, or a shipped grid's name (fedhet list)")
+    cmp.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
+                     help="an axis: one run per value, crossed with the other axes (repeatable)")
+    cmp.add_argument("--out", "-o", help="grid directory (runs/, results.csv, summary.md; "
+                     "default: a new runs/<name>-<time>/)")
+    cmp.add_argument("--dry-run", action="store_true",
+                     help="list the runs and their settings, checked, without running anything")
     _add_pool_flags(cmp)
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="re-run a seed paper's experiment (a preset)")
@@ -464,8 +617,25 @@ def build_parser() -> argparse.ArgumentParser:
     page.add_argument("--results", default="results", help="result files (default results)")
     page.add_argument("--out", default="docs/paper-scale.md", help="the page (default docs/paper-scale.md)")
     page.set_defaults(func=cmd_paper_scale)
-    ls = sub.add_parser("list", help="algorithms, datasets, partitions and models")
+    ls = sub.add_parser("list", help="settings, algorithms, datasets, partitions, models and "
+                        "shipped settings files")
     ls.set_defaults(func=cmd_list)
+    config = sub.add_parser("config", help="the settings a command would use (config show)")
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="show",
+                                       parser_class=_Parser)
+    show = config_sub.add_parser(
+        "show", help="every setting `run` would use with these flags: value and where it came from",
+    )
+    _add_run_flags(show)
+    show.add_argument("--out", "-o", help="as for run (not used)")
+    show.add_argument("--resume", nargs="?", const=True, metavar="DIR",
+                      help="the settings a resume of DIR (or --out) would use")
+    show.add_argument("--force", action="store_true", help="as for run (not used)")
+    show.add_argument("--quiet", "-q", action="store_true", help="as for run (not used)")
+    show.add_argument("--tensorboard", action="store_true", help="as for run (not used)")
+    show.add_argument("--json", action="store_true", help="as JSON: {section: {setting: "
+                      "{value, source, note}}}")
+    show.set_defaults(func=cmd_config_show)
     part = sub.add_parser("partition", help="per-client sizes and label counts of a partition")
     _add_run_flags(part)
     part.add_argument("--heatmap", help="save a clients × labels heatmap PNG here")
@@ -536,8 +706,11 @@ def _os_error(e: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = None
     try:
         args = build_parser().parse_args(argv)
+        args.argv = argv
         _set_threads(args.threads)
         return args.func(args)
     except DivergedRunError as e:
@@ -554,8 +727,19 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt as e:
         if not getattr(e, "reported", False):  # compare/reproduce print their own line
-            print("interrupted; continue with `fedhet run --resume DIR`", file=sys.stderr)
+            print(_interrupted(args), file=sys.stderr)
         return 130
+
+
+def _interrupted(args: argparse.Namespace | None) -> str:
+    """The Ctrl-C line: how to continue, naming the run directory (`run`), or that nothing was
+    saved yet."""
+    out = getattr(args, "run_dir", None)
+    if out is None:
+        return "interrupted"
+    if not (Path(out) / "config.json").is_file():
+        return f"interrupted before the run saved anything in {out}"
+    return f"interrupted; continue with `{args.resume_hint}`"
 
 
 if __name__ == "__main__":

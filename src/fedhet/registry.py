@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import importlib
 import pkgutil
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -54,9 +55,16 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         raise FedhetError(errors[0])
     if origin is typing.Literal:
         choices = typing.get_args(hint)
-        if value not in choices:
-            raise FedhetError(f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}")
-        return value
+        if value in choices:
+            return value
+        if isinstance(value, str):  # any case: `Cosine` is `cosine`
+            folded = {fold(c): c for c in choices if isinstance(c, str)}
+            if fold(value) in folded:
+                return folded[fold(value)]
+        hint_text = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+        raise FedhetError(
+            f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}{hint_text}"
+        )
     if origin in (tuple, list):
         if isinstance(value, str):
             value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
@@ -98,6 +106,40 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     return value
 
 
+def fold(name: str) -> str:
+    """A name as it is compared: lower case, `_` and `-` alike (`FedAvg`, `fashion_mnist`,
+    `local-epochs` match `fedavg`, `fashion-mnist`, `local_epochs`)."""
+    return name.strip().lower().replace("_", "-")
+
+
+def nearest(word: str, choices: Iterable[str], synonyms: Mapping[str, str] | None = None) -> list[str]:
+    """The choices a mistyped `word` most likely meant, best first (at most three): a known
+    synonym (`learning_rate` → `lr`), then close spellings (`difflib`, ratio ≥ 0.75, or 0.6 for
+    words of up to four letters, compared `fold`ed), then choices that contain the word or are
+    contained in it (`epochs` → `local_epochs`)."""
+    choices = list(dict.fromkeys(choices))
+    by_fold = {fold(c): c for c in choices}
+    out: list[str] = []
+    key = fold(word)
+    synonym = (synonyms or {}).get(key.replace("-", "_")) or (synonyms or {}).get(key)
+    if synonym in choices:
+        out.append(synonym)
+    cutoff = 0.75 if len(key) > 4 else 0.6  # a short word's one slip weighs more (`rnu` → `run`)
+    out += [by_fold[m] for m in difflib.get_close_matches(key, list(by_fold), n=3, cutoff=cutoff)]
+    if len(key) >= 3:
+        out += [c for f, c in by_fold.items() if key in f or (len(f) >= 3 and f in key)]
+    return list(dict.fromkeys(out))[:3]
+
+
+def did_you_mean(word: str, choices: Iterable[str], synonyms: Mapping[str, str] | None = None) -> str:
+    """` (did you mean 'x'?)`, or `` when nothing is close (`nearest`): the hint an unknown
+    name's error carries."""
+    near = nearest(word, choices, synonyms)
+    if not near:
+        return ""
+    return " (did you mean " + " or ".join(repr(n) for n in near) + "?)"
+
+
 _WARNED: set[str] = set()
 
 
@@ -133,7 +175,8 @@ def build_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
     for key, value in values.items():
         if key not in names:
             valid = ", ".join(names) if names else "none"
-            raise FedhetError(f"unknown parameter {where}.{key}; valid parameters: {valid}")
+            hint = did_you_mean(key, names)
+            raise FedhetError(f"unknown parameter {where}.{key}{hint}; valid parameters: {valid}")
         kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
     params = cls(**kwargs)
     validate = getattr(params, "validate", None)
@@ -183,10 +226,20 @@ class Registry(Generic[T]):
         finally:
             self._entries.pop(name, None)
 
+    def canonical(self, name: str) -> str:
+        """The registered spelling of `name` in any case, `_` or `-` (`FedAvg` → `fedavg`,
+        `fashion_mnist` → `fashion-mnist`); `name` itself when nothing matches."""
+        if name in self._entries:
+            return name
+        folded = {fold(n): n for n in self._entries}
+        return folded.get(fold(name), name)
+
     def get(self, name: str) -> Entry[T]:
+        name = self.canonical(name)
         if name not in self._entries:
+            hint = did_you_mean(name, self._entries)
             raise FedhetError(
-                f"unknown {self.kind} {name!r}; choose one of: {', '.join(sorted(self._entries))}"
+                f"unknown {self.kind} {name!r}{hint}; choose one of: {', '.join(sorted(self._entries))}"
             )
         return self._entries[name]
 

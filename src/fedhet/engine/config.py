@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+import tomllib
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from fedhet.algorithms.base import ALGORITHMS
@@ -28,7 +31,7 @@ from fedhet.data.partition import PARTITIONS
 from fedhet.data.registry import DATASETS
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
-from fedhet.registry import Registry, _coerce, build_params, params_dict
+from fedhet.registry import Registry, _coerce, build_params, did_you_mean, params_dict
 
 DEFAULT_MODEL = {
     "digits": "mlp",
@@ -202,8 +205,9 @@ _HINTS = typing.get_type_hints(RunConfig)
 
 def path_of(key: str) -> str:
     """The one spelling of a config path: `algorithm_params.mu` and `algorithm.mu` are
-    `algorithm.mu`; `algorithm.name` is `algorithm`."""
-    head, dot, rest = key.partition(".")
+    `algorithm.mu`; `algorithm.name` is `algorithm`; kebab case is snake case
+    (`local-epochs` is `local_epochs`)."""
+    head, dot, rest = key.replace("-", "_").partition(".")
     head = head.removesuffix("_params") if head.removesuffix("_params") in COMPONENTS else head
     if head in COMPONENTS and rest == "name":
         return head
@@ -244,14 +248,44 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
         head, dot, rest = key.partition(".")
         if dot and head in COMPONENTS and rest:
             out[key] = value
+        elif key in COMPONENTS and isinstance(value, str):
+            # `FedAvg` is `fedavg`, `Auto` is `auto`
+            out[key] = "auto" if value.lower() == "auto" else REGISTRIES[key].canonical(value)
         elif key in ENGINE_FIELDS:
             out[key] = _engine_value(key, value, f"{where}: {key}")
         else:
             raise FedhetError(
-                f"{where}: unknown setting {key!r}; valid settings: {', '.join(sorted(ENGINE_FIELDS))}, "
+                f"{where}: unknown setting {key!r}{_suggest_setting(key)}; valid settings: "
+                f"{', '.join(sorted(ENGINE_FIELDS))}, "
                 "or algorithm.<param>, dataset.<param>, partition.<param>, model.<param>"
             )
     return out
+
+
+SYNONYMS = {
+    "learning_rate": "lr", "learningrate": "lr", "eta": "lr", "step_size": "lr",
+    "batch": "batch_size", "batchsize": "batch_size", "bs": "batch_size",
+    "epochs": "local_epochs", "num_epochs": "local_epochs", "e": "local_epochs",
+    "steps": "local_steps", "tau": "local_steps", "num_steps": "local_steps",
+    "num_clients": "clients", "n_clients": "clients", "nodes": "clients",
+    "num_rounds": "rounds", "n_rounds": "rounds", "iterations": "rounds",
+    "fraction": "sample_fraction", "client_fraction": "sample_fraction", "frac": "sample_fraction",
+    "wd": "weight_decay", "random_seed": "seed", "dropout": "client_dropout",
+    "algo": "algorithm", "method": "algorithm", "data": "dataset", "split": "partition",
+    "net": "model", "arch": "model", "gpu": "device", "jobs": "workers",
+}
+"""Other names researchers use for a setting: an unknown setting spelt so is answered
+with the setting's own name (never accepted silently)."""
+
+
+def _suggest_setting(key: str) -> str:
+    """The did-you-mean hint of an unknown setting: a component parameter of that name
+    (`mu` → `algorithm.mu`), a synonym (`learning_rate` → `lr`) or a close spelling."""
+    owners = sorted({kind for kind, registry in REGISTRIES.items() for entry in registry
+                     if key in {f.name for f in dataclasses.fields(entry.params)}})
+    if owners:
+        return " (did you mean " + " or ".join(repr(f"{kind}.{key}") for kind in owners) + "?)"
+    return did_you_mean(key, ENGINE_FIELDS, SYNONYMS)
 
 
 AUTO = {"workers": 0}
@@ -297,6 +331,64 @@ def build(*layers: Mapping[str, Any], only: Sequence[str] = COMPONENTS) -> RunCo
     return dataclasses.replace(cfg, model=cfg.model_name, **built)
 
 
+def read_toml(text: str, where: str) -> dict[str, Any]:
+    """A TOML document; a syntax error is one `FedhetError` naming `where` (the caller's
+    wording, e.g. `config file run.toml is`), with a hint for the common mistakes
+    (`toml_hint`)."""
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise FedhetError(f"{where} not valid TOML: {e}{toml_hint(text, str(e))}") from None
+
+
+def read_toml_file(path: Path, what: str) -> tuple[str, dict[str, Any]]:
+    """A settings file's text and TOML document; a missing file, a directory or a file that is
+    not UTF-8 text is one `FedhetError` naming it (`what`: `config file`, `grid file`)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FedhetError(f"{what} {path} not found") from None
+    except IsADirectoryError:
+        raise FedhetError(f"{what} {path} is a directory; give a .toml file") from None
+    except UnicodeDecodeError:
+        raise FedhetError(f"{what} {path} is not a text file (TOML is UTF-8 text)") from None
+    return text, read_toml(text, f"{what} {path} is")
+
+
+_KEY_AT = re.compile(r"""^\s*(\[\[?)?\s*([A-Za-z0-9_.\-"' ]+?)\s*(\]\]?|=)""")
+
+
+def toml_hint(text: str, message: str) -> str:
+    """`; <how to fix it>` for TOML's `Cannot overwrite a value` (a key given twice, or a name
+    given a value and then used as a table, `algorithm = "fedprox"` beside `[algorithm]` or
+    `algorithm.mu = 0.1`); `` for other errors."""
+    m = re.search(r"at line (\d+)", message)
+    if "Cannot overwrite a value" not in message or not m:
+        return ""
+    lines = text.splitlines()
+    n = int(m.group(1))
+    k = _KEY_AT.match(lines[n - 1]) if 0 < n <= len(lines) else None
+    if not k:
+        return ""
+    key = k.group(2).replace('"', "").replace("'", "").strip()
+    head = key.split(".")[0]
+    for i, line in enumerate(lines[: n - 1], 1):
+        earlier = _KEY_AT.match(line)
+        if earlier and not earlier.group(1) and earlier.group(3) == "=" and \
+                earlier.group(2).strip() == head and (k.group(1) or head != key):
+            value = line.split("=", 1)[1].split("#")[0].strip()
+            said = f"; line {i} gives {head} a value, so line {n} cannot also make it a table"
+            if k.group(1):  # a [header]
+                return (f"{said} ([{key}]): remove line {i} and write name = {value} as the "
+                        f"table's first line, or name the table [{head}_params]")
+            return (f"{said} ({key}): quote the key (\"{key}\" = ...), or write the name inside "
+                    f"the table, [{head}] name = {value} followed by its parameters, or put the "
+                    f"parameters under [{head}_params]")
+    if k.group(3) == "=":
+        return f"; {key} is given twice (line {n} repeats it): keep one"
+    return ""
+
+
 def config_of(settings: Mapping[str, Any], where: str = "settings") -> RunConfig:
     """One source of settings (`{"algorithm": "fedprox", "algorithm.mu": 0.1, "lr": 0.05}`, or
     nested tables) → its `RunConfig`: `build(parse(settings, where))`."""
@@ -311,3 +403,69 @@ def canonical_config(saved: Mapping[str, Any]) -> dict[str, Any]:
         return build(parse(saved, "config.json")).to_dict()
     except (FedhetError, TypeError, ValueError):
         return dict(saved)
+
+
+FIELD_DOCS: dict[str, str] = {
+    "algorithm": "the federated method (fedhet list: algorithms)",
+    "dataset": "the data (fedhet list: datasets)",
+    "partition": "how the training set is split over the clients",
+    "model": "the network; auto: the dataset's usual model",
+    "clients": "number of clients N",
+    "rounds": "communication rounds K",
+    "seed": "seed of the split, the initial model, sampling and batches",
+    "lr": "client learning rate η",
+    "lr_schedule": "constant, or cosine from lr down to lr_min over the rounds",
+    "lr_min": "the cosine schedule's last learning rate",
+    "batch_size": "client minibatch size B",
+    "local_epochs": "local epochs E per round (fractions allowed)",
+    "local_steps": "local steps τ per round for every client (> 0 overrides local_epochs)",
+    "client_steps": "τ_i per client, one entry each (overrides local_steps)",
+    "epochs_min": "random local epochs: E_i drawn from epochs_min..epochs_max",
+    "epochs_max": "random local epochs when > 0 (FedNova's stragglers)",
+    "momentum": "client SGD momentum",
+    "weight_decay": "client SGD weight decay",
+    "sample_fraction": "fraction of clients sampled each round",
+    "batch_order": "reshuffle the minibatches every epoch, or keep one fixed order",
+    "eval_every": "evaluate the global model every this many rounds",
+    "train_loss": "also evaluate the loss on the whole training set",
+    "checkpoint_every": "save a checkpoint every this many rounds",
+    "validation_fraction": "hold this fraction of the training set out and evaluate on it",
+    "data_dir": "where dataset files are read from",
+    "client_dropout": "probability that a sampled client is offline for a round",
+    "straggler_fraction": "probability that a sampled client misses a round's deadline",
+    "straggler_policy": "what happens to a straggler's work (drop)",
+    "device": "auto (CUDA when present), cpu or cuda",
+    "executor": "auto, sequential (one client after another) or batched (stacked)",
+    "cohort_chunk": "batched executor: clients stacked at a time (0: fit ~1 GiB)",
+    "workers": "CPU processes a round's clients are spread over (0: auto)",
+}
+"""One line per engine setting: what `fedhet list` and `fedhet config show` print."""
+
+
+def engine_defaults() -> dict[str, Any]:
+    """Each engine setting's default (`RunConfig`'s field defaults)."""
+    return {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in ENGINE_FIELDS}
+
+
+DEFAULT = "default"
+
+
+def config_sources(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[RunConfig, dict[str, str]]:
+    """The run `build` makes of `layers` (`(source, parse(...))` pairs, later wins) and, for
+    each of its settings (`RunConfig.flat`'s paths), where its value came from: the source of
+    the last layer that set it, else `DEFAULT` (`model` left at `auto` is `default (auto)`).
+
+    Old parameter names (`ALIASES`) count as their current name."""
+    cfg = build(*(values for _, values in layers))
+    sources: dict[str, str] = {}
+    for source, values in layers:
+        for key in values:
+            head, dot, name = key.partition(".")
+            if dot and head in REGISTRIES:
+                name = REGISTRIES[head].aliases().get(name, name)
+                key = f"{head}.{name}"
+            sources[key] = source
+    out = {path: sources.get(path, DEFAULT) for path in cfg.flat()}
+    if out["model"] == DEFAULT:
+        out["model"] = f"{DEFAULT} (auto for {cfg.dataset})"
+    return cfg, out

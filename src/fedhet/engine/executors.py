@@ -79,7 +79,8 @@ def device_choice(name: str) -> tuple[torch.device, str]:
         build = "a CPU-only build" if cuda is None else f"CUDA {cuda}, no GPU visible"
         raise FedhetError(
             f"device=cuda but torch {torch.__version__} ({build}) has no usable GPU; "
-            "see docs/gpu.md or use --set device=cpu"
+            "run on the CPU with --device cpu (or --device auto; device = \"cpu\" in a settings "
+            "file), see docs/gpu.md"
         )
     return torch.device(name), "set"
 

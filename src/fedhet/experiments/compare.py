@@ -8,30 +8,34 @@ as fedhet's and `DIR/.fedhet.lock` keeps a second `compare` out while one runs.
 from __future__ import annotations
 
 import shlex
-import shutil
 from pathlib import Path
 from typing import Any, TextIO
 
 from fedhet.engine import rundir
+from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
-from fedhet.experiments.grid import load_grid, write_manifest
+from fedhet.experiments.grid import Changes, load_grid, write_manifest
 from fedhet.experiments.results import collect
 from fedhet.experiments.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
 
 
 def compare(
-    config: str | Path, out: str | Path, jobs: int | None = None, force: bool = False,
+    config: str | Path | None, out: str | Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
-    batch_runs: int = DEFAULT_BATCH_RUNS, cluster: Any = None,
+    batch_runs: int = DEFAULT_BATCH_RUNS, changes: Changes | None = None, hint: str | None = None,
+    cluster: Any = None,
 ) -> list[dict[str, Any]]:
     """Validate the whole grid, run what is not finished, write results; returns the rows.
 
+    The grid is the file `config` with the command line's `changes` (`grid.Changes`: settings
+    fixed in every run, sweeps), or with `config` None the grid `changes` alone make; it is
+    saved as `out/grid.toml`. `hint` is the command that resumes it (named after a Ctrl-C).
     `out` is marked as fedhet's grid directory and locked for the whole call, so a second
     `compare` (or `reproduce`) on it fails at once, naming this process. Ctrl-C stops the grid
     at the next saved round of each running run (`runner.Interrupted`); calling again resumes.
     `cluster` (`fedhet.experiments.cluster.ClusterOptions`): run on a cluster, not in `jobs`.
     """
-    grid = load_grid(config)
+    grid = load_grid(config, changes)
     grid.specs = with_overrides(grid.specs, overrides)
     out = Path(out)
     if out.exists() and not out.is_dir():
@@ -42,12 +46,12 @@ def compare(
 
         require_tensorboard()
 
-    hint = f"fedhet compare --config {shlex.quote(str(config))} --out {shlex.quote(str(out))}"
+    hint = hint or f"fedhet compare --config {shlex.quote(str(config))} --out {shlex.quote(str(out))}"
     with rundir.exclusive(out, "compare"):
         rundir.mark(out, "grid")
         plan_jobs(grid.specs, out / "runs", force)  # settings clashes fail before anything runs
-        if Path(config).resolve() != (out / "grid.toml").resolve():
-            shutil.copyfile(config, out / "grid.toml")
+        if config is None or Path(config).resolve() != (out / "grid.toml").resolve():
+            atomic_write_text(out / "grid.toml", grid.text)
         write_manifest(out, grid.title, grid.specs, grid.target_accuracy)
         errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream, hint,
                            batch_runs=batch_runs, cluster=cluster)

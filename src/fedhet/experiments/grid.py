@@ -13,14 +13,24 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import re
-import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedhet.algorithms.base import ALGORITHMS
-from fedhet.engine.config import RUNTIME, config_of, flatten, parse, path_of
+from fedhet.engine.config import (
+    ENGINE_FIELDS,
+    REGISTRIES,
+    RUNTIME,
+    config_of,
+    flatten,
+    parse,
+    path_of,
+    read_toml_file,
+)
 from fedhet.engine.store import atomic_write_text, to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
@@ -36,6 +46,27 @@ class Grid:
     specs: list[RunSpec]
     target_accuracy: float | None = None
     lines: dict[str, dict[str, int]] = field(default_factory=dict)
+    text: str = ""
+    """The grid as TOML: the file's text, or (with command-line changes) the grid they make."""
+
+
+@dataclass(frozen=True)
+class Changes:
+    """A grid changed on the command line (`fedhet compare`), Hydra-style.
+
+    `fixed`: settings every run gets (`--set`, `-r`, ...): each replaces the grid's value and
+    any axis or variant list of that setting, so `--set seed=0` runs one seed of a three-seed
+    grid. `sweeps`: axes (`--sweep lr=0.01,0.1`), added to the grid's or replacing its axis of
+    that setting. `sources`: path → what the user typed (`--set lr`), named in errors."""
+
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    sweeps: Mapping[str, list[Any]] = field(default_factory=dict)
+    sources: Mapping[str, str] = field(default_factory=dict)
+    title: str | None = None
+    """The title of a grid made on the command line alone."""
+
+    def __bool__(self) -> bool:
+        return bool(self.fixed or self.sweeps)
 
 
 # -- locating keys in the TOML text --------------------------------------------------------
@@ -75,8 +106,9 @@ def key_lines(text: str) -> dict[str, dict[str, int]]:
 
 # -- parsing and expansion -----------------------------------------------------------------
 class _Locator:
-    def __init__(self, path: Path, lines: dict[str, dict[str, int]]) -> None:
-        self.path, self.lines = path, lines
+    def __init__(self, path: Path, lines: dict[str, dict[str, int]],
+                 given: Mapping[str, str] | None = None) -> None:
+        self.path, self.lines, self.given = path, lines, dict(given or {})
 
     def line(self, section: str, key: str) -> int | None:
         table = self.lines.get(section, {})
@@ -89,6 +121,8 @@ class _Locator:
         return None
 
     def where(self, section: str, key: str = "") -> str:
+        if key and section in ("base", "axes") and path_of(key) in self.given:
+            return self.given[path_of(key)]  # a setting typed on the command line
         n = self.line(section, key) if key else None
         if n is None and not section and key:  # a top-level table: its [header] line
             n = self.lines.get(key, {}).get("") or self.lines.get(f"{key}#0", {}).get("")
@@ -126,10 +160,10 @@ def _methods(doc: dict[str, Any], axes: dict[str, Any], loc: _Locator) -> list[d
             if not v:
                 raise loc.fail(section, k, f"{k} is an empty list; give at least one value")
         if "algorithm" in fixed:
-            named.add(fixed["algorithm"].value)
+            named.add(_canonical("algorithm", fixed["algorithm"].value))
         methods.append({"label": label, "settings": fixed, "axes": lists})
     for name in axes.pop("algorithm", ([], "axes"))[0]:
-        if name not in named:
+        if _canonical("algorithm", name) not in named:
             methods.append({
                 "label": None, "settings": {"algorithm": _Setting(name, "axes", "algorithm")},
                 "axes": {},
@@ -150,6 +184,14 @@ def _product(axes: dict[str, tuple[list[Any], str]]) -> list[dict[str, _Setting]
     return out
 
 
+def _canonical(key: str, value: Any) -> Any:
+    """A component's name as registered (`FedAvg` → `fedavg`), so names and labels match the
+    runs' configs; any other value as it is."""
+    if key in REGISTRIES and isinstance(value, str) and value.lower() != "auto":
+        return REGISTRIES[key].canonical(value)
+    return value
+
+
 def _fmt(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
@@ -158,21 +200,37 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_") or "run"
 
 
-def load_grid(path: str | Path) -> Grid:
-    """Parse, expand and validate a grid file; raises `FedhetError` naming the line."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise FedhetError(f"grid file {path} not found") from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise FedhetError(f"{path}: not valid TOML: {e}") from None
-    loc = _Locator(path, key_lines(text))
+def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
+    """Parse, expand and validate a grid file (or, with `path` None, the grid `changes` alone
+    make); raises `FedhetError` naming the line, or the flag, of the culprit."""
+    changes = changes or Changes()
+    if path is None:
+        text, path = "", Path("command line")
+        doc: dict[str, Any] = {}
+    else:
+        path = Path(path)
+        text, doc = read_toml_file(path, "grid file")
+    if changes:
+        doc = apply_changes(doc, changes)
+    if not text and changes.title:
+        doc = {"title": changes.title, **doc}
+    loc = _Locator(path, key_lines(text), changes.sources)
+    grid = _grid(doc, path, loc)
+    if not changes:
+        grid.text = text
+    elif text:
+        grid.text = to_toml(doc, f"the grid {path} with {', '.join(changes.sources.values())}")
+    else:
+        grid.text = to_toml(doc, "a grid made on the command line")
+    return grid
+
+
+def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:
     for key in doc:
         if key not in TOP_KEYS:
-            raise loc.fail("", key, f"unknown grid key {key!r}; valid keys: {', '.join(TOP_KEYS)}")
+            hint = (f" ({path.name} reads like a run file: run it with `fedhet run --config {path}`, "
+                    "or put its settings under [base])" if path_of(key) in ENGINE_FIELDS else "")
+            raise loc.fail("", key, f"unknown grid key {key!r}{hint}; valid keys: {', '.join(TOP_KEYS)}")
     base_raw = doc.get("base", {})
     axes_raw = doc.get("axes", {})
     for name, table in (("base", base_raw), ("axes", axes_raw)):
@@ -209,6 +267,66 @@ def load_grid(path: str | Path) -> Grid:
     specs = _to_specs(runs, methods, axes, columns, loc)
     _check_duplicates(runs, keys, specs, methods, axes, loc)
     return Grid(path, str(title), specs, float(target) if target is not None else None, loc.lines)
+
+
+def apply_changes(doc: dict[str, Any], changes: Changes) -> dict[str, Any]:
+    """The grid document with `changes` made (`Changes`): a fixed setting goes into `[base]`
+    and out of `[axes]` and every variant; a sweep becomes `[axes]`' list of that setting."""
+    if not all(isinstance(doc.get(name, {}), dict) for name in ("base", "axes")):
+        return doc  # not a grid's shape: `load_grid` says so, naming the line
+    doc = dict(doc)
+    base = {path_of(k): v for k, v in flatten(doc.get("base", {})).items()}
+    axes = {path_of(k): v for k, v in flatten(doc.get("axes", {})).items()}
+    variants = [{path_of(k): v for k, v in flatten(v).items()} if isinstance(v, dict) else v
+                for v in doc.get("variant", [])] if isinstance(doc.get("variant"), list) else None
+    for key, value in changes.fixed.items():
+        key = path_of(key)
+        axes.pop(key, None)
+        for v in variants or []:
+            if isinstance(v, dict):
+                v.pop(key, None)
+        base[key] = value
+    for key, values in changes.sweeps.items():
+        axes[path_of(key)] = list(values)
+    doc["base"], doc["axes"] = base, axes
+    if variants is not None:
+        doc["variant"] = variants
+    return doc
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
+
+
+def to_toml(doc: Mapping[str, Any], comment: str = "") -> str:
+    """A grid document as TOML text that `load_grid` reads back to the same runs (dotted
+    setting names quoted, one table per section, `[[variant]]` for each variant)."""
+    lines = [f"# {comment}"] if comment else []
+    for key, value in doc.items():
+        if key not in ("base", "axes", "variant"):
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    for name in ("base", "axes"):
+        if doc.get(name):
+            lines += ["", f"[{name}]"]
+            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc[name].items()]
+    for variant in doc.get("variant", []) or []:
+        lines += ["", "[[variant]]"]
+        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in flatten(variant).items()]
+    return "\n".join(lines) + "\n"
 
 
 def _check_keys(base: dict[str, _Setting], axes: dict[str, tuple[list[Any], str]], loc: _Locator) -> None:
@@ -362,7 +480,7 @@ def _to_specs(runs, methods, axes, columns, loc) -> list[RunSpec]:
                            and k.split(".")[0] != "algorithm")]
     specs, seen = [], set()
     for m, settings in runs:
-        values = {k: s.value for k, s in settings.items()}
+        values = {k: _canonical(k, s.value) for k, s in settings.items()}
         given = methods[m]["label"]
         label = (
             _auto_label(values, [path_of(k) for k in methods[m]["axes"]], columns, given)

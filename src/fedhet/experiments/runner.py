@@ -4,7 +4,7 @@ Each run lives in `out/runs/<name>/` and is a normal run directory (`fedhet run 
 `fedhet report` work on it). Workers are fresh processes (forkserver, else spawn) with one
 torch thread each and an equal share of the cores for `--workers auto` (`core_share`).
 Progress: a live status line (runs done, running accuracies, ETA) when stderr is a terminal,
-otherwise one line per finished run.
+otherwise one line per finished run and, every `$FEDHET_PROGRESS_SECONDS` (30 s), a status line.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from fedhet.engine.store import to_json
 from fedhet.engine.workers import CORES_ENV, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
+from fedhet.experiments.progress import every_s
 from fedhet.experiments.single import execute, execute_together, is_finished
 
 if TYPE_CHECKING:
@@ -76,6 +77,9 @@ class Interrupted(KeyboardInterrupt):
 _STOP: Any = None
 """The stop flag of this process (an `Event`): set by the grid's first Ctrl-C."""
 
+_TICK: Callable[[], None] | None = None
+"""Runs in this process (`--jobs 1`): the grid's `Progress.tick`, called after each round."""
+
 
 def _limit_threads() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -113,6 +117,8 @@ def _stopper(job: Job, then: Callable[[dict[str, Any]], None] | None) -> Callabl
     def on_round(row: dict[str, Any]) -> None:
         if then is not None:
             then(row)
+        if _TICK is not None:
+            _TICK()
         k = int(row["round"])
         if _STOP is not None and _STOP.is_set() and k < total and k % every == 0:
             raise StopRun(k)
@@ -298,8 +304,10 @@ class Progress:
         self.last = 0.0
         self.where: dict[str, str] = {}
         """The node each running run is on (a cluster backend fills it in)."""
+        self.every = every_s()
+        self.last_log = time.monotonic()
 
-    def _status(self, job: Job) -> tuple[int, float]:
+    def _status(self, job: Job) -> tuple[int, float, float]:
         return _status_of(job)
 
     def note(self, text: str) -> None:
@@ -310,29 +318,47 @@ class Progress:
         self.last = 0.0
 
     def tick(self) -> None:
-        if not self.live or time.monotonic() - self.last < 0.5:
+        if not self.live:
+            if time.monotonic() - self.last_log >= self.every:  # a log file: a line now and then
+                self.last_log = time.monotonic()
+                self.stream.write(self._line(log=True) + "\n")
+                self.stream.flush()
+            return
+        if time.monotonic() - self.last < 0.5:
             return
         self.last = time.monotonic()
-        running, rounds_done = [], 0
-        for name, job in self.jobs.items():
-            r, acc = self._status(job)
-            rounds_done += self.rounds[name] if name in self.finished else r
-            if name not in self.finished and r > 0:
-                where = f" @{self.where[name]}" if name in self.where else ""
-                running.append(f"{_short(name)} r{r} {acc:.3f}{where}")
-        if self.first is None and rounds_done > self.start_rounds:
-            # the rate is measured from the first finished round on, not from worker start-up
-            self.first = (time.monotonic(), rounds_done)
-        left = sum(self.rounds.values()) - rounds_done
-        eta = "?"
-        if self.first is not None and rounds_done > self.first[1]:
-            rate = (rounds_done - self.first[1]) / max(time.monotonic() - self.first[0], 1e-9)
-            eta = _clock(left / rate)
-        more = [f"+{len(running) - 4} running"] if len(running) > 4 else []
-        line = f"[{self.done}/{self.total} runs] ETA {eta} | " + " | ".join(running[:4] + more)
+        line = self._line(log=False)
         width = _width()
         self.stream.write("\r\x1b[K" + line[: width - 1])
         self.stream.flush()
+
+    def _line(self, log: bool) -> str:
+        """The status: runs done, ETA, the running runs' rounds and accuracies; for a log file
+        also the rounds done of all runs, s/round and each running run's loss."""
+        running, rounds_done = [], 0
+        for name, job in self.jobs.items():
+            r, acc, loss = self._status(job)
+            rounds_done += self.rounds[name] if name in self.finished else r
+            if name not in self.finished and r > 0:
+                where = f" @{self.where[name]}" if name in self.where else ""
+                running.append(
+                    f"{_short(name)} round {r}/{self.rounds[name]} acc {acc:.4f} loss {loss:.4f}{where}"
+                    if log else f"{_short(name)} r{r} {acc:.3f}{where}"
+                )
+        if self.first is None and rounds_done > self.start_rounds:
+            # the rate is measured from the first finished round on, not from worker start-up
+            self.first = (time.monotonic(), rounds_done)
+        total = sum(self.rounds.values())
+        eta, rate = "?", 0.0
+        if self.first is not None and rounds_done > self.first[1]:
+            rate = (rounds_done - self.first[1]) / max(time.monotonic() - self.first[0], 1e-9)
+            eta = _clock((total - rounds_done) / rate)
+        more = [f"+{len(running) - 4} running"] if len(running) > 4 else []
+        if not log:
+            return f"[{self.done}/{self.total} runs] ETA {eta} | " + " | ".join(running[:4] + more)
+        speed = f"{1 / rate:.2f} s/round, " if rate else ""
+        return (f"[{self.done}/{self.total} runs, {rounds_done}/{total} rounds] {speed}ETA {eta}"
+                + "".join(f" | {r}" for r in running[:4] + more))
 
     def finish(self, name: str, result: dict[str, Any], seconds: float) -> None:
         self.done += 1
@@ -358,13 +384,14 @@ class Progress:
             self.stream.flush()
 
 
-def _status_of(job: Job) -> tuple[int, float]:
-    """A run's rounds done and latest accuracy, from its summary.json (0, nan: none yet)."""
+def _status_of(job: Job) -> tuple[int, float, float]:
+    """A run's rounds done, latest accuracy and loss, from its summary.json (0, nan, nan: none yet)."""
     try:
         s = json.loads((Path(job.out) / "summary.json").read_text())
-        return int(s.get("rounds_done", 0)), float(s.get("final_accuracy", float("nan")))
-    except (OSError, ValueError):
-        return 0, float("nan")
+        return (int(s.get("rounds_done", 0)), float(s.get("final_accuracy", float("nan"))),
+                float(s.get("final_loss", float("nan"))))
+    except (OSError, ValueError, TypeError):
+        return 0, float("nan"), float("nan")
 
 
 def _setting(job: Job, key: str, default: int) -> int:
@@ -442,7 +469,8 @@ def run_specs(
 
             run_units(units, cluster, runs_dir, requested, hard, tally, progress)
         elif n == 1:
-            previous, _STOP = _STOP, requested
+            global _TICK
+            previous, _STOP, _TICK = _STOP, requested, progress.tick
             left = list(units)
             try:
                 while left:
@@ -455,7 +483,7 @@ def run_specs(
                 hard.append(True)
                 tally.unfinished = sum(len(u) for u in left)
             finally:
-                _STOP = previous
+                _STOP, _TICK = previous, None
         else:
             # workers start with SIGINT blocked (inherited through fork/exec), so none dies from
             # the terminal's Ctrl-C before `_init_worker` makes it ignore SIGINT

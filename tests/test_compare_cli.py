@@ -1,0 +1,138 @@
+"""`fedhet compare` changed on the command line, as Hydra's multirun: setting flags and `--set`
+fix a setting in every run (replacing the grid's value and its axis), `--sweep` makes axes, and
+a grid can be written with no file at all; the grid machinery (duplicate cells, lock, resume)
+is the same. Digits, 3 clients, 1 round."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedhet.cli import main
+from fedhet.experiments.grid import load_grid
+
+SWEEP = ["compare", "-a", "fedavg,FedProx", "-d", "digits", "-n", "3", "-r", "1",
+         "--sweep", "lr=0.01,0.1", "--sweep", "seed=0,1", "-j", "1"]
+
+
+def configs(out: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in (out / "runs").glob("*/config.json")}
+
+
+def test_a_sweep_on_the_command_line_with_no_grid_file(tmp_path, capsys):
+    out = tmp_path / "g"
+    assert main([*SWEEP, "--out", str(out)]) == 0
+    assert "8 runs" in capsys.readouterr().out
+    runs = configs(out)
+    assert sorted(runs) == sorted(f"{a}__lr={lr}__seed{s}" for a in ("fedavg", "fedprox")
+                                  for lr in ("0.01", "0.1") for s in (0, 1))
+    assert {(c["algorithm"], c["lr"], c["seed"]) for c in runs.values()} == {
+        (a, lr, s) for a in ("fedavg", "fedprox") for lr in (0.01, 0.1) for s in (0, 1)}
+    assert all(c["rounds"] == 1 and c["clients"] == 3 for c in runs.values())
+    assert (out / ".fedhet").exists() and (out / "results.csv").is_file()
+    # the grid it ran is saved as TOML: the same runs, and running that resumes (nothing reruns)
+    assert [s.name for s in load_grid(out / "grid.toml").specs] == \
+        [r["name"] for r in json.loads((out / "grid.json").read_text())["runs"]]
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/metrics.csv")}
+    assert main(["compare", "-c", str(out / "grid.toml"), "--out", str(out), "-j", "1"]) == 0
+    assert main([*SWEEP, "--out", str(out)]) == 0
+    assert stamps == {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/metrics.csv")}
+
+
+def test_set_overrides_a_grid_file_and_replaces_its_axis(tmp_path, capsys):
+    grid = tmp_path / "grid.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 3\nrounds = 5\nlr = 0.05\n'
+                    '[axes]\nalgorithm = ["fedavg", "fedprox"]\nseed = [0, 1, 2]\n')
+    out = tmp_path / "g"
+    assert main(["compare", "-c", str(grid), "--set", "rounds=1", "--set", "seed=0", "--out",
+                 str(out), "-j", "1"]) == 0
+    runs = configs(out)
+    assert sorted(runs) == ["fedavg__seed0", "fedprox__seed0"]
+    assert all(c["rounds"] == 1 and c["lr"] == 0.05 for c in runs.values())
+    saved = (out / "grid.toml").read_text()
+    assert saved.startswith(f"# the grid {grid} with --set rounds, --set seed")
+    # --sweep replaces the grid's axis of that setting, and a flag fixes one in every run
+    out2 = tmp_path / "g2"
+    assert main(["compare", "-c", str(grid), "-r", "1", "--sweep", "seed=3", "--sweep",
+                 "lr=0.1,0.2", "--out", str(out2), "-j", "1"]) == 0
+    assert {(c["algorithm"], c["seed"], c["lr"]) for c in configs(out2).values()} == {
+        (a, 3, lr) for a in ("fedavg", "fedprox") for lr in (0.1, 0.2)}
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--sweep", "lr=0.1,0.10"], "duplicate runs, the same cell twice"),
+        (["--set", "batch-size=0"], "error: --set batch_size: batch_size must be ≥ 1"),
+        (["--sweep", "local-epochs=1,x"], "error: --sweep local_epochs: local_epochs must be a number"),
+        (["--set", "learning_rate=0.1"], "(did you mean 'lr'?)"),
+        (["--sweep", "lr"], "--sweep expects key=value1,value2"),
+        (["--set", "seed=1"], "--sweep seed and --set seed both set seed"),
+    ],
+)
+def test_command_line_grid_mistakes_are_one_line(tmp_path, capsys, extra, needle):
+    out = tmp_path / "g"
+    assert main([*SWEEP, *extra, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert not (out / "runs").exists()
+
+
+def test_compare_needs_a_grid_and_makes_its_own_directory(tmp_path, capsys, monkeypatch):
+    assert main(["compare"]) == 2
+    assert "compare needs a grid: --config GRID.toml" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "-a", "fedavg,fedprox", "-n", "3", "-r", "1", "-j", "1"]) == 0
+    named = capsys.readouterr().err.split("grid directory: ")[1].split()[0]
+    assert named.startswith("runs/fedavg+fedprox-digits-")
+    assert sorted(configs(tmp_path / named)) == ["fedavg__seed0", "fedprox__seed0"]
+
+
+def test_ctrl_c_names_the_command_with_the_directory_it_made(tmp_path):
+    """Without --out, the line after Ctrl-C is the command that resumes: the same flags and the
+    directory `compare` made."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    argv = ["compare", "-a", "fedavg,fedprox", "-n", "3", "-r", "300", "-j", "1"]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "fedhet", *argv], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1", "FEDHET_PROGRESS_SECONDS": "0"},
+    )
+    try:
+        assert p.stderr is not None
+        made = p.stderr.readline().removeprefix("grid directory: ").strip()
+        for line in p.stderr:
+            if " round 2/300 " in line:
+                p.send_signal(signal.SIGINT)
+                break
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+    assert p.returncode == 130 and made.startswith("runs/fedavg+fedprox-digits-")
+    last = err.strip().splitlines()[-1]
+    assert last.endswith(f"run `fedhet {' '.join(argv)} --out {made}` to resume"), last
+    assert (tmp_path / made / "runs" / "fedavg__seed0" / "config.json").is_file()
+
+
+def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "-c", "grid-digits", "--set", "rounds=5", "--sweep", "seed=0",
+                 "--dry-run"]) == 0
+    title, *rows, shared = capsys.readouterr().out.strip().splitlines()
+    assert title == "FedAvg vs FedAvgM on digits: 6 runs (dry run: nothing is run or written)"
+    assert rows[-1].split() == ["fedavg__partition=dirichlet__partition.alpha=0.3__seed0",
+                                "algorithm=fedavg", "partition=dirichlet", "partition.alpha=0.3"]
+    assert shared.startswith("shared: dataset=digits clients=10 rounds=5 lr=0.05 ")
+    assert list(tmp_path.iterdir()) == []
+    assert main(["compare", "-a", "fedavg,fedavgg", "--dry-run"]) == 2  # checked like a real run
+    assert "(did you mean 'fedavg'" in capsys.readouterr().err
