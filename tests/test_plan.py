@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -110,3 +112,18 @@ def test_a_simulation_decides_once(monkeypatch):
     assert (sim.device, sim.executor_name, sim.workers) == (sim.plan.device, sim.plan.executor,
                                                           sim.plan.workers)
     assert sum(line.startswith("workers:") for line in lines) <= 1
+
+
+def test_config_show_prints_the_plan_with_its_reasons(capsys):
+    """`fedhet config show` ends with where the run would compute and why: a linear model on
+    the CPU is batched, an MLP sequential, each with the rule that chose it."""
+    from fedhet.cli import main
+
+    for model, executor in (("svm", "batched"), ("mlp", "sequential")):
+        assert main(["config", "show", "-a", "fedavg", "-d", "digits", "-m", model, "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)
+        section = next(v for k, v in shown.items() if k.startswith("plan"))
+        assert section["device"]["value"] == "cpu"
+        assert section["executor"]["value"] == executor
+        assert section["executor"]["note"].startswith("auto:")
+        assert section["backend"]["value"] == "local"

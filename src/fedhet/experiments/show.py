@@ -125,3 +125,13 @@ def as_json(parts: Sequence[Section]) -> str:
     """The sections as JSON: `{title: {key: {"value", "source", "note"}}}`."""
     return json.dumps({s.title: {r.key: {"value": r.value, "source": r.source, "note": r.note}
                                  for r in s.rows} for s in parts}, indent=2, default=str)
+
+
+@add_section
+def _plan_section(shown: Shown) -> Section:
+    """Where the run would compute on this machine and why (`engine.plan`): the device, the
+    executor, the worker processes and the backend, each with the rule that chose it."""
+    from fedhet.engine.plan import describe_plan  # the plan weighs the run's work: import late
+
+    return Section("plan (on this machine)",
+                   [Row(key, value, "", reason) for key, value, reason in describe_plan(shown.cfg)])
