@@ -61,13 +61,10 @@ def _run_values(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.single import execute
+    from fedhet.experiments.single import execute, resume_target
 
     if args.resume:
-        target = args.resume if isinstance(args.resume, str) else args.out
-        if not target:
-            raise FedhetError("--resume needs the run directory: --resume DIR")
-        out, values = Path(target), _run_values(args) or None
+        out, values = resume_target(args.resume, args.out, args.force), _run_values(args) or None
     else:
         if not args.out:
             raise FedhetError("--out DIR is required (where metrics and checkpoints go)")

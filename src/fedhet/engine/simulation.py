@@ -185,7 +185,9 @@ class Simulation:
                 self.clients.states = states.restore_clients(self.algorithm, ckpt["clients"])
                 self.buffers = ckpt["buffers"]
                 self.comm.restore(ckpt["comm"])
-                rows = self.store.rows_until(start)
+                rows = self.store.restore_rows(start, ckpt, self.log)
+            else:  # killed before its first checkpoint: it starts again, with no stale records
+                self.store.rows_until(0)
         if accepted is not None:
             accepted()
         if not rows:
@@ -287,7 +289,7 @@ class Simulation:
                 "round": done, "elapsed": elapsed, "server": states.state_record(state),
                 "clients": states.client_records(self.clients.states),
                 "buffers": self.buffers, "comm": self.comm.state(), "config": self.cfg.to_dict(),
-                "split": self.split,
+                "split": self.split, **self.store.history_state(),
             })
         self.store.write_summary(self.summary(rows, finished=done == self.cfg.rounds))
 

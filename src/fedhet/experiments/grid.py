@@ -173,6 +173,9 @@ def load_grid(path: str | Path) -> Grid:
     for key in doc:
         if key not in TOP_KEYS:
             raise loc.fail("", key, f"unknown grid key {key!r}; valid keys: {', '.join(TOP_KEYS)}")
+    if not any(doc.get(k) for k in ("base", "axes", "variant")):  # not one default run
+        raise FedhetError(f"grid file {path} sets no runs: give [base] settings, [axes] lists or "
+                          "[[variant]] tables (docs/grids.md)")
     base_raw = doc.get("base", {})
     axes_raw = doc.get("axes", {})
     for name, table in (("base", base_raw), ("axes", axes_raw)):
