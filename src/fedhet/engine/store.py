@@ -38,7 +38,10 @@ from fedhet.engine.rundir import fsync_dir
 from fedhet.errors import FedhetError
 
 MAGIC = b"FEDHET-CHECKPOINT-1\n"
-_multiarray = (getattr(np, "_core", None) or np.core).multiarray
+try:  # NumPy ≥ 2 (1.26 has it too, as an alias of numpy.core's, but only once imported)
+    from numpy._core import multiarray as _multiarray
+except ImportError:
+    from numpy.core import multiarray as _multiarray
 SAFE_GLOBALS = [
     _multiarray._reconstruct, np.ndarray, np.dtype, _multiarray.scalar,
     *{type(np.dtype(t)) for t in ("f4", "f8", "i4", "i8", "u4", "u8", "bool", "u1", "i1", "i2", "f2")},
