@@ -2,12 +2,15 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# every extra, so the tests of each run (Flower, its Ray simulation, Ray, TensorBoard); exact
+# versions from constraints.txt (pyproject.toml declares the supported ranges)
+EXTRAS ?= dev,flower,flower-sim,tensorboard,cluster
 
 .PHONY: setup demo test lint bench
 
-$(BIN)/fedhet: pyproject.toml
+$(BIN)/fedhet: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e ".[dev,flower,tensorboard]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $@
 
 setup: $(BIN)/fedhet

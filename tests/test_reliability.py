@@ -57,6 +57,12 @@ BAD_INPUTS = [
     (["--set", "batch_size=0"], "batch_size"),
     (["--set", "sample_fraction=0"], "sample_fraction"),
     (["--set", "client_steps=[1,2]"], "client_steps"),
+    (["-r", "100000000000000000000000"], "--rounds must be at most 1,000,000"),
+    (["-r", "1000001"], "--rounds must be at most"),
+    (["--set", "local_epochs=1e23"], "local_epochs"),
+    (["--set", "epochs_min=1", "--set", "epochs_max=100000"], "epochs_max"),
+    (["--set", "local_steps=100000000000"], "local_steps"),
+    (["--set", "client_steps=[1,1,1,99999999999]"], "client_steps"),
 ]
 
 
@@ -65,6 +71,24 @@ def test_bad_input_is_one_line_and_creates_nothing(tmp_path, capsys, args, needl
     out = tmp_path / "run"
     code, err = cli(capsys, *QUICK, *args, "--out", str(out))
     assert code == 2 and needle in one_line(err)
+    assert not out.exists()
+
+
+def test_absurd_rounds_in_a_settings_file_are_one_line(tmp_path, capsys):
+    """TOML reads `1e23` as a float that is a whole number: the bound, not a run for ever."""
+    (tmp_path / "run.toml").write_text("rounds = 1e23\nclients = 3\n")
+    out = tmp_path / "run"
+    code, err = cli(capsys, "run", "--config", str(tmp_path / "run.toml"), "--out", str(out))
+    assert code == 2 and "--rounds must be at most 1,000,000" in one_line(err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("text", ["", "# nothing yet\n", 'title = "empty"\n[base]\n[axes]\n'])
+def test_an_empty_grid_file_is_one_line_not_a_default_run(tmp_path, capsys, text):
+    (tmp_path / "grid.toml").write_text(text)
+    out = tmp_path / "grid"
+    code, err = cli(capsys, "compare", "-c", str(tmp_path / "grid.toml"), "--out", str(out))
+    assert code == 2 and "sets no runs" in one_line(err)
     assert not out.exists()
 
 
@@ -219,6 +243,40 @@ def test_edited_config_is_refused_listing_the_keys(finished, capsys):
     assert code == 2 and "clients" in line and "lr" in line
 
 
+def test_edited_config_of_a_finished_run_is_compared_first(finished, capsys):
+    """Not "already finished": the edit is refused as for an unfinished run, nothing changes."""
+    config = json.loads((finished / "config.json").read_text())
+    (finished / "config.json").write_text(json.dumps({**config, "lr": 0.9}))
+    before = {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()}
+    code, err = cli(capsys, "run", "--resume", str(finished))
+    assert code == 2 and "lr" in one_line(err) and "already finished" not in err
+    assert {p.name: p.read_bytes() for p in finished.iterdir() if p.is_file()} == before
+
+
+def test_a_finished_run_whose_config_asks_more_rounds_continues(finished, capsys):
+    config = json.loads((finished / "config.json").read_text())
+    (finished / "config.json").write_text(json.dumps({**config, "rounds": 4}))
+    assert main(["run", "--resume", str(finished)]) == 0
+    rows = list(csv.DictReader((finished / "metrics.csv").open()))
+    assert [r["round"] for r in rows] == ["0", "1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize("flags", [["--force"], ["--out", "OTHER"]])
+def test_resume_refuses_force_and_another_out(finished, capsys, flags):
+    other = finished.parent / "other"
+    flags = [str(other) if f == "OTHER" else f for f in flags]
+    before = (finished / "metrics.csv").read_bytes()
+    code, err = cli(capsys, "run", "--resume", str(finished), *flags, "-r", "5")
+    line = one_line(err)
+    assert code == 2 and flags[0] in line
+    assert (finished / "metrics.csv").read_bytes() == before and not other.exists()
+
+
+def test_resume_with_out_naming_the_same_directory_is_fine(finished, capsys):
+    assert main(["run", "--resume", str(finished), "--out", f"{finished}/", "-r", "4"]) == 0
+    assert json.loads((finished / "summary.json").read_text())["rounds_done"] == 4
+
+
 @pytest.mark.parametrize(("flags", "needle"), [
     (["--set", "lr=0.9"], "lr"), (["-n", "7"], "clients"), (["-r", "2"], "rounds"),
 ])
@@ -276,9 +334,13 @@ def test_divergence_stops_the_run_with_its_own_exit_code(tmp_path, capsys, lr):
 
 
 # -- metrics grow by appending; checkpoints hold state only ------------------------------------
-def test_checkpoint_holds_state_not_history(finished):
+def test_checkpoint_holds_state_and_compact_metrics_not_diagnostics(finished):
+    """No pickled history: the metrics rows only as `MetricsHistory` (sealed compressed blocks,
+    `tests/test_resume.py` bounds their size), diagnostics records only as a count."""
     ckpt = RunStore(finished).load_checkpoint()
     assert "rows" not in ckpt and "records" not in ckpt and ckpt["config"]["algorithm"] == "scaffold"
+    assert set(ckpt["metrics"]) == {"version", "blocks", "tail"} and isinstance(ckpt["diag_records"], int)
+    assert all(isinstance(line, str) for line in ckpt["metrics"]["tail"])
 
 
 def test_metrics_are_appended_not_rewritten(tmp_path, monkeypatch):

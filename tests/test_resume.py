@@ -15,7 +15,14 @@ from pathlib import Path
 import pytest
 
 from fedhet.cli import main
-from fedhet.engine.store import TIME_COLUMNS, RunStore, atomic_write_bytes
+from fedhet.engine.store import (
+    TIME_COLUMNS,
+    MetricsHistory,
+    RunStore,
+    atomic_write_bytes,
+    csv_table,
+    format_value,
+)
 from fedhet.errors import FedhetError
 from fedhet.experiments.single import execute
 
@@ -147,3 +154,88 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+# -- metrics.csv damaged under a checkpoint: rebuilt from it, never a hole ---------------------
+def _damage(path: Path, how: str) -> None:
+    text = path.read_text()
+    if how == "torn":  # cut in the middle of its second row
+        lines = text.splitlines(keepends=True)
+        path.write_text(lines[0] + lines[1] + lines[2][: len(lines[2]) // 2])
+    elif how == "cut":  # only its first rounds left
+        path.write_text("".join(text.splitlines(keepends=True)[:2]))
+    else:
+        path.unlink()
+
+
+@pytest.mark.parametrize("how", ["torn", "cut", "deleted"])
+def test_damaged_metrics_are_rebuilt_from_the_checkpoint(runs, tmp_path, capsys, how):
+    killed, reference = runs
+    work = tmp_path / "run"
+    shutil.copytree(killed, work)
+    done = RunStore(work).load_checkpoint()["round"]
+    before = (work / "metrics.csv").read_text().splitlines()[: done + 2]  # header, rounds 0..done
+    _damage(work / "metrics.csv", how)
+    assert main(["run", "--resume", str(work)]) == 0
+    assert "rebuilt" in capsys.readouterr().out
+    got = metrics_without_time(work / "metrics.csv")
+    assert [r["round"] for r in got] == [str(k) for k in range(SETTINGS["rounds"] + 1)]
+    assert got == metrics_without_time(reference / "metrics.csv")
+    # the rows the checkpoint covered come back as they were written, time columns included
+    assert (work / "metrics.csv").read_text().splitlines()[: done + 2] == before
+
+
+def test_damaged_metrics_and_more_rounds_match_a_longer_uninterrupted_run(runs, tmp_path):
+    killed, _ = runs
+    work, longer = tmp_path / "run", tmp_path / "longer"
+    shutil.copytree(killed, work)
+    (work / "metrics.csv").unlink()
+    assert main(["run", "--resume", str(work), "-r", "8"]) == 0
+    execute({**SETTINGS, "rounds": 8}, longer, log=lambda _: None)
+    got = metrics_without_time(work / "metrics.csv")
+    assert len(got) == 9 and got == metrics_without_time(longer / "metrics.csv")
+
+
+def test_a_checkpoint_without_the_history_refuses_a_damaged_file(runs, tmp_path, capsys):
+    """A checkpoint written before fedhet kept the rows cannot rebuild them: one line."""
+    killed, _ = runs
+    work = tmp_path / "run"
+    shutil.copytree(killed, work)
+    store = RunStore(work)
+    old = {k: v for k, v in store.load_checkpoint().items() if k not in ("metrics", "diag_records")}
+    (work / "checkpoint.prev.pt").unlink()
+    store.save_checkpoint(old)
+    (work / "metrics.csv").unlink()
+    assert main(["run", "--resume", str(work)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "too old to rebuild" in err and "--force" in err
+    assert not (work / "metrics.csv").exists()
+
+
+def test_the_history_is_compact_exact_and_never_re_encoded():
+    history = MetricsHistory()
+    rows = [{"round": k, "test_loss": 1 / (k + 1), "test_accuracy": float("nan") if k % 7 else 0.5,
+             "uplink_bytes": 4 * k, **{f"tau_{i}": float(k % 5 + i) for i in range(30)}}
+            for k in range(300)]
+    history.sync(rows[:200])
+    sealed = history.state()["blocks"]
+    history.sync(rows)
+    state = history.state()
+    assert all(a is b for a, b in zip(sealed, state["blocks"], strict=False))  # sealed once
+    back = MetricsHistory.from_state(state).rows()
+    assert len(back) == 300 and [type(r["round"]) for r in back] == [int] * 300
+    assert json.dumps(back) == json.dumps(rows)  # NaN, ints and floats exactly
+    csv_bytes = len(csv_table(rows, format_value, float("nan"))[0])
+    stored = sum(map(len, state["blocks"])) + sum(map(len, state["tail"]))
+    assert stored < 0.75 * csv_bytes, (stored, csv_bytes)  # ~0.6: the float digits do not compress
+
+
+def test_missing_diagnostics_records_are_named(tmp_path, capsys):
+    out = tmp_path / "run"
+    settings = {"algorithm": "bherd", "clients": 3, "rounds": 3, "local_steps": 2}
+    execute(settings, out, log=lambda _: None)
+    records = (out / "diagnostics.jsonl").read_text().splitlines()
+    assert len(records) == 3
+    (out / "diagnostics.jsonl").write_text(records[0] + "\n")
+    assert main(["run", "--resume", str(out), "-r", "4"]) == 0
+    assert "lacks 2 of the 3 records" in capsys.readouterr().out

@@ -122,13 +122,10 @@ def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int
 
 def cmd_run(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.single import execute
+    from fedhet.experiments.single import execute, resume_target
 
     if args.resume:
-        target = args.resume if isinstance(args.resume, str) else args.out
-        if not target:
-            raise FedhetError("--resume needs the run directory: --resume DIR")
-        out, values = Path(target), _run_values(args) or None
+        out, values = resume_target(args.resume, args.out, args.force), _run_values(args) or None
     else:
         values = _run_values(args)
         if args.out:

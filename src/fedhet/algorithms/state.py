@@ -23,15 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
 import torch
 
 from fedhet.errors import FedhetError
-
-if TYPE_CHECKING:
-    from fedhet.algorithms.base import Algorithm
 
 BUFFERS = "_buffers"
 """Message tensor with the model's BatchNorm running statistics (flattened). The engine adds it
@@ -129,14 +126,28 @@ class ClientState(Record):
 
 
 # -- what the engine calls --------------------------------------------------------------------
-def initial_state(algorithm: Algorithm, w0: torch.Tensor) -> ServerState:
+class HasStates(Protocol):
+    """What the functions below need of an algorithm (`fedhet.algorithms.base.Algorithm` has
+    it): its state classes and their first values. Declared here, below `base`, so that this
+    module imports nothing above it."""
+
+    name: ClassVar[str]
+    state_class: ClassVar[type[ServerState]]
+    client_state_class: ClassVar[type[ClientState] | None]
+
+    def init(self, w0: torch.Tensor) -> ServerState: ...
+
+    def client_init(self, client_id: int) -> ClientState | None: ...
+
+
+def initial_state(algorithm: HasStates, w0: torch.Tensor) -> ServerState:
     """`algorithm.init(w0)`, checked to be the algorithm's `state_class`."""
     state = algorithm.init(w0)
     check_server_state(algorithm, state, "init")
     return state
 
 
-def check_server_state(algorithm: Algorithm, state: Any, where: str) -> None:
+def check_server_state(algorithm: HasStates, state: Any, where: str) -> None:
     cls = algorithm.state_class
     if not isinstance(state, cls):
         raise FedhetError(
@@ -151,7 +162,7 @@ def state_record(state: ServerState) -> dict[str, Any]:
     return state.to_record()
 
 
-def restore_state(algorithm: Algorithm, record: Any) -> ServerState:
+def restore_state(algorithm: HasStates, record: Any) -> ServerState:
     """The server state of a checkpoint: a record, or the untyped dict of older checkpoints."""
     return algorithm.state_class.from_record(record)
 
@@ -166,7 +177,7 @@ def client_record(state: ClientState | None) -> Any:
     return None if state is None else state.to_record()
 
 
-def restore_client(algorithm: Algorithm, record: Any, client_id: int) -> ClientState | None:
+def restore_client(algorithm: HasStates, record: Any, client_id: int) -> ClientState | None:
     """One client's state from its record (or the raw value an older checkpoint holds). `None`
     is the state before the client's first round: `client_init`."""
     if record is None:
@@ -184,7 +195,7 @@ def client_records(states: Mapping[int, ClientState | None]) -> dict[int, Any]:
     return {i: client_record(s) for i, s in states.items()}
 
 
-def restore_clients(algorithm: Algorithm, records: Mapping[int, Any]) -> dict[int, ClientState | None]:
+def restore_clients(algorithm: HasStates, records: Mapping[int, Any]) -> dict[int, ClientState | None]:
     return {int(i): restore_client(algorithm, r, int(i)) for i, r in records.items()}
 
 
@@ -204,6 +215,7 @@ def ring_holder(state: ServerState) -> int | None:
 __all__ = [
     "BUFFERS",
     "ClientState",
+    "HasStates",
     "Record",
     "ServerState",
     "check_plain",

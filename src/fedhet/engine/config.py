@@ -54,6 +54,18 @@ RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "
 """Settings a resumed run may change: they do not alter the rounds already done."""
 
 
+MAX_ROUNDS = 1_000_000
+"""The most rounds a run may ask for. The papers' longest studies take a few hundred; each
+round appends a metrics row and writes a checkpoint, so a million rounds is already a
+metrics.csv of hundreds of MB and, at a millisecond a round (the smallest model), 17 minutes of
+bookkeeping alone. Above it is a typo (`-r 1e23`), which would otherwise run for ever."""
+
+MAX_LOCAL_STEPS = 10_000_000
+"""The most local steps a client may take in a round (`local_steps`, each `client_steps` entry);
+`MAX_LOCAL_EPOCHS` bounds epochs likewise (the papers use at most 5)."""
+MAX_LOCAL_EPOCHS = 10_000
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Engine fields, then each component's name and typed parameters (after `build`)."""
@@ -120,12 +132,27 @@ class RunConfig:
         checks = [
             (self.clients >= 1, "--clients must be ≥ 1"),
             (self.rounds >= 1, "--rounds must be ≥ 1"),
+            (
+                self.rounds <= MAX_ROUNDS,
+                f"--rounds must be at most {MAX_ROUNDS:,} (a typo otherwise runs for ever), "
+                f"got {self.rounds:.3g}",
+            ),
             (0 <= self.seed < 2**32, f"--seed must be a whole number in [0, 2^32), got {self.seed}"),
             (self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive number, got {self.lr}"),
             (self.lr_min >= 0, "lr_min must be ≥ 0"),
             (self.batch_size >= 1, "batch_size must be ≥ 1"),
             (self.local_epochs > 0, f"local_epochs must be > 0, got {self.local_epochs}"),
+            (
+                self.local_epochs <= MAX_LOCAL_EPOCHS and self.epochs_max <= MAX_LOCAL_EPOCHS,
+                f"local_epochs and epochs_max must be at most {MAX_LOCAL_EPOCHS:,}, got "
+                f"{max(self.local_epochs, self.epochs_max):.3g}",
+            ),
             (self.local_steps >= 0, "local_steps must be ≥ 0"),
+            (
+                max([self.local_steps, *self.client_steps]) <= MAX_LOCAL_STEPS,
+                f"local_steps and client_steps must be at most {MAX_LOCAL_STEPS:,} per round, got "
+                f"{max([self.local_steps, *self.client_steps]):.3g}",
+            ),
             (
                 not self.client_steps or len(self.client_steps) == self.clients,
                 f"client_steps needs one entry per client ({self.clients}), got {len(self.client_steps)}",

@@ -12,13 +12,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+
+try:  # the progress bar; a checkout run without tqdm (PYTHONPATH=src) prints plain lines
+    from tqdm.auto import tqdm
+except ImportError:
+    tqdm = None
 
 from fedhet.algorithms import state as states
 from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Algorithm, Message, RunInfo
@@ -173,7 +178,9 @@ class Simulation:
                 self.clients.states = states.restore_clients(self.algorithm, ckpt["clients"])
                 self.buffers = ckpt["buffers"]
                 self.comm.restore(ckpt["comm"])
-                rows = self.store.rows_until(start)
+                rows = self.store.restore_rows(start, ckpt, self.log)
+            else:  # killed before its first checkpoint: it starts again, with no stale records
+                self.store.rows_until(0)
         if accepted is not None:
             accepted()
         if not rows:
@@ -275,7 +282,7 @@ class Simulation:
                 "round": done, "elapsed": elapsed, "server": states.state_record(state),
                 "clients": states.client_records(self.clients.states),
                 "buffers": self.buffers, "comm": self.comm.state(), "config": self.cfg.to_dict(),
-                "split": self.split,
+                "split": self.split, **self.store.history_state(),
             })
         self.store.write_summary(self.summary(rows, finished=done == self.cfg.rounds))
 
@@ -328,8 +335,26 @@ def check_same_split(saved: str | None, current: str) -> None:
 def _progress(total: int, initial: int, enabled: bool):
     if not enabled:
         return None
-
+    if tqdm is None:
+        return _PlainProgress(total, initial)
     return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True)
+
+
+class _PlainProgress:
+    """The part of tqdm's interface the loop uses, as one line per round on stderr (no tqdm)."""
+
+    def __init__(self, total: int, initial: int) -> None:
+        self.total, self.n, self.postfix = total, initial, ""
+
+    def set_postfix(self, **values: str) -> None:
+        self.postfix = " ".join(f"{k}={v}" for k, v in values.items())
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        print(f"round {self.n}/{self.total} {self.postfix}".rstrip(), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        pass
 
 
 __all__ = ["Simulation", "TIME_COLUMNS", "sample_clients"]

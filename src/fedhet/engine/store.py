@@ -6,9 +6,12 @@ old or the new version of each. `metrics.csv` and `diagnostics.jsonl` grow by on
 line per round (one `write` call each, so a kill leaves whole rows; a partial last line is cut
 on resume), and are rewritten whole only when a round brings a new column.
 
-A checkpoint holds the run's state only (server, clients, BatchNorm statistics, ledger,
-config), never past metrics. Its file is `MAGIC`, the SHA-256 of the payload in hex, a newline,
-then the `torch.save` payload; loading checks the digest and unpickles with
+A checkpoint holds the run's state (server, clients, BatchNorm statistics, ledger, config) and
+its metrics rows so far in compact form (`MetricsHistory`: JSON lines sealed into
+zlib-compressed blocks, never re-encoded), from which a resume rebuilds a `metrics.csv` that
+was cut, torn or deleted; diagnostics records are not kept there (they can be large), only
+their count, so a resume says when some are missing. Its file is `MAGIC`, the SHA-256 of the
+payload in hex, a newline, then the `torch.save` payload; loading checks the digest and unpickles with
 `weights_only=True`, so a flipped byte is detected and a checkpoint file cannot run code.
 `checkpoint.pt` and the previous good one, `checkpoint.prev.pt`, let a run resume; one that
 fails to load (truncated, corrupt, tampered) is reported and the previous one is used.
@@ -23,6 +26,7 @@ import json
 import math
 import os
 import tempfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +38,10 @@ from fedhet.engine.rundir import fsync_dir
 from fedhet.errors import FedhetError
 
 MAGIC = b"FEDHET-CHECKPOINT-1\n"
-_multiarray = (getattr(np, "_core", None) or np.core).multiarray
+try:  # NumPy ≥ 2 (1.26 has it too, as an alias of numpy.core's, but only once imported)
+    from numpy._core import multiarray as _multiarray
+except ImportError:
+    from numpy.core import multiarray as _multiarray
 SAFE_GLOBALS = [
     _multiarray._reconstruct, np.ndarray, np.dtype, _multiarray.scalar,
     *{type(np.dtype(t)) for t in ("f4", "f8", "i4", "i8", "u4", "u8", "bool", "u1", "i1", "i2", "f2")},
@@ -146,9 +153,56 @@ def format_value(v: Any) -> str:
     return str(v)
 
 
+class MetricsHistory:
+    """A run's metrics rows so far, as its checkpoints keep them: each row one JSON line
+    (written once, types kept: `3` stays an int, `0.5` a float, NaN a NaN), every `BLOCK` lines
+    sealed into one zlib-compressed block. A checkpoint copies the sealed blocks' bytes and the
+    open tail, so its cost per round is one row's encoding and a copy of the history, about
+    0.5–0.6 × the size of `metrics.csv` (measured on 200-round digits runs, FedAvg 22 kB against a
+    254 kB checkpoint, FedVeca 110 kB against 1.27 MB; float digits barely compress)."""
+
+    BLOCK = 64
+    VERSION = 1
+
+    def __init__(self, blocks: list[bytes] | None = None, tail: list[str] | None = None) -> None:
+        self.blocks = list(blocks or [])
+        self.tail = list(tail or [])
+
+    def __len__(self) -> int:
+        return self.BLOCK * len(self.blocks) + len(self.tail)
+
+    def sync(self, rows: list[dict[str, Any]]) -> None:
+        """Add the rows of `rows` beyond those already kept (all of them, after a reset)."""
+        if len(rows) < len(self):
+            self.blocks, self.tail = [], []
+        for row in rows[len(self):]:
+            self.tail.append(json.dumps(row, default=_json_default))
+            if len(self.tail) == self.BLOCK:
+                self.blocks.append(zlib.compress("\n".join(self.tail).encode(), 6))
+                self.tail = []
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint stores (bytes, strings and ints: `weights_only` loads them)."""
+        return {"version": self.VERSION, "blocks": list(self.blocks), "tail": list(self.tail)}
+
+    @classmethod
+    def from_state(cls, state: Any) -> MetricsHistory:
+        if not isinstance(state, dict) or state.get("version") != cls.VERSION:
+            raise ValueError("not a metrics history of this version")
+        return cls(state["blocks"], state["tail"])
+
+    def rows(self) -> list[dict[str, Any]]:
+        lines = [ln for b in self.blocks for ln in zlib.decompress(b).decode().split("\n")]
+        return [json.loads(ln) for ln in [*lines, *self.tail]]
+
+
 class RunStore:
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
+        self.history = MetricsHistory()
+        """The metrics rows written so far, for the checkpoints (`MetricsHistory`)."""
+        self.diag_records = 0
+        """Records in `diagnostics.jsonl` (stored in checkpoints: a resume detects missing ones)."""
         self.metrics_path = self.out / "metrics.csv"
         self.diag_path = self.out / "diagnostics.jsonl"
         self.ckpt_path = self.out / "checkpoint.pt"
@@ -172,6 +226,7 @@ class RunStore:
         text, columns = csv_table(rows, format_value, float("nan"))
         atomic_write_text(self.metrics_path, text)
         self._columns = columns
+        self.history.sync(rows)
 
     def append_metrics(self, rows: list[dict[str, Any]]) -> None:
         """Append the last of `rows` to `metrics.csv`; rewrite the file when it adds a column."""
@@ -188,6 +243,7 @@ class RunStore:
             [format_value(last.get(c, float("nan"))) for c in columns]
         )
         append_line(self.metrics_path, buf.getvalue())
+        self.history.sync(rows)
 
     def write_diagnostics(self, records: list[dict[str, Any]]) -> None:
         text = "".join(json.dumps(r, default=_json_default) + "\n" for r in records)
@@ -195,6 +251,58 @@ class RunStore:
 
     def append_diagnostics(self, record: dict[str, Any]) -> None:
         append_line(self.diag_path, json.dumps(record, default=_json_default) + "\n")
+        self.diag_records += 1
+
+    def history_state(self) -> dict[str, Any]:
+        """What a checkpoint keeps besides the run's state: the metrics rows (compact) and the
+        number of diagnostics records."""
+        return {"metrics": self.history.state(), "diag_records": self.diag_records}
+
+    def restore_rows(
+        self, round: int, ckpt: dict[str, Any], warn: Callable[[str], None]
+    ) -> list[dict[str, Any]]:
+        """The metrics rows of rounds `0..round` for a resume from checkpoint `ckpt`: later rows
+        and records are cut from the files, and a `metrics.csv` that lacks rows the checkpoint
+        covers (cut short, torn mid-line, deleted) is rebuilt from the checkpoint's history. A
+        checkpoint written before fedhet kept the history cannot rebuild it: one line."""
+        kept = self.rows_until(round)
+        records = self._count_records()
+        if "metrics" not in ckpt:  # an older checkpoint: the file must be whole
+            if len(kept) != round + 1:
+                raise FedhetError(
+                    f"{self.metrics_path} holds {len(kept)} whole rows where the checkpoint of round "
+                    f"{round} needs {round + 1} (it was cut or deleted), and this checkpoint is too "
+                    "old to rebuild them; restore the file, or start the run again with --force"
+                )
+            self.history.sync(kept)
+            self.diag_records = records
+            return kept
+        try:
+            rows = MetricsHistory.from_state(ckpt["metrics"]).rows()
+        except (ValueError, TypeError, KeyError, zlib.error) as e:
+            raise FedhetError(f"the checkpoint's metrics history is unreadable ({e}); start the run "
+                              "again with --force") from None
+        if len(rows) != round + 1 or rows[-1].get("round") != round:
+            raise FedhetError(f"the checkpoint's metrics history ends at row {len(rows) - 1}, not "
+                              f"at its round {round}; start the run again with --force")
+        text, _ = csv_table(rows, format_value, float("nan"))
+        if not self.metrics_path.exists() or self.metrics_path.read_text() != text:
+            self.write_metrics(rows)
+            warn(f"rebuilt {self.metrics_path} from the checkpoint (it had {len(kept)} whole rows "
+                 f"of rounds 0..{round}, now {len(rows)})")
+        else:
+            self.history.sync(rows)
+        saved = int(ckpt.get("diag_records", 0))
+        if records < saved:
+            warn(f"warning: {self.diag_path} lacks {saved - records} of the {saved} records written "
+                 "before the checkpoint (it was cut or deleted); they cannot be rebuilt")
+        self.diag_records = records
+        return rows
+
+    def _count_records(self) -> int:
+        if not self.diag_path.exists():
+            return 0
+        return sum(1 for line in self.diag_path.read_text().splitlines() if line.strip())
 
     def rows_until(self, round: int) -> list[dict[str, str]]:
         """The metrics rows of rounds `0..round` as saved (text cells), cutting later or partial

@@ -231,6 +231,9 @@ def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:
             hint = (f" ({path.name} reads like a run file: run it with `fedhet run --config {path}`, "
                     "or put its settings under [base])" if path_of(key) in ENGINE_FIELDS else "")
             raise loc.fail("", key, f"unknown grid key {key!r}{hint}; valid keys: {', '.join(TOP_KEYS)}")
+    if not any(doc.get(k) for k in ("base", "axes", "variant")):  # not one default run
+        raise FedhetError(f"grid file {path} sets no runs: give [base] settings, [axes] lists or "
+                          "[[variant]] tables (docs/grids.md)")
     base_raw = doc.get("base", {})
     axes_raw = doc.get("axes", {})
     for name, table in (("base", base_raw), ("axes", axes_raw)):

@@ -50,6 +50,23 @@ def prepare_out(out: Path, force: bool, warn: Callable[[str], None] = print) -> 
     rundir.mark(out, "run")
 
 
+def resume_target(resume: str | bool | None, out: str | None, force: bool) -> Path:
+    """The run directory of `fedhet run --resume [DIR]` (DIR, or `--out` when DIR is left out).
+
+    `--force` (which starts a run afresh) and an `--out` other than DIR contradict a resume: each
+    is one line, instead of being ignored."""
+    if force:
+        raise FedhetError("--resume continues a run and --force starts it again: use one of them "
+                          "(fedhet run --force --out DIR ... to start again)")
+    if isinstance(resume, str) and out and Path(out).resolve() != Path(resume).resolve():
+        raise FedhetError(f"--resume {resume} --out {out}: a resumed run writes into its own "
+                          "directory; leave out --out (copy the directory first to branch a run)")
+    target = resume if isinstance(resume, str) else out
+    if not target:
+        raise FedhetError("--resume needs the run directory: --resume DIR")
+    return Path(target)
+
+
 def is_finished(out: Path) -> bool:
     path = out / "summary.json"
     return path.exists() and '"finished": true' in path.read_text()
@@ -150,9 +167,14 @@ def _resumed(
                     + f" (a resume may change only {', '.join(sorted(RESUMABLE))})")
         grown = cfg.rounds > int(saved.get("rounds", cfg.rounds))
         if is_finished(out) and not grown:
-            log(f"{out} is already finished; nothing to do")
-            yield Opened(None, {}, store.read_summary())
-            return
+            # compare first: an edited config.json is refused as it is for an unfinished run
+            ckpt = store.load_checkpoint(warn=log)
+            if ckpt is not None:
+                check_resumable(ckpt.get("config"), cfg.to_dict())
+            if ckpt is None or int(ckpt["round"]) >= cfg.rounds:
+                log(f"{out} is already finished; nothing to do")
+                yield Opened(None, {}, store.read_summary())
+                return
         data = load(cfg, cache=True) if data_cache else None
         sim = Simulation(cfg, store, data=data, log=log, on_round=on_round)
         rundir.mark(out, "run")  # runs made before the marker existed become recognisable

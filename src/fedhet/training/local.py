@@ -11,14 +11,13 @@ FedProx's proximal term or SCAFFOLD's correction, heavy-ball momentum in PyTorch
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fedhet.models.registry import objective, predictions
 from fedhet.training.flat import FlatModel
-from fedhet.training.steps import GradTransform, LocalStep, Transform
+from fedhet.training.steps import GradTransform, LocalStep, SGDConfig, Transform
 
 LossFn = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 """`(module, x, y) -> loss`: replaces `objective(module, module(x), y)` for one mini-batch
@@ -38,15 +37,6 @@ def stream_seed(*keys: int) -> np.random.Generator:
     return np.random.default_rng(
         np.random.SeedSequence([int(k) if k >= 0 else (1 << 64) + int(k) for k in keys])
     )
-
-
-@dataclass
-class SGDConfig:
-    """The local step's learning rate `η`, momentum `ρ` and weight decay `λ` (`LocalStep.of`)."""
-
-    lr: float
-    momentum: float = 0.0
-    weight_decay: float = 0.0
 
 
 class LocalTrainer:

@@ -32,12 +32,21 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Self
+from dataclasses import dataclass
+from typing import Self
 
 import torch
 
-if TYPE_CHECKING:
-    from fedhet.training.local import SGDConfig
+
+@dataclass
+class SGDConfig:
+    """The local step's learning rate `η`, momentum `ρ` and weight decay `λ` (`LocalStep.of`;
+    also importable from `fedhet.training.local`, which trains with it)."""
+
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
 
 GradTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 """`(g, w, step) -> g'`: an arbitrary rewrite of one client's gradient before the momentum and
