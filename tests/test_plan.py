@@ -127,3 +127,17 @@ def test_config_show_prints_the_plan_with_its_reasons(capsys):
         assert section["executor"]["value"] == executor
         assert section["executor"]["note"].startswith("auto:")
         assert section["backend"]["value"] == "local"
+
+
+def test_a_run_writes_its_plan_once_into_its_directory(tmp_path):
+    """`plan.json` beside `config.json`: the device, executor, workers and backend the run used,
+    each with its reason (the plan is logged once per run, not re-derived per round)."""
+    from fedhet.cli import main
+
+    out = tmp_path / "r"
+    assert main(["run", "-a", "fedavg", "-d", "digits", "-m", "logreg", "-n", "3", "-r", "1",
+                 "--out", str(out), "-q"]) == 0
+    written = json.loads((out / "plan.json").read_text())
+    assert list(written) == ["device", "executor", "workers", "backend"]
+    assert written["device"]["value"] == "cpu" and written["executor"]["value"] == "batched"
+    assert all(row["reason"] for row in written.values())

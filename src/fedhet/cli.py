@@ -535,7 +535,8 @@ def _cluster(args: argparse.Namespace) -> dict[str, Any]:
     if args.jobs:
         raise FedhetError("--jobs sets local processes; with --cluster ray each run is a task "
                           "sized by --cpus-per-run and --gpus-per-run")
-    from fedhet.experiments.cluster import ClusterOptions
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.engine.plan import ClusterOptions
 
     cpus = 1.0 if args.cpus_per_run is None else args.cpus_per_run
     gpus = 0.0 if args.gpus_per_run is None else args.gpus_per_run

@@ -26,7 +26,30 @@ from fedhet.errors import FedhetError
 if TYPE_CHECKING:
     from fedhet.engine.clients import ClientWork
     from fedhet.engine.config import RunConfig
-    from fedhet.experiments.cluster import ClusterOptions
+
+
+CLUSTERS = ("ray",)
+"""The cluster backends `--cluster` names (`fedhet.experiments.cluster` runs them)."""
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Where a grid's units run: a Ray cluster at `address` (`None`: `$RAY_ADDRESS`, else a
+    local Ray started for this grid; `auto`: the one running on this machine), each unit asking
+    for `cpus_per_run` CPUs and `gpus_per_run` GPUs."""
+
+    kind: str = "ray"
+    address: str | None = None
+    cpus_per_run: float = 1.0
+    gpus_per_run: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in CLUSTERS:
+            raise FedhetError(f"--cluster {self.kind}: unknown; choose one of {', '.join(CLUSTERS)}")
+        if not self.cpus_per_run > 0:
+            raise FedhetError(f"--cpus-per-run must be > 0, got {self.cpus_per_run:g}")
+        if not self.gpus_per_run >= 0:
+            raise FedhetError(f"--gpus-per-run must be ≥ 0, got {self.gpus_per_run:g}")
 
 
 @dataclass(frozen=True)
@@ -142,4 +165,4 @@ def describe_plan(cfg: RunConfig, cluster: ClusterOptions | None = None) -> list
                 ("backend", *backend_of(cluster))]
 
 
-__all__ = ["Plan", "Work", "batchable", "describe_plan", "executor_for", "plan"]
+__all__ = ["CLUSTERS", "ClusterOptions", "Plan", "Work", "batchable", "describe_plan", "executor_for", "plan"]

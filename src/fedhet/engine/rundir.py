@@ -32,7 +32,7 @@ LOCK = ".fedhet.lock"
 OWNED_NAMES = frozenset({
     MARKER, LOCK, "config.json", "metrics.csv", "diagnostics.jsonl", "summary.json",
     "checkpoint.pt", "checkpoint.prev.pt", "report.html", "report.md", "results.csv",
-    "summary.md", "comparison.md", "grid.toml", "grid.json", "errors.txt", "deploy.json",
+    "summary.md", "comparison.md", "grid.toml", "grid.json", "errors.txt", "deploy.json", "plan.json",
 })
 """Files fedhet writes into a run or grid directory (removed by `--force`)."""
 

@@ -183,6 +183,8 @@ class Simulation:
                 self.store.rows_until(0)
         if accepted is not None:
             accepted()
+        if self.store is not None:
+            self.store.write_plan(self.plan.rows())
         if not rows:
             rows.append(self._evaluate(state, 0, {}))
             self.evaluator.check_finite(state, rows[-1], -1)

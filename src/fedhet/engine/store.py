@@ -332,6 +332,12 @@ class RunStore:
     def write_summary(self, summary: dict[str, Any]) -> None:
         atomic_write_text(self.out / "summary.json", to_json(summary))
 
+    def write_plan(self, rows: list[tuple[str, str, str]]) -> None:
+        """`plan.json`: where this sitting of the run computes and why (`engine.plan`), replaced
+        by each start or resume (a resume may run elsewhere)."""
+        atomic_write_text(self.out / "plan.json",
+                          to_json({key: {"value": value, "reason": reason} for key, value, reason in rows}))
+
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, payload: dict[str, Any]) -> None:
         buf = io.BytesIO()

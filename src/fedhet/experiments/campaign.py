@@ -115,6 +115,7 @@ def _select(specs: list[RunSpec], t: Table, scale: str) -> list[RunSpec]:
 
 def table_specs(t: Table, scale: str, out: Path, stage: int) -> list[RunSpec]:
     """The runs of stage `stage` (0-based) of table `t`'s preset at `scale`."""
+    # lazy: the presets and the runner (torch) load only when a step runs; the campaign imports light
     from fedhet.experiments.reproduce import load_preset
 
     if t.paper == "fedveca" and stage == 1:
@@ -126,6 +127,7 @@ def table_specs(t: Table, scale: str, out: Path, stage: int) -> list[RunSpec]:
 def _fedveca_baselines(t: Table, scale: str, out: Path) -> list[RunSpec]:
     """FedVeca's stage 2 for the table's groups only (the preset's stage reads every group's
     FedVeca run, including those of datasets the table leaves out)."""
+    # lazy: the presets and the runner (torch) load only when a step runs; the campaign imports light
     from fedhet.experiments.papers.fedveca import preset as fv
 
     groups = [g for g in fv.groups(scale) if scale != "paper" or g.settings.get("dataset") in t.only]
@@ -133,6 +135,7 @@ def _fedveca_baselines(t: Table, scale: str, out: Path) -> list[RunSpec]:
 
 
 def stages_of(t: Table, scale: str) -> int:
+    # lazy: the presets and the runner (torch) load only when a step runs; the campaign imports light
     from fedhet.experiments.reproduce import load_preset
 
     return len(load_preset(t.paper, scale).stages)
@@ -184,6 +187,7 @@ class Campaign:
             if s not in known:
                 raise FedhetError(f"unknown campaign step {s!r}; choose from: {', '.join(sorted(known))}")
         if self.device.startswith("cuda"):
+            # lazy: torch loads only when the device is checked
             import torch
 
             if not torch.cuda.is_available():
@@ -209,6 +213,7 @@ class Campaign:
         self.state.setdefault("sittings", [])
 
     def save_state(self) -> None:
+        # lazy: engine.store imports torch; only a finished step writes
         from fedhet.engine.store import atomic_write_text
 
         atomic_write_text(self.state_path, json.dumps(self.state, indent=2) + "\n")
@@ -230,6 +235,7 @@ class Campaign:
         with rundir.exclusive(self.out, "campaign"):
             rundir.mark(self.out, "grid")
             self.load_state()
+            # lazy: results imports engine.store (torch); only the metadata needs the commit
             from fedhet.experiments.results import git_commit
 
             sitting = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
@@ -309,6 +315,7 @@ class Campaign:
 
     def table(self, t: Table) -> bool:
         """Run what is left of table `t` inside the budget; True when all its runs finished."""
+        # lazy: the grid, presets and runner (torch) load only when a table runs
         from fedhet.experiments.grid import write_manifest
         from fedhet.experiments.reproduce import _check_specs, check_data
         from fedhet.experiments.runner import plan_jobs, with_overrides
@@ -364,6 +371,7 @@ class Campaign:
 
     def _run_chunk(self, chunk: list[RunSpec], runs_dir: Path) -> dict[str, str]:
         """Run `chunk` (one process, seeds batched), stopped gracefully at the budget's end."""
+        # lazy: the runner (torch) loads only when a table runs
         from fedhet.experiments.runner import run_specs
 
         with _alarm(self.left_s()):
@@ -440,6 +448,7 @@ def _bench_devices(device: str) -> str:
 
 
 def _device_name(device: str) -> str:
+    # lazy: torch loads only when the device is checked
     import torch
 
     if device.startswith("cuda") and torch.cuda.is_available():

@@ -40,19 +40,21 @@ import uuid
 import warnings
 from collections import deque
 from contextlib import suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import fedhet
 from fedhet.engine import rundir
+from fedhet.engine.plan import ClusterOptions
+from fedhet.engine.store import atomic_write_text
+from fedhet.engine.workers import CORES_ENV
 from fedhet.errors import FedhetError
+from fedhet.experiments import runner
+from fedhet.experiments.runner import Job, Progress, _checkpoint_every, _status_of, _Tally
 
 if TYPE_CHECKING:
     import threading
 
-    from fedhet.experiments.runner import Job, Progress, _Tally
-
-CLUSTERS = ("ray",)
 
 MAX_ATTEMPTS = 4
 """**[choice]** Times one unit may be started: the first try and three after lost nodes or
@@ -73,30 +75,10 @@ CAPACITY_EVERY_S = 2.0
 CONTROL = ".cluster"
 
 
-@dataclass(frozen=True)
-class ClusterOptions:
-    """Where a grid's units run: a Ray cluster at `address` (`None`: `$RAY_ADDRESS`, else a
-    local Ray started for this grid; `auto`: the one running on this machine), each unit asking
-    for `cpus_per_run` CPUs and `gpus_per_run` GPUs."""
-
-    kind: str = "ray"
-    address: str | None = None
-    cpus_per_run: float = 1.0
-    gpus_per_run: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in CLUSTERS:
-            raise FedhetError(f"--cluster {self.kind}: unknown; choose one of {', '.join(CLUSTERS)}")
-        if not self.cpus_per_run > 0:
-            raise FedhetError(f"--cpus-per-run must be > 0, got {self.cpus_per_run:g}")
-        if not self.gpus_per_run >= 0:
-            raise FedhetError(f"--gpus-per-run must be ≥ 0, got {self.gpus_per_run:g}")
-
-
 def import_ray() -> Any:
     """Ray, or one line saying how to get it."""
     try:
-        import ray
+        import ray  # optional extra: fedhet[cluster]
     except ImportError:
         raise FedhetError(
             "--cluster ray needs Ray, which is not installed: pip install 'fedhet[cluster]'"
@@ -184,9 +166,7 @@ def check_gpus(units: list[list[Job]], options: ClusterOptions) -> None:
 def probe(marker: str, token: str, cwd: str, version: str) -> dict[str, Any]:
     """On one node: can it read the driver's marker, write beside it, and enter the driver's
     working directory, with the same fedhet? Returns what it found (`ok` and, if not, why)."""
-    import ray
-
-    import fedhet
+    import ray  # optional extra: fedhet[cluster]
 
     node = ray.get_runtime_context().get_node_id()
     path = Path(marker)
@@ -212,9 +192,8 @@ def probe(marker: str, token: str, cwd: str, version: str) -> dict[str, Any]:
 def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str) -> None:
     """Run `probe` on every alive node (pinned to it, no CPU asked); refuse the cluster, in one
     line, when a node cannot see the grid directory or does not answer in time."""
+    # optional extra: fedhet[cluster]
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    import fedhet
 
     token = uuid.uuid4().hex
     marker = control / "probe"
@@ -286,11 +265,7 @@ def run_task(
     the shared filesystem, each run's node written for the progress display, and partial runs
     resumed (`refreshed`). A task that asked for no GPU sees none (`device = auto` is the CPU),
     whatever Ray's default for such tasks."""
-    import ray
-
-    from fedhet.engine.store import atomic_write_text
-    from fedhet.engine.workers import CORES_ENV
-    from fedhet.experiments import runner
+    import ray  # optional extra: fedhet[cluster]
 
     os.chdir(cwd)  # relative data and run paths mean what they mean to the driver
     os.environ[CORES_ENV] = str(cores)
@@ -427,8 +402,6 @@ def _results(ray, ref, unit, attempts, queue, stopping, progress, labels, contro
 
 def _saved_round(job: Job) -> int:
     """The round a run resumes from: its last checkpointed round (0: none yet)."""
-    from fedhet.experiments.runner import _checkpoint_every, _status_of
-
     done = _status_of(job)[0]
     return done - done % _checkpoint_every(job)
 

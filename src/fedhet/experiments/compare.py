@@ -14,6 +14,7 @@ from typing import Any, TextIO
 from fedhet.engine import rundir
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
+from fedhet.experiments.cluster import run_units
 from fedhet.experiments.grid import Changes, load_grid, write_manifest
 from fedhet.experiments.results import collect
 from fedhet.experiments.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
@@ -54,7 +55,7 @@ def compare(
             atomic_write_text(out / "grid.toml", grid.text)
         write_manifest(out, grid.title, grid.specs, grid.target_accuracy)
         errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream, hint,
-                           batch_runs=batch_runs, cluster=cluster)
+                           batch_runs=batch_runs, cluster=cluster, backend=run_units)
         return _finish(out, grid.title, grid.specs, grid.target_accuracy, errors)
 
 

@@ -249,6 +249,7 @@ def write_meta(
 ) -> dict[str, Any]:
     """Write the experiment's json beside its CSV (commit: the checkout's HEAD when not given)."""
     if commit is None:
+        # lazy: results imports engine.store (torch); this module runs on the standard library
         from fedhet.experiments.results import git_commit
 
         commit = git_commit()
@@ -282,6 +283,7 @@ def grid_minutes(grid_dir: Path) -> float:
 def main(argv: list[str] | None = None) -> None:
     """`python -m fedhet.experiments.paper_results DIR --paper P --experiment E`: export a
     finished preset/grid directory to `RESULTS/P/E.csv` and its json."""
+    # lazy: only the command line parses arguments
     import argparse
 
     ap = argparse.ArgumentParser(description=main.__doc__.splitlines()[0] if main.__doc__ else None)

@@ -525,6 +525,7 @@ def synthetic_lower_loss(cs: list[Cell]) -> list[tuple[str, Verdict]]:
 
 # -- the page --------------------------------------------------------------------------------
 def _gpu(key: str) -> str:
+    # lazy: the campaign (its steps and estimates) loads only for the rows that need a GPU
     from fedhet.experiments import campaign
 
     t = campaign.table(key)
@@ -559,6 +560,7 @@ def _cnn(e: Experiment) -> bool:
 
 
 def sections() -> list[Section]:
+    # lazy: the presets (torch) load only for the published tables
     from fedhet.experiments.papers.fednnnn.preset import published_rows as fednnnn_published
     from fedhet.experiments.papers.fedsr.preset import TARGETS
     from fedhet.experiments.papers.fedsr.preset import published as fedsr_published
@@ -643,6 +645,7 @@ HEAD = ("| setting | published value or claim | ours (mean ± std over runs) | d
 
 def render(res: Results, secs: list[Section] | None = None, command: str = "") -> str:
     """The page's markdown."""
+    # lazy: the campaign (its steps and estimates) loads only for the rows that need a GPU
     from fedhet.experiments import campaign
 
     secs = sections() if secs is None else secs

@@ -19,6 +19,7 @@ from fedhet.engine.config import RunConfig, config_of
 from fedhet.engine.federate import load
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
+from fedhet.experiments.cluster import run_units
 from fedhet.experiments.grid import cell_key, duplicate_groups, write_manifest
 from fedhet.experiments.papers.base import PRESETS
 from fedhet.experiments.presets import SCALES, Preset, RunSpec
@@ -139,7 +140,7 @@ def _run_stages(
         if len(preset.stages) > 1:
             (stream or sys.stderr).write(f"stage {i}/{len(preset.stages)}: {len(new)} runs\n")
         errors.update(run_specs(new, out / "runs", jobs, force, tensorboard, stream, hint,
-                                batch_runs=batch_runs, cluster=cluster))
+                                batch_runs=batch_runs, cluster=cluster, backend=run_units))
         if errors:
             break
     rows = collect(out, title, specs, preset.target_accuracy, errors)

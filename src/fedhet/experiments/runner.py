@@ -37,7 +37,7 @@ from fedhet.experiments.progress import every_s
 from fedhet.experiments.single import execute, execute_together, is_finished
 
 if TYPE_CHECKING:
-    from fedhet.experiments.cluster import ClusterOptions
+    from fedhet.engine.plan import ClusterOptions
 
 
 @dataclass(frozen=True)
@@ -437,6 +437,7 @@ def run_specs(
     specs: list[RunSpec], runs_dir: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, resume_hint: str | None = None,
     batch_runs: int = DEFAULT_BATCH_RUNS, cluster: ClusterOptions | None = None,
+    backend: Callable[..., None] | None = None,
 ) -> dict[str, str]:
     """Run every spec into `runs_dir/<name>`; returns `{name: error}` for runs that failed.
 
@@ -449,9 +450,12 @@ def run_specs(
     them exactly); one line says so and `Interrupted` is raised. A second Ctrl-C stops at once
     (the runs then resume from their last checkpoint).
 
-    `cluster`: the units run as tasks on a cluster (`fedhet.experiments.cluster`) instead of
-    in `jobs` local processes, with the same guarantees.
+    `cluster`: the units run as tasks on a cluster instead of in `jobs` local processes, with
+    the same guarantees, through `backend` (`fedhet.experiments.cluster.run_units`, which the
+    callers above both modules pass: the cluster backend builds on this module, not the reverse).
     """
+    if cluster is not None and backend is None:
+        raise FedhetError("a cluster needs its backend: pass backend=fedhet.experiments.cluster.run_units")
     todo, done = plan_jobs(specs, runs_dir, force, tensorboard)
     progress = Progress(len(specs), done, todo, stream)
     if not todo:
@@ -464,10 +468,8 @@ def run_specs(
     tally = _Tally()
     with _graceful_sigint(progress) as (requested, hard):
         global _STOP
-        if cluster is not None:
-            from fedhet.experiments.cluster import run_units
-
-            run_units(units, cluster, runs_dir, requested, hard, tally, progress)
+        if cluster is not None and backend is not None:
+            backend(units, cluster, runs_dir, requested, hard, tally, progress)
         elif n == 1:
             global _TICK
             previous, _STOP, _TICK = _STOP, requested, progress.tick

@@ -37,6 +37,7 @@ from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, read_metric_rows
 from fedhet.experiments import paper_results
+from fedhet.experiments.results import git_commit
 from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
 
@@ -127,8 +128,6 @@ def rows_of(run_dir: Path, algorithm: str, seed: int, clients: int, dim: int) ->
 def run_all(out_dir: Path, seeds: list[int], rounds: int = 500, lr: float = 0.01,
             clients: int = 30, dim: int = 10, command: str = "", device: str = "cpu") -> Path:
     """Every method × seed; writes `out_dir/inconsistency.csv` and `.json`."""
-    from fedhet.experiments.results import git_commit
-
     commit = git_commit()  # the code the runs are made with (HEAD when they start)
     t0 = time.perf_counter()
     rows: list[dict] = []
