@@ -101,7 +101,7 @@ def test_config_show_names_every_setting_and_its_source(capsys, tmp_path):
                  "--device", "cpu", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert list(shown) == ["run", "algorithm fedprox", "dataset digits", "partition dirichlet",
-                           "model mlp", "runtime"]
+                           "model mlp", "runtime", "plan (on this machine)"]
     run = shown["run"]
     assert (run["rounds"]["value"], run["rounds"]["source"]) == (3, "flag --rounds")  # flag wins
     assert (run["lr"]["value"], run["lr"]["source"]) == (0.3, "flag --set")  # --set last
@@ -117,7 +117,9 @@ def test_config_show_names_every_setting_and_its_source(capsys, tmp_path):
     from fedhet.engine.config import config_of
 
     flat = config_of({"algorithm": "fedprox"}).flat()
-    assert sorted(k for s in shown.values() for k in s) == sorted(flat)
+    settings = {title: rows for title, rows in shown.items() if not title.startswith("plan")}
+    assert sorted(k for s in settings.values() for k in s) == sorted(flat)
+    assert list(shown["plan (on this machine)"]) == ["device", "executor", "workers", "backend"]
     # the text form: aligned, each row "key value source  # meaning"
     assert main(["config", "show", "--config", str(run_file)]) == 0
     text = capsys.readouterr().out

@@ -84,7 +84,7 @@ def test_the_core_runs_without_any_optional_extra(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "final accuracy" in proc.stdout and "algorithms:" in proc.stdout
+    assert "final accuracy" in proc.stdout and "\nalgorithms (--algorithm" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] is True and summary["rounds_done"] == 2
     blocked = json.loads(proc.stdout.rsplit("BLOCKED ", 1)[1])
