@@ -95,7 +95,7 @@ def test_study_methods_have_distinct_directories_and_valid_settings():
     from fedhet.engine.config import config_of
     from fedhet.experiments.papers.bherd import readings as br
 
-    for study in br.STUDIES:
+    for study in (s for s in br.STUDIES if s not in br.NEW_STUDIES):
         table = br.methods(study, "sum")
         assert len({br.slug(m) for m in table.values()}) == len(table)
         assert br.FEDAVG in table
@@ -178,3 +178,32 @@ def test_guard_report_counts_fallbacks(tmp_path):
     lines = br.guard_report(tmp_path, "scaffold", "mean-tau", ["case2"]).splitlines()
     assert lines[2] == ("| case2 | BHerd-SCAFFOLD mean-tau ρ=1.0 | 2 | 1.5 ± 2.1 | 1/2 | 2.0 | 4.0 "
                         "| 1.0 ± 1.4 |")
+
+
+def test_issue26_studies_pair_against_fedavg_of_the_same_setup():
+    """2a-2c: the first method is FedAvg in the study's setup; ref40 runs get reference [40]'s
+    settings, the batch study the paper's best B per case (Case 3's B = 50 run is the default
+    run's directory, so it is shared with the other studies)."""
+    from fedhet.engine.config import config_of
+    from fedhet.experiments.papers.bherd import readings as br
+
+    for study in br.NEW_STUDIES:
+        table = br.methods(study, "mean-tau")
+        first = next(iter(table.values()))
+        assert first["algorithm"] == "fedavg"
+        for case in br.CASES:
+            assert len({br.slug(m, case) for m in table.values()}) == len(table)
+            for method in table.values():
+                cfg = config_of(br.settings(case, method, 3))
+                assert cfg.train_loss and cfg.seed == 3 and cfg.model == "svm"
+                if study == "ref40":
+                    assert (cfg.batch_size, cfg.lr) == (100, 0.01)
+                    assert cfg.dataset_params.normalize is False
+                    assert (cfg.model_params.bias, cfg.model_params.init) == (False, "zeros")
+                elif study == "batch":
+                    assert cfg.batch_size == {"case1": 10, "case2": 10, "case3": 50}[case]
+    crit = br.methods("criterion", "mean-tau")
+    assert crit["BHerd mean-tau grab-stale"]["algorithm.criterion"] == "grab-stale"
+    best = br.methods("batch", "mean-tau")["BHerd mean-tau B=best"]
+    assert br.slug(best, "case3") == br.slug(br.bherd("mean-tau"), "case3")
+    assert br.slug(best, "case1").endswith("-B10")

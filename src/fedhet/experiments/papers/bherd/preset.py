@@ -48,6 +48,20 @@ EPOCHS = (0.1, 0.5, 1.0, 2.0)
 BATCHES = (10, 20, 50, 100)
 CLIENTS = (5, 10, 15, 20)
 ORDERS = {"non-RR": "fixed", "RR": "reshuffle"}
+REF40: dict[str, Any] = {
+    "dataset.normalize": False, "model.bias": False, "model.init": "zeros", "model.lam": 0.1,
+    "batch_size": 100, "lr": 0.01,
+}
+"""The SVM setup of the papers' reference [40] (Wang et al., "Adaptive federated learning in
+resource constrained edge computing systems", 2019, and its public code), which BHerd and
+FedVeca cite for their SVM: pixels in [0, 1] (not standardised), zero initial weights, no bias,
+`λ = 0.1`, `B = 100`, `η = 0.01`; its "loss" is the training loss over the whole training set
+(`train_loss`, logged by every SVM run here). Issue 26, 2b."""
+SETUPS: dict[str, dict[str, Any]] = {"default": {}, "ref40": REF40}
+"""`setup` of the SVM runs: fedhet's (standardised pixels, PyTorch's initialisation, a bias,
+`B = 50`) or reference [40]'s."""
+BEST_BATCH = {"case1": 10, "case2": 10, "case3": 50}
+"""The batch sizes the paper reports as best for Cases 1–3 (its Fig. 3c reading; issue 26, 2c)."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,9 @@ def common(scale: str) -> dict[str, Any]:
     rounds = {"smoke": 5, "small": 30, "paper": 100}[scale]
     batch = 16 if scale == "smoke" else 50
     return {"clients": 5, "rounds": rounds, "lr": 0.01 if scale != "smoke" else 0.1,
-            "batch_size": batch, "local_epochs": 1.0, "seed": 0}
+            "batch_size": batch, "local_epochs": 1.0, "seed": 0,
+            # Figs. 2-3 plot the loss value: the global model's training loss, every round
+            "train_loss": True}
 
 
 def main_runs(scale: str) -> list[RunSpec]:
