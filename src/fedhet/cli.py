@@ -118,6 +118,10 @@ SETTING_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "round
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    if args.paper == "all":
+        return _reproduce_all(args)
+    if args.budget is not None or args.tables or args.results:
+        raise FedhetError("--budget, --tables and --results go with `fedhet reproduce all` (the campaign)")
     if args.protocol:
         return _reproduce_protocol(args)
     given = [f"--{k.replace('_', '-')}" for k in SETTING_FLAGS if getattr(args, k)]
@@ -135,6 +139,20 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     reproduce(args.paper, scale, out, args.jobs, args.force, args.tensorboard,
               overrides=_overrides(args), only=only, **_batch_runs(args))
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
+    return 0
+
+
+def _reproduce_all(args: argparse.Namespace) -> int:
+    """`fedhet reproduce all --budget MINUTES`: one sitting of the GPU campaign (campaign.py)."""
+    if args.budget is None:
+        raise FedhetError("reproduce all needs --budget MINUTES (the device time of this sitting)")
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.experiments.campaign import run_campaign
+
+    tables = tuple(t.strip() for t in args.tables.split(",") if t.strip()) if args.tables else None
+    run_campaign(args.scale or "paper", args.device or "cuda", args.budget,
+                 Path(args.out or "runs/campaign"), Path(args.results or "results"),
+                 args.batch_runs or 8, tables)
     return 0
 
 
@@ -348,7 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pool_flags(cmp)
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="re-run a seed paper's experiment (a preset)")
-    rep.add_argument("paper", help="fedveca, fednnnn, bherd, fedsr or fednova")
+    rep.add_argument("paper", help="fedveca, fednnnn, bherd, fedsr or fednova; `all`: the GPU "
+                     "campaign (benchmark, then the CNN tables; docs/paper-scale.md)")
+    rep.add_argument("--budget", type=float, metavar="MINUTES",
+                     help="all: device minutes of this sitting (it stops before they end; run again "
+                          "to continue)")
+    rep.add_argument("--tables", metavar="STEPS", help="all: only these steps (comma-separated: "
+                     "bench, fednnnn-mnist, fedsr-mnist, fedveca-cnn-mnist, bherd-cnn-mnist)")
+    rep.add_argument("--results", metavar="DIR", help="all: where the result CSVs go (default results)")
     rep.add_argument("--scale", choices=("smoke", "small", "paper"), help="preset size (default smoke)")
     rep.add_argument("--out", "-o", help="output directory (default runs/PAPER-SCALE, or "
                      "runs/PAPER-PROTOCOL)")

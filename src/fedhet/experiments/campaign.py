@@ -1,0 +1,442 @@
+"""`fedhet reproduce all --scale paper --device cuda --budget MINUTES`: the GPU campaign.
+
+One command spends a sitting's device time on the papers' GPU tables in a fixed priority order:
+
+1. `bench`: the cohort benchmark rows (`benchmarks/bench_cohort.py --full`, a subprocess); its
+   table goes to `RESULTS/bench/cohort-<device>.md`;
+2. `fednnnn-mnist`: FedNNNN Table 2, MNIST (the Table 3 CNN, 100 clients, 100 rounds);
+3. `fedsr-mnist`: FedSR Tables II–III, MNIST (MLP, 20 devices, 500 rounds);
+4. `fedveca-cnn-mnist`, `bherd-cnn-mnist`: FedVeca's and BHerd's CNN + MNIST cases.
+
+Each table is its paper's preset restricted to MNIST (`reproduce --only mnist`), run into
+`OUT/<table>/runs/<name>` in chunks of `--batch-runs` runs (a preset lists a cell's seeds one
+after another, so a chunk is a cell's seeds stepping as one batch). Before a chunk starts, its
+time is estimated as (rounds left) × (seconds per run-round); a chunk that cannot finish inside
+what is left of the budget is not started and the sitting ends there. The seconds per
+run-round start from the measured batched floor (`Table.s_per_round`, one H100) and are
+replaced by what this campaign measured once a chunk has run (kept in `OUT/campaign.json`). A
+timer stops the runs at the budget's end whatever the estimate said (the runner's graceful
+stop: each run stops after its next saved round), so a run cut short resumes from its
+checkpoint in the next sitting; finished runs are never redone. The same command continues
+where the last sitting stopped.
+
+When a table's runs have all finished, its results CSV and json (docs/paper-scale.md's
+contract, `fedhet.experiments.paper_results`) are written to `RESULTS/<paper>/<experiment>.*`.
+
+It needs only torch, numpy and the standard library at run time (no tqdm, flwr, ray).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from fedhet.engine import rundir
+from fedhet.errors import FedhetError
+from fedhet.experiments import paper_results
+from fedhet.experiments.presets import SCALES, RunSpec
+
+CNN_ROUND_S = 0.68
+"""One FedNNNN CNN round over 100 clients, batched executor, one H100 (the measured floor)."""
+MLP_ROUND_S = 0.17
+"""One MLP round (FedSR's MNIST MLP), batched executor, one H100."""
+CPU_FACTOR = 30.0
+"""[choice] Prior slow-down of a paper-scale CNN/MLP round on a CPU against one H100 (used only
+until the first chunk has been measured)."""
+BENCH_MINUTES = {"paper": 6.0, "small": 1.0, "smoke": 1.0}
+"""Prior wall minutes of the benchmark step (`--full` on a GPU; small sizes otherwise)."""
+MARGIN = 0.03
+"""Fraction of the budget kept back (at least 10 s) so the sitting ends before the budget does."""
+
+
+def _last_token(run: paper_results.Run) -> str:
+    return run.group.split()[-1].lower()
+
+
+@dataclass(frozen=True)
+class Table:
+    """One GPU table of the campaign: a preset restricted to some datasets."""
+
+    key: str
+    paper: str
+    experiment: str
+    """Result file stem: `RESULTS/<paper>/<experiment>.csv`."""
+    title: str
+    only: tuple[str, ...]
+    """Datasets of the preset's runs at `paper` scale (`reproduce --only`)."""
+    s_per_round: float
+    keep: Callable[[RunSpec], bool] | None = None
+    setting_of: Callable[[paper_results.Run], str] | None = None
+    algorithm_of: Callable[[paper_results.Run], str] | None = None
+    extra_columns: tuple[paper_results.ExtraColumn, ...] = ()
+    fan_out: int = 1
+    """Runs a later stage adds per first-stage run (FedVeca: centralized SGD, FedAvg, FedNova)."""
+
+
+def _algorithm(run: paper_results.Run) -> str:
+    return str(run.config.get("algorithm", run.label))
+
+
+TABLES: tuple[Table, ...] = (
+    Table("fednnnn-mnist", "fednnnn", "table2-mnist", "FedNNNN Table 2, MNIST", ("mnist",),
+          CNN_ROUND_S),
+    Table("fedsr-mnist", "fedsr", "table2-mnist", "FedSR Tables II-III, MNIST", ("mnist",),
+          MLP_ROUND_S, extra_columns=("cum_model_transfers",)),
+    Table("fedveca-cnn-mnist", "fedveca", "cnn-mnist", "FedVeca Fig. 3, CNN + MNIST Case 3",
+          ("mnist",), CNN_ROUND_S, setting_of=lambda r: "case3", algorithm_of=_algorithm,
+          extra_columns=("alpha_k",), fan_out=4),
+    Table("bherd-cnn-mnist", "bherd", "cnn-mnist", "BHerd Fig. 2, CNN + MNIST Cases 1-3",
+          ("mnist",), CNN_ROUND_S, keep=lambda s: s.name.startswith("main-"),
+          setting_of=_last_token, algorithm_of=_algorithm),
+)
+"""The CNN/MLP tables in the campaign's priority order (after the benchmark)."""
+STEPS = ("bench",) + tuple(t.key for t in TABLES)
+
+
+def table(key: str) -> Table:
+    for t in TABLES:
+        if t.key == key:
+            return t
+    raise FedhetError(f"unknown campaign table {key!r}; choose from: {', '.join(STEPS)}")
+
+
+# -- the specs of a table ------------------------------------------------------------------
+def _select(specs: list[RunSpec], t: Table, scale: str) -> list[RunSpec]:
+    # below `paper` the presets run on the embedded digits: every run of the preset is the table
+    if scale == "paper":
+        specs = [s for s in specs if s.settings.get("dataset", "digits") in t.only]
+    return [s for s in specs if t.keep is None or t.keep(s)]
+
+
+def table_specs(t: Table, scale: str, out: Path, stage: int) -> list[RunSpec]:
+    """The runs of stage `stage` (0-based) of table `t`'s preset at `scale`."""
+    from fedhet.experiments.reproduce import load_preset
+
+    if t.paper == "fedveca" and stage == 1:
+        return _fedveca_baselines(t, scale, out)
+    preset = load_preset(t.paper, scale)
+    return _select(preset.stages[stage](out), t, scale)
+
+
+def _fedveca_baselines(t: Table, scale: str, out: Path) -> list[RunSpec]:
+    """FedVeca's stage 2 for the table's groups only (the preset's stage reads every group's
+    FedVeca run, including those of datasets the table leaves out)."""
+    from fedhet.experiments.papers.fedveca import preset as fv
+
+    groups = [g for g in fv.groups(scale) if scale != "paper" or g.settings.get("dataset") in t.only]
+    return _select([s for g in groups for s in fv.baseline_specs(g, out / "runs")], t, scale)
+
+
+def stages_of(t: Table, scale: str) -> int:
+    from fedhet.experiments.reproduce import load_preset
+
+    return len(load_preset(t.paper, scale).stages)
+
+
+def estimate_run_rounds(t: Table, scale: str) -> int:
+    """Run-rounds of the whole table (later stages estimated with `fan_out`), from its specs."""
+    first = table_specs(t, scale, Path("/nonexistent-campaign-estimate"), 0)
+    return sum(int(s.settings.get("rounds", 1)) for s in first) * t.fan_out
+
+
+def gpu_minutes(t: Table, scale: str = "paper") -> float:
+    """GPU minutes the table needs from the measured batched floor (rounds × runs × s/round)."""
+    return estimate_run_rounds(t, scale) * t.s_per_round / 60.0
+
+
+def command(scale: str = "paper", device: str = "cuda", budget: float = 30, tables: str = "") -> str:
+    """The exact command line of a sitting (from the checkout)."""
+    cmd = (f"PYTHONPATH=src python -m fedhet reproduce all --scale {scale} --device {device} "
+           f"--budget {budget:g}")
+    return cmd + (f" --tables {tables}" if tables else "")
+
+
+# -- the campaign --------------------------------------------------------------------------
+@dataclass
+class Campaign:
+    """One sitting of the campaign (see the module doc)."""
+
+    scale: str
+    device: str
+    budget_min: float
+    out: Path = Path("runs/campaign")
+    results: Path = Path("results")
+    batch_runs: int = 8
+    steps: tuple[str, ...] = STEPS
+    tables: tuple[Table, ...] = TABLES
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+    repo: Path = field(default_factory=lambda: Path(__file__).resolve().parents[3])
+    clock: Callable[[], float] = time.monotonic
+    state: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.scale not in SCALES:
+            raise FedhetError(f"unknown scale {self.scale!r}; choose one of: {', '.join(SCALES)}")
+        if not (self.budget_min > 0 and math.isfinite(self.budget_min)):
+            raise FedhetError(f"--budget must be a positive number of minutes, got {self.budget_min}")
+        known = {"bench"} | {t.key for t in self.tables}
+        for s in self.steps:
+            if s not in known:
+                raise FedhetError(f"unknown campaign step {s!r}; choose from: {', '.join(sorted(known))}")
+        self.start = self.clock()
+        margin = max(10.0, MARGIN * self.budget_min * 60)
+        self.deadline = self.start + self.budget_min * 60 - margin
+
+    # state ------------------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.out / "campaign.json"
+
+    def load_state(self) -> None:
+        if self.state_path.exists():
+            try:
+                self.state = json.loads(self.state_path.read_text())
+            except json.JSONDecodeError as e:
+                raise FedhetError(f"{self.state_path} is corrupt ({e}); remove it to start over "
+                                  "(finished runs are kept and not redone)") from None
+        self.state.setdefault("steps", {})
+        self.state.setdefault("sittings", [])
+
+    def save_state(self) -> None:
+        from fedhet.engine.store import atomic_write_text
+
+        atomic_write_text(self.state_path, json.dumps(self.state, indent=2) + "\n")
+
+    def step_state(self, key: str) -> dict[str, Any]:
+        return self.state["steps"].setdefault(key, {"status": "pending", "minutes": 0.0})
+
+    def left_s(self) -> float:
+        return self.deadline - self.clock()
+
+    def say(self, line: str) -> None:
+        self.stream.write(line + "\n")
+        self.stream.flush()
+
+    # a sitting ---------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        """Run one sitting; returns the state (also in `OUT/campaign.json`)."""
+        self.out.mkdir(parents=True, exist_ok=True)
+        with rundir.exclusive(self.out, "campaign"):
+            rundir.mark(self.out, "grid")
+            self.load_state()
+            sitting = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                       "budget_min": self.budget_min, "device": self.device, "scale": self.scale,
+                       "stopped": ""}
+            self.state["sittings"].append(sitting)
+            for key in self.steps:
+                st = self.step_state(key)
+                if st["status"] == "done":
+                    continue
+                t0 = self._step_t0 = self.clock()
+                try:
+                    finished = self.bench() if key == "bench" else self.table(self._table(key))
+                finally:
+                    st["minutes"] = round(st["minutes"] + (self.clock() - t0) / 60, 3)
+                    self.save_state()
+                if not finished:
+                    sitting["stopped"] = f"before the budget ended, in {key}"
+                    break
+                st["status"] = "done"
+                self.save_state()
+            done = [k for k in self.steps if self.step_state(k)["status"] == "done"]
+            sitting["done"] = done
+            sitting["minutes"] = round((self.clock() - self.start) / 60, 3)
+            self.save_state()
+            left = [k for k in self.steps if k not in done]
+            self.say(f"campaign: done {', '.join(done) or 'nothing'}; "
+                     + (f"left {', '.join(left)} (run the same command again to continue)"
+                        if left else "every step finished"))
+        return self.state
+
+    def _table(self, key: str) -> Table:
+        return next(t for t in self.tables if t.key == key)
+
+    # the benchmark -----------------------------------------------------------------------
+    def bench(self) -> bool:
+        est = BENCH_MINUTES[self.scale] * 60
+        if self.device == "cpu" and self.scale == "paper":
+            est *= CPU_FACTOR
+        if est > self.left_s():
+            self.say(f"bench: needs about {est / 60:.1f} min, {max(0, self.left_s()) / 60:.1f} left; "
+                     "stopping here")
+            return False
+        script = self.repo / "benchmarks" / "bench_cohort.py"
+        if not script.exists():
+            raise FedhetError(f"{script} not found: run the campaign from a checkout")
+        target = self.results / "bench" / f"cohort-{_device_slug(self.device)}.md"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        args = [sys.executable, str(script), "--rounds", "3", "--devices", _bench_devices(self.device),
+                "--out", str(target.resolve())]
+        if self.scale == "paper":
+            args.append("--full")
+        else:
+            args += ["--only", "svm"]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(self.repo / "src"), *filter(None, [os.environ.get("PYTHONPATH", "")])])}
+        self.say("bench: " + " ".join(shlex.quote(a) for a in args))
+        try:
+            proc = subprocess.run(args, env=env, cwd=self.repo, timeout=max(1.0, self.left_s()),
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except subprocess.TimeoutExpired:
+            self.say("bench: stopped at the budget's end (it starts again next sitting)")
+            return False
+        if proc.returncode != 0:
+            raise FedhetError(f"bench_cohort.py failed (exit {proc.returncode}): "
+                              f"{proc.stdout.strip().splitlines()[-1:] or ''}")
+        self.say(f"bench: table in {target}")
+        return True
+
+    # a table -----------------------------------------------------------------------------
+    def s_per_round(self, t: Table) -> float:
+        measured = self.step_state(t.key).get("s_per_run_round")
+        if measured:
+            return float(measured)
+        return t.s_per_round * (CPU_FACTOR if self.device == "cpu" and self.scale == "paper" else 1.0)
+
+    def table(self, t: Table) -> bool:
+        """Run what is left of table `t` inside the budget; True when all its runs finished."""
+        from fedhet.experiments.grid import write_manifest
+        from fedhet.experiments.reproduce import _check_specs, check_data
+        from fedhet.experiments.runner import plan_jobs, with_overrides
+
+        out = self.out / t.key
+        runs_dir = out / "runs"
+        overrides = {"device": self.device}
+        all_specs: list[RunSpec] = []
+        for stage in range(stages_of(t, self.scale)):
+            specs = with_overrides(table_specs(t, self.scale, out, stage), overrides)
+            _check_specs(t.paper, all_specs + specs)
+            all_specs += specs
+            write_manifest(out, f"{t.paper} ({self.scale}): {t.title}", all_specs, None,
+                           paper=t.paper, scale=self.scale)
+            todo, _ = plan_jobs(specs, runs_dir, force=False)
+            names = {j.name for j in todo}
+            left = [s for s in specs if s.name in names]
+            if left:
+                check_data(t.paper, self.scale, left)
+            for i in range(0, len(left), self.batch_runs):
+                chunk = left[i:i + self.batch_runs]
+                rounds = sum(_rounds_left(runs_dir / s.name, s) for s in chunk)
+                est = rounds * self.s_per_round(t)
+                if est > self.left_s():
+                    self.say(f"{t.key}: next {len(chunk)} run(s) need about {est / 60:.1f} min, "
+                             f"{max(0, self.left_s()) / 60:.1f} left; stopping here")
+                    self._export(t, out, all_specs, complete=False)
+                    return False
+                self.say(f"{t.key}: stage {stage + 1}, runs {i + 1}-{i + len(chunk)} of {len(left)} "
+                         f"(about {est / 60:.1f} min)")
+                t0 = self.clock()
+                try:
+                    errors = self._run_chunk(chunk, runs_dir)
+                except KeyboardInterrupt:  # the budget's alarm (runner.Interrupted) or Ctrl-C
+                    self._measure(t, chunk, runs_dir, rounds, self.clock() - t0)
+                    self._export(t, out, all_specs, complete=False)
+                    return False
+                if errors:
+                    raise FedhetError(f"{t.key}: {len(errors)} run(s) failed; first: "
+                                      f"{next(iter(errors.items()))}")
+                self._measure(t, chunk, runs_dir, rounds, self.clock() - t0)
+        self._export(t, out, all_specs, complete=True)
+        return True
+
+    def _run_chunk(self, chunk: list[RunSpec], runs_dir: Path) -> dict[str, str]:
+        """Run `chunk` (one process, seeds batched), stopped gracefully at the budget's end."""
+        from fedhet.experiments.runner import run_specs
+
+        with _alarm(self.left_s()):
+            return run_specs(chunk, runs_dir, jobs=1, stream=self.stream, batch_runs=self.batch_runs,
+                             resume_hint=command(self.scale, self.device, self.budget_min))
+
+    def _measure(self, t: Table, chunk: list[RunSpec], runs_dir: Path, rounds_before: int,
+                 seconds: float) -> None:
+        done = rounds_before - sum(_rounds_left(runs_dir / s.name, s) for s in chunk)
+        if done > 0 and seconds > 0:
+            self.step_state(t.key)["s_per_run_round"] = seconds / done
+            self.save_state()
+
+    def _export(self, t: Table, out: Path, specs: list[RunSpec], complete: bool) -> None:
+        finished = [paper_results.Run(out / "runs" / s.name, s.name, s.group, s.label,
+                                      _config(out / "runs" / s.name), s.settings)
+                    for s in specs if paper_results.is_finished(out / "runs" / s.name)]
+        if not finished:
+            return
+        csv_path = self.results / t.paper / f"{t.experiment}.csv"
+        paper_results.export_runs(finished, csv_path, t.setting_of, t.algorithm_of, t.extra_columns)
+        seeds = sorted({r.seed for r in finished})
+        paper_results.write_meta(
+            csv_path.with_suffix(".json"), t.experiment, t.paper,
+            command(self.scale, self.device, self.budget_min, t.key), _device_name(self.device),
+            self.step_state(t.key)["minutes"] + (self.clock() - self._step_t0) / 60, seeds,
+            scale=self.scale, complete=complete, runs=len(finished), runs_planned=len(specs), table=t.title,
+        )
+        self.say(f"{t.key}: {len(finished)}/{len(specs)} runs in {csv_path}")
+
+
+def _config(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _rounds_left(run_dir: Path, spec: RunSpec) -> int:
+    """Rounds the run still has to do (from its metrics.csv when it has started)."""
+    rounds = int(spec.settings.get("rounds", 1))
+    if paper_results.is_finished(run_dir):
+        return 0
+    path = run_dir / "metrics.csv"
+    if not path.exists():
+        return rounds
+    try:
+        done = sum(1 for _ in path.open()) - 2  # header and round 0
+    except OSError:
+        return rounds
+    return max(0, rounds - max(0, done))
+
+
+@contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    """SIGINT to this process after `seconds` (the runner's graceful stop), cancelled on exit."""
+    timer = threading.Timer(max(0.0, seconds), os.kill, (os.getpid(), signal.SIGINT))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+def _device_slug(device: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in device)
+
+
+def _bench_devices(device: str) -> str:
+    return "cuda" if device.startswith("cuda") else "cpu"
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{device}: {torch.cuda.get_device_name(0)}; torch {torch.__version__}"
+    return f"{device}: {os.cpu_count()}-core machine; torch {torch.__version__}"
+
+
+def run_campaign(scale: str, device: str, budget: float, out: Path, results: Path,
+                 batch_runs: int = 8, tables: tuple[str, ...] | None = None,
+                 stream: TextIO | None = None) -> dict[str, Any]:
+    """`fedhet reproduce all`: one sitting of the campaign."""
+    return Campaign(scale, device, budget, out, results, batch_runs, steps=tables or STEPS,
+                    stream=stream or sys.stderr).run()
