@@ -26,9 +26,10 @@ from fedhet.experiments.papers.fedveca.study import PARTS, part_groups
 NAMES = {"cases": "svm-cases", "figs78": "svm-alpha-clients"}
 
 
-def part_rows(runs: Path, part: str, seeds: Sequence[int]) -> tuple[list[dict[str, str]], int]:
+def part_rows(runs: Path, part: str, seeds: Sequence[int],
+              setup: str = "default") -> tuple[list[dict[str, str]], int]:
     rows, missing = [], 0
-    for g in part_groups(part, seeds):
+    for g in part_groups(part, seeds, setup):
         case = f"case{g.key.split('-case', 1)[1][0]}"
         methods = list(g.fedveca_runs) + [f"{b}{g.suffix}" for b in g.baselines]
         for method in methods:
@@ -42,12 +43,14 @@ def part_rows(runs: Path, part: str, seeds: Sequence[int]) -> tuple[list[dict[st
             extra = {"clients": str(run.config.get("clients", ""))}
             if algo == "fedveca":
                 extra["alpha_k"] = str(params.get("alpha", ""))
-            label = algo
+            label = algo if setup == "default" else f"{algo}[{setup}]"
             if part == "figs78":
                 if algo == "fedveca" and method.startswith("fedveca-a"):
                     label = f"fedveca[alpha={params.get('alpha')}]"
                 else:
                     label = f"{algo}[N={run.config.get('clients')}]"
+                if setup != "default":
+                    label = label[:-1] + f",{setup}]"
             for r in run_rows(run, case, label, ("tau_k",)):
                 r = {k: short(v) for k, v in r.items()}
                 rows.append(r | (extra if part == "figs78" else {}))
@@ -65,11 +68,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--minutes", type=float, required=True)
     ap.add_argument("--commit", default=None)
     ap.add_argument("--device", default="cpu: 2-core VM shared with 6 other jobs")
+    ap.add_argument("--setup", default="default")
     args = ap.parse_args(argv)
     lo, _, hi = args.seeds.partition("-")
     seeds = list(range(int(lo), int(hi or lo) + 1))
-    rows, missing = part_rows(args.runs, args.part, seeds)
-    name = NAMES[args.part]
+    rows, missing = part_rows(args.runs, args.part, seeds, args.setup)
+    name = NAMES[args.part] + (f"-{args.setup}" if args.setup != "default" else "")
     extra = ("tau_k",) if args.part == "cases" else ("alpha_k", "clients", "tau_k")
     write_rows(args.out / f"{name}.csv", rows, extra)
     write_meta(args.out / f"{name}.json", name, "fedveca", args.command, args.device, args.minutes,
