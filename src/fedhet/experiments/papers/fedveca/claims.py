@@ -126,12 +126,72 @@ def claims_table(curves: Curves) -> str:
     return "\n".join(lines) + "\n"
 
 
+def plot_mean_curves(curves: Curves, out: Path, columns: Sequence[str] = ("train_loss", "test_accuracy"),
+                     rounds: int | None = None, ylims: dict[str, tuple[float, float]] | None = None) -> Path:
+    """One panel per (setting, column): each algorithm's mean over seeds by round, with a band
+    of ± one std; `rounds`: show rounds 0…rounds only."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = sorted({s for s, _ in curves})
+    fig, axes = plt.subplots(len(columns), len(settings), figsize=(4.2 * len(settings), 3.2 * len(columns)),
+                             squeeze=False)
+    for j, setting in enumerate(settings):
+        for (s, algo), by_seed in curves.items():
+            if s != setting:
+                continue
+            for i, col in enumerate(columns):
+                seeds = [c[col] for c in by_seed.values() if col in c]
+                if not seeds:
+                    continue
+                n = min(len(v) for v in seeds) if rounds is None else min(rounds + 1, *map(len, seeds))
+                a = np.array([v[:n] for v in seeds], dtype=float)
+                m, sd = np.nanmean(a, 0), np.nanstd(a, 0)
+                x = np.arange(n)
+                ax = axes[i][j]
+                ax.plot(x, m, label=f"{algo} (n={len(seeds)})", lw=1.2)
+                ax.fill_between(x, m - sd, m + sd, alpha=0.15)
+                ax.set_title(f"{setting}: {col}", fontsize=9)
+                if ylims and col in ylims:
+                    ax.set_ylim(*ylims[col])
+    for ax in axes.flat:
+        ax.set_xlabel("round", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _lims(text: str | None) -> dict[str, tuple[float, float]]:
+    """`train_loss=0.18:0.4,test_accuracy=0.8:0.9` → limits per column."""
+    out = {}
+    for part in (text or "").split(","):
+        if part:
+            col, _, rng = part.partition("=")
+            lo, _, hi = rng.partition(":")
+            out[col] = (float(lo), float(hi))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m fedhet.experiments.papers.fedveca.claims",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", type=Path)
+    ap.add_argument("--plot", type=Path, default=None, help="also write mean curves to this PNG")
+    ap.add_argument("--rounds", type=int, default=None, help="--plot: rounds 0..N only")
+    ap.add_argument("--ylim", default=None, help="--plot: e.g. train_loss=0.18:0.4")
     args = ap.parse_args(argv)
-    print(claims_table(read_results(args.csv)), end="")
+    curves = read_results(args.csv)
+    if args.plot:
+        plot_mean_curves(curves, args.plot, rounds=args.rounds, ylims=_lims(args.ylim))
+        return
+    print(claims_table(curves), end="")
 
 
 if __name__ == "__main__":
