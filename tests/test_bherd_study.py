@@ -257,3 +257,18 @@ def test_paired_report_and_export_by_hand(tmp_path):
                                   "case1") == "bherd[criterion=grab-stale,ref40]"
     assert export.algorithm_label(br.methods("batch", "mean-tau")["FedAvg B=best"], "case2") \
         == "fedavg[B=10]"
+
+
+def test_preset_svm_runs_use_reference_40s_setup_and_cnns_keep_theirs():
+    from fedhet.engine.config import config_of
+    from fedhet.experiments.papers.bherd.preset import main_runs, sensitivity_runs
+
+    runs = main_runs("paper") + sensitivity_runs("paper")
+    svm = [config_of(r.settings) for r in runs if r.settings["model"] == "svm"]
+    cnn = [config_of(r.settings) for r in runs if r.settings["model"] != "svm"]
+    assert svm and cnn
+    for cfg in svm:
+        assert (cfg.model_params.bias, cfg.model_params.init, cfg.lr) == (False, "zeros", 0.01)
+        assert cfg.dataset_params.normalize is False and cfg.train_loss
+    assert {c.batch_size for c in svm} == {10, 20, 50, 100}  # 100, and the B sweep
+    assert {c.batch_size for c in cnn} == {50}
