@@ -95,7 +95,7 @@ def test_study_methods_have_distinct_directories_and_valid_settings():
     from fedhet.engine.config import config_of
     from fedhet.experiments.papers.bherd import readings as br
 
-    for study in br.STUDIES:
+    for study in (s for s in br.STUDIES if s not in br.NEW_STUDIES):
         table = br.methods(study, "sum")
         assert len({br.slug(m) for m in table.values()}) == len(table)
         assert br.FEDAVG in table
@@ -178,3 +178,97 @@ def test_guard_report_counts_fallbacks(tmp_path):
     lines = br.guard_report(tmp_path, "scaffold", "mean-tau", ["case2"]).splitlines()
     assert lines[2] == ("| case2 | BHerd-SCAFFOLD mean-tau ρ=1.0 | 2 | 1.5 ± 2.1 | 1/2 | 2.0 | 4.0 "
                         "| 1.0 ± 1.4 |")
+
+
+def test_issue26_studies_pair_against_fedavg_of_the_same_setup():
+    """2a-2c: the first method is FedAvg in the study's setup; ref40 runs get reference [40]'s
+    settings, the batch study the paper's best B per case (Case 3's B = 50 run is the default
+    run's directory, so it is shared with the other studies)."""
+    from fedhet.engine.config import config_of
+    from fedhet.experiments.papers.bherd import readings as br
+
+    for study in br.NEW_STUDIES:
+        table = br.methods(study, "mean-tau")
+        first = next(iter(table.values()))
+        assert first["algorithm"] == "fedavg"
+        for case in br.CASES:
+            assert len({br.slug(m, case) for m in table.values()}) == len(table)
+            for method in table.values():
+                cfg = config_of(br.settings(case, method, 3))
+                assert cfg.train_loss and cfg.seed == 3 and cfg.model == "svm"
+                if study == "ref40":
+                    assert (cfg.batch_size, cfg.lr) == (100, 0.01)
+                    assert cfg.dataset_params.normalize is False
+                    assert (cfg.model_params.bias, cfg.model_params.init) == (False, "zeros")
+                elif study == "batch":
+                    assert cfg.batch_size == {"case1": 10, "case2": 10, "case3": 50}[case]
+    crit = br.methods("criterion", "mean-tau")
+    assert crit["BHerd mean-tau grab-stale"]["algorithm.criterion"] == "grab-stale"
+    best = br.methods("batch", "mean-tau")["BHerd mean-tau B=best"]
+    assert br.slug(best, "case3") == br.slug(br.bherd("mean-tau"), "case3")
+    assert br.slug(best, "case1").endswith("-B10")
+
+
+def _fake_run(d, acc, train, kept=None):
+    """A finished run directory: rounds 0–12 with the given per-round accuracy/training loss."""
+    import json
+
+    d.mkdir(parents=True)
+    head = "round,test_loss,test_accuracy,train_loss" + (",kept_0" if kept is not None else "")
+    lines = [head] + [f"{k},0.3,{acc(k)},{train(k)}" + (f",{kept}" if kept is not None else "")
+                      for k in range(13)]
+    (d / "metrics.csv").write_text("\n".join(lines) + "\n")
+    (d / "summary.json").write_text(json.dumps({"status": "finished", "finished": True}))
+    (d / "config.json").write_text(json.dumps({"seed": int(d.name[4:]), "clients": 1}))
+
+
+def test_paired_report_and_export_by_hand(tmp_path):
+    """Three seeds; BHerd's accuracy is FedAvg's + 0.01·(1, 2, 3) in every round (mean Δ 0.02,
+    std 0.01, 2·std/√3 = 0.0115: outside the noise) and its training loss FedAvg's
+    + (0.1, −0.1, 0) (mean 0, inside)."""
+    from fedhet.experiments.paper_results import read_results
+    from fedhet.experiments.papers.bherd import export
+    from fedhet.experiments.papers.bherd import readings as br
+
+    table = br.methods("criterion", "mean-tau")
+    fedavg, herd = table["FedAvg"], table["BHerd mean-tau"]
+    for s in range(3):
+        _fake_run(br.run_dir(tmp_path, "case3", fedavg, s), lambda k: 0.5 + k / 100, lambda k: 1 - k / 20)
+        _fake_run(br.run_dir(tmp_path, "case3", herd, s), lambda k, s=s: 0.51 + s / 100 + k / 100,
+                  lambda k, s=s: 1 - k / 20 + (0.1, -0.1, 0.0)[s], kept=7)
+    text = br.paired_report(tmp_path, "criterion", "mean-tau", cases=["case3"])
+    row = next(line for line in text.splitlines() if "| BHerd mean-tau |" in line)
+    cells = [c.strip() for c in row.split("|")[1:-1]]
+    assert cells[2] == "3"
+    assert cells[3] == "0.6400 ± 0.0100"  # final acc at round 12: 0.63, 0.64, 0.65
+    assert cells[7] == "+0.0200 ± 0.0100 *"  # Δ final acc
+    assert cells[9] == "+0.0200 ± 0.0100 *"  # Δ acc r1–10
+    assert cells[8] == "+0.0000 ± 0.1000"  # Δ final train loss, inside the noise
+    rows, missing = export.study_rows(tmp_path, "criterion", "mean-tau", range(3))
+    assert len(missing) == 3 * 3 * 3 - 6  # the other cases and the grab-stale method
+    out = tmp_path / "svm-criterion.csv"
+    from fedhet.experiments.paper_results import write_rows
+
+    write_rows(out, rows, ("kept_steps",))
+    curves = read_results(out)
+    assert set(curves) == {("case3", "fedavg"), ("case3", "bherd")}
+    assert curves[("case3", "bherd")][2]["test_accuracy"][12] == pytest.approx(0.65)
+    assert export.algorithm_label({**herd, "algorithm.criterion": "grab-stale", "_setup": "ref40"},
+                                  "case1") == "bherd[criterion=grab-stale,ref40]"
+    assert export.algorithm_label(br.methods("batch", "mean-tau")["FedAvg B=best"], "case2") \
+        == "fedavg[B=10]"
+
+
+def test_preset_svm_runs_use_reference_40s_setup_and_cnns_keep_theirs():
+    from fedhet.engine.config import config_of
+    from fedhet.experiments.papers.bherd.preset import main_runs, sensitivity_runs
+
+    runs = main_runs("paper") + sensitivity_runs("paper")
+    svm = [config_of(r.settings) for r in runs if r.settings["model"] == "svm"]
+    cnn = [config_of(r.settings) for r in runs if r.settings["model"] != "svm"]
+    assert svm and cnn
+    for cfg in svm:
+        assert (cfg.model_params.bias, cfg.model_params.init, cfg.lr) == (False, "zeros", 0.01)
+        assert cfg.dataset_params.normalize is False and cfg.train_loss
+    assert {c.batch_size for c in svm} == {10, 20, 50, 100}  # 100, and the B sweep
+    assert {c.batch_size for c in cnn} == {50}

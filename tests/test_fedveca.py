@@ -376,7 +376,7 @@ def test_preset_structure():
     g = next(g for g in paper if g.key == "svm-mnist-even-odd-case3-s0")
     assert g.settings | {"seed": 0} == {
         "dataset": "mnist-even-odd", "model": "svm", "partition": "half-iid", "clients": 5,
-        "rounds": 100, "lr": 0.01, "batch_size": 32, "seed": 0,
+        "rounds": 100, "lr": 0.01, "batch_size": 32, "seed": 0, "train_loss": True,
     }
     alpha = next(g for g in paper if g.key == "svm-mnist-even-odd-case3-alpha-s0")
     assert sorted(e["algorithm.alpha"] for e in alpha.fedveca_runs.values()) == [0.5, 0.95, 0.995]

@@ -6,7 +6,12 @@ client's batch order. It then
 1. orders them by herding (Algorithm 2): `μ = mean_λ g^λ` (eq. 5), `z^λ = g^λ − μ`, `s = 0`;
    repeatedly append the unused `λ` minimising `‖s + z^λ‖` and set `s ← s + z^λ` (ties → the
    lowest index). With the Gram matrix `Γ = Z Zᵀ`, `‖s + z^j‖² = ‖s‖² + 2 sᵀz^j + Γ_jj` and
-   `sᵀz^j` is a running sum of rows of `Γ`, so the cost is `O(τ² d)` once plus `O(τ²)`;
+   `sᵀz^j` is a running sum of rows of `Γ`, so the cost is `O(τ² d)` once plus `O(τ²)`.
+   `criterion="grab-stale"` (issue 26, 2a): the criterion of GraB's reference greedy sorter
+   (`StaleGradGreedySort` in the public GraB code, which BHerd says it takes its herding from)
+   fills position `t = 0, 1, …` with the unused `j` minimising `‖z^j + t·s‖`
+   (`= t²‖s‖² + 2t sᵀz^j + Γ_jj`); positions 0 and 1 agree with `"greedy"`, later ones weigh the
+   running sum `t` times;
 2. keeps the first `m_i = max(1, ⌊α τ_i⌋)` of the order (eq. 1, default `α = 0.5`);
 3. uploads `G_i = (1/m_i) Σ_(λ ∈ kept) g^λ` with `D_i`, `τ_i`, `m_i` (`S_i = m_i G_i` is the
    sum of eq. 6).
@@ -121,28 +126,48 @@ def centred_grams(x: torch.Tensor) -> torch.Tensor:
     return k - r - r.transpose(1, 2) + k.mean(dim=(1, 2), keepdim=True)
 
 
-def herding_order_gram(gram: torch.Tensor) -> torch.Tensor:
+CRITERIA = ("greedy", "grab-stale")
+Criterion = Literal["greedy", "grab-stale"]
+
+
+def check_criterion(criterion: str) -> None:
+    if criterion not in CRITERIA:
+        raise FedhetError(
+            f"algorithm.criterion must be one of {', '.join(CRITERIA)}, got {criterion!r}"
+        )
+
+
+def herding_order_gram(gram: torch.Tensor, criterion: Criterion = "greedy") -> torch.Tensor:
     """Algorithm 2 from the Gram matrix of the centred vectors: `O(τ²)`, ties → lowest index."""
-    return herding_orders(gram.unsqueeze(0))[0]
+    return herding_orders(gram.unsqueeze(0), [criterion])[0]
 
 
-def herding_orders(grams: torch.Tensor) -> torch.Tensor:
+def herding_orders(grams: torch.Tensor, criteria: Sequence[Criterion] | None = None) -> torch.Tensor:
     """Algorithm 2 for `L` clients at once from their `(L, τ, τ)` centred Gram matrices; returns
     `(L, τ)` orders. Step `t` appends, per client, the unused `j` minimising
-    `‖s + z^j‖² − ‖s‖² = 2 sᵀz^j + Γ_jj` (`sᵀz^j` a running sum of rows of `Γ`); candidates within
-    `TIE_TOLERANCE · max_j Γ_jj` of the best tie, and the lowest index wins. No device
-    synchronisation: the first candidate is an `argmax` over the tie mask."""
+    `‖s + z^j‖² − ‖s‖² = 2 sᵀz^j + Γ_jj` (`"greedy"`), or, for a client whose criterion is
+    `"grab-stale"`, `‖z^j + t·s‖² − t²‖s‖² = 2t sᵀz^j + Γ_jj` (`sᵀz^j` a running sum of rows of
+    `Γ`); candidates within `TIE_TOLERANCE · max_j Γ_jj` of the best tie, and the lowest index
+    wins. `criteria`: one per client (None: all `"greedy"`). No device synchronisation: the
+    first candidate is an `argmax` over the tie mask."""
     n, tau, _ = grams.shape
     diag = grams.diagonal(dim1=1, dim2=2)
     order = torch.empty(n, tau, dtype=torch.long, device=grams.device)
     if tau == 0:
         return order
+    for c in criteria or ():
+        check_criterion(c)
+    stale = None
+    if criteria is not None and "grab-stale" in criteria:
+        stale = torch.tensor([c == "grab-stale" for c in criteria], device=grams.device)
+        stale = stale.unsqueeze(1)
     tol = TIE_TOLERANCE * diag.max(dim=1, keepdim=True).values
     cross = torch.zeros(n, tau, dtype=grams.dtype, device=grams.device)
     used = torch.zeros(n, tau, dtype=torch.bool, device=grams.device)
     clients = torch.arange(n, device=grams.device)
     for t in range(tau):
-        score = (2 * cross + diag).masked_fill_(used, float("inf"))
+        weighted = cross if stale is None else torch.where(stale, cross * t, cross)
+        score = (2 * weighted + diag).masked_fill_(used, float("inf"))
         tied = score <= score.min(dim=1, keepdim=True).values + tol
         j = tied.to(torch.uint8).argmax(dim=1)  # the first (lowest-index) tied candidate
         order[:, t] = j
@@ -151,13 +176,15 @@ def herding_orders(grams: torch.Tensor) -> torch.Tensor:
     return order
 
 
-def herding_order(x: torch.Tensor) -> torch.Tensor:
+def herding_order(x: torch.Tensor, criterion: Criterion = "greedy") -> torch.Tensor:
     """Herding order of the rows of `x` (`τ × d`) via the Gram matrix."""
-    return herding_order_gram(centred_gram(x))
+    return herding_order_gram(centred_gram(x), criterion)
 
 
-def herding_order_direct(x: torch.Tensor) -> torch.Tensor:
-    """Reference Algorithm 2 on the vectors themselves: `O(τ² d)`, `‖s + z^λ‖` per candidate."""
+def herding_order_direct(x: torch.Tensor, criterion: Criterion = "greedy") -> torch.Tensor:
+    """Reference Algorithm 2 on the vectors themselves: `O(τ² d)`, `‖s + z^λ‖` per candidate
+    (`"grab-stale"`: `‖z^λ + t·s‖` at position `t`)."""
+    check_criterion(criterion)
     z = x.to(torch.float64)
     z = z - z.mean(0)
     tol = TIE_TOLERANCE * float((z * z).sum(1).max()) if len(z) else 0.0
@@ -165,7 +192,9 @@ def herding_order_direct(x: torch.Tensor) -> torch.Tensor:
     left = list(range(z.shape[0]))
     order = []
     while left:
-        sq = [float(torch.linalg.vector_norm(s + z[j])) ** 2 for j in left]
+        t = len(order) if criterion == "grab-stale" else 1
+        sq = [float(torch.linalg.vector_norm(t * s + z[j])) ** 2 - t * t * float(s @ s)
+              for j in left]
         best = min(sq) + tol
         j = left.pop(next(a for a in range(len(left)) if sq[a] <= best))
         order.append(j)
@@ -195,10 +224,11 @@ class HerdSelection:
     """The guard replaced the kept herd by all `τ` rows (`guarded`)."""
 
 
-def herd_select(x: torch.Tensor, alpha: float, order: torch.Tensor | None = None) -> HerdSelection:
+def herd_select(x: torch.Tensor, alpha: float, order: torch.Tensor | None = None,
+                criterion: Criterion = "greedy") -> HerdSelection:
     """Herd the rows of `x`, keep the first `max(1, ⌊α τ⌋)`, return their mean (eqs. 1, 6).
     `order`: the rows' herding order when already known (`HerdStore`)."""
-    order = herding_order(x) if order is None else order
+    order = herding_order(x, criterion) if order is None else order
     kept = order[: kept_count(alpha, x.shape[0])]
     g_kept, mu = row_mean(x, kept), row_mean(x)
     distance = float(torch.linalg.vector_norm(g_kept - mu))
@@ -246,26 +276,34 @@ class HerdStore(GradientStore):
 
     order: torch.Tensor | None = None
 
+    def __init__(self, tau: int, dim: int, device: torch.device | str | None = None,
+                 criterion: Criterion = "greedy") -> None:
+        super().__init__(tau, dim, device)
+        self.criterion: Criterion = criterion
+
     @classmethod
     def finished(cls, stores: Sequence[HerdStore], grads: torch.Tensor) -> None:
-        for store, order in zip(stores, herding_orders(centred_grams(grads)), strict=True):
+        orders = herding_orders(centred_grams(grads), [s.criterion for s in stores])
+        for store, order in zip(stores, orders, strict=True):
             store.order = order
 
 
 def herd_local_pass(
     w0: torch.Tensor, ctx: ClientContext, batches: Any, alpha: float,
     transforms: Sequence[Transform] = (), fixed_point: bool = False, max_error: float = 0.0,
+    criterion: Criterion = "greedy",
 ) -> HerdPass:
     """Local SGD keeping each step's gradient in a `τ × d` buffer (`HerdStore`), then herd.
 
     `fixed_point`: the same pass with a zero step, so every gradient is taken at `w0`
-    (Definition 1); the returned `w` is `w0`. `max_error`: the guard (`guarded`)."""
-    store = HerdStore(ctx.tau, w0.numel(), w0.device)
+    (Definition 1); the returned `w` is `w0`. `max_error`: the guard (`guarded`). `criterion`:
+    the herding criterion (`herding_orders`)."""
+    store = HerdStore(ctx.tau, w0.numel(), w0.device, criterion)
     sgd = replace(ctx.sgd, lr=0.0) if fixed_point else ctx.sgd
     w, steps, loss = ctx.trainer.sgd(w0, batches, sgd, transforms=transforms, on_step=store)
     grads = store.rows()[:steps]
     order = store.order if store.order is not None and len(store.order) == steps else None
-    return HerdPass(w, steps, loss, guarded(herd_select(grads, alpha, order), max_error))
+    return HerdPass(w, steps, loss, guarded(herd_select(grads, alpha, order, criterion), max_error))
 
 
 def herd_reply(ctx: ClientContext, hp: HerdPass, extra: dict[str, torch.Tensor] | None = None):
@@ -318,9 +356,13 @@ class BHerdFedNovaParams:
     """`a_i = τ_i` (True) or `m_i` (False) in FedNova's `τ_eff`."""
     order: Literal["fixed", "reshuffle"] = "fixed"
     weighting: Literal["samples", "uniform"] = "samples"
+    criterion: Criterion = "greedy"
+    """Herding criterion (`herding_orders`): `greedy` (`‖s + z‖`) or `grab-stale` (GraB's
+    reference sorter, `‖z + t·s‖` at position `t`)."""
 
     def validate(self) -> None:
         check_alpha(self.alpha)
+        check_criterion(self.criterion)
 
 
 @dataclass(frozen=True)
@@ -338,11 +380,15 @@ class BHerdParams:
     max_herd_error: float = 0.0
     """The guard `ρ` (`guarded`): a client whose kept mean is farther than `ρ ‖μ_i‖` from the
     mean of all its gradients sends that mean instead (`α = 1` for the round); 0 = off."""
+    criterion: Criterion = "greedy"
+    """Herding criterion (`herding_orders`): `greedy` (`‖s + z‖`, Algorithm 2 as we read it) or
+    `grab-stale` (GraB's reference sorter, `‖z + t·s‖` at position `t`)."""
 
     ALIASES: ClassVar[dict[str, str]] = {"global_lr": "server_lr"}
 
     def validate(self) -> None:
         check_alpha(self.alpha)
+        check_criterion(self.criterion)
         if not (self.max_herd_error >= 0 and math.isfinite(self.max_herd_error)):
             raise FedhetError(
                 f"algorithm.max_herd_error must be a number ≥ 0 (0 = off), got {self.max_herd_error}"
@@ -421,7 +467,7 @@ class _BHerdBase(Algorithm):
         batches, cursor = local_batches(ctx, self.params.order, state.cursor)
         hp = herd_local_pass(
             message.tensors["w"], ctx, batches, self.params.alpha, fixed_point=self.fixed_point,
-            max_error=getattr(self.params, "max_herd_error", 0.0),
+            max_error=getattr(self.params, "max_herd_error", 0.0), criterion=self.params.criterion,
         )
         return herd_reply(ctx, hp), replace(state, cursor=cursor)
 
@@ -493,7 +539,8 @@ class BHerdScaffold(_BHerdBase):
             c_new = option_one_variate(ctx, w0)  # shared model's BatchNorm statistics
         batches, cursor = local_batches(ctx, self.params.order, state.cursor)
         hp = herd_local_pass(w0, ctx, batches, self.params.alpha, transforms=(corrected(c, c_i),),
-                             fixed_point=self.fixed_point, max_error=self.params.max_herd_error)
+                             fixed_point=self.fixed_point, max_error=self.params.max_herd_error,
+                             criterion=self.params.criterion)
         if self.params.option == "II" and self.fixed_point:  # mean corrected gradient at x
             c_new = hp.selection.mean_all.to(torch.float32).sub_(c)
             c_new = c_new if c_i is None else c_new.add_(c_i)

@@ -4,12 +4,17 @@ Squared SVM (docs/spec.md "Datasets"; FedVeca §IV-A2, BHerd §2.3): binary labe
 to `y = ±1` (class 1 → +1), `score = wᵀx + b`, and the loss on a batch `B` is
 `(λ/2)‖w‖² + (1/2|B|) Σ max(0, 1 − y·score)²` with `λ = 0.1` **[choice]** (the bias is not
 regularised). A sample is predicted as class 1 when `score > 0`.
+
+`model.bias=false` drops `b` (`score = wᵀx`) and `model.init=zeros` starts from `w = 0`: the
+setup of the papers' reference [40] (Wang et al. 2019, the public adaptive-federated-learning
+code), which FedVeca and BHerd cite for their SVM (docs/bherd.md "ref40").
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
@@ -39,6 +44,10 @@ def logreg(input_shape: tuple[int, ...], num_classes: int, params: NoParams) -> 
 class SVMParams:
     lam: float = 0.1
     """`λ`, the L2 penalty on `w` **[choice]**."""
+    bias: bool = True
+    """Learn a bias `b` (False: `score = wᵀx`, as reference [40])."""
+    init: Literal["default", "zeros"] = "default"
+    """`default`: PyTorch's `nn.Linear` initialisation (seeded); `zeros`: `w = 0` (and `b = 0`)."""
 
     def validate(self) -> None:
         if not (self.lam >= 0 and math.isfinite(self.lam)):
@@ -48,9 +57,9 @@ class SVMParams:
 class SquaredSVM(nn.Module):
     """One linear score per sample; `loss` and `predict` make it a binary classifier."""
 
-    def __init__(self, in_features: int, lam: float) -> None:
+    def __init__(self, in_features: int, lam: float, bias: bool = True) -> None:
         super().__init__()
-        self.fc = nn.Linear(in_features, 1)
+        self.fc = nn.Linear(in_features, 1, bias=bias)
         self.lam = lam
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,4 +80,9 @@ def svm(input_shape: tuple[int, ...], num_classes: int, params: SVMParams) -> nn
         raise FedhetError(
             f"model svm needs a binary dataset (2 classes, e.g. mnist-even-odd), got {num_classes} classes"
         )
-    return SquaredSVM(math.prod(input_shape), params.lam)
+    model = SquaredSVM(math.prod(input_shape), params.lam, params.bias)
+    if params.init == "zeros":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+    return model

@@ -216,15 +216,19 @@ class CohortTrainer:
         return torch.cat([g.reshape(n, -1) for g in gs], dim=1), loss_values, new_bufs
 
     def _linear_gradients(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
-        """Closed-form gradients for `fc.weight (k, D)`, `fc.bias (k,)` stacked per client."""
+        """Closed-form gradients for `fc.weight (k, D)`, `fc.bias (k,)` stacked per client (a
+        model without a bias, e.g. `svm` with `model.bias=false`: the weight's only)."""
         module = self.model.module
         fc = module.fc
         k, dim_in = fc.weight.shape
         n_clients, b = y.shape
         xf = x.reshape(n_clients, b, dim_in)
         weight = w[:, : k * dim_in].view(n_clients, k, dim_in)
-        bias = w[:, k * dim_in : k * dim_in + k]
-        scores = torch.baddbmm(bias.unsqueeze(1), xf, weight.transpose(1, 2))  # (C, b, k)
+        if fc.bias is None:
+            scores = torch.bmm(xf, weight.transpose(1, 2))  # (C, b, k)
+        else:
+            bias = w[:, k * dim_in : k * dim_in + k]
+            scores = torch.baddbmm(bias.unsqueeze(1), xf, weight.transpose(1, 2))
         if isinstance(module, SquaredSVM):
             s = scores.squeeze(2)
             sign = 2.0 * y.to(s.dtype) - 1.0
@@ -240,8 +244,9 @@ class CohortTrainer:
             dscore.scatter_add_(2, y.unsqueeze(2), torch.full_like(dscore[..., :1], -1.0))
             dscore.div_(b)
             g_w = torch.bmm(dscore.transpose(1, 2), xf)
-        g_b = dscore.sum(dim=1)
-        return torch.cat([g_w.reshape(n_clients, -1), g_b], dim=1), loss
+        if fc.bias is None:
+            return g_w.reshape(n_clients, -1), loss
+        return torch.cat([g_w.reshape(n_clients, -1), dscore.sum(dim=1)], dim=1), loss
 
     # -- SGD --------------------------------------------------------------------------------
     def sgd_many(self, jobs: list[SGDJob]) -> None:

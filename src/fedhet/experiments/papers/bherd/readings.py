@@ -14,6 +14,14 @@ with random reshuffling (§1.3), the BHerd family and GraB their own orders (§4
   `ρ = max_herd_error = 1`) against SCAFFOLD (random reshuffling, as the other baselines) and
   FedAvg; `report` adds a table of how often the guard replaced a client's herd
   (`herd_fallbacks`).
+- issue 26's hypotheses, each against FedAvg of the same setup (the first method listed):
+  `criterion` (2a: GraB's reference herding criterion, `algorithm.criterion=grab-stale`),
+  `ref40` (2b: reference [40]'s setup, `preset.REF40`, with either criterion), `batch` (2c: the
+  paper's best batch sizes `B = 10, 10, 50` for Cases 1–3, `preset.BEST_BATCH`); `--setup ref40`
+  runs the `alpha` study in reference [40]'s setup.
+
+`--batch-runs N` steps up to `N` runs that share data and model as one cohort on the batched
+executor (`fedhet.experiments.runner.run_specs`); 1 runs them one at a time in this process.
 
 A run lives in `root/<case>/<method slug>/seed<s>`; finished (or diverged) runs are skipped, a
 killed one is resumed from its checkpoint, so the command can be repeated. The git commit each
@@ -49,8 +57,10 @@ from fedhet.engine.federate import load
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore
 from fedhet.experiments.papers.bherd.plots import read_metrics, rounds_to_reach
-from fedhet.experiments.papers.bherd.preset import CASES, common
+from fedhet.experiments.papers.bherd.preset import BEST_BATCH, CASES, SETUPS, common
+from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.results import git_commit
+from fedhet.experiments.runner import run_specs
 from fedhet.experiments.single import execute, prepare_out
 
 SVM = {"dataset": "mnist-even-odd", "model": "svm"}
@@ -59,7 +69,11 @@ FIXED_POINT_LR = 0.005
 `η m_i ≈ 1.2` times the gradient, far above `2/L` (`L ≈ 250` for the standardised pixels), and
 the run diverges; 10-round pilots on Case 1 diverged at `η_g = 0.03`, oscillated at `0.01`."""
 EARLY = (1, 2, 3, 4, 5)
-STUDIES = ("readings", "alpha", "grab", "control", "scaffold")
+STUDIES = ("readings", "alpha", "grab", "control", "scaffold", "criterion", "ref40", "batch")
+NEW_STUDIES = ("criterion", "ref40", "batch")
+"""Issue 26's hypotheses: `paired_report` against the study's first method."""
+LATE = tuple(range(1, 11))
+"""Rounds 1–10 (issue 26: "in rounds 1–10 and at the end")."""
 FEDAVG = "FedAvg"
 SCAFFOLD = "SCAFFOLD"
 GUARD = 1.0
@@ -71,9 +85,27 @@ def bherd(reading: str, alpha: float = 0.5, **extra: Any) -> dict[str, Any]:
             **{f"algorithm.{k}": v for k, v in extra.items()}}
 
 
-def methods(study: str, reading: str) -> dict[str, dict[str, Any]]:
-    """Label → algorithm settings for one study (`reading` for the `alpha` and `grab` studies)."""
+def methods(study: str, reading: str, setup: str = "default") -> dict[str, dict[str, Any]]:
+    """Label → algorithm settings for one study (`reading` for the `alpha` and `grab` studies).
+    Keys starting with `_` are not algorithm settings: `_setup` (`preset.SETUPS`), `_batch`
+    (`"best"`: `preset.BEST_BATCH` of the case)."""
     fedavg = {FEDAVG: {"algorithm": "fedavg"}}
+    stale = {"algorithm.criterion": "grab-stale"}
+    if study == "criterion":
+        return {**fedavg, f"BHerd {reading}": bherd(reading),
+                f"BHerd {reading} grab-stale": {**bherd(reading), **stale}}
+    if study == "ref40":
+        tag = {"_setup": "ref40"}
+        return {f"{FEDAVG} ref40": {"algorithm": "fedavg", **tag},
+                f"BHerd {reading} ref40": {**bherd(reading), **tag},
+                f"BHerd {reading} ref40 grab-stale": {**bherd(reading), **stale, **tag}}
+    if study == "batch":
+        tag = {"_batch": "best"}
+        return {f"{FEDAVG} B=best": {"algorithm": "fedavg", **tag},
+                f"BHerd {reading} B=best": {**bherd(reading), **tag}}
+    if setup != "default":
+        tag = {"_setup": setup}
+        return {f"{label} {setup}": {**m, **tag} for label, m in methods(study, reading).items()}
     if study == "readings":
         return {
             **fedavg,
@@ -106,18 +138,34 @@ def methods(study: str, reading: str) -> dict[str, dict[str, Any]]:
     raise ValueError(f"unknown study {study!r}")
 
 
-def slug(method: dict[str, Any]) -> str:
-    """A directory name from the algorithm settings, e.g. `bherd-alpha0.5-readingsum`."""
+def slug(method: dict[str, Any], case: str | None = None) -> str:
+    """A directory name from the algorithm settings, e.g. `bherd-alpha0.5-readingsum`; a
+    setup other than the default adds `-<setup>`, a batch size other than the common one
+    `-B<b>` (so `_batch: best` in Case 3, `B = 50`, is the default run's directory)."""
     extra = sorted((k.split(".", 1)[1], v) for k, v in method.items() if k.startswith("algorithm."))
-    return "-".join([method["algorithm"], *(f"{k}{v}" for k, v in extra)])
+    parts = [method["algorithm"], *(f"{k}{v}" for k, v in extra)]
+    if method.get("_setup", "default") != "default":
+        parts.append(method["_setup"])
+    if method.get("_batch") == "best":
+        if case is None:
+            raise ValueError("the best batch size depends on the case")
+        b = BEST_BATCH[case]
+        if b != common("paper")["batch_size"]:
+            parts.append(f"B{b}")
+    return "-".join(parts)
 
 
 def run_dir(root: Path, case: str, method: dict[str, Any], seed: int) -> Path:
-    return Path(root) / case / slug(method) / f"seed{seed}"
+    return Path(root) / case / slug(method, case) / f"seed{seed}"
 
 
 def settings(case: str, method: dict[str, Any], seed: int) -> dict[str, Any]:
-    return {**common("paper"), **SVM, "partition": CASES[case], "seed": seed, **method}
+    out = {**common("paper"), **SVM, "partition": CASES[case], "seed": seed,
+           **SETUPS[method.get("_setup", "default")],
+           **{k: v for k, v in method.items() if not k.startswith("_")}}
+    if method.get("_batch") == "best":
+        out["batch_size"] = BEST_BATCH[case]
+    return out
 
 
 def status(out: Path) -> str:
@@ -145,12 +193,16 @@ def run_one(spec: dict[str, Any], out: Path, data_cache: dict[str, Any], log: Ca
 
 
 def run_study(root: Path, study: str, seeds: Sequence[int], reading: str,
-              cases: Sequence[str] = tuple(CASES), log: Callable[[str], None] = print) -> None:
+              cases: Sequence[str] = tuple(CASES), log: Callable[[str], None] = print,
+              setup: str = "default", batch_runs: int = 1) -> None:
+    if batch_runs > 1:
+        run_batched(root, study, seeds, reading, cases, setup, batch_runs)
+        return
     data: dict[str, Any] = {}
     commit = git_commit()
     for seed in seeds:
         for case in cases:
-            for label, method in methods(study, reading).items():
+            for label, method in methods(study, reading, setup).items():
                 out = run_dir(root, case, method, seed)
                 if status(out) in ("finished", "diverged"):
                     continue
@@ -159,6 +211,33 @@ def run_study(root: Path, study: str, seeds: Sequence[int], reading: str,
                 log(f"{case} {label} seed {seed}: {status(out)} in {time.perf_counter() - t0:.1f} s")
                 with open(Path(root) / "commits.jsonl", "a") as f:
                     f.write(json.dumps({"run": str(out.relative_to(root)), "commit": commit}) + "\n")
+
+
+def run_batched(root: Path, study: str, seeds: Sequence[int], reading: str,
+                cases: Sequence[str], setup: str, batch_runs: int) -> None:
+    """The study's runs through `run_specs` (one process): runs sharing data and model step
+    together, `batch_runs` at a time; finished runs are skipped, killed ones resumed. Case by
+    case, so a case's runs (all its seeds and methods) finish before the next case starts."""
+    commit = git_commit()
+    for case in cases:
+        specs = [
+            RunSpec(f"{case}/{slug(method, case)}/seed{seed}", case, label,
+                    settings(case, method, seed))
+            for seed in seeds for label, method in methods(study, reading, setup).items()
+        ]
+        todo = [s for s in specs if status(Path(root) / s.name) not in ("finished", "diverged")]
+        if not todo:
+            continue
+        t0 = time.perf_counter()
+        errors = run_specs(todo, Path(root), jobs=1, batch_runs=batch_runs)
+        minutes = (time.perf_counter() - t0) / 60
+        with open(Path(root) / "commits.jsonl", "a") as f:
+            for s in todo:
+                f.write(json.dumps({"run": s.name, "commit": commit, "batch_runs": batch_runs,
+                                    "case_minutes": round(minutes, 2)}) + "\n")
+        real = {k: v for k, v in errors.items() if "diverged" not in v}
+        if real:
+            raise SystemExit(f"{len(real)} run(s) failed: {next(iter(real.values()))}")
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -194,7 +273,7 @@ def paired(diffs: Sequence[float], digits: int = 4) -> str:
 
 
 def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CASES),
-           seeds: Sequence[int] | None = None, baseline: str = FEDAVG) -> str:
+           seeds: Sequence[int] | None = None, baseline: str = FEDAVG, setup: str = "default") -> str:
     """The study's table; `seeds` restricts it to those seeds, `baseline` names the method the
     paired differences are taken against (FedAvg; rounds to reach are always FedAvg's)."""
     short = "FedAvg" if baseline == FEDAVG else baseline
@@ -202,11 +281,11 @@ def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CA
             *(f"loss r{k}" for k in EARLY), "rounds to FedAvg's final acc",
             f"Δ final acc vs {short}", f"Δ mean loss r1–5 vs {short}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    table = methods(study, reading)
+    table = methods(study, reading, setup)
     for case in cases:
         runs = {label: {} for label in table}
         for label, method in table.items():
-            for d in sorted((Path(root) / case / slug(method)).glob("seed*")):
+            for d in sorted((Path(root) / case / slug(method, case)).glob("seed*")):
                 if seeds is not None and int(d.name[4:]) not in seeds:
                     continue
                 r = seed_metrics(d)
@@ -256,7 +335,7 @@ def guard_report(root: Path, study: str, reading: str, cases: Sequence[str] = tu
             if float(method.get("algorithm.max_herd_error", 0.0)) <= 0:
                 continue
             totals, per_round, first, last = [], [], [], []
-            for d in sorted((Path(root) / case / slug(method)).glob("seed*")):
+            for d in sorted((Path(root) / case / slug(method, case)).glob("seed*")):
                 if seeds is not None and int(d.name[4:]) not in seeds:
                     continue
                 r = seed_metrics(d)
@@ -274,6 +353,77 @@ def guard_report(root: Path, study: str, reading: str, cases: Sequence[str] = tu
             lines.append("| " + " | ".join([
                 case, label, str(len(totals)), mean_std(totals, 1), f"{len(first)}/{len(totals)}",
                 mean_std(first, 1), mean_std(last, 1), mean_std(per_round, 1)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+PAIRED_METRICS = (
+    ("final acc", "test_accuracy", "final"), ("final train loss", "train_loss", "final"),
+    ("acc r1–10", "test_accuracy", "early"), ("train loss r1–10", "train_loss", "early"),
+)
+"""(column, metrics.csv column, `final` = the last round or `early` = the mean over `LATE`)."""
+
+
+def run_values(out: Path) -> dict[str, float] | None:
+    """The `PAIRED_METRICS` of one run; None when missing or unfinished; NaN when diverged."""
+    st = status(out)
+    if st not in ("finished", "diverged"):
+        return None
+    if st == "diverged":
+        return {col: float("nan") for col, _, _ in PAIRED_METRICS}
+    m = read_metrics(out)
+    rounds = m["round"].astype(int)
+    values = {}
+    for col, key, when in PAIRED_METRICS:
+        if key not in m:
+            values[col] = float("nan")
+        elif when == "final":
+            values[col] = float(m[key][-1])
+        else:
+            values[col] = float(np.mean([m[key][rounds == k][0] for k in LATE]))
+    return values
+
+
+def paired_report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CASES),
+                  seeds: Sequence[int] | None = None, baseline: str | None = None,
+                  setup: str = "default") -> str:
+    """Issue 26's paired comparison: per case and method, mean ± std over seeds of the test
+    accuracy and the training loss (whole training set) at the last round and averaged over
+    rounds 1–10, and each one's paired difference to `baseline` (default: the study's first
+    method, FedAvg of the same setup), marked `*` outside the noise
+    (`|mean Δ| > 2 · std(Δ)/√n`)."""
+    table = methods(study, reading, setup)
+    base = baseline or next(iter(table))
+    head = ["case", "method", "n", *(c for c, _, _ in PAIRED_METRICS),
+            *(f"Δ {c}" for c, _, _ in PAIRED_METRICS)]
+    lines = [f"Paired against {base} (same seeds).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for case in cases:
+        runs: dict[str, dict[int, dict[str, float]]] = {label: {} for label in table}
+        for label, method in table.items():
+            for d in sorted((Path(root) / case / slug(method, case)).glob("seed*")):
+                seed = int(d.name[4:])
+                if seeds is not None and seed not in seeds:
+                    continue
+                v = run_values(d)
+                if v is not None:
+                    runs[label][seed] = v
+        for label, by_seed in runs.items():
+            if not by_seed:
+                continue
+            ok = {s: v for s, v in by_seed.items() if np.isfinite(v["final acc"])}
+            lost = len(by_seed) - len(ok)
+            n = f"{len(by_seed)}" + (f" ({lost} diverged)" if lost else "")
+            cells = [case, label, n]
+            digits = {"final acc": 4, "acc r1–10": 4}
+            for col, _, _ in PAIRED_METRICS:
+                cells.append(mean_std([v[col] for v in ok.values()], digits.get(col, 4)))
+            pair = [s for s in ok if s in runs[base] and np.isfinite(runs[base][s]["final acc"])]
+            for col, _, _ in PAIRED_METRICS:
+                if label == base:
+                    cells.append("—")
+                else:
+                    cells.append(paired([ok[s][col] - runs[base][s][col] for s in pair]))
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -297,13 +447,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--reading", default="mean-tau",
                     help="the reading of the alpha, grab and scaffold studies (default mean-tau)")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
-    ap.add_argument("--baseline", default=FEDAVG,
-                    help="report: the method of the paired differences (default FedAvg)")
+    ap.add_argument("--baseline", default=None,
+                    help="report: the method of the paired differences (default FedAvg; for "
+                    "the issue-26 studies and --paired the study's first method)")
+    ap.add_argument("--setup", default="default", choices=list(SETUPS),
+                    help="the SVM setup of the readings/alpha/grab/control/scaffold studies "
+                    "(ref40: reference [40]'s, preset.REF40)")
+    ap.add_argument("--batch-runs", type=int, default=1,
+                    help="run: step up to N runs as one cohort (batched executor); 1: one at a time")
+    ap.add_argument("--paired", action="store_true",
+                    help="report: issue 26's paired table (accuracy and training loss, rounds "
+                    "1-10 and final) for any study")
     args = ap.parse_args(argv)
     if args.command == "run":
-        run_study(args.root, args.study, args.seeds or parse_seeds("0-9"), args.reading, args.cases)
+        run_study(args.root, args.study, args.seeds or parse_seeds("0-9"), args.reading, args.cases,
+                  setup=args.setup, batch_runs=args.batch_runs)
+    elif args.study in NEW_STUDIES or args.paired:
+        print(paired_report(args.root, args.study, args.reading, args.cases, args.seeds,
+                            args.baseline, args.setup), end="")
     else:
-        table = report(args.root, args.study, args.reading, args.cases, args.seeds, args.baseline)
+        table = report(args.root, args.study, args.reading, args.cases, args.seeds,
+                       args.baseline or FEDAVG, args.setup)
         print(table, end="")
         if args.study == "scaffold":
             print("\n" + guard_report(args.root, args.study, args.reading, args.cases, args.seeds),

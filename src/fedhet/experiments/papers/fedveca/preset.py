@@ -115,6 +115,8 @@ def _base(dataset: str, model: str, case: int, rounds: int, lr: float, seed: int
     return {
         "dataset": dataset, "model": model, "partition": CASES[case], "clients": 5,
         "rounds": rounds, "lr": lr, "batch_size": 32, "seed": seed,
+        # Figs. 3, 5, 7, 8 plot the loss function value: the global model's training loss
+        "train_loss": True,
     }
 
 
