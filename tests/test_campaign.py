@@ -96,9 +96,11 @@ def test_a_step_that_cannot_finish_is_not_started(tmp_path: Path) -> None:
 
 
 def test_a_run_cut_short_by_the_budget_resumes(tmp_path: Path) -> None:
-    # a measured speed that says the run fits, but only 0.3 s (real) left: the alarm stops it
+    # a measured speed that says the run fits (15 rounds × 1e-4 s), but only 0.01 s (real) left:
+    # the alarm stops it (the fake clock stands still, so each run gets 0.01 s: far less than
+    # 15 rounds take, however idle the machine)
     now = [0.0]
-    c = cp.Campaign("smoke", "cpu", 10 / 60 + 0.3 / 60, tmp_path / "runs", tmp_path / "results",
+    c = cp.Campaign("smoke", "cpu", 10 / 60 + 0.01 / 60, tmp_path / "runs", tmp_path / "results",
              batch_runs=1, steps=("fednova-smoke",), tables=(TINY,), stream=io.StringIO(),
              clock=lambda: now[0])
     (tmp_path / "runs").mkdir()

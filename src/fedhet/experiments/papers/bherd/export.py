@@ -13,6 +13,7 @@ summed over the clients; BHerd only). Floats are written with 6 significant digi
 from __future__ import annotations
 
 import argparse
+import csv
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,8 +71,6 @@ def study_rows(root: Path, study: str, reading: str, seeds: Sequence[int],
 
 def _kept(run: Path, clients: int) -> list[str]:
     """Per round, `Σ_i kept_i` (BHerd's kept local steps) or empty."""
-    import csv
-
     with (run / "metrics.csv").open(newline="") as f:
         out = []
         for m in csv.DictReader(f):

@@ -130,10 +130,10 @@ def plot_mean_curves(curves: Curves, out: Path, columns: Sequence[str] = ("train
                      rounds: int | None = None, ylims: dict[str, tuple[float, float]] | None = None) -> Path:
     """One panel per (setting, column): each algorithm's mean over seeds by round, with a band
     of ± one std; `rounds`: show rounds 0…rounds only."""
-    import matplotlib
+    import matplotlib  # lazy: only the figures need matplotlib (the claims table does not)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after the Agg backend is chosen
 
     settings = sorted({s for s, _ in curves})
     fig, axes = plt.subplots(len(columns), len(settings), figsize=(4.2 * len(settings), 3.2 * len(columns)),
