@@ -116,3 +116,26 @@ def test_label_reading() -> None:
     assert ps.early_loss(cols, 2) == 1.5
     mean, sd, n, outside = ps.paired({0: 1.0, 1: 2.0, 2: 3.0}, {0: 0.0, 1: 1.1, 2: 1.9})
     assert n == 3 and mean == pytest.approx(1.0) and outside
+
+
+def test_fedveca_claims_from_rounds_to_the_centralized_loss(tmp_path: Path) -> None:
+    """Settings named `case1`..`case3` (as the exporters write them): rounds to centralized SGD's
+    final loss (0.1) by hand — FedVeca 2 in every case, FedAvg 4/4/8, FedNova 5/5/9, so FedVeca is
+    first and equally fast while both baselines slow down in Case 3."""
+    def curve(first: int) -> list[float]:  # loss 1.0 until round `first`, then 0.1
+        return [1.0 if r < first else 0.1 for r in range(11)]
+
+    rows = []
+    for seed in range(2):
+        for case, (avg, nova) in {1: (4, 5), 2: (4, 5), 3: (8, 9)}.items():
+            rows += _rows(f"case{case}", "central", seed, curve(1))
+            rows += _rows(f"case{case}", "fedveca", seed, curve(2))
+            rows += _rows(f"case{case}", "fedavg", seed, curve(avg))
+            rows += _rows(f"case{case}", "fednova", seed, curve(nova))
+    res = tmp_path / "results"
+    _write(res, "fedveca", "svm-cases", rows)
+    page = ps.write_page(res, tmp_path / "page.md").read_text()
+    first = _line(page, "Case 3 [svm-cases]", "first to reach the centralized loss")
+    assert "fedveca 2, fedavg 8, fednova 9 (median of 2)" in first and "| **yes** |" in first
+    same = _line(page, "[svm-cases]", "equally fast")
+    assert "fedveca: 2/2/2; fedavg: 4/4/8; fednova: 5/5/9 rounds" in same and "| **yes** |" in same

@@ -142,7 +142,8 @@ def cells(exps: Iterable[Experiment]) -> list[Cell]:
     for e in exps:
         for (setting, algorithm), by_seed in e.curves.items():
             base, variants = parse_label(algorithm)
-            variants = {**dict(_tokens(setting)), **variants}
+            # the case is `Cell.case`, not a variant (else "case1" would set every cell apart)
+            variants = {**{k: v for k, v in _tokens(setting) if case_of(k) is None}, **variants}
             out.append(Cell(e, setting, algorithm, base, variants, case_of(setting), by_seed))
     return out
 
