@@ -17,27 +17,12 @@ from torch import nn
 from fedhet.data.base import Dataset
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
+from fedhet.experiments.papers.fednova.inconsistency import HalfSquare as Quadratic
 from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
 
 MODEL = "quadratic-test"
-
-
-class Quadratic(nn.Module):
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.x = nn.Parameter(torch.zeros(dim))
-
-    def forward(self, e: torch.Tensor) -> torch.Tensor:
-        return self.x - e
-
-    def loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return 0.5 * out.pow(2).sum(1).mean()
-
-    def predict(self, out: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(out.shape[0], dtype=torch.long)
-
-
+"""The quadratic `½ mean ‖x − e‖²` (`fedhet.experiments.papers.fednova.inconsistency.HalfSquare`)."""
 
 
 def quadratic_data(e: torch.Tensor, sizes: list[int]) -> Dataset:
