@@ -474,3 +474,16 @@ def test_resumed_run_matches_uninterrupted(tmp_path):
     for a, b in zip(full, resumed, strict=True):
         assert a.keys() == b.keys()
         assert all(a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
+
+
+def test_fair_protocol_prints_progress_lines_off_a_terminal(tmp_path, capsys):
+    """`reproduce fedveca --protocol fair` into a log file: each method's run says how far it is
+    (prefixed by the method), as `fedhet run` does; `-q` keeps it quiet."""
+    flags = ["reproduce", "fedveca", "--protocol", "fair", "-d", "digits", "-m", "logreg", "-p", "iid",
+             "-r", "2", "--baselines", "fedavg"]
+    assert main([*flags, "--out", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    for method in ("fedveca", "central", "fedavg"):
+        assert f"{method}: round 2/2  acc " in out
+    assert main([*flags, "-q", "--out", str(tmp_path / "b")]) == 0
+    assert "round 2/2" not in capsys.readouterr().out

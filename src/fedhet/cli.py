@@ -281,7 +281,9 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
     baselines = [b.strip() for b in args.baselines.split(",") if b.strip()] if args.baselines else None
     show = sys.stderr.isatty() and not args.quiet
     out = Path(args.out or f"runs/{args.paper}-{args.protocol}")
-    for line in proto.run(settings, out, baselines=baselines, force=args.force, progress=show):
+    lines = not sys.stdout.isatty() and not args.quiet  # a log file: a line now and then
+    for line in proto.run(settings, out, baselines=baselines, force=args.force, progress=show,
+                          lines=lines):
         print(line)
     return 0
 

@@ -28,9 +28,11 @@ PRESETS: Registry[PresetFactory] = Registry("paper")
 class Protocol:
     """A paper's procedure on the user's settings.
 
-    `run(settings, out, baselines=..., force=..., progress=...)` gets the merged settings
-    (`defaults`, then the user's) as config paths and returns the lines to print at the end;
-    `baselines` is the user's list of methods to compare against, or None for the default."""
+    `run(settings, out, baselines=..., force=..., progress=..., lines=...)` gets the merged
+    settings (`defaults`, then the user's) as config paths and returns the lines to print at the
+    end; `baselines` is the user's list of methods to compare against, or None for the default;
+    `progress` asks for a live bar (a terminal), `lines` for a progress line now and then (a log
+    file)."""
 
     help: str
     defaults: Mapping[str, Any]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from fedhet.engine.store import RunStore, atomic_write_text, csv_table, to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import Protocol, register_protocol
 from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
+from fedhet.experiments.progress import RoundLines
 from fedhet.experiments.single import execute, is_finished
 
 DEFAULT_BASELINES = ("fedavg", "fednova")
@@ -206,10 +208,16 @@ def _same_config(run_dir: Path, settings: dict[str, Any]) -> bool:
 
 
 def run_method(
-    settings: dict[str, Any], run_dir: Path, force: bool, progress: bool, log: Callable[[str], None]
+    settings: dict[str, Any], run_dir: Path, force: bool, progress: bool, log: Callable[[str], None],
+    log_lines: bool = False,
 ) -> None:
-    """Run one method into `run_dir`: skip it when finished, resume it when partial."""
+    """Run one method into `run_dir`: skip it when finished, resume it when partial. With
+    `log_lines` (off a terminal: a log file, a batch job) it prints a progress line now and then."""
 
+    lines = None
+    if log_lines:
+        rounds = config_of(settings, "fair protocol").rounds
+        lines = RoundLines(rounds, sys.stdout, prefix=f"{run_dir.name}: ")
     has_run = (run_dir / "config.json").exists()
     if has_run and not force:
         if not _same_config(run_dir, settings):
@@ -220,9 +228,9 @@ def run_method(
         if is_finished(run_dir):
             log(f"{run_dir} is already finished; reusing it")
             return
-        execute(None, run_dir, resume=True, progress=progress, log=log)
+        execute(None, run_dir, resume=True, progress=progress, log=log, on_round=lines)
         return
-    execute(settings, run_dir, force=True, progress=progress, log=log)
+    execute(settings, run_dir, force=True, progress=progress, log=log, on_round=lines)
 
 
 def check_settings(settings: dict[str, Any], methods: Sequence[str]) -> None:
@@ -237,7 +245,7 @@ def check_settings(settings: dict[str, Any], methods: Sequence[str]) -> None:
 def compare(
     settings: dict[str, Any], out: Path, baselines: Sequence[str] = DEFAULT_BASELINES, *,
     force: bool = False, progress: bool = False, plots: bool = True,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, lines: bool = False,
 ) -> list[dict[str, Any]]:
     """The whole §IV-A1 protocol into `out`: FedVeca, then centralized SGD and the fixed-τ
     baselines with FedVeca's budget. Returns the comparison table (also written to `out`, with
@@ -250,7 +258,7 @@ def compare(
         raise FedhetError(f"--out {out} is a file; choose a directory")
     sizes = client_sizes(settings)
     out.mkdir(parents=True, exist_ok=True)
-    run_method(settings, out / FEDVECA, force, progress, log)
+    run_method(settings, out / FEDVECA, force, progress, log, lines)
     budget = budget_from_run(out / FEDVECA, settings)
     if budget.client_sizes != sizes:
         raise FedhetError("the partition changed between runs; rerun with --force")
@@ -260,7 +268,8 @@ def compare(
         f"the baselines E_avg = {budget.e_avg:.4f} epochs (τ_i = {budget.baseline_taus()})"
     )
     for method in methods:
-        run_method(baseline_settings(settings, budget, method), out / method, force, progress, log)
+        run_method(baseline_settings(settings, budget, method), out / method, force, progress, log,
+                   lines)
     table = comparison_table(out, [FEDVECA, *methods])
     write_table(table, out)
     if plots:
@@ -272,12 +281,13 @@ def compare(
 
 
 def _run_fair(settings: dict[str, Any], out: Path, *, baselines: Sequence[str] | None = None,
-              force: bool = False, progress: bool = False) -> list[str]:
+              force: bool = False, progress: bool = False, lines: bool = False) -> list[str]:
     """`fedhet reproduce fedveca --protocol fair`: `compare`, then the table as lines."""
     if settings.get("algorithm", FEDVECA) != FEDVECA:
         raise FedhetError("the fair protocol runs fedveca, central and the baselines; drop --algorithm "
                           "(and name baselines with --baselines)")
-    table = compare(settings, out, list(baselines or DEFAULT_BASELINES), force=force, progress=progress)
+    table = compare(settings, out, list(baselines or DEFAULT_BASELINES), force=force, progress=progress,
+                    lines=lines)
     lines = []
     for row in table:
         reach = row.get("rounds_to_central_accuracy", "-")
