@@ -272,3 +272,16 @@ def test_preset_svm_runs_use_reference_40s_setup_and_cnns_keep_theirs():
         assert cfg.dataset_params.normalize is False and cfg.train_loss
     assert {c.batch_size for c in svm} == {10, 20, 50, 100}  # 100, and the B sweep
     assert {c.batch_size for c in cnn} == {50}
+
+
+def test_a_setup_study_report_names_its_baselines_with_the_setup(tmp_path):
+    """Under `--setup ref40` every label carries the setup (`FedAvg ref40`): the report takes the
+    plain names for them (the default baseline FedAvg too) and refuses a name of no method."""
+    from fedhet.experiments.papers.bherd.readings import report
+
+    table = report(tmp_path, "alpha", "mean-tau", seeds=[0], setup="ref40",
+                   baseline="BHerd mean-tau α=1.0")
+    assert "Δ final acc vs BHerd mean-tau α=1.0 |" in table  # was a KeyError under a setup
+    assert "Δ final acc vs FedAvg |" in report(tmp_path, "alpha", "mean-tau", setup="ref40")
+    with pytest.raises(FedhetError, match="--baseline 'nope'.*FedAvg ref40"):
+        report(tmp_path, "alpha", "mean-tau", setup="ref40", baseline="nope")

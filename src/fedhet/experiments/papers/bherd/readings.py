@@ -56,6 +56,7 @@ from fedhet.engine.config import config_of
 from fedhet.engine.federate import load
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore
+from fedhet.errors import FedhetError
 from fedhet.experiments.papers.bherd.plots import read_metrics, rounds_to_reach
 from fedhet.experiments.papers.bherd.preset import BEST_BATCH, CASES, SETUPS, common
 from fedhet.experiments.presets import RunSpec
@@ -282,6 +283,14 @@ def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CA
             f"Δ final acc vs {short}", f"Δ mean loss r1–5 vs {short}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     table = methods(study, reading, setup)
+    # under a setup every label carries it (`FedAvg ref40`): the names given stand for those
+    fedavg_label = next(label for label in table if label.split(" ")[0] == FEDAVG)
+    if baseline not in table and f"{baseline} {setup}" in table:
+        baseline = f"{baseline} {setup}"
+    if baseline == FEDAVG:
+        baseline = fedavg_label
+    if baseline not in table:
+        raise FedhetError(f"--baseline {baseline!r}: the study's methods are {', '.join(table)}")
     for case in cases:
         runs = {label: {} for label in table}
         for label, method in table.items():
@@ -291,7 +300,7 @@ def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CA
                 r = seed_metrics(d)
                 if r is not None:
                     runs[label][int(d.name[4:])] = r
-        fedavg, base = runs[FEDAVG], runs[baseline]
+        fedavg, base = runs[fedavg_label], runs[baseline]
         for label, by_seed in runs.items():
             if not by_seed:
                 continue
