@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Stat:
@@ -113,6 +115,26 @@ def grid_noise(results_csv: Path, metric: str = "final_accuracy") -> list[str]:
     for group, stats in grid_stats(results_csv, metric).items():
         out += [f"{group}: {p}" for p in noise_pairs([metric], {k: {metric: s} for k, s in stats.items()})]
     return out
+
+
+def mean_std(values: Sequence[float], digits: int = 4) -> str:
+    """Mean ± std (ddof 1) over seeds as text; one value alone, "—" for none."""
+    v = np.asarray(values, dtype=float)
+    if len(v) == 0:
+        return "—"
+    if len(v) == 1:
+        return f"{v[0]:.{digits}f}"
+    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
+
+
+def paired(diffs: Sequence[float], digits: int = 4) -> str:
+    """Mean ± std of paired differences; `*` when `|mean| > 2 · std/√n` (outside the noise)."""
+    d = np.asarray(diffs, dtype=float)
+    if len(d) < 2:
+        return "—"
+    se = d.std(ddof=1) / np.sqrt(len(d))
+    mark = " *" if abs(d.mean()) > 2 * se else ""
+    return f"{d.mean():+.{digits}f} ± {d.std(ddof=1):.{digits}f}{mark}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -62,6 +62,7 @@ from fedhet.experiments.papers.bherd.preset import BEST_BATCH, CASES, SETUPS, co
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.results import git_commit
 from fedhet.experiments.runner import run_specs
+from fedhet.experiments.seeds import mean_std, paired
 from fedhet.experiments.single import execute, prepare_out
 
 SVM = {"dataset": "mnist-even-odd", "model": "svm"}
@@ -252,25 +253,6 @@ def seed_metrics(out: Path) -> dict[str, Any] | None:
         return {"diverged": True, "m": m}
     return {"diverged": False, "m": m, "acc": float(m["test_accuracy"][-1]),
             "loss": float(m["test_loss"][-1]), "early": [float(by_round[k]) for k in EARLY]}
-
-
-def mean_std(values: Sequence[float], digits: int = 4) -> str:
-    v = np.asarray(values, dtype=float)
-    if len(v) == 0:
-        return "—"
-    if len(v) == 1:
-        return f"{v[0]:.{digits}f}"
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
-
-
-def paired(diffs: Sequence[float], digits: int = 4) -> str:
-    """Mean ± std of paired differences; `*` when `|mean| > 2 · std/√n` (outside the noise)."""
-    d = np.asarray(diffs, dtype=float)
-    if len(d) < 2:
-        return "—"
-    se = d.std(ddof=1) / np.sqrt(len(d))
-    mark = " *" if abs(d.mean()) > 2 * se else ""
-    return f"{d.mean():+.{digits}f} ± {d.std(ddof=1):.{digits}f}{mark}"
 
 
 def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CASES),

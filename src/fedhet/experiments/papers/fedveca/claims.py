@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from fedhet.experiments.paper_results import Curves, read_results
+from fedhet.experiments.seeds import mean_std, paired
 
 ACC_MARGINS = (0.01, 0.005, 0.0)
 LOSS_MARGINS = (0.01, 0.005, 0.0)
@@ -38,21 +39,8 @@ def first(values: Sequence[float], ok) -> int | None:
 
 
 def _ms(v: Sequence[float], digits: int) -> str:
-    a = np.asarray([x for x in v if math.isfinite(x)], dtype=float)
-    if len(a) == 0:
-        return "—"
-    if len(a) == 1:
-        return f"{a[0]:.{digits}f}"
-    return f"{a.mean():.{digits}f} ± {a.std(ddof=1):.{digits}f}"
-
-
-def _paired(d: Sequence[float], digits: int) -> str:
-    a = np.asarray(d, dtype=float)
-    if len(a) < 2:
-        return "—"
-    se = a.std(ddof=1) / math.sqrt(len(a))
-    mark = " *" if abs(a.mean()) > 2 * se else ""
-    return f"{a.mean():+.{digits}f} ± {a.std(ddof=1):.{digits}f}{mark}"
+    """`mean_std` over the finite values (a run that never reached a target counts apart)."""
+    return mean_std([x for x in v if math.isfinite(x)], digits)
 
 
 def _reach(rows: Sequence[dict[str, float]], key: str) -> str:
@@ -121,7 +109,7 @@ def claims_table(curves: Curves) -> str:
                 base = per["fedveca"]
                 common = [s for s in by_seed if s in base]
                 for key, digits in (("acc", 4), ("loss", 4), ("ra0_pen", 1), ("rl0_pen", 1)):
-                    cells.append(_paired([by_seed[s][key] - base[s][key] for s in common], digits))
+                    cells.append(paired([by_seed[s][key] - base[s][key] for s in common], digits))
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
