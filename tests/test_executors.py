@@ -133,19 +133,24 @@ def test_batchnorm_statistics_per_client():
         assert torch.allclose(job.buffers_out, bufs, atol=1e-5)
 
 
-@pytest.mark.parametrize("model", ["logreg", "svm"])
-def test_closed_form_linear_gradients(model):
+@pytest.mark.parametrize(("model", "params", "dim"), [
+    ("logreg", {}, 65), ("svm", {}, 13),
+    ("svm", {"bias": False}, 12),  # reference [40]'s SVM: the closed form without a bias
+])
+def test_closed_form_linear_gradients(model, params, dim):
     from fedhet.models.registry import MODELS, build_model
 
     torch.manual_seed(1)
     classes = 2 if model == "svm" else 5
-    flat = FlatModel(build_model(model, (12,), classes, MODELS.get(model).params()))
+    flat = FlatModel(build_model(model, (12,), classes, MODELS.params(model, params)))
+    assert flat.dim == dim
     x, y = torch.randn(50, 12), torch.randint(0, classes, (50,))
     stacked = CohortTrainer(flat, x, y)
     assert stacked.linear
     w = flat.params + 0.1 * torch.randn(3, flat.dim)
     batch = torch.stack([torch.arange(0, 10), torch.arange(10, 20), torch.arange(30, 40)])
     g, loss, _ = stacked.gradients(w, torch.zeros(3, 0), batch)
+    assert g.shape == (3, dim)
     seq = LocalTrainer(flat, x, y)
     for c in range(3):
         flat.params.copy_(w[c])

@@ -14,9 +14,7 @@ from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, read_metric_rows
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS, build_model
-from fedhet.training.cohort import CohortTrainer
 from fedhet.training.flat import FlatModel
-from fedhet.training.local import LocalTrainer
 
 
 def svm(**params) -> torch.nn.Module:
@@ -35,24 +33,6 @@ def test_no_bias_and_zero_init():
         assert float(m.loss(m(x), torch.tensor([1, 0]))) == pytest.approx(0.5)
     with pytest.raises(FedhetError, match="init"):
         MODELS.params("svm", {"init": "ones"})
-
-
-def test_closed_form_gradients_without_bias_equal_autograd():
-    torch.manual_seed(1)
-    flat = FlatModel(svm(bias=False))
-    x, y = torch.randn(50, 12), torch.randint(0, 2, (50,))
-    stacked = CohortTrainer(flat, x, y)
-    assert stacked.linear
-    w = flat.params + 0.1 * torch.randn(3, flat.dim)
-    batch = torch.stack([torch.arange(0, 10), torch.arange(10, 20), torch.arange(30, 40)])
-    g, loss, _ = stacked.gradients(w, torch.zeros(3, 0), batch)
-    assert g.shape == (3, 12)
-    seq = LocalTrainer(flat, x, y)
-    for c in range(3):
-        flat.params.copy_(w[c])
-        g_ref, loss_ref = seq.gradient(batch[c])
-        assert torch.allclose(g[c], g_ref, atol=1e-6)
-        assert float(loss[c]) == pytest.approx(loss_ref, rel=1e-6)
 
 
 def even_odd_digits():
