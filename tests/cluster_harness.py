@@ -45,6 +45,11 @@ lr = 0.1
 seed = [0, 1, 2, 3]
 """
 
+LOST_ROUNDS = 240
+"""Rounds of each run of the lost-node grid: a digits round takes ~25 ms on an idle core, so a
+run picked with at least 160 rounds to go (`< LOST_ROUNDS // 3`) is still running seconds after
+its node is killed (at 40 rounds it could finish first, and no run was lost)."""
+
 ENV = {
     **os.environ,
     "PYTHONPATH": str(ROOT / "src"),
@@ -183,7 +188,8 @@ def scenario_lost(work: Path, worker: Node, worker_id: str, report: dict) -> Non
     queued; the worker node's raylet SIGKILLed while one of its runs is part-way; the driver
     killed with -9. Then the same grid with `--jobs 2`, undisturbed, as the reference."""
     grid = work / "lost.toml"
-    grid.write_text(GRID.format(clients=6, rounds=40))
+    grid.write_text(GRID.format(clients=6, rounds=LOST_ROUNDS))
+    report["lost_rounds"] = LOST_ROUNDS
     out = work / "lost"
     runs = out / "runs"
 
@@ -205,7 +211,7 @@ def scenario_lost(work: Path, worker: Node, worker_id: str, report: dict) -> Non
 
     def both_running() -> bool:
         alive(proc, "lost-0")
-        return sum(3 <= k < 30 for k in done().values()) >= 2
+        return sum(3 <= k < LOST_ROUNDS * 3 // 4 for k in done().values()) >= 2
 
     wait_for("two runs part-way", both_running, 150, 0.05)
     t = time.monotonic()
@@ -227,7 +233,7 @@ def scenario_lost(work: Path, worker: Node, worker_id: str, report: dict) -> Non
             except OSError:
                 continue
             k = rounds_done(runs / entry.name)
-            if on_worker and max(3, restart.get(entry.name, 0) + 2) <= k < 35:
+            if on_worker and max(3, restart.get(entry.name, 0) + 2) <= k < LOST_ROUNDS // 3:
                 return entry.name
         return None
 
