@@ -374,6 +374,13 @@ def test_preset_structure():
         assert f"svm-mnist-even-odd-case{case}-s0" in keys
     assert {"cnn-mnist-mnist-case3-s9", "cnn-cifar-cifar10-case3-s9"} <= keys
     g = next(g for g in paper if g.key == "svm-mnist-even-odd-case3-s0")
+    # the default SVM setup is reference [40]'s (issue 26, 2b); `fedhet`: standardised pixels, B = 32
+    assert g.settings | {"seed": 0} == {
+        "dataset": "mnist-even-odd", "model": "svm", "partition": "half-iid", "clients": 5,
+        "rounds": 100, "lr": 0.01, "batch_size": 100, "seed": 0, "train_loss": True,
+        "dataset.normalize": False, "model.bias": False, "model.init": "zeros", "model.lam": 0.1,
+    }
+    g = next(g for g in groups("paper", "fedhet") if g.key == "svm-mnist-even-odd-case3-s0")
     assert g.settings | {"seed": 0} == {
         "dataset": "mnist-even-odd", "model": "svm", "partition": "half-iid", "clients": 5,
         "rounds": 100, "lr": 0.01, "batch_size": 32, "seed": 0, "train_loss": True,

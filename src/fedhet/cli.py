@@ -220,6 +220,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         return _reproduce_all(args)
     if args.budget is not None or args.tables or args.results:
         raise FedhetError("--budget, --tables and --results go with `fedhet reproduce all` (the campaign)")
+    if args.setup and args.protocol:
+        raise FedhetError("--setup chooses a preset's setup; --protocol runs on your settings "
+                          "(give them with --set, e.g. --set dataset.normalize=false)")
     if args.protocol:
         return _reproduce_protocol(args)
     given = [f"--{k.replace('_', '-')}" for k in SETTING_FLAGS if getattr(args, k)]
@@ -230,14 +233,15 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.papers.base import PRESETS
-    from fedhet.experiments.reproduce import reproduce
+    from fedhet.experiments.reproduce import default_out, reproduce
 
     args.paper = PRESETS.canonical(args.paper)  # `FedSR` is `fedsr`
     scale = args.scale or "smoke"
-    out = Path(args.out or f"runs/{args.paper}-{scale}")
+    out = Path(args.out) if args.out else default_out(args.paper, scale, args.setup)
     only = tuple(d.strip() for d in args.only.split(",") if d.strip()) if args.only else None
     reproduce(args.paper, scale, out, args.jobs, args.force, args.tensorboard,
-              overrides=_overrides(args), only=only, **_batch_runs(args), **_cluster(args))
+              overrides=_overrides(args), only=only, setup=args.setup, **_batch_runs(args),
+              **_cluster(args))
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
     return 0
 
@@ -246,6 +250,9 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     """`fedhet reproduce all --budget MINUTES`: one sitting of the GPU campaign (campaign.py)."""
     if args.budget is None:
         raise FedhetError("reproduce all needs --budget MINUTES (the device time of this sitting)")
+    if args.setup:
+        raise FedhetError("--setup goes with one paper's preset (fedveca, bherd); the campaign runs "
+                          "the CNN tables, which have one setup")
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.campaign import run_campaign
 
@@ -603,6 +610,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--only", metavar="DATASETS",
                      help="only the runs on these datasets (comma-separated, e.g. mnist,mnist-even-odd): "
                           "the parts whose data is here when some are not (CIFAR offline)")
+    rep.add_argument("--setup", metavar="NAME",
+                     help="the setup of the preset's SVM runs (fedveca, bherd): ref40 (default; reference "
+                          "[40]'s: pixels in [0, 1], no bias, zero start, B = 100) or fedhet "
+                          "(standardised pixels, a bias); output default runs/PAPER-SCALE-NAME")
     _add_setting_flags(rep)
     _add_pool_flags(rep)
     rep.set_defaults(func=cmd_reproduce)

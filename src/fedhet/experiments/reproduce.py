@@ -21,7 +21,7 @@ from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
 from fedhet.experiments.cluster import run_units
 from fedhet.experiments.grid import cell_key, duplicate_groups, write_manifest
-from fedhet.experiments.papers.base import PRESETS
+from fedhet.experiments.papers.base import PRESETS, SETUPS
 from fedhet.experiments.presets import SCALES, Preset, RunSpec
 from fedhet.experiments.report import write_report
 from fedhet.experiments.results import (
@@ -31,12 +31,32 @@ from fedhet.experiments.results import (
     uncovered_published,
 )
 from fedhet.experiments.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
+from fedhet.registry import did_you_mean
 
 
-def load_preset(paper: str, scale: str) -> Preset:
+def load_preset(paper: str, scale: str, setup: str | None = None) -> Preset:
+    """`paper`'s preset at `scale`, in its default setup or in `setup` (`SETUPS[paper]`)."""
     if scale not in SCALES:
         raise FedhetError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
-    return PRESETS.get(paper).factory(scale)
+    factory = PRESETS.get(paper).factory
+    if setup is None:
+        return factory(scale)
+    names = SETUPS.get(paper, ())
+    if not names:
+        have = ", ".join(f"{p} ({'/'.join(n)})" for p, n in sorted(SETUPS.items()))
+        raise FedhetError(f"--setup: preset {paper} runs in one setup only; presets with setups: {have}")
+    if setup not in names:
+        raise FedhetError(f"--setup {setup!r}: preset {paper}'s setups are {', '.join(names)} "
+                          f"(default {names[0]}){did_you_mean(setup, names)}")
+    return factory(scale, setup=setup)
+
+
+def default_out(paper: str, scale: str, setup: str | None = None) -> Path:
+    """`runs/PAPER-SCALE`, with `-SETUP` for a setup other than the preset's default (so the
+    two never share run directories)."""
+    names = SETUPS.get(paper, ())
+    tail = f"-{setup}" if setup and names and setup != names[0] else ""
+    return Path(f"runs/{paper}-{scale}{tail}")
 
 
 def check_data(paper: str, scale: str, specs: list[RunSpec]) -> None:
@@ -94,12 +114,13 @@ def reproduce(
     paper: str, scale: str, out: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
     batch_runs: int = DEFAULT_BATCH_RUNS, only: tuple[str, ...] | None = None,
-    cluster: Any = None,
+    cluster: Any = None, setup: str | None = None,
 ) -> Preset:
     """Run `paper`'s preset at `scale` into `out` (marked and locked like `compare`'s); returns
     the preset. Ctrl-C stops it as in `compare` (`runner.Interrupted`); calling again resumes.
-    `cluster` (`fedhet.experiments.cluster.ClusterOptions`): run on a cluster, not in `jobs`."""
-    preset = load_preset(paper, scale)
+    `cluster` (`fedhet.experiments.cluster.ClusterOptions`): run on a cluster, not in `jobs`.
+    `setup`: one of the preset's setups (`papers.base.SETUPS`; None: its default)."""
+    preset = load_preset(paper, scale, setup)
     if tensorboard:
         # optional extra: fedhet[tensorboard]
         from fedhet.experiments.tensorboard import require_tensorboard
@@ -107,7 +128,8 @@ def reproduce(
         require_tensorboard()
     if out.exists() and not out.is_dir():
         raise FedhetError(f"--out {out} is a file; choose a directory")
-    hint = f"fedhet reproduce {paper} --scale {scale} --out {shlex.quote(str(out))}"
+    hint = (f"fedhet reproduce {paper} --scale {scale}" + (f" --setup {setup}" if setup else "")
+            + f" --out {shlex.quote(str(out))}")
     if not out.exists() and preset.stages:  # a missing data file stops before `out` is made
         check_data(paper, scale, with_overrides(select(preset.stages[0](out), only), overrides))
     with rundir.exclusive(out, "reproduce"):

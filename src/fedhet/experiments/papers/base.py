@@ -1,6 +1,7 @@
 """The paper registry.
 
-- `PRESETS.get(paper).factory(scale)` is a paper's `Preset` (`fedhet reproduce PAPER`).
+- `PRESETS.get(paper).factory(scale)` is a paper's `Preset` (`fedhet reproduce PAPER`);
+  `factory(scale, setup=NAME)` one of the setups in `SETUPS[paper]` (`--setup NAME`).
 - `protocol(paper, name)` is one of a paper's own procedures run on the user's settings
   (`fedhet reproduce PAPER --protocol NAME`), e.g. FedVeca's fair comparison.
 
@@ -37,6 +38,17 @@ class Protocol:
     help: str
     defaults: Mapping[str, Any]
     run: Callable[..., list[str]]
+
+
+SETUPS: dict[str, tuple[str, ...]] = {}
+"""Paper → the setups its preset runs in (`fedhet reproduce PAPER --setup NAME`), its default
+first. A paper with setups registers its preset as `factory(scale, setup=None)`."""
+
+
+def register_setups(paper: str, names: tuple[str, ...]) -> None:
+    if paper in SETUPS:
+        raise ValueError(f"setups of preset {paper} registered twice")
+    SETUPS[paper] = tuple(names)
 
 
 PROTOCOLS: dict[str, dict[str, Protocol]] = {}

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.experiments.papers.base import PRESETS
+from fedhet.errors import FedhetError
+from fedhet.experiments.papers.base import PRESETS, register_setups
 from fedhet.experiments.presets import Preset, RunSpec, with_seeds
 
 CASES = {"case1": "iid", "case2": "label-per-client", "case3": "half-iid"}
@@ -65,10 +66,28 @@ FedVeca cite for their SVM: pixels in [0, 1] (not standardised), zero initial we
 SETUPS: dict[str, dict[str, Any]] = {"default": {}, "ref40": REF40}
 """`setup` of the SVM runs: fedhet's (standardised pixels, PyTorch's initialisation, a bias,
 `B = 50`) or reference [40]'s."""
-SVM_SETUP = REF40
-"""The preset's SVM runs (`paper`, `small`) use reference [40]'s setup: the text says its SVM
-and loss are "as detailed in [40]" (§2.1). Issue 26 measured the alternative (fedhet's
-standardised setup, `B = 50`) too: docs/bherd.md "Issue 26"."""
+PRESET_SETUPS: dict[str, dict[str, Any]] = {"ref40": REF40, "fedhet": {}}
+"""`fedhet reproduce bherd --setup NAME`: the setup of the preset's SVM runs (`paper`,
+`small`), its default first. `ref40` (default): the text says its SVM and loss are "as detailed
+in [40]" (§2.1). `fedhet`: standardised pixels, PyTorch's initialisation, a bias, `B = 50`,
+`λ = 0.1`, the alternative issue 26 measured too (docs/bherd.md "Issue 26")."""
+SVM_SETUP = PRESET_SETUPS["ref40"]
+register_setups("bherd", tuple(PRESET_SETUPS))
+SETUP_NOTES = {
+    "ref40": "SVM runs in reference [40]'s setup (--setup ref40, the default): pixels in [0, 1], "
+             "no bias, zero initial weights, λ = 0.1, B = 100, η = 0.01.",
+    "fedhet": "SVM runs in fedhet's setup (--setup fedhet): standardised pixels, a bias, PyTorch's "
+              "initialisation, λ = 0.1, B = 50, η = 0.01.",
+}
+
+
+def svm_setup(scale: str, setup: str | None) -> dict[str, Any]:
+    """The settings `setup` gives the SVM runs; one error line at `smoke`, which has none."""
+    name = setup or next(iter(PRESET_SETUPS))
+    if scale == "smoke" and setup is not None:
+        raise FedhetError(f"--setup {setup}: the setups change the SVM runs and the smoke scale has "
+                          "none (logistic regression on digits); use --scale small or paper")
+    return PRESET_SETUPS[name]
 BEST_BATCH = {"case1": 10, "case2": 10, "case3": 50}
 """The batch sizes the paper reports as best for Cases 1–3 (its Fig. 3c reading; issue 26, 2c)."""
 
@@ -82,11 +101,14 @@ class Setup:
     settings: dict[str, Any]
 
 
-def setups(scale: str) -> list[Setup]:
+def setups(scale: str, setup: str | None = None) -> list[Setup]:
+    """The model/dataset pairs at `scale`; `setup` names the SVM runs' setup (`PRESET_SETUPS`;
+    None: reference [40]'s, as "detailed in [40]" (§2.1), issue 26, 2b)."""
     if scale == "smoke":
+        svm_setup(scale, setup)  # refuses a setup: no SVM here
         return [Setup("logreg-digits", "LogReg + digits", {"dataset": "digits", "model": "logreg"})]
-    # the SVM as "detailed in [40]" (§2.1): reference [40]'s setup (issue 26, 2b)
-    svm = Setup("svm-mnist", "SVM + MNIST", {"dataset": "mnist-even-odd", "model": "svm", **SVM_SETUP})
+    svm = Setup("svm-mnist", "SVM + MNIST",
+                {"dataset": "mnist-even-odd", "model": "svm", **svm_setup(scale, setup)})
     if scale == "small":
         return [svm]
     return [
@@ -105,10 +127,10 @@ def common(scale: str) -> dict[str, Any]:
             "train_loss": True}
 
 
-def main_runs(scale: str) -> list[RunSpec]:
-    """Fig. 2: every method on every setup and case."""
+def main_runs(scale: str, svm: str | None = None) -> list[RunSpec]:
+    """Fig. 2: every method on every setup and case (`svm`: the SVM runs' setup)."""
     runs = []
-    for setup in setups(scale):
+    for setup in setups(scale, svm):
         for case, partition in CASES.items():
             for label, method in METHODS.items():
                 settings = {**common(scale), **setup.settings, "partition": partition, **method}
@@ -117,9 +139,9 @@ def main_runs(scale: str) -> list[RunSpec]:
     return runs
 
 
-def sensitivity_runs(scale: str) -> list[RunSpec]:
+def sensitivity_runs(scale: str, svm: str | None = None) -> list[RunSpec]:
     """Figs. 3a–d and 4e: BHerd-FedAvg on the first setup, one knob at a time."""
-    setup = setups(scale)[0]
+    setup = setups(scale, svm)[0]
     cases = {"case3": CASES["case3"]} if scale == "smoke" else CASES
     studies: dict[str, list[tuple[str, dict[str, Any]]]] = {
         "alpha": [(f"alpha={a}", {"algorithm.alpha": a}) for a in ALPHAS],
@@ -140,15 +162,18 @@ def sensitivity_runs(scale: str) -> list[RunSpec]:
 
 
 @PRESETS.register("bherd", doc="BHerd paper: Figs. 2-4 (5 clients, Cases 1-3, E=1, K=100)")
-def bherd_preset(scale: str) -> Preset:
+def bherd_preset(scale: str, setup: str | None = None) -> Preset:
+    """`setup`: the SVM runs' setup (`PRESET_SETUPS`; None: the default, reference [40]'s)."""
+    runs = main_runs(scale, setup) + sensitivity_runs(scale, setup)  # a bad setup fails here
+
     def stage(out: Path) -> list[RunSpec]:
-        runs = main_runs(scale) + sensitivity_runs(scale)
         return with_seeds(runs, tuple(range(10))) if scale == "paper" else runs  # the paper: 10 runs
 
     return Preset(
         paper="bherd", scale=scale, stages=[stage],
         notes=(
             "BHerd (arXiv 2403.16557): our copy of the paper has no numeric results (figures "
-            "only), so nothing is quoted. Fig. 4 plots: fedhet.experiments.papers.bherd.plots."
+            "only), so nothing is quoted. Fig. 4 plots: fedhet.experiments.papers.bherd.plots. "
+            + ("" if scale == "smoke" else SETUP_NOTES[setup or next(iter(PRESET_SETUPS))])
         ),
     )

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from fedhet.experiments.papers.bherd.preset import SETUPS
@@ -34,13 +33,13 @@ def part_groups(part: str, seeds: Sequence[int] | None = None, setup: str = "def
     `setup="ref40"`: in reference [40]'s setup (`bherd.preset.REF40`: pixels in [0, 1], no bias,
     zero initial weights, `λ = 0.1`, `B = 100`, `η = 0.01`)."""
     out = []
-    for g in groups("paper"):
+    for g in groups("paper", "fedhet" if setup == "default" else setup):
         if g.settings["model"] != "svm" or (seeds is not None and g.settings["seed"] not in seeds):
             continue
         is_case = not g.key.endswith(("-alpha", "-clients")) and "-alpha-" not in g.key \
             and "-clients-" not in g.key
         if (part == "cases") == is_case:
-            out.append(g if setup == "default" else replace(g, settings={**g.settings, **SETUPS[setup]}))
+            out.append(g)
     return out
 
 
