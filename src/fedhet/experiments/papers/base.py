@@ -51,6 +51,17 @@ def register_setups(paper: str, names: tuple[str, ...]) -> None:
     SETUPS[paper] = tuple(names)
 
 
+def svm_setup(setups: Mapping[str, Mapping[str, Any]], scale: str, setup: str | None) -> dict[str, Any]:
+    """The settings a preset's SVM runs get in `setup` (None: the first of `setups`, the
+    default); `{}` at `smoke`, which has no SVM run, and one error line for a setup there."""
+    if scale == "smoke":
+        if setup is not None:
+            raise FedhetError(f"--setup {setup}: the setups change the SVM runs and the smoke scale "
+                              "has none (logistic regression on digits); use --scale small or paper")
+        return {}
+    return dict(setups[setup or next(iter(setups))])
+
+
 PROTOCOLS: dict[str, dict[str, Protocol]] = {}
 """Paper → protocol name → `Protocol`."""
 

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.errors import FedhetError
-from fedhet.experiments.papers.base import PRESETS, register_setups
+from fedhet.experiments.papers.base import PRESETS, register_setups, svm_setup
 from fedhet.experiments.presets import Preset, RunSpec, with_seeds
 
 CASES = {"case1": "iid", "case2": "label-per-client", "case3": "half-iid"}
@@ -79,15 +78,6 @@ SETUP_NOTES = {
     "fedhet": "SVM runs in fedhet's setup (--setup fedhet): standardised pixels, a bias, PyTorch's "
               "initialisation, λ = 0.1, B = 50, η = 0.01.",
 }
-
-
-def svm_setup(scale: str, setup: str | None) -> dict[str, Any]:
-    """The settings `setup` gives the SVM runs; one error line at `smoke`, which has none."""
-    name = setup or next(iter(PRESET_SETUPS))
-    if scale == "smoke" and setup is not None:
-        raise FedhetError(f"--setup {setup}: the setups change the SVM runs and the smoke scale has "
-                          "none (logistic regression on digits); use --scale small or paper")
-    return PRESET_SETUPS[name]
 BEST_BATCH = {"case1": 10, "case2": 10, "case3": 50}
 """The batch sizes the paper reports as best for Cases 1–3 (its Fig. 3c reading; issue 26, 2c)."""
 
@@ -105,10 +95,10 @@ def setups(scale: str, setup: str | None = None) -> list[Setup]:
     """The model/dataset pairs at `scale`; `setup` names the SVM runs' setup (`PRESET_SETUPS`;
     None: reference [40]'s, as "detailed in [40]" (§2.1), issue 26, 2b)."""
     if scale == "smoke":
-        svm_setup(scale, setup)  # refuses a setup: no SVM here
+        svm_setup(PRESET_SETUPS, scale, setup)  # refuses a setup: no SVM here
         return [Setup("logreg-digits", "LogReg + digits", {"dataset": "digits", "model": "logreg"})]
     svm = Setup("svm-mnist", "SVM + MNIST",
-                {"dataset": "mnist-even-odd", "model": "svm", **svm_setup(scale, setup)})
+                {"dataset": "mnist-even-odd", "model": "svm", **svm_setup(PRESET_SETUPS, scale, setup)})
     if scale == "small":
         return [svm]
     return [

@@ -33,7 +33,7 @@ from typing import Any
 
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
-from fedhet.experiments.papers.base import PRESETS, register_setups
+from fedhet.experiments.papers.base import PRESETS, register_setups, svm_setup
 from fedhet.experiments.papers.bherd.preset import REF40
 from fedhet.experiments.papers.fedveca.protocol import (
     CENTRAL,
@@ -139,23 +139,13 @@ SETUP_NOTES = {
 }
 
 
-def linear_setup(scale: str, setup: str | None) -> dict[str, Any]:
-    """The settings `setup` gives the SVM groups; one error line at `smoke`, which has none."""
-    if scale == "smoke":
-        if setup is not None:
-            raise FedhetError(f"--setup {setup}: the setups change the SVM groups and the smoke scale "
-                              "has none (logistic regression on digits); use --scale small or paper")
-        return {}
-    return PRESET_SETUPS[setup or next(iter(PRESET_SETUPS))]
-
-
 def groups(scale: str, setup: str | None = None) -> list[Group]:
     """Every comparison group of the preset at `scale`; `setup` names the SVM groups' setup
     (`PRESET_SETUPS`; None: the default)."""
     s = SCALE_SETTINGS[scale]
     out: list[Group] = []
     dataset, model, title = s.linear
-    linear = linear_setup(scale, setup)
+    linear = svm_setup(PRESET_SETUPS, scale, setup)
     for seed in s.seeds:
         tag = f"-s{seed}" if len(s.seeds) > 1 else ""
         for case in CASES:
