@@ -22,6 +22,11 @@ def _rows(setting: str, algorithm: str, seed: int, losses: list[float], acc: lis
     return out
 
 
+def _methods(setting: str, seed: int, curves: dict[str, list[float]]) -> list[dict]:
+    """Rows of several algorithms (label → loss curve) in one setting and seed."""
+    return [row for algorithm, losses in curves.items() for row in _rows(setting, algorithm, seed, losses)]
+
+
 def _write(results: Path, paper: str, name: str, rows: list[dict], scale: str = "paper") -> None:
     pr.write_rows(results / paper / f"{name}.csv", rows)
     pr.write_meta(results / paper / f"{name}.json", name, paper, "cmd", "cpu: test", 1.5, [0, 1, 2],
@@ -128,10 +133,8 @@ def test_fedveca_claims_from_rounds_to_the_centralized_loss(tmp_path: Path) -> N
     rows = []
     for seed in range(2):
         for case, (avg, nova) in {1: (4, 5), 2: (4, 5), 3: (8, 9)}.items():
-            rows += _rows(f"case{case}", "central", seed, curve(1))
-            rows += _rows(f"case{case}", "fedveca", seed, curve(2))
-            rows += _rows(f"case{case}", "fedavg", seed, curve(avg))
-            rows += _rows(f"case{case}", "fednova", seed, curve(nova))
+            rows += _methods(f"case{case}", seed, {"central": curve(1), "fedveca": curve(2),
+                                                   "fedavg": curve(avg), "fednova": curve(nova)})
     res = tmp_path / "results"
     _write(res, "fedveca", "svm-cases", rows)
     page = ps.write_page(res, tmp_path / "page.md").read_text()
@@ -155,14 +158,11 @@ def test_fedveca_reach_within_margin_and_one_row_per_setup(tmp_path: Path) -> No
 
     rows = []
     for seed in range(2):
-        rows += _rows("case1", "central", seed, curve(1, 0.1))
-        rows += _rows("case1", "fedveca", seed, curve(3, 0.105))
-        rows += _rows("case1", "fedavg", seed, curve(6, 0.1))
-        rows += _rows("case1", "fednova", seed, curve(6, 0.1))
-        rows += _rows("case1", "central[ref40]", seed, curve(1, 0.5))
-        rows += _rows("case1", "fedveca[ref40]", seed, curve(7, 0.5, 2.0))
-        rows += _rows("case1", "fedavg[ref40]", seed, curve(2, 0.5, 2.0))
-        rows += _rows("case1", "fednova[ref40]", seed, curve(2, 0.5, 2.0))
+        rows += _methods("case1", seed, {
+            "central": curve(1, 0.1), "fedveca": curve(3, 0.105), "fedavg": curve(6, 0.1),
+            "fednova": curve(6, 0.1), "central[ref40]": curve(1, 0.5),
+            "fedveca[ref40]": curve(7, 0.5, 2.0), "fedavg[ref40]": curve(2, 0.5, 2.0),
+            "fednova[ref40]": curve(2, 0.5, 2.0)})
     res = tmp_path / "results"
     _write(res, "fedveca", "svm-cases", rows)
     page = ps.write_page(res, tmp_path / "page.md").read_text()
