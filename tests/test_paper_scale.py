@@ -33,6 +33,12 @@ def _write(results: Path, paper: str, name: str, rows: list[dict], scale: str = 
                   scale=scale, commit="abc1234")
 
 
+def _fedveca_page(tmp_path: Path, rows: list[dict]) -> str:
+    """The page from one FedVeca result file `svm-cases` holding `rows`."""
+    _write(tmp_path / "results", "fedveca", "svm-cases", rows)
+    return ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
+
+
 def _line(page: str, *parts: str) -> str:
     hits = [line for line in page.splitlines() if all(p in line for p in parts)]
     assert len(hits) == 1, (parts, hits)
@@ -135,9 +141,7 @@ def test_fedveca_claims_from_rounds_to_the_centralized_loss(tmp_path: Path) -> N
         for case, (avg, nova) in {1: (4, 5), 2: (4, 5), 3: (8, 9)}.items():
             rows += _methods(f"case{case}", seed, {"central": curve(1), "fedveca": curve(2),
                                                    "fedavg": curve(avg), "fednova": curve(nova)})
-    res = tmp_path / "results"
-    _write(res, "fedveca", "svm-cases", rows)
-    page = ps.write_page(res, tmp_path / "page.md").read_text()
+    page = _fedveca_page(tmp_path, rows)
     first = _line(page, "Case 3 [svm-cases]", "first to reach the centralized loss")
     assert "to the value itself: fedveca 2, fedavg 8, fednova 9 (medians of 2)" in first
     assert "| **yes** |" in first
@@ -163,9 +167,7 @@ def test_fedveca_reach_within_margin_and_one_row_per_setup(tmp_path: Path) -> No
             "fednova": curve(6, 0.1), "central[ref40]": curve(1, 0.5),
             "fedveca[ref40]": curve(7, 0.5, 2.0), "fedavg[ref40]": curve(2, 0.5, 2.0),
             "fednova[ref40]": curve(2, 0.5, 2.0)})
-    res = tmp_path / "results"
-    _write(res, "fedveca", "svm-cases", rows)
-    page = ps.write_page(res, tmp_path / "page.md").read_text()
+    page = _fedveca_page(tmp_path, rows)
     plain = _line(page, "SVM Case 1 [svm-cases]", "first to reach the centralized loss")
     assert "within 0.01 of the centralized loss: fedveca 3, fedavg 6, fednova 6;" in plain
     assert "to the value itself: fedveca never in 10, fedavg 6, fednova 6" in plain
