@@ -191,3 +191,19 @@ def test_fedveca_first_needs_a_paired_difference_outside_the_noise(tmp_path: Pat
     row = _line(_fedveca_page(tmp_path, rows), "SVM Case 1 [svm-cases]", "centralized loss")
     assert "fedveca 3, fedavg 4, fednova 4 (Δ fedveca − fedavg -0.3 ± 2.9, " in row
     assert "| **no** |" in row
+
+
+def test_an_order_claim_names_diverged_runs(tmp_path: Path) -> None:
+    """Fig. 7's order by early loss; a seed whose loss leaves 10 is named as diverged, and its α
+    still ranks by its early loss (here the slowest)."""
+    rows = []
+    for seed in range(2):
+        blow_up = [1.0] + [1e6 * (seed + 1)] * 10
+        rows += _methods("case3", seed, {"fedveca[alpha=0.995]": blow_up,
+                                         "fedveca[alpha=0.95]": [1.0] + [0.3] * 10,
+                                         "fedveca[alpha=0.5]": [1.0] + [0.2 + 0.1 * seed] * 10})
+    _write(tmp_path / "results", "fedveca", "svm-alpha-clients", rows)
+    page = ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
+    row = _line(page, "[svm-alpha-clients]", "1 − α = 0.005 converges first")
+    assert "alpha=0.995: 1500000.0000 (diverged in 2/2 seeds), alpha=0.95: 0.3000, alpha=0.5: 0.2500 |" in row
+    assert "| **no** |" in row

@@ -43,6 +43,9 @@ REACH = 0.01
 """[choice] "Reaches the centralized loss/accuracy" (FedVeca Figs. 3, 5): comes within this much
 of centralized SGD's final value (loss ≤ it + 0.01, accuracy ≥ it − 0.01), the resolution of
 a reading of the paper's curves."""
+DIVERGED = 10.0
+"""[choice] A run whose loss is not finite or above this has diverged (shown, not hidden: its
+early loss still counts, as the slowest)."""
 SAME_SPEED = 1.2
 """[choice] "Equally fast": Case 3's rounds at most this times the slower of Cases 1 and 2."""
 
@@ -501,6 +504,13 @@ def alpha_faster(lo: str, hi: str, base: str = "bherd") -> Check:
     return faster(a_sel, b_sel)
 
 
+def _diverged(c: Cell) -> str:
+    """` (diverged in k/n seeds)` when some seed's loss leaves `DIVERGED`, else ``."""
+    bad = sum(1 for cols in c.by_seed.values()
+              if not all(math.isfinite(x) and x <= DIVERGED for x in loss_column(cols)))
+    return f" (diverged in {bad}/{len(c.by_seed)} seeds)" if bad else ""
+
+
 def order_claim(base: str, key: str, values: tuple[str, ...]) -> Check:
     """Early loss strictly increasing along `values` of variant `key` (fastest first)."""
 
@@ -516,7 +526,8 @@ def order_claim(base: str, key: str, values: tuple[str, ...]) -> Check:
                              for g in got]
                     holds = all(a < b for a, b in zip(means, means[1:], strict=False))
                     ours = "early loss " + ", ".join(
-                        f"{key}={v}: {m:.4f}" for v, m in zip(values, means, strict=True))
+                        f"{key}={v}: {m:.4f}{_diverged(g[0])}"
+                        for v, m, g in zip(values, means, got, strict=True))
                     out.append((_where(case, setup, name), Verdict(ours, holds, got[0][0].exp)))
         return out
 
