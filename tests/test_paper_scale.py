@@ -207,3 +207,12 @@ def test_an_order_claim_names_diverged_runs(tmp_path: Path) -> None:
     row = _line(page, "[svm-alpha-clients]", "1 − α = 0.005 converges first")
     assert "alpha=0.995: 1500000.0000 (diverged in 2/2 seeds), alpha=0.95: 0.3000, alpha=0.5: 0.2500 |" in row
     assert "| **no** |" in row
+
+
+def test_the_committed_page_is_what_the_results_give() -> None:
+    """docs/paper-scale.md is regenerated whenever a result file or a claim changes:
+    `PYTHONPATH=src python -m fedhet paper-scale` writes exactly the committed page."""
+    root = Path(__file__).resolve().parents[1]
+    committed = (root / "docs" / "paper-scale.md").read_text()
+    assert ps.render(ps.load(root / "results")) == committed, (
+        "docs/paper-scale.md is stale: run `PYTHONPATH=src python -m fedhet paper-scale`")
