@@ -216,3 +216,50 @@ def test_cluster_options_are_checked():
         ClusterOptions(cpus_per_run=0)
     with pytest.raises(FedhetError, match="--cluster dask: unknown"):
         ClusterOptions(kind="dask")
+
+
+def test_a_preset_joins_ray_once_for_all_its_stages(tmp_path, monkeypatch):
+    """`reproduce --cluster ray` on a two-stage preset (FedVeca: its runs, then the fair
+    baselines that read them) connects to Ray once and closes it once, after the last stage;
+    a grid alone still connects and closes per call. Ray and the cluster driver are stand-ins
+    here that run each unit in this process (the real cluster is the harness above)."""
+    from fedhet.experiments import cluster, runner
+
+    calls: list[str] = []
+
+    class FakeRay:
+        up = False
+
+        def is_initialized(self) -> bool:
+            return self.up
+
+        def shutdown(self) -> None:
+            calls.append("shutdown")
+            self.up = False
+
+    fake = FakeRay()
+
+    def connect(options):
+        calls.append("connect")
+        fake.up = True
+        return fake, True
+
+    def drive(ray, units, options, runs_dir, requested, hard, tally, progress):
+        assert ray is fake and fake.up
+        calls.append(f"drive {sum(len(u) for u in units)}")
+        for unit in units:
+            for result in runner.run_unit(unit):
+                tally.add(result, progress, 0.0)
+
+    monkeypatch.setattr(cluster, "import_ray", lambda: fake)
+    monkeypatch.setattr(cluster, "connect", connect)
+    monkeypatch.setattr(cluster, "_drive", drive)
+    out = tmp_path / "fedveca"
+    assert main(["reproduce", "fedveca", "--scale", "smoke", "--cluster", "ray", "--out", str(out)]) == 0
+    assert [c.split()[0] for c in calls] == ["connect", "drive", "drive", "shutdown"], calls
+    assert json.loads((out / "runs" / "logreg-digits-case3" / "protocol.json").read_text())["tau_all"] > 0
+    calls.clear()
+    grid = tmp_path / "g.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 2\nrounds = 1\n')
+    assert main(["compare", "--config", str(grid), "--out", str(tmp_path / "o"), "--cluster", "ray"]) == 0
+    assert calls == ["connect", "drive 1", "shutdown"]

@@ -39,7 +39,8 @@ import time
 import uuid
 import warnings
 from collections import deque
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -288,18 +289,46 @@ def run_task(
 
 
 # -- the driver ------------------------------------------------------------------------------
+_SESSIONS: list[list[Any]] = []
+"""Open `session()`s, innermost last; each holds the Ray module a `run_units` inside it
+connected (and must close), if any."""
+
+
+@contextmanager
+def session() -> Iterator[None]:
+    """One Ray connection for several grids (a preset's stages): the first `run_units` inside
+    joins the cluster (or starts the local Ray) and the later ones reuse it; the session closes
+    what it opened when it ends. Ray is not touched when no grid runs on it."""
+    opened: list[Any] = []
+    _SESSIONS.append(opened)
+    try:
+        yield
+    finally:
+        _SESSIONS.pop()
+        for ray in opened:
+            ray.shutdown()
+
+
 def run_units(
     units: list[list[Job]], options: ClusterOptions, runs_dir: Path,
     requested: threading.Event, hard: list[bool], tally: _Tally, progress: Progress,
 ) -> None:
     """Run `units` on the cluster until done, stopped (`requested`: Ctrl-C) or interrupted
-    (a second Ctrl-C: `KeyboardInterrupt`; `hard` gets `True`); results go to `tally`."""
+    (a second Ctrl-C: `KeyboardInterrupt`; `hard` gets `True`); results go to `tally`. Inside
+    a `session()` the connection outlives this call; a connection this process already had
+    (a user's `ray.init`) is used and left open."""
     check_gpus(units, options)
-    ray, _ = connect(options)
+    ray = import_ray()
+    mine = not ray.is_initialized()
+    if mine:
+        ray, _ = connect(options)
+        if _SESSIONS:
+            _SESSIONS[-1].append(ray)
     try:
         _drive(ray, units, options, runs_dir, requested, hard, tally, progress)
     finally:
-        ray.shutdown()
+        if mine and not _SESSIONS:
+            ray.shutdown()
 
 
 def _control(runs_dir: Path) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -20,6 +21,7 @@ from fedhet.engine.federate import load
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
 from fedhet.experiments.cluster import run_units
+from fedhet.experiments.cluster import session as cluster_session
 from fedhet.experiments.grid import cell_key, duplicate_groups, write_manifest
 from fedhet.experiments.papers.base import PRESETS, SETUPS
 from fedhet.experiments.presets import SCALES, Preset, RunSpec
@@ -134,8 +136,10 @@ def reproduce(
         check_data(paper, scale, with_overrides(select(preset.stages[0](out), only), overrides))
     with rundir.exclusive(out, "reproduce"):
         rundir.mark(out, "grid")
-        _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint, overrides,
-                    batch_runs, only, cluster)
+        # one Ray connection (one local Ray) for every stage, not one per stage
+        with cluster_session() if cluster is not None else nullcontext():
+            _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint,
+                        overrides, batch_runs, only, cluster)
     return preset
 
 
