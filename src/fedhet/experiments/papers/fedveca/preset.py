@@ -13,7 +13,8 @@ run named `n` to `<out>/n`). Stage 1 runs every FedVeca run; stage 2 reads each 
 - Figs. 4 and 6 come from the FedVeca runs' diagnostics (`plots_fedveca.plot_fedveca`).
 
 Settings (§IV-A4): 5 clients, `K = 100`, `η = 0.01`, `α = 0.95`, `τ_max = 50`, plain SGD.
-**[choice]** The paper does not give `B`; we use 32. The paper averages 10 runs: `paper` runs
+**[choice]** The paper does not give `B`; the CNNs use 32, the SVM groups reference [40]'s
+setup (`B = 100`, `PRESET_SETUPS`; `--setup fedhet`: 32). The paper averages 10 runs: `paper` runs
 seeds 0–9 (a group per seed); `small` and `smoke` one seed.
 
 - `smoke` (about a minute on 2 cores): scikit-learn digits with logistic regression standing in
