@@ -18,7 +18,11 @@ with random reshuffling (§1.3), the BHerd family and GraB their own orders (§4
   `criterion` (2a: GraB's reference herding criterion, `algorithm.criterion=grab-stale`),
   `ref40` (2b: reference [40]'s setup, `preset.REF40`, with either criterion), `batch` (2c: the
   paper's best batch sizes `B = 10, 10, 50` for Cases 1–3, `preset.BEST_BATCH`); `--setup ref40`
-  runs the `alpha` study in reference [40]'s setup.
+  runs the `alpha` study in reference [40]'s setup;
+- `methods`: Fig. 2's methods at the preset's defaults (FedAvg, BHerd-FedAvg, GraB-FedAvg,
+  FedNova, BHerd-FedNova, SCAFFOLD, BHerd-SCAFFOLD; `α = 0.5`), for the claims "GraB-FedAvg
+  falls short", "BHerd improves FedNova" and "BHerd improves SCAFFOLD" (`--setup ref40`: the
+  preset's SVM setup).
 
 `--batch-runs N` steps up to `N` runs that share data and model as one cohort on the batched
 executor (`fedhet.experiments.runner.run_specs`); 1 runs them one at a time in this process.
@@ -71,8 +75,9 @@ FIXED_POINT_LR = 0.005
 `η m_i ≈ 1.2` times the gradient, far above `2/L` (`L ≈ 250` for the standardised pixels), and
 the run diverges; 10-round pilots on Case 1 diverged at `η_g = 0.03`, oscillated at `0.01`."""
 EARLY = (1, 2, 3, 4, 5)
-STUDIES = ("readings", "alpha", "grab", "control", "scaffold", "criterion", "ref40", "batch")
-NEW_STUDIES = ("criterion", "ref40", "batch")
+STUDIES = ("readings", "alpha", "grab", "control", "scaffold", "criterion", "ref40", "batch",
+           "methods")
+NEW_STUDIES = ("criterion", "ref40", "batch", "methods")
 """Issue 26's hypotheses: `paired_report` against the study's first method."""
 LATE = tuple(range(1, 11))
 """Rounds 1–10 (issue 26: "in rounds 1–10 and at the end")."""
@@ -125,6 +130,16 @@ def methods(study: str, reading: str, setup: str = "default") -> dict[str, dict[
             f"GraB-FedAvg crop α=0.5 {reading}": {
                 "algorithm": "grab-fedavg", "algorithm.alpha": 0.5, "algorithm.reading": reading,
             },
+        }
+    if study == "methods":  # Fig. 2's methods at the preset's defaults (centralized SGD aside)
+        return {
+            **fedavg,
+            f"BHerd {reading}": bherd(reading),
+            "GraB-FedAvg": {"algorithm": "grab-fedavg"},
+            "FedNova": {"algorithm": "fednova"},
+            "BHerd-FedNova": {"algorithm": "bherd-fednova", "algorithm.alpha": 0.5},
+            SCAFFOLD: {"algorithm": "scaffold"},
+            f"BHerd-SCAFFOLD {reading}": {**bherd(reading), "algorithm": "bherd-scaffold"},
         }
     if study == "control":  # fixed-point without cropping, at the same step as α = 0.5
         return {**fedavg, f"fixed-point α=1 ηg={FIXED_POINT_LR / 2}": bherd(
