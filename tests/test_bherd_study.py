@@ -285,3 +285,41 @@ def test_a_setup_study_report_names_its_baselines_with_the_setup(tmp_path):
     assert "Δ final acc vs FedAvg |" in report(tmp_path, "alpha", "mean-tau", setup="ref40")
     with pytest.raises(FedhetError, match="--baseline 'nope'.*FedAvg ref40"):
         report(tmp_path, "alpha", "mean-tau", setup="ref40", baseline="nope")
+
+
+def test_the_methods_study_fills_the_pages_fig2_claims(tmp_path):
+    """The `methods` study in [40]'s setup, exported, gives docs/paper-scale.md its rows for
+    "GraB-FedAvg falls short", "BHerd improves FedNova" and "BHerd improves SCAFFOLD", each
+    BHerd method paired with its own baseline of the same setup. By hand (3 seeds, early loss
+    = the training loss over rounds 1–10): FedNova 0.30 + 0.01·s, BHerd-FedNova 0.10 lower
+    (faster: holds); SCAFFOLD 0.30, BHerd-SCAFFOLD 0.05 higher (fails); GraB-FedAvg equal to
+    FedAvg but for ±0.01 (inside the noise: "falls short" holds)."""
+    from fedhet.experiments import paper_results as pr
+    from fedhet.experiments import paper_scale as ps
+    from fedhet.experiments.papers.bherd import export
+    from fedhet.experiments.papers.bherd import readings as br
+
+    table = br.methods("methods", "mean-tau", "ref40")
+    loss = {"FedAvg ref40": 0.3, "BHerd mean-tau ref40": 0.3, "GraB-FedAvg ref40": 0.3,
+            "FedNova ref40": 0.3, "BHerd-FedNova ref40": 0.2, "SCAFFOLD ref40": 0.3,
+            "BHerd-SCAFFOLD mean-tau ref40": 0.35}
+    assert set(table) == set(loss)
+    root = tmp_path / "study"
+    for label, method in table.items():
+        for s in range(3):
+            wobble = (0.01, -0.01, 0.0)[s] if label.startswith("GraB") else 0.0
+            _fake_run(br.run_dir(root, "case2", method, s), lambda k: 0.8,
+                      lambda k, v=loss[label] + 0.01 * s + wobble: 1.0 if k == 0 else v)
+    rows, _ = export.study_rows(root, "methods", "mean-tau", range(3), "ref40")
+    results = tmp_path / "results"
+    pr.write_rows(results / "bherd" / "svm-methods-ref40.csv", rows, ("kept_steps",))
+    pr.write_meta(results / "bherd" / "svm-methods-ref40.json", "svm-methods-ref40", "bherd", "cmd",
+                  "cpu: test", 1.0, [0, 1, 2])
+    page = ps.render(ps.load(results))
+    line = {claim: [x for x in page.splitlines() if claim in x] for claim in (
+        "BHerd improves FedNova", "BHerd improves SCAFFOLD", "GraB-FedAvg falls short")}
+    (nova,), (scaffold,), (grab,) = line.values()
+    assert "bherd-fednova[ref40] vs fednova[ref40]" in nova and "| **yes** |" in nova
+    assert "Δ early loss -0.1000 ± 0.0000 *" in nova  # rounds 1–10: (0.2 + 0.01·s) − (0.3 + 0.01·s)
+    assert "bherd-scaffold[ref40] vs scaffold[ref40]" in scaffold and "| **no** |" in scaffold
+    assert "grab-fedavg[ref40] vs fedavg[ref40]" in grab and "| **yes** |" in grab
