@@ -608,10 +608,10 @@ FEDNOVA_SYN = ("PYTHONPATH=src python -m fedhet reproduce fednova --scale paper 
 
 FEDVECA_SVM = "PYTHONPATH=src python -m fedhet.experiments.papers.fedveca.study --out runs/fedveca-paper"
 BHERD_SVM = ("PYTHONPATH=src python -m fedhet.experiments.papers.bherd.readings run --root runs/bherd-study "
-             "--study readings|alpha|criterion|ref40|batch --seeds 0-9")
-EXPORT = "`fedhet.experiments.paper_results.export_runs` into results/{}/"
-FV_TODO = _not_run(FEDVECA_SVM, EXPORT.format("fedveca"))
-BH_TODO = _not_run(BHERD_SVM, EXPORT.format("bherd"))
+             "--study readings|alpha|criterion|ref40|batch|methods [--setup ref40] --seeds 0-9")
+EXPORT = "`python -m fedhet.experiments.papers.{}.export ...` into results/{}/"
+FV_TODO = _not_run(FEDVECA_SVM, EXPORT.format("fedveca", "fedveca"))
+BH_TODO = _not_run(BHERD_SVM, EXPORT.format("bherd", "bherd"))
 
 
 def _svm(e: Experiment) -> bool:
