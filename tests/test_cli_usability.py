@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_errors import one_error_line
 
 from fedhet.cli import main, new_run_dir
 from fedhet.experiments import show
@@ -27,13 +28,6 @@ def fedhet(*args: str, cwd: Path | None = None, env: dict[str, str] | None = Non
     environ = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "fedhet", *args], capture_output=True, text=True,
                           cwd=cwd, env=environ, timeout=120)
-
-
-def one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
 
 
 @pytest.mark.parametrize(

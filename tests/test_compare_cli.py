@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_errors import one_error_line
 
 from fedhet.cli import main
 from fedhet.experiments.grid import load_grid
@@ -75,9 +76,7 @@ def test_set_overrides_a_grid_file_and_replaces_its_axis(tmp_path, capsys):
 )
 def test_command_line_grid_mistakes_are_one_line(tmp_path, capsys, extra, needle):
     out = tmp_path / "g"
-    assert main([*SWEEP, *extra, "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert needle in one_error_line(capsys, [*SWEEP, *extra, "--out", str(out)])
     assert not (out / "runs").exists()
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from cli_errors import one_error_line
 
-from fedhet.cli import main
 from fedhet.engine.config import config_of
 from fedhet.experiments.papers.base import SETUPS
 from fedhet.experiments.papers.bherd.preset import REF40
@@ -92,7 +92,5 @@ def test_a_setup_other_than_the_default_has_its_own_output() -> None:
 def test_bad_setups_are_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str],
                                  message: str) -> None:
     out = tmp_path / "out"
-    assert main(["reproduce", *argv, "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: " + message), err
+    assert one_error_line(capsys, ["reproduce", *argv, "--out", str(out)]).startswith("error: " + message)
     assert not out.exists()
