@@ -21,6 +21,7 @@ from fedhet.deploy.launch import (  # noqa: E402
     Watchdog,
     _alive,
     _children,
+    _parent,
     _wait_status,
     describe_status,
     stop_tree,
@@ -49,6 +50,52 @@ def test_exit_status_of_a_killed_process_that_is_not_our_child():
         parent.kill()
         parent.wait()
     assert describe_status(3) == "exit code 3" and describe_status(None) == "exit code unknown"
+
+
+def test_a_process_the_server_app_forks_is_not_taken_for_the_server_app(tmp_path):
+    """Flower's ServerApp runs `uname -p` and `file -b`: between fork and exec the child has
+    the ServerApp's command line, then it exits. A healthy run went on being reported as "the
+    ServerApp died" when the watchdog looked in that window (CI, stop 28). Here the window is
+    stretched: the stand-in ServerApp forks a child that keeps its command line for 1 s and
+    then stays a zombie; only the stand-in's own death ends the run."""
+    app = ("import os, sys, time\n"
+           "child = os.fork()\n"
+           "if child == 0:\n"
+           "    time.sleep(1.0)\n"
+           "    os._exit(0)\n"
+           "print('fork', child, flush=True)\n"
+           "time.sleep(60)\n")  # never reaps the child
+    superlink = ("import subprocess, sys, time\n"
+                 f"p = subprocess.Popen([sys.executable, '-c', {app!r}, 'flwr-' + 'serverapp'])\n"
+                 "print('app', p.pid, flush=True)\n"
+                 "time.sleep(60)\n")
+    fed = LocalFederation(1, workdir=tmp_path)
+    fed.logs.mkdir(parents=True)
+    idle = subprocess.Popen(["sleep", "60"])
+    watchdog = Watchdog(fed, idle, echo=lambda _: None)
+    fed.superlink = subprocess.Popen([sys.executable, "-c", superlink], stdout=subprocess.PIPE,
+                                     text=True)
+    try:
+        pids = dict(fed.superlink.stdout.readline().split() for _ in range(2))  # either order
+        server, forked = int(pids["app"]), int(pids["fork"])
+        saw_the_fork = False
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            saw_the_fork |= "flwr-serverapp" in _cmdline(forked)
+            watchdog.check()  # the fork lives, then exits: no error
+            time.sleep(0.05)
+        assert saw_the_fork and not _alive(forked)
+        assert list(watchdog.serverapps) == [server]
+        os.kill(server, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(server) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with pytest.raises(FedhetError, match=rf"the ServerApp \(flwr-serverapp, PID {server}\) died"):
+            watchdog.check()
+    finally:
+        for proc in (fed.superlink, idle):
+            stop_tree(proc)
+        fed.superlink = None
 
 
 def test_server_error_ends_the_wait_with_one_line(tmp_path):
@@ -145,7 +192,8 @@ def test_killing_the_server_app_ends_deploy_local_at_once(tmp_path):
             metrics = tmp_path / "out" / "metrics.csv"
             if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:  # round 1 done
                 started = _children(proc.pid)
-                apps = [p for p in started if "flwr-serverapp" in _cmdline(p)]
+                apps = [p for p in started if "flwr-serverapp" in _cmdline(p)
+                        and "flwr-serverapp" not in _cmdline(_parent(p))]  # not a fork of it
                 server = apps[0] if apps else None
             time.sleep(0.2)
         assert server is not None, f"the run did not start: {proc.stderr.read() if proc.poll() else ''}"

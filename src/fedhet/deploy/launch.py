@@ -404,6 +404,12 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
+def _parent(pid: int) -> int:
+    """The parent PID of `pid` (0 once it is gone)."""
+    fields = _stat(pid)
+    return int(fields[1]) if fields else 0
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -465,9 +471,14 @@ class Watchdog:
         self.warned: set[int] = set()
 
     def _serverapp_pids(self) -> list[int]:
+        """The SuperLink's descendants that are a ServerApp: their command line names
+        `flwr-serverapp` and their parent's does not. A process the ServerApp forks carries
+        its command line until it execs (Flower's `platform` calls run `uname -p` and
+        `file -b`), then exits: taking it for the ServerApp reported a healthy run as dead."""
         if self.fed.superlink is None:
             return []
-        return [p for p in _children(self.fed.superlink.pid) if SERVERAPP in _cmdline(p)]
+        return [p for p in _children(self.fed.superlink.pid)
+                if SERVERAPP in _cmdline(p) and SERVERAPP not in _cmdline(_parent(p))]
 
     def _new_lines(self, path: Path) -> list[str]:
         try:
