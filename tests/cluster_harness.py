@@ -13,6 +13,8 @@ directories left in WORK):
   SIGKILLed while one of its runs is part-way, its driver killed with -9 and started again.
 - `refused`: a grid asking for more CPUs than a node has; and a grid directory the worker node
   cannot see (it runs in a private mount namespace with an empty tmpfs over WORK/hidden).
+- `late` (after `lost`, with the head node alone): a grid in WORK/hidden, and two nodes joining
+  while it runs: one that cannot see WORK/hidden and one that can.
 """
 
 from __future__ import annotations
@@ -259,6 +261,39 @@ def scenario_lost(work: Path, worker: Node, worker_id: str, report: dict) -> Non
     report["lost_jobs_rc"] = finish(reference, 240)
 
 
+def scenario_late(work: Path, address: str, temp: Path, started: list[Node], report: dict) -> None:
+    """Nodes that join a running grid: the driver probes each; one that cannot see the grid
+    directory gets no run, one that can takes runs. The grid starts on the head node alone."""
+    grid = work / "late.toml"
+    rounds = report["late_rounds"] = 2 * LOST_ROUNDS  # ~12 s a run: nodes take ~20 s to join
+    grid.write_text(GRID.format(clients=6, rounds=rounds).replace(
+        "seed = [0, 1, 2, 3]", "seed = [0, 1, 2, 3, 4, 5]"))
+    out = work / "hidden" / "late"
+    report["late_alive_before"] = len(nodes(address, 1))
+    proc = driver(work, "late", grid, out, "--cluster", "ray", "--ray-address", address)
+
+    def started_runs() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the driver ended early: {(work / 'late.log').read_text()}")
+        return any(rounds_done(r) >= 3 for r in (out / "runs").iterdir()) \
+            if (out / "runs").is_dir() else False
+
+    wait_for("a run part-way on the head node", started_runs, 150, 0.05)
+    hidden = work / "hidden"
+    blind = Node(["--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                  "--disable-usage-stats", "--temp-dir", str(temp)], work / "node-blind.log",
+                 prefix=["unshare", "-m", "sh", "-c", f'mount -t tmpfs none {hidden} && exec "$0" "$@"'])
+    started.append(blind)
+    blind.started()  # one at a time: two raylets registering at once on one address time out
+    seeing = Node(["--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                   "--disable-usage-stats", "--temp-dir", str(temp)], work / "node-seeing.log")
+    started.append(seeing)
+    seeing.started()
+    report["late_joined_at"] = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
+    report["late_rc"] = finish(proc, 300)
+    report["late_runs"] = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
+
+
 def scenario_refused(work: Path, address: str, report: dict) -> None:
     grid = work / "same.toml"
     big = driver(work, "refused-cpus", grid, work / "refused-cpus", "--cluster", "ray",
@@ -302,6 +337,7 @@ def main(work: Path) -> None:
             ("same", lambda: scenario_same(work, address, report)),
             ("refused", lambda: scenario_refused(work, address, report)),
             ("lost", lambda: scenario_lost(work, worker, worker_id, report)),
+            ("late", lambda: scenario_late(work, address, temp, started, report)),
         ):
             t = time.monotonic()
             try:

@@ -4,7 +4,8 @@ One harness run, inside a private network namespace, starts the cluster once and
 grid below against it; these tests read what it reports and the directories it leaves:
 a grid on the cluster equals the same grid with `--jobs`; a worker node lost part-way (its
 raylet SIGKILLed) and then the driver killed with -9 lose nothing; a cluster without what a
-grid needs is refused in one line.
+grid needs is refused in one line; nodes that join a running grid get runs only once their
+file probe passed.
 """
 
 from __future__ import annotations
@@ -140,6 +141,29 @@ def test_a_cluster_without_what_the_grid_needs_is_refused_in_one_line(cluster):
     assert not (work / "hidden" / "grid" / "runs").exists()  # nothing ran
 
 
+@needs_ray
+def test_nodes_that_join_a_running_grid_are_probed_before_they_get_runs(cluster):
+    """Two nodes join while a grid runs on the head alone: the one that cannot see the grid
+    directory is named in one line and gets no run; the one that can takes runs."""
+    work, report = cluster
+    assert "late_failed" not in report, report.get("late_failed")
+    text = log(work, "late")
+    assert report["late_alive_before"] == 1 and report["late_rc"] == 0, text
+    assert "cluster: 1 Ray node(s), 1 unit(s) at a time" in text
+    assert sorted(report["late_runs"].values()) == [report["late_rounds"]] * 6, report["late_runs"]
+    assert any(k < report["late_rounds"] for k in report["late_joined_at"].values())  # joined mid-grid
+    refused = [x for x in text.splitlines() if x.startswith("cluster: no run goes to node ")]
+    assert len(refused) == 1, text
+    blind = refused[0].removeprefix("cluster: no run goes to node ").split(": ")[0]
+    assert f"cannot read {work / 'hidden' / 'late' / '.cluster' / 'probe'}" in refused[0]
+    assert "mount the grid directory at the same path" in refused[0]
+    joined = [x for x in text.splitlines() if x.endswith(" joined; runs go there too")]
+    assert len(joined) == 1, text
+    seeing = joined[0].removeprefix("cluster: node ").removesuffix(" joined; runs go there too")
+    placed = [x.rsplit(" on ", 1)[1] for x in text.splitlines() if "] fedavg__seed" in x and ": final " in x]
+    assert len(placed) == 6 and blind not in placed and seeing in placed, text
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--ray-address", "auto"], "--ray-address: options of --cluster ray; add --cluster ray"),
     (["--cluster", "ray", "--jobs", "2"], "--jobs sets local processes"),
@@ -207,6 +231,129 @@ def test_a_retried_job_resumes_what_its_lost_task_began(tmp_path):
     assert refreshed(job).resume and refreshed(job).settings == job.settings
     again = Job("r", {}, str(tmp_path / "r"), resume=True)
     assert refreshed(again) is again
+
+
+ID = {name: f"{i + 1:x}" * 56 for i, name in enumerate(["head", "good", "blind", "slow"])}
+"""Node ids (Ray checks they are 56 hex digits) of the stand-in nodes, by host name."""
+
+
+class _ProbeRay:
+    """A stand-in Ray for `Members`: the `alive` nodes (host names) and each probe's answer by
+    host name (None: not answered yet)."""
+
+    class exceptions:  # noqa: N801 - Ray's name
+        RayError = RuntimeError
+
+    def __init__(self, alive: list[str], answers: dict[str, dict | None]) -> None:
+        self.alive, self.answers, self.sent, self.cancelled = alive, answers, [], []
+        self.host = {v: k for k, v in ID.items()}
+
+    def nodes(self) -> list[dict]:
+        return [{"NodeID": ID[n], "Alive": True, "NodeManagerHostname": n} for n in self.alive]
+
+    def remote(self, fn):
+        ray = self
+
+        class Task:
+            def options(self, scheduling_strategy=None, **_):
+                node = ray.host[scheduling_strategy.node_id]
+
+                class Bound:
+                    def remote(self, *args):
+                        ray.sent.append(node)
+                        return ("probe", node)
+                return Bound()
+        return Task()
+
+    def wait(self, refs, num_returns, timeout):
+        ready = [r for r in refs if self.answers.get(r[1]) is not None]
+        return ready, [r for r in refs if r not in ready]
+
+    def get(self, ref):
+        return self.answers[ref[1]]
+
+    def cancel(self, ref, force):
+        self.cancelled.append(ref[1])
+
+
+@needs_ray
+def test_a_node_that_joins_is_probed_and_kept_from_runs_until_it_answers_yes(tmp_path):
+    from fedhet.experiments.cluster import Members
+
+    ray = _ProbeRay(["head"], {})
+    notes: list[str] = []
+    members = Members(ray, ray.nodes(), tmp_path, "token", str(tmp_path), notes.append)
+    assert members.selector() is None and not members.nowhere()  # Ray places runs freely
+    ray.alive = ["head", "good", "blind"]
+    ray.answers = {"good": None, "blind": None}
+    assert [n["NodeManagerHostname"] for n in members.look()] == ["head"]
+    assert sorted(ray.sent) == ["blind", "good"]
+    assert members.selector() == {"ray.io/node-id": f"in({ID['head']})"}  # off the unprobed
+    ray.answers = {"good": {"ok": True}, "blind": {"ok": False, "why": "cannot read /g/probe"}}
+    assert [n["NodeManagerHostname"] for n in members.look()] == ["head", "good"]
+    assert sorted(ray.sent) == ["blind", "good"]  # each probed once
+    assert members.selector() == {"ray.io/node-id": f"in({ID['head']},{ID['good']})"}
+    assert notes == ["cluster: node good joined; runs go there too",
+                     "cluster: no run goes to node blind: cannot read /g/probe; every node must "
+                     "mount the grid directory at the same path (docs/cluster.md)"]
+    ray.alive = ["blind"]  # the usable nodes lost: nowhere to place runs until one joins
+    members.look()
+    assert members.nowhere() and len(notes) == 2
+
+
+@needs_ray
+def test_a_probe_that_never_answers_refuses_its_node(tmp_path, monkeypatch):
+    from fedhet.experiments import cluster
+
+    ray = _ProbeRay(["head", "slow"], {"slow": None})
+    notes: list[str] = []
+    members = cluster.Members(ray, ray.nodes()[:1], tmp_path, "t", str(tmp_path), notes.append)
+    members.look()
+    assert not ray.cancelled and not notes
+    monkeypatch.setattr(cluster, "PROBE_TIMEOUT_S", -1.0)
+    members.look()
+    assert ray.cancelled == ["slow"] and ID["slow"] in members.refused
+    assert notes[0].startswith("cluster: no run goes to node slow: it did not answer the file probe")
+
+
+@needs_ray
+def test_a_task_on_a_node_that_cannot_use_the_grid_touches_nothing_and_is_requeued(
+        tmp_path, monkeypatch):
+    """A node joined between two looks and got a task: the task's own probe fails, its runs go
+    back to the front of the queue (not counted as a try) and the node is refused."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from fedhet.experiments import cluster
+    from fedhet.experiments.runner import Job
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: ID["blind"]))
+    control = tmp_path / ".cluster"
+    control.mkdir()
+    (control / "probe").write_text("another grid's token\n")
+    unit = [Job("r", {"dataset": "digits", "rounds": 1}, str(tmp_path / "runs" / "r"), resume=False)]
+    results = cluster.run_task(unit, str(control), str(tmp_path), 1, 0.0, "token")
+    assert results == [{"name": "r", "misplaced": f"{control / 'probe'} holds another grid's marker",
+                        "at": ID["blind"]}]
+    assert not (tmp_path / "runs").exists() and not (control / "where").exists()
+
+    class Done:
+        exceptions = ray.exceptions
+
+        def get(self, ref):
+            return results
+
+    notes: list[str] = []
+    members = cluster.Members(_ProbeRay(["head", "blind"], {}), [{"NodeID": ID["head"]}],
+                              control, "token", str(tmp_path), notes.append)
+    queue, attempts = cluster.deque([["other"]]), {id(unit): 1}
+    progress = SimpleNamespace(note=notes.append, where={})
+    assert cluster._results(Done(), "ref", unit, attempts, queue, False, progress, members,
+                            control) == []
+    assert list(queue) == [unit, ["other"]] and attempts[id(unit)] == 0
+    assert ID["blind"] in members.refused
+    assert notes[-1].startswith(f"cluster: no run goes to node {ID['blind'][:8]}: ")
 
 
 def test_cluster_options_are_checked():

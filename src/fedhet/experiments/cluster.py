@@ -12,12 +12,16 @@ streamed back: a run directory written by a task is byte-for-byte what `--jobs` 
 checkpoint outlives the node that wrote it, and the one-writer `flock` of each run directory
 (`fedhet.engine.rundir`) keeps a straggler of a lost node and its replacement apart. At start,
 a probe task on every node must read a marker the driver wrote into the grid directory and
-write beside it; a node that cannot is refused with one line (`check_nodes`).
+write beside it; a node that cannot is refused with one line (`check_nodes`). A node that joins
+later is probed the same way when the driver first sees it (`Members`); until its answer comes
+runs are kept off it (a Ray label selector on `ray.io/node-id`), and a node that cannot use the
+grid gets one line and no run. A task that still lands on such a node (it joined between two
+looks) checks for itself, and its runs go back to the queue untouched.
 
-**Control files.** `GRID/.cluster/` holds what the driver and its tasks tell each other: `stop`
-(the driver's Ctrl-C: running runs stop after their next saved round, as with `--jobs`) and
-`where/<run>` (the node a run runs on, for the progress display). It is cleared when a driver
-starts.
+**Control files.** `GRID/.cluster/` holds what the driver and its tasks tell each other: `probe`
+(the marker above), `stop` (the driver's Ctrl-C: running runs stop after their next saved round,
+as with `--jobs`) and `where/<run>` (the node a run runs on, for the progress display). It is
+cleared when a driver starts.
 
 **A lost node loses nothing.** A task whose node (or worker process) dies fails with a Ray
 system error; the driver resubmits its unit (`MAX_ATTEMPTS`), and the new task resumes each run
@@ -176,7 +180,7 @@ def probe(marker: str, token: str, cwd: str, version: str) -> dict[str, Any]:
             return {"node": node, "ok": False, "why": f"{path} holds another grid's marker"}
     except OSError as e:
         return {"node": node, "ok": False, "why": f"cannot read {path} ({e.strerror or e})"}
-    mine = path.parent / f"probe-{node}"
+    mine = path.parent / f"probe-{node}-{uuid.uuid4().hex[:8]}"  # tasks on one node run at once
     try:
         mine.write_text(token)
         mine.unlink()
@@ -190,22 +194,35 @@ def probe(marker: str, token: str, cwd: str, version: str) -> dict[str, Any]:
     return {"node": node, "ok": True, "host": socket.gethostname()}
 
 
-def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str) -> None:
-    """Run `probe` on every alive node (pinned to it, no CPU asked); refuse the cluster, in one
-    line, when a node cannot see the grid directory or does not answer in time."""
+def write_marker(control: Path) -> str:
+    """A fresh token in `control/probe`, which every node's probe must read; returns it. It
+    stays while the grid runs: late nodes and every task read it too."""
+    token = uuid.uuid4().hex
+    (control / "probe").write_text(token + "\n")
+    return token
+
+
+def send_probes(ray: Any, node_ids: list[str], control: Path, token: str, cwd: str) -> dict[Any, str]:
+    """`probe` on each of `node_ids`, pinned to it, no CPU asked: object ref → node id."""
     # optional extra: fedhet[cluster]
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    token = uuid.uuid4().hex
-    marker = control / "probe"
-    marker.write_text(token + "\n")
+    if not node_ids:
+        return {}
     task = ray.remote(probe)
-    labels = node_labels(nodes)
-    refs = {
+    return {
         task.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            n["NodeID"], soft=False)).remote(str(marker), token, cwd, fedhet.__version__): n["NodeID"]
-        for n in nodes
+            node, soft=False)).remote(str(control / "probe"), token, cwd, fedhet.__version__): node
+        for node in node_ids
     }
+
+
+def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str) -> str:
+    """Run `probe` on every alive node; refuse the cluster, in one line, when a node cannot see
+    the grid directory or does not answer in time. Returns the marker's token."""
+    token = write_marker(control)
+    labels = node_labels(nodes)
+    refs = send_probes(ray, [n["NodeID"] for n in nodes], control, token, cwd)
     ready, missing = ray.wait(list(refs), num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
     if missing:
         late = ", ".join(labels[refs[r]] for r in missing)
@@ -224,7 +241,80 @@ def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str) 
                 f"Ray node {labels[refs[ref]]} cannot use the grid directory: {answer['why']}; "
                 "every node must mount it at the same path (a shared filesystem, docs/cluster.md)"
             )
-    marker.unlink(missing_ok=True)
+    return token
+
+
+class Members:
+    """The nodes runs may go to: those probed at the start, and each node that joins later
+    once its probe said it can use the grid directory. A joining node is probed when `look`
+    first sees it; until it answers — and for good if it cannot use the grid or does not answer
+    within `PROBE_TIMEOUT_S` — `selector()` keeps runs off it."""
+
+    def __init__(self, ray: Any, nodes: list[dict[str, Any]], control: Path, token: str,
+                 cwd: str, note: Any) -> None:
+        self.ray, self.control, self.token, self.cwd, self.note = ray, control, token, cwd, note
+        self.usable = {n["NodeID"] for n in nodes}
+        self.refused: dict[str, str] = {}
+        self.probing: dict[Any, tuple[str, float]] = {}  # probe ref → (node id, sent at)
+        self.alive = list(nodes)
+        self.labels = node_labels(nodes)
+
+    def look(self) -> list[dict[str, Any]]:
+        """Re-read the alive nodes, probe the new ones, take in the answers that came; returns
+        the alive nodes runs may go to."""
+        self.alive = alive_nodes(self.ray)
+        for node, label in node_labels(self.alive).items():
+            self.labels.setdefault(node, label)  # a node keeps its name in every line
+        asked = {node for node, _ in self.probing.values()}
+        new = [n["NodeID"] for n in self.alive
+               if n["NodeID"] not in self.usable | set(self.refused) | asked]
+        now = time.monotonic()
+        for ref, node in send_probes(self.ray, new, self.control, self.token, self.cwd).items():
+            self.probing[ref] = (node, now)
+        if self.probing:
+            ready, _ = self.ray.wait(list(self.probing), num_returns=len(self.probing), timeout=0)
+            for ref in ready:
+                node, _ = self.probing.pop(ref)
+                try:
+                    answer = self.ray.get(ref)
+                except self.ray.exceptions.RayError as e:
+                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                    answer = {"ok": False, "why": f"it cannot run fedhet ({first})"}
+                self._answered(node, answer)
+            for ref, (node, sent) in list(self.probing.items()):
+                if now - sent > PROBE_TIMEOUT_S:
+                    del self.probing[ref]
+                    self.ray.cancel(ref, force=True)
+                    self.refuse(node, f"it did not answer the file probe within {PROBE_TIMEOUT_S:.0f} s")
+        return [n for n in self.alive if n["NodeID"] in self.usable]
+
+    def _answered(self, node: str, answer: dict[str, Any]) -> None:
+        if answer.get("ok"):
+            self.usable.add(node)
+            self.note(f"cluster: node {self.labels.get(node, node[:8])} joined; runs go there too")
+        else:
+            self.refuse(node, answer.get("why", "?"))
+
+    def refuse(self, node: str, why: str) -> None:
+        """Keep runs off `node` from now on, saying why once."""
+        if node in self.refused:
+            return
+        self.usable.discard(node)
+        self.refused[node] = why
+        self.note(f"cluster: no run goes to node {self.labels.get(node, node[:8])}: {why}; "
+                  "every node must mount the grid directory at the same path (docs/cluster.md)")
+
+    def nowhere(self) -> bool:
+        """Nodes are alive but no run may go to any of them."""
+        return bool(self.alive) and not any(n["NodeID"] in self.usable for n in self.alive)
+
+    def selector(self) -> dict[str, str] | None:
+        """Task options that keep runs on usable nodes: none while every alive node is usable
+        (Ray places runs as it likes), else a label selector listing the usable ones."""
+        alive = [n["NodeID"] for n in self.alive]
+        if all(node in self.usable for node in alive):
+            return None
+        return {"ray.io/node-id": "in(" + ",".join(sorted(n for n in alive if n in self.usable)) + ")"}
 
 
 # -- the task --------------------------------------------------------------------------------
@@ -260,14 +350,20 @@ def wait_unlocked(out: Path, timeout: float) -> None:
 
 
 def run_task(
-    unit: list[Job], control: str, cwd: str, cores: int, gpus: float = 0.0
+    unit: list[Job], control: str, cwd: str, cores: int, gpus: float = 0.0, token: str = ""
 ) -> list[dict[str, Any]]:
     """One unit on a node: the local runner's `run_unit`, with the driver's stop flag read from
     the shared filesystem, each run's node written for the progress display, and partial runs
     resumed (`refreshed`). A task that asked for no GPU sees none (`device = auto` is the CPU),
-    whatever Ray's default for such tasks."""
+    whatever Ray's default for such tasks. A node that cannot use the grid (`probe` with the
+    driver's `token`) touches nothing: each run comes back as `{"misplaced": why}`."""
     import ray  # optional extra: fedhet[cluster]
 
+    if token:
+        answer = probe(str(Path(control) / "probe"), token, cwd, fedhet.__version__)
+        if not answer["ok"]:
+            return [{"name": job.name, "misplaced": answer["why"], "at": answer["node"]}
+                    for job in unit]
     os.chdir(cwd)  # relative data and run paths mean what they mean to the driver
     os.environ[CORES_ENV] = str(cores)
     if gpus == 0:
@@ -344,12 +440,12 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
     check_resources(nodes, options)
     control = _control(runs_dir.resolve())
     cwd = os.getcwd()
-    check_nodes(ray, nodes, control, cwd)
-    labels = node_labels(nodes)
+    token = check_nodes(ray, nodes, control, cwd)
+    members = Members(ray, nodes, control, token, cwd, progress.note)
+    labels = members.labels
     cores = max(1, int(options.cpus_per_run))
-    task = ray.remote(run_task).options(
-        num_cpus=options.cpus_per_run, num_gpus=options.gpus_per_run, max_retries=0,
-    )
+    task = ray.remote(run_task)
+    where = {"num_cpus": options.cpus_per_run, "num_gpus": options.gpus_per_run, "max_retries": 0}
     queue: deque[list[Job]] = deque(units)
     attempts: dict[int, int] = {}
     inflight: dict[Any, list[Job]] = {}
@@ -365,25 +461,30 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
                 tally.cancelled += sum(len(u) for u in queue)
                 queue.clear()
             if time.monotonic() - checked > CAPACITY_EVERY_S:
-                nodes = alive_nodes(ray)
-                labels.update(node_labels(nodes))
+                nodes = members.look()
                 room, checked = capacity(nodes, options), time.monotonic()
                 if room < 1 and not waiting:
                     progress.note("cluster: no alive node has room for a run; waiting for nodes "
                                   "to join (Ctrl-C stops the grid)")
                 waiting = room < 1
-            while queue and len(inflight) < max(1, room):
-                unit = queue.popleft()
-                attempts[id(unit)] = attempts.get(id(unit), 0) + 1
-                ref = task.remote([dataclasses.replace(j, out=str(Path(j.out).resolve()))
-                                   for j in unit], str(control), cwd, cores,
-                                  options.gpus_per_run)
-                inflight[ref] = unit
-            ready, _ = ray.wait(list(inflight), num_returns=len(inflight), timeout=0.2)
+            if queue and len(inflight) < max(1, room) and not members.nowhere():
+                selector = members.selector()  # keeps runs off nodes not (yet) probed
+                placed = task.options(**where, **({"label_selector": selector} if selector else {}))
+                while queue and len(inflight) < max(1, room):
+                    unit = queue.popleft()
+                    attempts[id(unit)] = attempts.get(id(unit), 0) + 1
+                    ref = placed.remote([dataclasses.replace(j, out=str(Path(j.out).resolve()))
+                                         for j in unit], str(control), cwd, cores,
+                                        options.gpus_per_run, token)
+                    inflight[ref] = unit
+            if not inflight:  # every alive node refused: wait for one that can take runs
+                time.sleep(0.2)
+            ready, _ = (ray.wait(list(inflight), num_returns=len(inflight), timeout=0.2)
+                        if inflight else ([], []))
             for ref in ready:
                 unit = inflight.pop(ref)
                 for result in _results(ray, ref, unit, attempts, queue, stopping, progress,
-                                       labels, control):
+                                       members, control):
                     tally.add(result, progress, 0.0)
             _where(progress, control, labels)
             progress.tick()
@@ -394,16 +495,18 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
         tally.unfinished = sum(len(u) for u in queue) + sum(len(u) for u in inflight.values())
     finally:
         (control / "stop").unlink(missing_ok=True)
-        for entry in (control / "where").iterdir():
+        for entry in [control / "probe", *control.glob("probe-*"), *(control / "where").iterdir()]:
             entry.unlink(missing_ok=True)
         with suppress(OSError):
             (control / "where").rmdir()
             control.rmdir()
 
 
-def _results(ray, ref, unit, attempts, queue, stopping, progress, labels, control) -> list[dict]:
+def _results(ray, ref, unit, attempts, queue, stopping, progress, members, control) -> list[dict]:
     """What a finished task means for its runs: their results, or (its node or worker lost)
-    a resubmission that resumes them, or (stopping) runs stopped at their last checkpoint."""
+    a resubmission that resumes them, or (stopping) runs stopped at their last checkpoint, or
+    (a node that cannot use the grid) the unit back in the queue, that node refused."""
+    labels = members.labels
     try:
         results = ray.get(ref)
     except ray.exceptions.TaskCancelledError:
@@ -421,6 +524,14 @@ def _results(ray, ref, unit, attempts, queue, stopping, progress, labels, contro
                                                 f"{where}); see docs/cluster.md"} for job in unit]
         runs = ", ".join(f"{job.name} (from round {_saved_round(job)})" for job in unit)
         progress.note(f"lost on {where} ({why}); resubmitted: {runs}")
+        queue.appendleft(unit)
+        return []
+    misplaced = [r for r in results if "misplaced" in r]
+    if misplaced:
+        members.refuse(misplaced[0]["at"], misplaced[0]["misplaced"])
+        attempts[id(unit)] -= 1  # it never started: not a try
+        if stopping:
+            return [{"name": job.name, "stopped": _saved_round(job)} for job in unit]
         queue.appendleft(unit)
         return []
     where = _where_of(unit, control, labels)
