@@ -299,6 +299,12 @@ def test_a_node_that_joins_is_probed_and_kept_from_runs_until_it_answers_yes(tmp
     ray.alive = ["blind"]  # the usable nodes lost: nowhere to place runs until one joins
     members.look()
     assert members.nowhere() and len(notes) == 2
+    # a node one of whose tasks found it unusable stays refused when its probe then says yes
+    ray.alive, ray.answers = ["blind", "slow"], {"slow": None}
+    members.look()
+    members.refuse(ID["slow"], "cannot read /g/probe")
+    ray.answers = {"slow": {"ok": True}}
+    assert members.look() == [] and ID["slow"] not in members.usable and len(notes) == 3
 
 
 @needs_ray

@@ -289,6 +289,8 @@ class Members:
         return [n for n in self.alive if n["NodeID"] in self.usable]
 
     def _answered(self, node: str, answer: dict[str, Any]) -> None:
+        if node in self.refused:
+            return  # a task of its own found it unusable before its probe answered
         if answer.get("ok"):
             self.usable.add(node)
             self.note(f"cluster: node {self.labels.get(node, node[:8])} joined; runs go there too")
