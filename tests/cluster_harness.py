@@ -265,7 +265,8 @@ def scenario_late(work: Path, address: str, temp: Path, started: list[Node], rep
     """Nodes that join a running grid: the driver probes each; one that cannot see the grid
     directory gets no run, one that can takes runs. The grid starts on the head node alone."""
     grid = work / "late.toml"
-    rounds = report["late_rounds"] = 2 * LOST_ROUNDS  # ~12 s a run: nodes take ~20 s to join
+    rounds = report["late_rounds"] = 2 * LOST_ROUNDS  # ~12 s a run: runs are left when the
+    # two nodes have joined (~5 s each here, one after the other)
     grid.write_text(GRID.format(clients=6, rounds=rounds).replace(
         "seed = [0, 1, 2, 3]", "seed = [0, 1, 2, 3, 4, 5]"))
     out = work / "hidden" / "late"
