@@ -91,6 +91,12 @@ def import_ray() -> Any:
     return ray
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of a (Ray) error's message, or its type's name when it has none."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def connect(options: ClusterOptions) -> tuple[Any, bool]:
     """Join the cluster (`ray.init`); returns Ray and whether this call started a local one."""
     ray = import_ray()
@@ -105,8 +111,7 @@ def connect(options: ClusterOptions) -> tuple[Any, bool]:
             ray.init(include_dashboard=False, **quiet)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"at {address}" if address else "on this machine"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise FedhetError(f"cannot join a Ray cluster {where}: {first}") from None
+        raise FedhetError(f"cannot join a Ray cluster {where}: {first_line(e)}") from None
     return ray, not address
 
 
@@ -234,8 +239,7 @@ def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str) 
         try:
             answer = ray.get(ref)
         except ray.exceptions.RayError as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise FedhetError(f"Ray node {labels[refs[ref]]} cannot run fedhet: {first}") from None
+            raise FedhetError(f"Ray node {labels[refs[ref]]} cannot run fedhet: {first_line(e)}") from None
         if not answer["ok"]:
             raise FedhetError(
                 f"Ray node {labels[refs[ref]]} cannot use the grid directory: {answer['why']}; "
@@ -265,9 +269,8 @@ class Members:
         self.alive = alive_nodes(self.ray)
         for node, label in node_labels(self.alive).items():
             self.labels.setdefault(node, label)  # a node keeps its name in every line
-        asked = {node for node, _ in self.probing.values()}
-        new = [n["NodeID"] for n in self.alive
-               if n["NodeID"] not in self.usable | set(self.refused) | asked]
+        known = self.usable | set(self.refused) | {node for node, _ in self.probing.values()}
+        new = [n["NodeID"] for n in self.alive if n["NodeID"] not in known]
         now = time.monotonic()
         for ref, node in send_probes(self.ray, new, self.control, self.token, self.cwd).items():
             self.probing[ref] = (node, now)
@@ -278,8 +281,7 @@ class Members:
                 try:
                     answer = self.ray.get(ref)
                 except self.ray.exceptions.RayError as e:
-                    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                    answer = {"ok": False, "why": f"it cannot run fedhet ({first})"}
+                    answer = {"ok": False, "why": f"it cannot run fedhet ({first_line(e)})"}
                 self._answered(node, answer)
             for ref, (node, sent) in list(self.probing.items()):
                 if now - sent > PROBE_TIMEOUT_S:
@@ -352,7 +354,7 @@ def wait_unlocked(out: Path, timeout: float) -> None:
 
 
 def run_task(
-    unit: list[Job], control: str, cwd: str, cores: int, gpus: float = 0.0, token: str = ""
+    unit: list[Job], control: str, cwd: str, cores: int, gpus: float, token: str
 ) -> list[dict[str, Any]]:
     """One unit on a node: the local runner's `run_unit`, with the driver's stop flag read from
     the shared filesystem, each run's node written for the progress display, and partial runs
@@ -361,11 +363,10 @@ def run_task(
     driver's `token`) touches nothing: each run comes back as `{"misplaced": why}`."""
     import ray  # optional extra: fedhet[cluster]
 
-    if token:
-        answer = probe(str(Path(control) / "probe"), token, cwd, fedhet.__version__)
-        if not answer["ok"]:
-            return [{"name": job.name, "misplaced": answer["why"], "at": answer["node"]}
-                    for job in unit]
+    answer = probe(str(Path(control) / "probe"), token, cwd, fedhet.__version__)
+    if not answer["ok"]:
+        return [{"name": job.name, "misplaced": answer["why"], "at": answer["node"]}
+                for job in unit]
     os.chdir(cwd)  # relative data and run paths mean what they mean to the driver
     os.environ[CORES_ENV] = str(cores)
     if gpus == 0:
