@@ -24,8 +24,8 @@ from fedhet.deploy.launch import (  # noqa: E402
     LocalFederation,
     _alive,
     _children,
-    _parent,
     _process_table,
+    named_descendants,
     stop_tree,
 )
 from fedhet.deploy.project import write_app  # noqa: E402
@@ -123,8 +123,7 @@ def test_a_killed_superlink_ends_deploy_local_and_leaves_nothing_running(tmp_pat
         table = _process_table()
         deployment = set(_children(proc.pid))
         sessions = {table[p][1] for p in deployment if p in table} - {os.getsid(0)}
-        superlink = [p for p in deployment if "flower-superlink" in _cmdline(p)
-                     and "flower-superlink" not in _cmdline(_parent(p))]  # not a fork of it
+        superlink = named_descendants(proc.pid, "flower-superlink")  # not a fork of it
         assert len(superlink) == 1 and any("flwr-serverapp" in _cmdline(p) for p in deployment)
         os.kill(superlink[0], signal.SIGKILL)
         _, err = proc.communicate(timeout=60)

@@ -21,9 +21,9 @@ from fedhet.deploy.launch import (  # noqa: E402
     Watchdog,
     _alive,
     _children,
-    _parent,
     _wait_status,
     describe_status,
+    named_descendants,
     stop_tree,
     wait_for_run,
 )
@@ -192,8 +192,7 @@ def test_killing_the_server_app_ends_deploy_local_at_once(tmp_path):
             metrics = tmp_path / "out" / "metrics.csv"
             if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:  # round 1 done
                 started = _children(proc.pid)
-                apps = [p for p in started if "flwr-serverapp" in _cmdline(p)
-                        and "flwr-serverapp" not in _cmdline(_parent(p))]  # not a fork of it
+                apps = named_descendants(proc.pid, "flwr-serverapp")  # not a fork of it
                 server = apps[0] if apps else None
             time.sleep(0.2)
         assert server is not None, f"the run did not start: {proc.stderr.read() if proc.poll() else ''}"

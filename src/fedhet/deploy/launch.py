@@ -417,6 +417,13 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def named_descendants(pid: int, name: str) -> list[int]:
+    """Descendants of `pid` whose command line names `name` and whose parent's does not. A
+    process forked by one of them carries its command line until it execs (Flower's processes
+    run `uname -p` and `file -b` for Python's `platform`), then exits: it is not one of them."""
+    return [p for p in _children(pid) if name in _cmdline(p) and name not in _cmdline(_parent(p))]
+
+
 def describe_status(status: int | None) -> str:
     """'exit code N' or 'killed by SIGKILL' for a Popen return code (negative = signal)."""
     if status is None:
@@ -471,14 +478,11 @@ class Watchdog:
         self.warned: set[int] = set()
 
     def _serverapp_pids(self) -> list[int]:
-        """The SuperLink's descendants that are a ServerApp: their command line names
-        `flwr-serverapp` and their parent's does not. A process the ServerApp forks carries
-        its command line until it execs (Flower's `platform` calls run `uname -p` and
-        `file -b`), then exits: taking it for the ServerApp reported a healthy run as dead."""
+        """The SuperLink's ServerApp processes (`named_descendants`: taking a process the
+        ServerApp forked for it reported a healthy run as dead)."""
         if self.fed.superlink is None:
             return []
-        return [p for p in _children(self.fed.superlink.pid)
-                if SERVERAPP in _cmdline(p) and SERVERAPP not in _cmdline(_parent(p))]
+        return named_descendants(self.fed.superlink.pid, SERVERAPP)
 
     def _new_lines(self, path: Path) -> list[str]:
         try:
