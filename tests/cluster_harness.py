@@ -125,6 +125,15 @@ class Node:
             self.proc.wait(5)
 
 
+def worker_node(address: str, temp: Path, log: Path, hide: Path | None = None) -> Node:
+    """A `--num-cpus 1` node joining the head at `address`; with `hide`, in a mount namespace
+    of its own where `hide` is an empty tmpfs (a node that does not share that directory)."""
+    prefix = (["unshare", "-m", "sh", "-c", f'mount -t tmpfs none {hide} && exec "$0" "$@"']
+              if hide else None)
+    return Node(["--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+                 "--disable-usage-stats", "--temp-dir", str(temp)], log, prefix=prefix)
+
+
 def nodes(address: str, count: int) -> list[dict]:
     """The cluster's alive nodes once there are `count` of them: `{"id", "head"}` each."""
     code = f"""
@@ -280,14 +289,10 @@ def scenario_late(work: Path, address: str, temp: Path, started: list[Node], rep
             if (out / "runs").is_dir() else False
 
     wait_for("a run part-way on the head node", started_runs, 150, 0.05)
-    hidden = work / "hidden"
-    blind = Node(["--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                  "--disable-usage-stats", "--temp-dir", str(temp)], work / "node-blind.log",
-                 prefix=["unshare", "-m", "sh", "-c", f'mount -t tmpfs none {hidden} && exec "$0" "$@"'])
+    blind = worker_node(address, temp, work / "node-blind.log", hide=work / "hidden")
     started.append(blind)
     blind.started()  # one at a time: two raylets registering at once on one address time out
-    seeing = Node(["--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                   "--disable-usage-stats", "--temp-dir", str(temp)], work / "node-seeing.log")
+    seeing = worker_node(address, temp, work / "node-seeing.log")
     started.append(seeing)
     seeing.started()
     report["late_joined_at"] = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
@@ -324,10 +329,7 @@ def main(work: Path) -> None:
         # tmpfs: a node that does not share that part of the filesystem (`scenario_refused`)
         hidden = work / "hidden"
         hidden.mkdir()
-        worker = Node(["--address", address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
-                       "--disable-usage-stats", "--temp-dir", str(temp)], work / "node-worker.log",
-                      prefix=["unshare", "-m", "sh", "-c",
-                              f'mount -t tmpfs none {hidden} && exec "$0" "$@"'])
+        worker = worker_node(address, temp, work / "node-worker.log", hide=hidden)
         started.append(worker)
         worker.started()
         found = nodes(address, 2)
