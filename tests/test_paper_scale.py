@@ -33,9 +33,9 @@ def _write(results: Path, paper: str, name: str, rows: list[dict], scale: str = 
                   scale=scale, commit="abc1234")
 
 
-def _fedveca_page(tmp_path: Path, rows: list[dict]) -> str:
-    """The page from one FedVeca result file `svm-cases` holding `rows`."""
-    _write(tmp_path / "results", "fedveca", "svm-cases", rows)
+def _fedveca_page(tmp_path: Path, rows: list[dict], name: str = "svm-cases") -> str:
+    """The page from one FedVeca result file `name` holding `rows`."""
+    _write(tmp_path / "results", "fedveca", name, rows)
     return ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
 
 
@@ -202,9 +202,8 @@ def test_an_order_claim_names_diverged_runs(tmp_path: Path) -> None:
         rows += _methods("case3", seed, {"fedveca[alpha=0.995]": blow_up,
                                          "fedveca[alpha=0.95]": [1.0] + [0.3] * 10,
                                          "fedveca[alpha=0.5]": [1.0] + [0.2 + 0.1 * seed] * 10})
-    _write(tmp_path / "results", "fedveca", "svm-alpha-clients", rows)
-    page = ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
-    row = _line(page, "[svm-alpha-clients]", "1 − α = 0.005 converges first")
+    row = _line(_fedveca_page(tmp_path, rows, "svm-alpha-clients"), "[svm-alpha-clients]",
+                "1 − α = 0.005 converges first")
     assert "alpha=0.995: 1500000.0000 (diverged in 2/2 seeds), alpha=0.95: 0.3000, alpha=0.5: 0.2500 |" in row
     assert "| **no** |" in row
 
