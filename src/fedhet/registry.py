@@ -32,11 +32,36 @@ class NoParams:
 
 @dataclass(frozen=True)
 class Entry(Generic[T]):
+    """A registered component: its name, factory, parameter dataclass, one-line doc, and
+    `traits` it declares for the engine (a model's `linear=True`, a dataset's
+    `default_model="mlp"`), so the engine keeps no lists of names. `source` says where it came
+    from (`fedhet` for the built-ins, else the module or plugin file that registered it)."""
+
     name: str
     factory: T
     params: type = NoParams
     doc: str = ""
     tags: tuple[str, ...] = field(default_factory=tuple)
+    traits: Mapping[str, Any] = field(default_factory=dict)
+    source: str = "fedhet"
+
+    def trait(self, key: str, default: Any = None) -> Any:
+        """The value of trait `key` this component declared, or `default`."""
+        return self.traits.get(key, default)
+
+
+PLUGIN_SOURCE: list[str] = []
+"""The plugin being imported (`fedhet.plugins` pushes its spec while it imports one), so the
+components it registers record it as their `source`."""
+
+
+def source_of(factory: Any) -> str:
+    """Where a component registered now comes from: the plugin being loaded, `fedhet` for a
+    module of the package, else the defining module (`__main__` for a script or notebook)."""
+    if PLUGIN_SOURCE:
+        return PLUGIN_SOURCE[-1]
+    module = getattr(factory, "__module__", None) or "?"
+    return "fedhet" if module == "fedhet" or module.startswith("fedhet.") else module
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:
@@ -202,13 +227,22 @@ class Registry(Generic[T]):
         self._entries: dict[str, Entry[T]] = {}
 
     def register(
-        self, name: str, params: type = NoParams, doc: str = "", tags: tuple[str, ...] = ()
+        self, name: str, params: type = NoParams, doc: str = "", tags: tuple[str, ...] = (),
+        **traits: Any,
     ) -> Callable[[T], T]:
+        """Decorator: register `factory` as `name`, with its parameter dataclass, doc and
+        `traits` (`Entry`). Registering a name twice is refused, unless it is the same factory
+        again (a plugin module imported a second time)."""
         def deco(factory: T) -> T:
-            if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} registered twice")
+            old = self._entries.get(name)
+            if old is not None and not _same_factory(old.factory, factory):
+                raise ValueError(
+                    f"{self.kind} {name!r} registered twice (first by {old.source}); "
+                    "choose another name"
+                )
             text = doc or (getattr(factory, "__doc__", "") or "").strip().split("\n")[0]
-            self._entries[name] = Entry(name, factory, params, text, tags)
+            self._entries[name] = Entry(name, factory, params, text, tags, dict(traits),
+                                        source_of(factory))
             return factory
 
         return deco
@@ -261,6 +295,16 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._entries
+
+
+def _same_factory(a: Any, b: Any) -> bool:
+    """Whether two factories are one definition (the same object, or the same qualified name in
+    the same module, as when a plugin file is imported again)."""
+    if a is b:
+        return True
+    key = (getattr(a, "__module__", None), getattr(a, "__qualname__", None))
+    return key[1] is not None and key == (getattr(b, "__module__", None),
+                                          getattr(b, "__qualname__", None))
 
 
 def import_all(package: str, path: Sequence[str]) -> None:
