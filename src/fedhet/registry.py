@@ -225,6 +225,14 @@ class Registry(Generic[T]):
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
+        self._resolvers: list[Callable[[str], Entry[T] | None]] = []
+
+    def resolver(self, fn: Callable[[str], Entry[T] | None]) -> Callable[[str], Entry[T] | None]:
+        """Decorator: `fn(name)` builds the `Entry` of a name that is no registered name but
+        stands for a component itself (a data file's path, `package.module:factory`), or
+        returns None. `get` asks the resolvers in order and keeps the entry under that name."""
+        self._resolvers.append(fn)
+        return fn
 
     def register(
         self, name: str, params: type = NoParams, doc: str = "", tags: tuple[str, ...] = (),
@@ -271,6 +279,11 @@ class Registry(Generic[T]):
     def get(self, name: str) -> Entry[T]:
         name = self.canonical(name)
         if name not in self._entries:
+            for resolve in self._resolvers:
+                entry = resolve(name)
+                if entry is not None:
+                    self._entries[name] = entry
+                    return entry
             hint = did_you_mean(name, self._entries)
             raise FedhetError(
                 f"unknown {self.kind} {name!r}{hint}; choose one of: {', '.join(sorted(self._entries))}"
