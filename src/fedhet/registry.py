@@ -268,6 +268,10 @@ class Registry(Generic[T]):
         finally:
             self._entries.pop(name, None)
 
+    def unregister(self, name: str) -> None:
+        """Remove `name` (a component a notebook cell registers again with a new definition)."""
+        self._entries.pop(name, None)
+
     def canonical(self, name: str) -> str:
         """The registered spelling of `name` in any case, `_` or `-` (`FedAvg` → `fedavg`,
         `fashion_mnist` → `fashion-mnist`); `name` itself when nothing matches."""

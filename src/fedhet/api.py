@@ -1,0 +1,247 @@
+"""fedhet from Python: `run`, `resume`, `open_run` and `compare` (docs/library.md).
+
+The command line is a thin layer over these functions: `fedhet run` and `fedhet.run` with the
+same settings make the same run directory, byte for byte in `config.json` and `metrics.csv`.
+
+Settings come in three layers, later wins, as on the command line: a TOML run file
+(`config`), the flag keywords (`algorithm`, `dataset`, `partition`, `model`, `clients`,
+`rounds`, `seed`, `device`, `executor`, `workers`, `data_dir`: the CLI's flag names), then
+`settings`, whose keys are exactly those of `--set` and of TOML files (`"lr"`,
+`"partition.alpha"`, `"algorithm.mu"`).
+
+`dataset`, `model` and `algorithm` also take Python objects: a `Dataset` (`from_arrays`,
+`from_huggingface`), a model factory `(input_shape, num_classes, params) -> nn.Module`, an
+`Algorithm` subclass. Such an object is used under a name (`components.name_of`), which is
+what the run's `config.json` records; see there how a later `resume` finds it again.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedhet.components import name_of
+from fedhet.errors import FedhetError
+
+RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
+             "executor", "workers", "data_dir")
+"""The keywords of `run` that are settings, in the order their layers apply (the CLI's flags,
+`fedhet.cli.RUN_FLAGS`)."""
+
+
+@dataclass
+class RunResult:
+    """A run directory as Python values: `dir`, `config` (`config.json`), `summary`
+    (`summary.json`) and `metrics` (`metrics.csv` as one dict per evaluated round, numbers as
+    floats, a missing cell as NaN)."""
+
+    dir: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    metrics: list[dict[str, float]] = field(repr=False)
+
+    @property
+    def final_accuracy(self) -> float:
+        """The last evaluated round's test accuracy (`summary["final_accuracy"]`)."""
+        return float(self.summary.get("final_accuracy", math.nan))
+
+    def to_pandas(self) -> Any:
+        """The metrics as a `pandas.DataFrame`, one row per evaluated round (needs pandas)."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise FedhetError("to_pandas needs pandas: pip install pandas") from None
+        return pd.DataFrame(self.metrics)
+
+
+def run(
+    algorithm: Any = None, dataset: Any = None, partition: str | None = None, model: Any = None,
+    *, clients: int | None = None, rounds: int | None = None, seed: int | None = None,
+    device: str | None = None, executor: str | None = None, workers: int | str | None = None,
+    data_dir: str | None = None, config: str | Path | None = None,
+    settings: Mapping[str, Any] | None = None, out: str | Path | None = None, force: bool = False,
+    progress: bool = False, callbacks: Sequence[Any] = (), log: Callable[[str], None] = print,
+) -> RunResult:
+    """Run one experiment into `out` (default `runs/<algorithm>-<dataset>-<time>/`) and return
+    it. Invalid settings, data or partitions fail with a `FedhetError` before anything is
+    written; `out` must be new or empty (`force=True` replaces a run fedhet made there).
+
+    `callbacks`: called with each round's metrics row once it is saved (a callable, or an
+    object with `on_start(run)`, `on_round(row)`, `on_end(summary)`); a truthy return from a
+    round stops the run there (`summary["status"] == "stopped"`; `resume` continues it)."""
+    from fedhet.experiments.single import execute
+
+    flags = {"algorithm": algorithm, "dataset": dataset, "partition": partition, "model": model,
+             "clients": clients, "rounds": rounds, "seed": seed, "device": device,
+             "executor": executor, "workers": workers, "data_dir": data_dir}
+    values = settings_of(flags, settings, config)
+    target = Path(out) if out is not None else new_run_dir(default_name(values))
+    execute(values, target, force=force, progress=progress, log=log, callbacks=list(callbacks))
+    return open_run(target)
+
+
+def resume(
+    dir: str | Path, *, rounds: int | None = None, settings: Mapping[str, Any] | None = None,
+    dataset: Any = None, model: Any = None, algorithm: Any = None, progress: bool = False,
+    callbacks: Sequence[Any] = (), log: Callable[[str], None] = print,
+) -> RunResult:
+    """Continue the run in `dir` from its newest checkpoint, exactly where it stopped, to its
+    own `rounds` or to more `rounds`. `settings` may change only what a resume can (more
+    rounds, evaluation and checkpoint intervals, data directory, device, executor).
+
+    A run made with a component handed in from a script or notebook (not importable by name)
+    needs the same object again: `resume(dir, algorithm=MyAlgorithm)`. Components from a plugin
+    or an importable module are found from `config.json`."""
+    from fedhet.experiments.single import execute
+
+    for obj in (dataset, model, algorithm):
+        if obj is not None:
+            name_of(_kind(obj, dataset, model), obj)
+    changes = dict(settings or {})
+    if rounds is not None:
+        changes["rounds"] = rounds
+    execute(changes or None, Path(dir), resume=True, progress=progress, log=log,
+            callbacks=list(callbacks))
+    return open_run(dir)
+
+
+def _kind(obj: Any, dataset: Any, model: Any) -> str:
+    return "dataset" if obj is dataset else "model" if obj is model else "algorithm"
+
+
+def open_run(dir: str | Path) -> RunResult:
+    """The run in `dir` as a `RunResult` (nothing is run or imported)."""
+    path = Path(dir)
+    if not (path / "config.json").is_file():
+        raise FedhetError(f"{path} has no config.json: it is not a fedhet run directory")
+    return RunResult(path, _read_json(path / "config.json"), _read_json(path / "summary.json"),
+                     read_metrics(path / "metrics.csv"))
+
+
+def compare(
+    base: Mapping[str, Any] | None = None, sweeps: Mapping[str, Sequence[Any]] | None = None, *,
+    config: str | Path | None = None, out: str | Path | None = None, jobs: int | None = None,
+    force: bool = False, title: str | None = None, stream: Any = None,
+) -> list[dict[str, Any]]:
+    """Run a grid and return its table (`results.csv`'s rows). `base`: settings every run gets
+    (`--set`'s keys, flag names, or Python objects for `dataset`/`model`/`algorithm`);
+    `sweeps`: one axis per key (`{"algorithm": ["fedavg", "fednova"], "seed": [0, 1, 2]}`),
+    every combination one run; or a grid file `config` changed by them. `jobs` runs that many
+    runs at once in worker processes (default: the usable cores); from a script or notebook,
+    the workers inherit what the script defined. Calling again with the same `out` resumes."""
+    from fedhet.experiments.compare import compare as run_grid
+    from fedhet.experiments.grid import Changes
+
+    fixed = {k: _named(k, v) for k, v in (base or {}).items()}
+    axes = {k: [_named(k, v) for v in vs] for k, vs in (sweeps or {}).items()}
+    for k, vs in axes.items():
+        if isinstance(vs, str) or not vs:
+            raise FedhetError(f"sweeps[{k!r}] must be a non-empty list of values")
+    if config is None and not axes and not fixed:
+        raise FedhetError("compare needs a grid: sweeps={...}, base={...}, or config=GRID.toml")
+    sources = {k: f"base[{k!r}]" for k in fixed} | {k: f"sweeps[{k!r}]" for k in axes}
+    named = title or _title(fixed, axes)
+    changes = Changes(fixed, axes, sources, None if config else named)
+    target = Path(out) if out is not None else new_run_dir(_dir_name(fixed, axes))
+    return run_grid(config, target, jobs, force, stream=stream, changes=changes or None,
+                    hint=f"fedhet.compare(..., out={str(target)!r})")
+
+
+def settings_of(
+    flags: Mapping[str, Any], settings: Mapping[str, Any] | None, config: str | Path | None,
+) -> dict[str, Any]:
+    """The run's settings as config paths: the `config` file, then each flag given (in
+    `RUN_FLAGS` order), then `settings`, each read by `fedhet.engine.config.parse` (later wins):
+    the CLI's `_run_layers` with Python values."""
+    from fedhet.engine.config import parse, read_toml_file
+
+    values: dict[str, Any] = {}
+    if config is not None:
+        values.update(parse(read_toml_file(Path(config), "config file")[1], str(config)))
+    for k in RUN_FLAGS:
+        v = flags.get(k)
+        if v is not None and v != "":
+            values.update(parse({k: _named(k, v)}, "keyword arguments"))
+    if settings:
+        values.update(parse({k: _named(k, v) for k, v in settings.items()}, "settings"))
+    return values
+
+
+def _named(key: str, value: Any) -> Any:
+    """A setting's value with a Python component (a dataset, model factory or algorithm class)
+    replaced by the name it runs under (`components.name_of`)."""
+    if key in ("dataset", "model", "algorithm") and not isinstance(value, str | Path):
+        return name_of(key, value)
+    return str(value) if isinstance(value, Path) else value
+
+
+def default_name(values: Mapping[str, Any]) -> str:
+    """`<algorithm>-<dataset>` of a run made without `out` (a path's file stem, a
+    `module:object` spec's object)."""
+    from fedhet.engine.config import RunConfig
+
+    return f"{_short(values.get('algorithm', RunConfig.algorithm))}-" \
+           f"{_short(values.get('dataset', RunConfig.dataset))}"
+
+
+def _short(name: Any) -> str:
+    text = str(name).rsplit(":", 1)[-1]
+    return Path(text).stem if "/" in text or "\\" in text else text
+
+
+def _title(fixed: Mapping[str, Any], axes: Mapping[str, Sequence[Any]]) -> str:
+    methods = axes.get("algorithm") or [fixed.get("algorithm", "fedavg")]
+    data = axes.get("dataset") or [fixed.get("dataset", "digits")]
+    return f"{' vs '.join(_short(m) for m in methods)} on {', '.join(_short(d) for d in data)}"
+
+
+def _dir_name(fixed: Mapping[str, Any], axes: Mapping[str, Sequence[Any]]) -> str:
+    methods = "+".join(_short(m) for m in axes.get("algorithm") or [fixed.get("algorithm", "fedavg")])
+    data = "+".join(_short(d) for d in axes.get("dataset") or [fixed.get("dataset", "digits")])
+    return f"{methods[:60]}-{data[:40]}".replace("/", "_")
+
+
+def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
+    """`runs/<name>-<YYYYmmdd-HHMMSS>`, never an existing path (`-2`, `-3`, ... appended): where
+    a run or grid is written when no `out` is given."""
+    import time
+
+    base = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = Path(f"{base}-{n}")
+    return out
+
+
+def read_metrics(path: Path) -> list[dict[str, float]]:
+    """`metrics.csv` as one dict per row, every cell a float (an empty cell NaN); `[]` when the
+    file is missing."""
+    if not path.is_file():
+        return []
+    with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        return [{k: _float(v) for k, v in row.items() if k is not None} for row in csv.DictReader(f)]
+
+
+def _float(text: str | None) -> float:
+    try:
+        return float(text) if text not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise FedhetError(f"{path} is not valid JSON; the run's files are damaged") from None
+    if not isinstance(value, dict):
+        raise FedhetError(f"{path} does not hold a JSON object; the run's files are damaged")
+    return value
