@@ -123,6 +123,10 @@ def about(path: Path | str) -> Iterator[None]:
 
 def load_npz(path: Path, params: NpzParams) -> Dataset:
     """Arrays `x_train`, `y_train`, optional `x_test` and `y_test`, optional `client_ids`."""
+    if not zipfile.is_zipfile(path):
+        raise FedhetError(
+            f"{path} is not a readable .npz file (not a zip archive); write it with numpy.savez"
+        )
     try:
         with np.load(path, allow_pickle=False) as f:
             names = list(f.files)
