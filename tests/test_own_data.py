@@ -186,6 +186,15 @@ def test_csv_with_named_labels_client_column_and_a_test_file(tmp_path: Path):
     assert torch.equal(d.y_test, torch.from_numpy(y[100:]))
 
 
+def test_csv_labels_written_as_whole_floats_are_classes_in_numeric_order(tmp_path: Path):
+    rows = "".join(f"{i},{c}.0\n" for i, c in enumerate([10, 2, 9] * 5))
+    (tmp_path / "f.csv").write_text("a,label\n" + rows)
+    d = load(tmp_path / "f.csv", test_fraction=0.2)
+    assert d.meta["classes"] == [2, 9, 10]
+    named = [d.meta["classes"][c] for c in d.y_train]
+    assert named == [[10, 2, 9][int(a) % 3] for a in d.x_train[:, 0]]
+
+
 def test_npz_with_and_without_a_test_part(tmp_path: Path):
     x, y = problem(100)
     np.savez(tmp_path / "a.npz", x_train=x[:80], y_train=y[:80], x_test=x[80:], y_test=y[80:],
@@ -316,6 +325,7 @@ def bad_files(tmp: Path) -> list[tuple[list[str], str]]:
     (tmp / "text.csv").write_text(header + "1,2,0\n3,red,1\n")
     (tmp / "nan.csv").write_text(header + "1,2,0\n3,nan,1\n")
     (tmp / "empty-cell.csv").write_text(header + "1,,0\n3,4,1\n")
+    (tmp / "regression.csv").write_text(header + "1,2,0\n3,4,1\n5,6,0.37\n")
     (tmp / "train.csv").write_text(header + "1,2,0\n3,4,1\n5,6,0\n7,8,1\n")
     (tmp / "test.csv").write_text("a,c,target\n1,2,0\n")
     np.savez(tmp / "nolabels.npz", x_train=np.ones((4, 2)))
@@ -335,6 +345,8 @@ def bad_files(tmp: Path) -> list[tuple[list[str], str]]:
         (["-d", str(tmp / "text.csv")] + label, "text.csv line 3, column 'b': 'red' is not a number"),
         (["-d", str(tmp / "nan.csv")] + label, "nan.csv line 3, column 'b' is nan, not a finite number"),
         (["-d", str(tmp / "empty-cell.csv")] + label, "empty-cell.csv line 2, column 'b' is empty"),
+        (["-d", str(tmp / "regression.csv")] + label,
+         "regression.csv line 4, column 'target': 0.37 is not a class"),
         (["-d", str(tmp / "train.csv"), "--set", f"dataset.test={tmp / 'test.csv'}"] + label,
          "test.csv's feature columns (a, c) differ from those of"),
         (["-d", str(tmp / "train.csv"), "--set", "dataset.client=user"] + label,

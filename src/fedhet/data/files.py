@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import math
 import os
 import zipfile
 from collections.abc import Iterator
@@ -171,6 +172,8 @@ class Table:
     x: np.ndarray
     labels: list[str]
     clients: list[str] | None
+    lines: list[int]
+    """The line number of each sample."""
 
 
 def _rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
@@ -276,16 +279,36 @@ def read_csv(path: Path, label: str, client: str = "", client_needed: bool = Tru
                 )
     labels = [fields[y_col].strip() for _, fields in rows]
     clients = None if c_col is None else [fields[c_col].strip() for _, fields in rows]
-    return Table([header[j] for j in cols], x, labels, clients)
+    return Table([header[j] for j in cols], x, labels, clients, [line for line, _ in rows])
 
 
 def _ids(values: list[str]) -> np.ndarray:
-    """Text values as integers when every one is an integer (so `10` sorts after `9`), else as
-    strings."""
+    """Text values as integers when every one is a whole number (`3`, `3.0`; so `10` sorts after
+    `9`), else as strings."""
     try:
-        return np.array([int(v) for v in values], dtype=np.int64)
+        numbers = np.array([float(v) for v in values])
     except ValueError:
         return np.array(values, dtype=str)
+    if np.isfinite(numbers).all() and (numbers == np.round(numbers)).all():
+        return numbers.astype(np.int64)
+    return np.array(values, dtype=str)
+
+
+def _classes(path: Path, table: Table, column: str) -> np.ndarray:
+    """The label column as `_ids`; numbers that are not whole (a regression target) are refused."""
+    y = _ids(table.labels)
+    if y.dtype.kind == "U":
+        for i, v in enumerate(table.labels):
+            try:
+                number = float(v)
+            except ValueError:
+                continue
+            if not (math.isfinite(number) and number == int(number)):
+                raise FedhetError(
+                    f"{path} line {table.lines[i]}, column {column!r}: {v} is not a class; the "
+                    "label column holds integers or names (set dataset.label to the class column)"
+                )
+    return y
 
 
 def load_csv(path: Path, params: CsvParams) -> Dataset:
@@ -304,10 +327,10 @@ def load_csv(path: Path, params: CsvParams) -> Dataset:
                 f"{path} ({', '.join(train.features)}); give both files the same feature columns"
             )
         order = [test.features.index(n) for n in train.features]
-        x_test, y_test = test.x[:, order], _ids(test.labels)
+        x_test, y_test = test.x[:, order], _classes(test_path, test, params.label)
     with about(path):
         data = from_arrays(
-            train.x, _ids(train.labels), x_test, y_test, name=path.stem,
+            train.x, _classes(path, train, params.label), x_test, y_test, name=path.stem,
             client_ids=None if train.clients is None else _ids(train.clients),
             test_fraction=params.test_fraction, seed=params.split_seed,
         )
