@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # every extra, so the tests of each run (Flower, its Ray simulation, Ray, TensorBoard); exact
 # versions from constraints.txt (pyproject.toml declares the supported ranges)
-EXTRAS ?= dev,flower,flower-sim,tensorboard,cluster
+EXTRAS ?= dev,flower,flower-sim,tensorboard,cluster,hf
 
 .PHONY: setup demo test lint bench
 

@@ -269,9 +269,18 @@ def unbalanced(labels: np.ndarray, n_clients: int, params: UnbalancedParams, rng
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-@PARTITIONS.register("natural", NoParams, "the dataset's own users (Synthetic): one per client")
+NO_USERS = (
+    "choose another --partition, or give each sample's client (client_ids in from_arrays or an "
+    ".npz, dataset.client=COLUMN for a .csv)"
+)
+
+
+@PARTITIONS.register(
+    "natural", NoParams, "the dataset's own users (Synthetic, or data with client ids): one per client"
+)
 def natural(labels: np.ndarray, n_clients: int, params: Any, rng: np.random.Generator):
-    raise FedhetError("the natural partition needs a dataset that has users (e.g. synthetic)")
+    """Placeholder: `partition_dataset` takes the dataset's `natural_partition` itself."""
+    raise FedhetError(f"the natural partition needs a dataset that has users; {NO_USERS}")
 
 
 class _Pairs(list):
@@ -436,13 +445,17 @@ def partition_dataset(
     entry = PARTITIONS.get(name)
     if name == "natural":
         if data.natural_partition is None:
+            raise FedhetError(f"dataset {data.name} has no natural partition; {NO_USERS}")
+        k = len(data.natural_partition)
+        if n_clients != k and "client_ids" in data.meta:
             raise FedhetError(
-                f"dataset {data.name} has no natural partition; choose another --partition"
+                f"{data.name} is split by its client ids into {k} clients; set clients={k} "
+                f"(--clients {k})"
             )
-        if n_clients != len(data.natural_partition):
+        if n_clients != k:
             raise FedhetError(
-                f"the natural partition of {data.name} has {len(data.natural_partition)} users; "
-                f"set --clients {len(data.natural_partition)} (or dataset.users)"
+                f"the natural partition of {data.name} has {k} users; "
+                f"set --clients {k} (or dataset.users)"
             )
         return [np.asarray(p) for p in data.natural_partition]
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0x9A27]))

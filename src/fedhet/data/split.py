@@ -22,6 +22,11 @@ def hold_out_validation(data: Dataset, fraction: float, seed: int = 0) -> Datase
     candidate of a tuning grid is scored on the same split **[choice]**. The test set is not
     used; the clients are partitioned over the remaining training samples.
     """
+    if data.natural_partition is not None and "client_ids" in data.meta:
+        raise FedhetError(
+            f"validation_fraction does not apply to {data.name}, whose client ids are the clients; "
+            "give the validation samples as its test set instead"
+        )
     if data.natural_partition is not None:
         raise FedhetError(
             f"validation_fraction does not apply to {data.name}, whose users are the clients; "

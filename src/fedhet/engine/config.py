@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fedhet.algorithms.base import ALGORITHMS
+from fedhet.data.files import absolute, is_data_path
 from fedhet.data.partition import PARTITIONS
 from fedhet.data.registry import DATASETS
 from fedhet.errors import FedhetError
@@ -278,6 +279,8 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
         elif key in COMPONENTS and isinstance(value, str):
             # `FedAvg` is `fedavg`, `Auto` is `auto`
             out[key] = "auto" if value.lower() == "auto" else REGISTRIES[key].canonical(value)
+            if key == "dataset" and out[key] not in DATASETS and is_data_path(value):
+                out[key] = absolute(value)  # a data file: found again by --resume from anywhere
         elif key in ENGINE_FIELDS:
             out[key] = _engine_value(key, value, f"{where}: {key}")
         else:
