@@ -226,6 +226,8 @@ class Registry(Generic[T]):
         self.kind = kind
         self._entries: dict[str, Entry[T]] = {}
         self._resolvers: list[Callable[[str], Entry[T] | None]] = []
+        self._resolved: dict[str, Entry[T]] = {}
+        """Entries the resolvers built, kept apart from the registered names (`names()`)."""
 
     def resolver(self, fn: Callable[[str], Entry[T] | None]) -> Callable[[str], Entry[T] | None]:
         """Decorator: `fn(name)` builds the `Entry` of a name that is no registered name but
@@ -282,11 +284,13 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> Entry[T]:
         name = self.canonical(name)
+        if name in self._resolved:
+            return self._resolved[name]
         if name not in self._entries:
             for resolve in self._resolvers:
                 entry = resolve(name)
                 if entry is not None:
-                    self._entries[name] = entry
+                    self._resolved[name] = entry
                     return entry
             hint = did_you_mean(name, self._entries)
             raise FedhetError(
