@@ -228,6 +228,7 @@ class BatchedExecutor:
         self.work = work
         self.chunk = chunk
         self.cohort = CohortTrainer(work.model, work.trainer.x, work.trainer.y, chunk=0, log=work.log)
+        self.cohort.check_stackable()  # a model torch.func cannot run: one line, before any round
         self.shared: Any = None
         """A `fedhet.engine.batch.SharedCohort` while this run steps in a batch of runs: parked
         clients then go to it, to be stacked with the other runs' clients."""
