@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import difflib
 import importlib
+import math
 import pkgutil
 import sys
 import types
@@ -48,8 +49,8 @@ class OpenParams:
 
 
 def literal(value: Any) -> Any:
-    """A value of an undeclared parameter: a string that spells an integer, a number, `true` or
-    `false` becomes one; a list becomes a tuple; anything else is kept."""
+    """A value of an undeclared parameter: a string that spells an integer, a finite number,
+    `true` or `false` becomes one; a list becomes a tuple; anything else is kept."""
     if isinstance(value, list | tuple):
         return tuple(literal(v) for v in value)
     if not isinstance(value, str):
@@ -59,9 +60,10 @@ def literal(value: Any) -> Any:
         return text.lower() == "true"
     for kind in (int, float):
         try:
-            return kind(text)
+            number = kind(text)
         except ValueError:
-            pass
+            continue
+        return number if math.isfinite(number) else value
     return value
 
 

@@ -28,7 +28,8 @@ A replacement objective that is a `StackableLoss` (`fedhet.training.losses`: MOO
 `CE + μ ℓ_con`) is stacked too: its targets are vmapped over the rows' frozen models and its
 gradient over their parameters, rows grouped by the loss's key. Not covered here (the executor
 runs these clients sequentially): any other `loss_fn`, and modules with dropout (their
-randomness would differ from the sequential stream).
+randomness would differ from the sequential stream). A module whose forward `torch.func` cannot
+transform at all is found by `check_stackable`, a one-row probe the batched executor runs first.
 """
 
 from __future__ import annotations
