@@ -10,11 +10,12 @@ import pytest
 import torch
 from quadratic import LINEAR_MODEL, run_quadratic
 
-from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo
+from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fednova import normaliser
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
+from fedhet.testing import fake_replies, make, run_info, server_step
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig
 from fedhet.training.steps import Proximal
@@ -37,9 +38,7 @@ def final(algorithm: str, **settings) -> torch.Tensor:
 
 
 def server(name: str, num_clients: int = 2, **params):
-    entry = ALGORITHMS.get(name)
-    run = RunInfo(num_clients, 1, 0.1, 0.0, 0.0, 0, 3, ())
-    return entry.factory(ALGORITHMS.params(name, params), run)
+    return make(name, params, run_info(dim=3, num_clients=num_clients))
 
 
 # -- FedProx ------------------------------------------------------------------------------
@@ -138,13 +137,9 @@ def test_scaffold_single_client_follows_fedavg_and_c_is_last_mean_gradient():
 def test_scaffold_partial_participation_scales_the_c_update():
     alg = server("scaffold", num_clients=4)
     state = alg.init(torch.zeros(3))
-    replies = [
-        Reply(0, Message({"delta": torch.zeros(3), "delta_c": torch.tensor([1.0, 0, 0])},
-                         {"num_samples": 1.0})),
-        Reply(2, Message({"delta": torch.zeros(3), "delta_c": torch.tensor([0, 2.0, 0])},
-                         {"num_samples": 3.0})),
-    ]
-    state, diag = alg.aggregate(state, 0, replies)
+    replies = fake_replies(delta=torch.zeros(2, 3), delta_c=[[1.0, 0, 0], [0, 2.0, 0]],
+                           num_samples=[1, 3], client_ids=[0, 2])
+    state, diag = server_step(alg, state, replies)
     # c ← c + (|S|/N) Σ_S p_i Δc_i with p = (1/4, 3/4), |S|/N = 1/2
     assert torch.allclose(state.c, torch.tensor([0.125, 0.75, 0.0]))
     assert diag["c_norm"] == pytest.approx(float(state.c.norm()))
@@ -225,16 +220,14 @@ def test_fednova_server_rule_and_momentum_on_hand_replies():
     alg = server("fednova", server_momentum=0.5)
     state = alg.init(torch.zeros(3))
 
-    def reply(cid, d, a, n):
-        return Reply(cid, Message({"d": torch.tensor(d)}, {"a": a, "lr": 0.1, "num_samples": n}))
-
-    replies = [reply(0, [1.0, 0.0, 0.0], 2.0, 1.0), reply(1, [0.0, 1.0, 0.0], 6.0, 3.0)]
-    state, diag = alg.aggregate(state, 0, replies)
+    replies = fake_replies(d=[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], a=[2.0, 6.0], lr=[0.1, 0.1],
+                           num_samples=[1, 3])
+    state, diag = server_step(alg, state, replies)
     # p = (1/4, 3/4); τ_eff = 0.5 + 4.5 = 5; step = τ_eff Σ p_i d_i = (1.25, 3.75, 0)
     assert diag["tau_eff"] == pytest.approx(5.0)
     assert diag["a"] == {0: 2.0, 1: 6.0}
     assert torch.allclose(state.w, torch.tensor([-0.125, -0.375, 0.0]))
-    state, _ = alg.aggregate(state, 1, replies)
+    state, _ = server_step(alg, state, replies, round=1)
     # u = 0.5 u + step = (1.875, 5.625, 0); w = w − 0.1 u
     assert torch.allclose(state.w, torch.tensor([-0.3125, -0.9375, 0.0]))
 
@@ -248,11 +241,8 @@ def test_fedavgm_accumulates_momentum():
     expected_d = [(1.0, 0.0), (0.5, 2.0), (4.25, 1.0)]
     expected_w = [(1.0, 0.0), (1.5, 2.0), (5.75, 3.0)]
     for k, delta in enumerate(deltas):
-        replies = [
-            Reply(0, Message({"delta": delta * 2}, {"num_samples": 1.0})),
-            Reply(1, Message({"delta": torch.zeros(2)}, {"num_samples": 1.0})),
-        ]
-        state, _ = alg.aggregate(state, k, replies)
+        replies = fake_replies(delta=[delta * 2, torch.zeros(2)])
+        state, _ = server_step(alg, state, replies, round=k)
         assert torch.allclose(state.d, torch.tensor(expected_d[k]))
         assert torch.allclose(state.w, torch.tensor(expected_w[k]))
 

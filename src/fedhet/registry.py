@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import difflib
 import importlib
+import math
 import pkgutil
 import sys
 import types
@@ -28,6 +29,42 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class NoParams:
     """For components without parameters."""
+
+
+@dataclass(frozen=True)
+class OpenParams:
+    """Base of a parameter dataclass that also takes names it does not declare (a
+    `package.module:factory` model whose factory takes `**kwargs`). `build_params` keeps them
+    in `extra` as `(name, value)` pairs in name order, a string (`--set model.depth=3`) read as
+    the number or boolean it spells (`literal`); `params_dict` writes them beside the declared
+    fields, so a saved `config.json` builds the same parameters again."""
+
+    extra: tuple[tuple[str, Any], ...] = field(default=(), kw_only=True)
+
+    def kwargs(self) -> dict[str, Any]:
+        """Every parameter by name: the declared fields, then the extra ones."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        out.update(self.extra)
+        return out
+
+
+def literal(value: Any) -> Any:
+    """A value of an undeclared parameter: a string that spells an integer, a finite number,
+    `true` or `false` becomes one; a list becomes a tuple; anything else is kept."""
+    if isinstance(value, list | tuple):
+        return tuple(literal(v) for v in value)
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            number = kind(text)
+        except ValueError:
+            continue
+        return number if math.isfinite(number) else value
+    return value
 
 
 @dataclass(frozen=True)
@@ -181,7 +218,8 @@ def build_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
     A class may map old parameter names to current ones in `ALIASES` (a `ClassVar`): the old
     name is accepted with a one-line deprecation note, and giving both is an error."""
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    is_open = issubclass(cls, OpenParams)
+    names = [f.name for f in dataclasses.fields(cls) if not (is_open and f.name == "extra")]
     aliases: dict[str, str] = getattr(cls, "ALIASES", {})
     renamed: dict[str, Any] = {}
     for key, value in values.items():
@@ -196,13 +234,19 @@ def build_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
         deprecated_name(f"{where}.{key}", f"{where}.{new}")
         renamed[new] = value
     values = renamed
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     for key, value in values.items():
+        if key not in names and is_open:
+            extra[key] = literal(value)
+            continue
         if key not in names:
             valid = ", ".join(names) if names else "none"
             hint = did_you_mean(key, names)
             raise FedhetError(f"unknown parameter {where}.{key}{hint}; valid parameters: {valid}")
         kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+    if extra:
+        kwargs["extra"] = tuple(sorted(extra.items()))
     params = cls(**kwargs)
     validate = getattr(params, "validate", None)
     if validate is not None:
@@ -211,12 +255,11 @@ def build_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
 
 
 def params_dict(params: Any) -> dict[str, Any]:
-    """The parameter dataclass as plain JSON-able values."""
-    out = {}
-    for f in dataclasses.fields(params):
-        v = getattr(params, f.name)
-        out[f.name] = list(v) if isinstance(v, tuple) else v
-    return out
+    """The parameter dataclass as plain JSON-able values (an `OpenParams`' extra names beside
+    its fields)."""
+    items = params.kwargs().items() if isinstance(params, OpenParams) else (
+        (f.name, getattr(params, f.name)) for f in dataclasses.fields(params))
+    return {name: list(v) if isinstance(v, tuple) else v for name, v in items}
 
 
 class Registry(Generic[T]):

@@ -19,6 +19,10 @@ Which calls fall back to the sequential loop inside the batched executor, and wh
 - models with dropout, or BatchNorm with `momentum=None` (`unsupported_reason`): their
   per-client randomness or cumulative statistics are not stacked; the whole executor is then
   sequential.
+A model that `torch.func` cannot run at all (a user's forward with `.item()`, data-dependent
+Python control flow, in-place updates of its buffers) is refused when the executor is built:
+one stacked gradient on two samples (`CohortTrainer.check_stackable`) turns torch.func's error
+into one line that says to use `executor=sequential`, before any round is run.
 Ring topologies go through the executor hop by hop: each hop needs the previous hop's model,
 so the hops of one ring stay in order, but FedSR's edges run their rings in lockstep and hop
 `h` of every edge's ring is one stack (`engine.rounds.walk_rings`); HierFAVG stacks edge
@@ -228,6 +232,7 @@ class BatchedExecutor:
         self.work = work
         self.chunk = chunk
         self.cohort = CohortTrainer(work.model, work.trainer.x, work.trainer.y, chunk=0, log=work.log)
+        self.cohort.check_stackable()  # a model torch.func cannot run: one line, before any round
         self.shared: Any = None
         """A `fedhet.engine.batch.SharedCohort` while this run steps in a batch of runs: parked
         clients then go to it, to be stacked with the other runs' clients."""

@@ -28,7 +28,8 @@ A replacement objective that is a `StackableLoss` (`fedhet.training.losses`: MOO
 `CE + μ ℓ_con`) is stacked too: its targets are vmapped over the rows' frozen models and its
 gradient over their parameters, rows grouped by the loss's key. Not covered here (the executor
 runs these clients sequentially): any other `loss_fn`, and modules with dropout (their
-randomness would differ from the sequential stream).
+randomness would differ from the sequential stream). A module whose forward `torch.func` cannot
+transform at all is found by `check_stackable`, a one-row probe the batched executor runs first.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.nn import functional as F
 
+from fedhet.errors import FedhetError
 from fedhet.models.linear import LogisticRegression, SquaredSVM
 from fedhet.models.registry import objective
 from fedhet.training.flat import FlatModel
@@ -149,6 +151,50 @@ class CohortTrainer:
             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
         }
         self._vgrad = vmap(grad(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None))
+
+    def check_stackable(self) -> None:
+        """Raise one `FedhetError` line when the model cannot run under `torch.func` (a forward
+        with data-dependent Python control flow, `.item()`, in-place updates of buffers, a layer
+        `vmap` does not support), telling the user to run it with the sequential executor.
+
+        The probe is one stacked gradient of one row on the first two training samples (the
+        closed-form linear models skip it); a model whose plain forward fails as well is left to
+        fail as it would sequentially. Random state and BatchNorm statistics are left as they were.
+        """
+        if self.linear or len(self.y) == 0:
+            return
+        model = self.model
+        idx = torch.arange(min(2, len(self.y)), device=self.x.device)
+        w = model.params.unsqueeze(0)
+        bufs = model.buffers.unsqueeze(0) if model.buffers.numel() else torch.zeros(1, 0, device=w.device)
+        was_training = model.module.training
+        saved = model.buffers.clone()
+        model.module.train()
+        try:
+            with torch.random.fork_rng(devices=[]):
+                try:
+                    self.gradients(w, bufs, idx.unsqueeze(0))
+                except Exception as e:  # noqa: BLE001  (torch.func's error, turned into one line)
+                    if self._plain_forward_works(idx):
+                        raise FedhetError(
+                            f"the model ({type(model.module).__name__}) cannot run batched: "
+                            f"torch.func raised {_first_sentence(e)}; run it with executor="
+                            "sequential (--executor sequential, or executor = \"sequential\" in a "
+                            "settings file)"
+                        ) from None
+        finally:
+            model.module.train(was_training)
+            model.buffers.copy_(saved)
+
+    def _plain_forward_works(self, idx: torch.Tensor) -> bool:
+        """Whether the module's own forward and objective run on the samples `idx`."""
+        module = self.model.module
+        try:
+            with torch.no_grad():
+                objective(module, module(self.x[idx]), self.y[idx])
+        except Exception:  # noqa: BLE001
+            return False
+        return True
 
     # -- gradients --------------------------------------------------------------------------
     def _loss(self, ws, bufs, x, y, fixed, targets=(), wrapper=None):
@@ -509,6 +555,13 @@ def _chunks(job: GradJob) -> list[torch.Tensor]:
     """The index chunks `LocalTrainer.full_gradient` walks for `job`."""
     chunks = [job.indices[a : a + job.chunk] for a in range(0, len(job.indices), job.chunk)]
     return chunks[: job.max_batches] if job.max_batches else chunks
+
+
+def _first_sentence(error: BaseException) -> str:
+    """`Type: the first sentence of the message` (torch.func's messages run on for lines)."""
+    text = " ".join(str(error).split())
+    head = text.split(". ", 1)[0].rstrip(".")
+    return f"{type(error).__name__}: {head}" if head else type(error).__name__
 
 
 class _FirstStepOOMError(Exception):
