@@ -4,7 +4,7 @@
 - Already registered (a built-in, a plugin's, one registered with `register_*`): its name.
 - A model factory or an `Algorithm` subclass defined in an importable module: the spec
   `package.module:Name`, which the registries resolve by importing the module (the model
-  resolver in `fedhet.models.spec`, the algorithm resolver below). `config.json` records the
+  resolver in `fedhet.models.imported`, the algorithm resolver below). `config.json` records the
   spec, so `resume`, `report`, grid workers and Ray tasks find it in any process.
 - Defined in a script or notebook (`__main__`), and every in-memory `Dataset`: registered in
   this process under its own name (`Dataset.name`, the factory's `__name__`, the class's `name`

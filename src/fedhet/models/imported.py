@@ -15,9 +15,11 @@ keyword arguments are the model's parameters. They are read from the factory's s
 annotations, or else the types of the defaults, type the values given with
 `--set model.<name>=VALUE`, so `hidden=16` arrives as the integer 16, a misspelt name is refused
 with the names the factory takes, and `config.json` records them for `--resume` and reports.
-A factory that also takes `**kwargs` accepts any other name as well (`OpenParams`). A
-factory registered with `MODELS.register(name, ParamsClass)` keeps the registered signature
-`factory(input_shape, num_classes, params)` instead.
+A factory that also takes `**kwargs` accepts any other name as well (`OpenParams`). A factory
+whose third parameter is `params` (`factory(input_shape, num_classes, params)`, the signature of
+registered factories and of one handed to `fedhet.run(model=...)`) is called so, with every
+`--set model.<name>=VALUE` as an attribute of `params`. A factory registered with
+`MODELS.register(name, ParamsClass)` is called with its own parameter dataclass.
 
 The name itself says where the model lives, so a resumed run, a report, a grid's worker
 process or a forked `--workers` process finds it again wherever the module can be imported.
@@ -32,6 +34,7 @@ import importlib
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from torch import nn
@@ -139,6 +142,8 @@ def params_class(spec: str, fn: Callable[..., Any]) -> type:
             f"model {spec!r}: the factory takes {sig}; a model factory is called "
             "factory(input_shape, num_classes, **kwargs)"
         )
+    if _takes_params(params):
+        return dataclasses.make_dataclass("ModelParams", [], bases=(OpenParams,), frozen=True)
     fields: list[tuple[str, Any, Any]] = []
     required: list[str] = []
     for p in params[len(leading):]:
@@ -176,6 +181,13 @@ def params_class(spec: str, fn: Callable[..., Any]) -> type:
     )
 
 
+def _takes_params(params: list[inspect.Parameter]) -> bool:
+    """Whether a factory's signature is `(input_shape, num_classes, params)`."""
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return len(params) >= 3 and params[2].name == "params" and params[2].kind in positional \
+        and params[2].default is inspect.Parameter.empty
+
+
 def kwargs_of(params: Any) -> dict[str, Any]:
     """The keyword arguments a factory is called with."""
     if params is None:
@@ -196,8 +208,12 @@ class ImportedFactory:
 
     def __call__(self, input_shape: tuple[int, ...], num_classes: int, params: Any) -> nn.Module:
         kwargs = kwargs_of(params if params is not None else self.params())
+        sig = _signature(self.fn)
         try:
-            module = self.fn(tuple(input_shape), num_classes, **kwargs)
+            if sig is not None and _takes_params(list(sig.parameters.values())):
+                module = self.fn(tuple(input_shape), num_classes, SimpleNamespace(**kwargs))
+            else:
+                module = self.fn(tuple(input_shape), num_classes, **kwargs)
         except FedhetError:
             raise
         except Exception as e:  # noqa: BLE001  (the user's factory failed: its message, one line)
