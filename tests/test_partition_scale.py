@@ -7,10 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedhet.configs import HERE as CONFIGS
 from fedhet.data.dirichlet import cut, floor_counts
 from fedhet.data.partition import PARTITIONS, label_counts
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
+from fedhet.experiments.grid import load_grid
+from fedhet.experiments.papers.fedsr.preset import scale_runs
 
 MNIST_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 """MNIST's training labels per class (60,000)."""
@@ -165,6 +168,22 @@ def test_a_saved_config_from_before_method_keeps_the_old_split():
     assert fresh.partition_params.method == "auto" and fresh.partition_params.rule == "floor"
     niid = PARTITIONS.params("dirichlet", {"balance": "niid-bench"})
     assert niid.rule == "redraw"  # NIID-Bench's own loop
+
+
+def dirichlet_rules(settings: list[dict]) -> set[str]:
+    cfgs = [config_of(s) for s in settings]
+    return {c.partition_params.rule for c in cfgs if c.partition == "dirichlet"}
+
+
+@pytest.mark.parametrize("scale", ["smoke", "small", "paper"])
+def test_fedsr_preset_keeps_the_rule_its_tables_were_made_with(scale):
+    assert dirichlet_rules([spec.settings for spec in scale_runs(scale)]) == {"redraw"}
+
+
+@pytest.mark.parametrize("grid", ["fedsr-mnist", "fedsr-mnist-iid-a01", "fedsr-smoke-digits"])
+def test_documented_grids_keep_the_rule_their_tables_were_made_with(grid):
+    specs = load_grid(CONFIGS / f"{grid}.toml").specs
+    assert dirichlet_rules([spec.settings for spec in specs]) == {"redraw"}
 
 
 @pytest.mark.parametrize(
