@@ -52,7 +52,8 @@ def _check_min_size(n_samples: int, n_clients: int, min_size: int) -> None:
 
 
 MAX_TRIES = 10_000
-"""The most draws `method=redraw` may try (about 20 s on MNIST's 60,000 labels)."""
+"""The most draws `method=redraw` may try: on MNIST's 60,000 labels a rejected draw costs about
+1 ms with 100 clients and 9 ms with 10,000 (benchmarks/RESULTS.md), so at most a minute or two."""
 
 
 @dataclass(frozen=True)
