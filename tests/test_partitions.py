@@ -44,6 +44,7 @@ SCHEMES = [
     ("iid", {}),
     ("dirichlet", {"alpha": 0.5, "min_size": 2}),
     ("dirichlet", {"alpha": 0.5, "min_size": 2, "balance": "niid-bench"}),
+    ("dirichlet", {"alpha": 0.5, "min_size": 2, "method": "redraw"}),
     ("label-per-client", {}),
     ("half-iid", {}),
     ("shards", {"xi": 2}),
@@ -155,9 +156,10 @@ def test_dirichlet_min_size_and_concentration():
     assert top_share(skewed) > 0.6 > 0.25 > top_share(flat)
 
 
-def test_dirichlet_default_draw_is_unchanged():
-    """`balance="none"` (the default) is the draw fedhet made before the option existed."""
-    parts = split(balanced(), "dirichlet", 7, 0)
+def test_dirichlet_redraw_draw_is_unchanged():
+    """`method="redraw"` is the draw fedhet made by default before `method` (and `balance`)
+    existed: the same split, pinned (the default is now `floor`, tests/test_partition_scale.py)."""
+    parts = split(balanced(), "dirichlet", 7, 0, method="redraw")
     assert [len(p) for p in parts] == [84, 65, 111, 54, 65, 96, 125]
     digest = hashlib.sha256(b"".join(p.astype(np.int64).tobytes() for p in parts)).hexdigest()
     assert digest.startswith("88b7ace62514f032")
@@ -231,13 +233,16 @@ def test_unbalanced_shards_limits_labels_compared_with_iid():
     [
         ("shards", 5, {"xi": 11}, "exceeds the 10 classes"),
         ("unbalanced", 5, {"labels": "shards", "xi": 11}, "exceeds the 10 classes"),
-        ("shards", 400, {"xi": 2}, "800 shards but only 600 samples"),
-        ("iid", 601, {}, "601 clients but only 600"),
+        ("shards", 400, {"xi": 2},
+         "800 shards but only 600 samples; use at most 300 clients with xi=2, or partition.xi ≤ 1$"),
+        ("iid", 601, {}, "601 clients but only 600 training samples; use at most 600 clients$"),
         ("label-per-client", 601, {}, "601 clients but only 600"),
-        ("dirichlet", 10, {"min_size": 61}, "exceeds the 600 samples"),
+        ("dirichlet", 10, {"min_size": 61},
+         "exceeds the 600 samples; use at most 9 clients with min_size=61, or partition.min_size ≤ 60$"),
         ("unbalanced", 10, {"min_size": 61}, "exceeds the 600 samples"),
         ("half-iid", 1, {}, "at least 2 clients"),
-        ("dirichlet", 10, {"alpha": 1e-4, "min_size": 50, "max_tries": 3}, "raise partition.alpha"),
+        ("dirichlet", 10, {"alpha": 1e-4, "min_size": 50, "max_tries": 3},
+         "in 3 draws; use partition.method=floor .*raise partition.alpha"),
     ],
 )
 def test_impossible_requests(name, n_clients, values, message):

@@ -216,7 +216,9 @@ def build_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
     """Instantiate parameter dataclass `cls` from user `values`, checking names and types.
 
     A class may map old parameter names to current ones in `ALIASES` (a `ClassVar`): the old
-    name is accepted with a one-line deprecation note, and giving both is an error."""
+    name is accepted with a one-line deprecation note, and giving both is an error. It may also
+    say, in a static `upgrade(values) -> values`, what values written before one of its
+    parameters existed meant (a saved `config.json` lacks the new parameter)."""
     hints = typing.get_type_hints(cls)
     is_open = issubclass(cls, OpenParams)
     names = [f.name for f in dataclasses.fields(cls) if not (is_open and f.name == "extra")]
@@ -234,6 +236,9 @@ def build_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
         deprecated_name(f"{where}.{key}", f"{where}.{new}")
         renamed[new] = value
     values = renamed
+    upgrade = getattr(cls, "upgrade", None)
+    if upgrade is not None:
+        values = upgrade(values)
     kwargs: dict[str, Any] = {}
     extra: dict[str, Any] = {}
     for key, value in values.items():

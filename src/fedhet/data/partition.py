@@ -17,6 +17,7 @@ from typing import Any, Literal
 import numpy as np
 
 from fedhet.data.base import Dataset
+from fedhet.data.dirichlet import class_members, floor_split, redraw_split
 from fedhet.errors import FedhetError
 from fedhet.registry import NoParams, Registry
 
@@ -29,7 +30,8 @@ def _check_clients(labels: np.ndarray, n_clients: int) -> None:
         raise FedhetError("--clients must be ≥ 1")
     if n_clients > len(labels):
         raise FedhetError(
-            f"{n_clients} clients but only {len(labels)} training samples; use fewer clients"
+            f"{n_clients} clients but only {len(labels)} training samples; use at most "
+            f"{len(labels)} clients"
         )
 
 
@@ -39,69 +41,94 @@ def iid(labels: np.ndarray, n_clients: int, params: Any, rng: np.random.Generato
     return [np.sort(part) for part in np.array_split(rng.permutation(len(labels)), n_clients)]
 
 
+def _check_min_size(n_samples: int, n_clients: int, min_size: int) -> None:
+    """`n · min_size ≤ N`, or one line naming the most clients and the largest `min_size` that fit."""
+    if n_clients * min_size > n_samples:
+        raise FedhetError(
+            f"partition.min_size={min_size} × {n_clients} clients = {n_clients * min_size} exceeds "
+            f"the {n_samples} samples; use at most {n_samples // min_size} clients with "
+            f"min_size={min_size}, or partition.min_size ≤ {n_samples // n_clients}"
+        )
+
+
+MAX_TRIES = 10_000
+"""The most draws `method=redraw` may try: on MNIST's 60,000 labels a rejected draw costs about
+1 ms with 100 clients and 9 ms with 10,000 (benchmarks/RESULTS.md), so at most a minute or two."""
+
+
 @dataclass(frozen=True)
 class DirichletParams:
     alpha: float = 0.5
     min_size: int = 10
+    method: Literal["auto", "floor", "redraw"] = "auto"
+    """How every client gets `min_size` samples. `floor`: one draw, each client first given
+    `min_size` samples by its own class mix, the rest cut by the drawn shares (always fits, in
+    one pass over the data). `redraw`: draw again until every client has `min_size` (at most
+    `max_tries` draws): the split fedhet made before `method` existed. `auto`: `redraw` under
+    `balance=niid-bench` (NIID-Bench's own loop), else `floor`."""
     max_tries: int = 1000
+    """`redraw`'s cap on draws. Given without `method` it means `method=redraw`, as it did
+    before `method` existed (every such `config.json` holds it)."""
     balance: Literal["none", "niid-bench"] = "none"
     """`niid-bench`: a client already holding ≥ N/n samples gets no share of later classes
     (NIID-Bench's `noniid-labeldir`); `none` lets any client take any share."""
 
+    @staticmethod
+    def upgrade(values: dict[str, Any]) -> dict[str, Any]:
+        """Settings written for the redraw rule before `method` existed keep it."""
+        if "max_tries" in values and "method" not in values:
+            return {**values, "method": "redraw"}
+        return values
+
+    @property
+    def rule(self) -> Literal["floor", "redraw"]:
+        """The rule `method` stands for (`auto` resolved)."""
+        if self.method == "auto":
+            return "redraw" if self.balance == "niid-bench" else "floor"
+        return self.method
+
     def validate(self) -> None:
-        if not self.alpha > 0:
-            raise FedhetError(f"partition.alpha must be > 0, got {self.alpha}")
+        if not (self.alpha > 0 and math.isfinite(self.alpha)):
+            raise FedhetError(f"partition.alpha must be > 0 and finite, got {self.alpha}")
         if self.min_size < 0:
             raise FedhetError("partition.min_size must be ≥ 0")
+        if not 1 <= self.max_tries <= MAX_TRIES:
+            raise FedhetError(
+                f"partition.max_tries must be in [1, {MAX_TRIES}], got {self.max_tries}; "
+                "partition.method=floor needs no retries"
+            )
+        if self.method == "floor" and self.balance == "niid-bench":
+            raise FedhetError(
+                "partition.balance=niid-bench is NIID-Bench's redraw loop; use partition.method=redraw "
+                "(or auto), or balance=none with method=floor"
+            )
 
 
-def _dirichlet_draw(
-    labels: np.ndarray, n_clients: int, params: DirichletParams, rng: np.random.Generator
-) -> list[np.ndarray] | None:
-    """One draw: class c's samples, shuffled, are cut at the cumulative shares of `q ~ Dir(α 1_n)`.
-
-    With `balance="niid-bench"` (Li et al., "Federated Learning on Non-IID Data Silos", ICDE 2022,
-    §IV-A label-distribution skew, as their `partition_data` does it) a client holding ≥ N/n
-    samples before class c gets `q_i = 0`, the others' shares renormalised. **[choice]** The cuts
-    are taken on `cumsum(q) / cumsum(q)[-1]`, so a client with `q_i = 0` gets exactly nothing
-    (NIID-Bench's float rounding can hand it one sample). `None`: every open client's share
-    underflowed to 0 (tiny α), a failed draw.
-    """
-    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
-    sizes = np.zeros(n_clients, dtype=np.int64)
-    for c in np.unique(labels):
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        q = rng.dirichlet(np.full(n_clients, params.alpha))
-        if params.balance == "niid-bench":
-            cum = np.cumsum(np.where(sizes < len(labels) / n_clients, q, 0.0))
-            if cum[-1] == 0:
-                return None
-            cuts = (cum[:-1] / cum[-1] * len(idx)).astype(int)
-        else:
-            cuts = (np.cumsum(q)[:-1] * len(idx)).astype(int)
-        for i, piece in enumerate(np.split(idx, cuts)):
-            parts[i].append(piece)
-            sizes[i] += len(piece)
-    return [np.sort(np.concatenate(p)) for p in parts]
-
-
-@PARTITIONS.register("dirichlet", DirichletParams, "per class q ~ Dir(α·1), split accordingly")
+@PARTITIONS.register("dirichlet", DirichletParams, "per class q ~ Dir(α·1) over clients; each ≥ min_size")
 def dirichlet(labels: np.ndarray, n_clients: int, params: DirichletParams, rng: np.random.Generator):
-    """Per class `q ~ Dir(α 1_N)` (`_dirichlet_draw`); redraw until each client holds ≥ `min_size`."""
+    """Label skew: per class c the clients' shares `q_c ~ Dir(α 1_n)` (Yurochkin et al., ICML 2019;
+    NIID-Bench, Li et al., ICDE 2022, §IV-A), every client holding ≥ `min_size` samples.
+
+    `params.rule` picks how (`fedhet.data.dirichlet`): `floor` (`floor_split`) always fits in one
+    draw, O(N + n·C); `redraw` (`redraw_split`) redraws until a draw fits, reproducing the splits
+    of earlier versions, and fails after `max_tries` draws with one line.
+    """
     _check_clients(labels, n_clients)
-    if params.min_size * n_clients > len(labels):
-        raise FedhetError(
-            f"partition.min_size={params.min_size} × {n_clients} clients exceeds the "
-            f"{len(labels)} samples; lower partition.min_size or use fewer clients"
-        )
-    for _ in range(params.max_tries):
-        out = _dirichlet_draw(labels, n_clients, params, rng)
-        if out is not None and min(len(p) for p in out) >= params.min_size:
-            return out
-    raise FedhetError(
-        f"Dirichlet α={params.alpha} gave a client with fewer than {params.min_size} samples "
-        f"in {params.max_tries} draws; raise partition.alpha or lower partition.min_size"
+    _check_min_size(len(labels), n_clients, params.min_size)
+    members = class_members(labels)
+    if params.rule == "floor":
+        return floor_split(members, n_clients, params.alpha, params.min_size, rng)
+    parts = redraw_split(
+        members, n_clients, params.alpha, params.min_size, params.balance, params.max_tries, rng
     )
+    if parts is None:
+        raise FedhetError(
+            f"Dirichlet α={params.alpha} gave a client fewer than {params.min_size} samples in "
+            f"{params.max_tries} draws; use partition.method=floor (always fits"
+            + (", with balance=none" if params.balance == "niid-bench" else "")
+            + "), raise partition.alpha or lower partition.min_size"
+        )
+    return parts
 
 
 def _classes(labels: np.ndarray) -> np.ndarray:
@@ -120,20 +147,32 @@ def _label_sets(classes: np.ndarray, n_clients: int) -> list[np.ndarray]:
     return list(np.array_split(classes, n_clients))
 
 
+def _most_label_clients(sizes: np.ndarray) -> int:
+    """The most clients `_label_sets` can serve when its k-th label has `sizes[k]` samples: with
+    n ≥ C clients label k is cut into ⌈(n − k)/C⌉ parts, so n ≤ k + C·sizes[k] for every k."""
+    return int(np.min(np.arange(len(sizes)) + len(sizes) * sizes))
+
+
 def _deal_by_label(
-    labels: np.ndarray, pool: np.ndarray, label_sets: list[np.ndarray], rng: np.random.Generator
+    labels: np.ndarray, pool: np.ndarray, label_sets: list[np.ndarray], rng: np.random.Generator,
+    most: int,
 ) -> list[np.ndarray]:
     """Give each client the samples in `pool` of its labels; a label held by k clients is split
-    into k shuffled, near-equal parts."""
+    into k shuffled, near-equal parts. `most`: the most clients the caller could serve (for the
+    error when a label has fewer samples than clients)."""
+    owners: dict[int, list[int]] = {}
+    for i, held in enumerate(label_sets):
+        for c in held.tolist():
+            owners.setdefault(c, []).append(i)
     parts: list[list[np.ndarray]] = [[] for _ in label_sets]
     for c in _classes(labels[pool]):
-        owners = [i for i, s in enumerate(label_sets) if c in s]
         idx = rng.permutation(pool[labels[pool] == c])
-        if len(idx) < len(owners):
+        if len(idx) < len(owners[c]):
             raise FedhetError(
-                f"label {c} has {len(idx)} samples for {len(owners)} clients; use fewer clients"
+                f"label {c} has {len(idx)} samples for {len(owners[c])} clients; use at most "
+                f"{most} clients"
             )
-        for i, piece in zip(owners, np.array_split(idx, len(owners)), strict=True):
+        for i, piece in zip(owners[c], np.array_split(idx, len(owners[c])), strict=True):
             parts[i].append(piece)
     return [np.sort(np.concatenate(p)) for p in parts]
 
@@ -143,7 +182,8 @@ def label_per_client(labels: np.ndarray, n_clients: int, params: Any, rng: np.ra
     """FedVeca/BHerd Case 2: all samples of a client share one label (`_label_sets` when N < C)."""
     _check_clients(labels, n_clients)
     sets = _label_sets(_classes(labels), n_clients)
-    return _deal_by_label(labels, np.arange(len(labels)), sets, rng)
+    most = _most_label_clients(np.unique(labels, return_counts=True)[1])
+    return _deal_by_label(labels, np.arange(len(labels)), sets, rng, most)
 
 
 @PARTITIONS.register("half-iid", NoParams, "Case 3: first half of labels IID on the first half of clients")
@@ -161,11 +201,16 @@ def half_iid(labels: np.ndarray, n_clients: int, params: Any, rng: np.random.Gen
     n_iid, c_iid = -(-n_clients // 2), -(-len(classes) // 2)
     first = np.isin(labels, classes[:c_iid])
     iid_pool = rng.permutation(np.flatnonzero(first))
+    rest = np.flatnonzero(~first)
+    # ⌈n/2⌉ ≤ |first-half pool| and ⌊n/2⌋ ≤ what Case 2 can serve on the second half
+    most = min(2 * len(iid_pool), 2 * _most_label_clients(np.unique(labels[rest], return_counts=True)[1]) + 1)
     if len(iid_pool) < n_iid:
-        raise FedhetError(f"the first {c_iid} labels have fewer than {n_iid} samples; use fewer clients")
+        raise FedhetError(
+            f"the first {c_iid} labels have fewer than {n_iid} samples; use at most {most} clients"
+        )
     head = [np.sort(p) for p in np.array_split(iid_pool, n_iid)]
     sets = _label_sets(classes[c_iid:], n_clients - n_iid)
-    return head + _deal_by_label(labels, np.flatnonzero(~first), sets, rng)
+    return head + _deal_by_label(labels, rest, sets, rng, most)
 
 
 @dataclass(frozen=True)
@@ -199,9 +244,11 @@ def shards(labels: np.ndarray, n_clients: int, params: ShardsParams, rng: np.ran
     _check_xi(labels, params.xi)
     n_shards = n_clients * params.xi
     if n_shards > len(labels):
+        n = len(labels)
+        smaller_xi = f", or partition.xi ≤ {n // n_clients}" if n >= n_clients else ""
         raise FedhetError(
-            f"{n_clients} clients × xi={params.xi} = {n_shards} shards but only {len(labels)} "
-            "samples; use fewer clients or a smaller partition.xi"
+            f"{n_clients} clients × xi={params.xi} = {n_shards} shards but only {n} samples; use "
+            f"at most {n // params.xi} clients with xi={params.xi}{smaller_xi}"
         )
     pieces = np.array_split(_label_sorted(labels, rng), n_shards)
     owners = rng.permutation(n_shards).reshape(n_clients, params.xi)
@@ -229,12 +276,8 @@ class UnbalancedParams:
 def power_law_sizes(n_samples: int, n_clients: int, exponent: float, min_size: int) -> np.ndarray:
     """Sizes by rank: `min_size + ⌊(n − N·min_size) r^(−exponent) / Σ_s s^(−exponent)⌋`, the
     rounding remainder going one sample each to the largest fractional parts; sums to `n`."""
+    _check_min_size(n_samples, n_clients, min_size)
     extra = n_samples - n_clients * min_size
-    if extra < 0:
-        raise FedhetError(
-            f"partition.min_size={min_size} × {n_clients} clients exceeds the {n_samples} samples; "
-            "lower partition.min_size or use fewer clients"
-        )
     w = np.arange(1, n_clients + 1, dtype=np.float64) ** -exponent
     share = extra * w / w.sum()
     sizes = np.floor(share).astype(np.int64)
@@ -258,7 +301,7 @@ def unbalanced(labels: np.ndarray, n_clients: int, params: UnbalancedParams, rng
         return [np.sort(p) for p in np.split(rng.permutation(len(labels)), np.cumsum(sizes)[:-1])]
     _check_xi(labels, params.xi)
     xi = params.xi
-    shard_sizes = np.stack([s // xi + (np.arange(xi) < s % xi) for s in sizes])
+    shard_sizes = sizes[:, None] // xi + (np.arange(xi) < sizes[:, None] % xi)
     owner = np.repeat(np.arange(n_clients), xi)
     order = rng.permutation(n_clients * xi)
     flat_sizes = shard_sizes.reshape(-1)[order]

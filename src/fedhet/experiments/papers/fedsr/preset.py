@@ -72,14 +72,18 @@ def methods(task: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
+REDRAW = {"partition.method": "redraw"}
+"""The Dirichlet rule this preset's splits were made with (before `floor` became the default)."""
+
+
 def partitions(task: str) -> list[tuple[str, dict[str, Any]]]:
     xi_a, xi_b = TASKS[task][4]
     return [
         ("IID", {"partition": "iid"}),
         (f"xi={xi_a}", {"partition": "shards", "partition.xi": xi_a}),
         (f"xi={xi_b}", {"partition": "shards", "partition.xi": xi_b}),
-        ("alpha=0.3", {"partition": "dirichlet", "partition.alpha": 0.3}),
-        ("alpha=0.1", {"partition": "dirichlet", "partition.alpha": 0.1}),
+        ("alpha=0.3", {"partition": "dirichlet", "partition.alpha": 0.3, **REDRAW}),
+        ("alpha=0.1", {"partition": "dirichlet", "partition.alpha": 0.1, **REDRAW}),
     ]
 
 
