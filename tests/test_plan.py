@@ -91,7 +91,7 @@ def test_describe_plan_before_anything_is_built():
 
 
 def test_a_simulation_decides_once(monkeypatch):
-    """Building a Simulation enters the plan once; each rule it composes is asked once."""
+    """Assembling a run enters the plan once; each rule it composes is asked once."""
     calls = {"plan": 0, "executor": 0, "workers": 0}
     real_plan, real_executor, real_workers = plans.plan, plans.executor_choice, plans.auto_workers
 
@@ -101,9 +101,9 @@ def test_a_simulation_decides_once(monkeypatch):
             return f(*a, **k)
         return wrapper
 
-    import fedhet.engine.simulation as simulation
+    import fedhet.engine.assemble as assembly
 
-    monkeypatch.setattr(simulation, "plan", counted("plan", real_plan))
+    monkeypatch.setattr(assembly, "plan", counted("plan", real_plan))
     monkeypatch.setattr(plans, "executor_choice", counted("executor", real_executor))
     monkeypatch.setattr(plans, "auto_workers", counted("workers", real_workers))
     lines: list[str] = []

@@ -162,17 +162,19 @@ def assemble_clients(
 
 
 def algorithm_params(cfg: RunConfig, cls: type[Algorithm]) -> Any:
-    """The parameters algorithm class `cls` is built with: `cfg.algorithm_params` when they are
-    an instance of its parameter dataclass (its registry entry's `params` when it is registered
-    under any name, else its `Params` attribute) or it declares none; otherwise that dataclass
-    built from the same values (a value it has no field for is a `FedhetError`)."""
+    """The parameters algorithm class `cls` is built with: `cfg.algorithm_params` (built for
+    the registered `cfg.algorithm`) when they are an instance of the class's own parameter
+    dataclass (its registry entry's `params` when it is registered under any name, else its
+    `Params` attribute) or it declares none; otherwise its own dataclass, with the values of
+    the fields both share carried over and the others at their defaults."""
     entry = _entry_of(ALGORITHMS, cls)
     params_cls = entry.params if entry is not None else getattr(cls, "Params", None)
     given = cfg.algorithm_params
     if params_cls is None or isinstance(given, params_cls):
         return given
+    names = {f.name for f in dataclasses.fields(params_cls)}
     values = params_dict(given) if dataclasses.is_dataclass(given) else {}
-    return build_params(params_cls, values, "algorithm")
+    return build_params(params_cls, {k: v for k, v in values.items() if k in names}, "algorithm")
 
 
 def _linear(model: ModelFactory | None) -> bool | None:
