@@ -6,9 +6,8 @@ server resolves; no evaluator, no round loop), re-runs the deterministic partiti
 copy of the dataset and keeps only its partition: no training data crosses the network. Each
 `train` message carries the algorithm's downlink message; the node runs it through the run's
 executor (over its `ClientWork`: the very code the in-process simulator runs, with the same
-random streams), keeps the algorithm's client state
-(SCAFFOLD's `c_i`, …) in the node's `Context.state` between rounds and replies with the uplink
-message. A `query` message asks the
+random streams), keeps the algorithm's client state (SCAFFOLD's `c_i`, …) in the node's
+`Context.state` between rounds and replies with the uplink message. A `query` message asks the
 node who it is, so the server can map client ids to nodes and check that both sides hold the
 same partition.
 """
