@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from fedhet.engine.assemble import assemble
 from fedhet.engine.batch import run_together
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
@@ -44,7 +45,7 @@ def main() -> None:
             "local_epochs": 1, "executor": "batched", "device": args.device, "eval_every": args.rounds}
 
     def sims() -> list[Simulation]:
-        return [Simulation(config_of({**base, "seed": s}), None, log=lambda _: None)
+        return [assemble(config_of({**base, "seed": s}), store=None, log=lambda _: None)
                 for s in range(args.runs)]
 
     def sync() -> None:

@@ -37,8 +37,8 @@ from typing import Any
 import torch
 
 from fedhet.data.base import Dataset
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.experiments.results import git_commit
 
 
@@ -115,7 +115,7 @@ def seconds_per_round(
     cfg = config_of(values)
     data = random_dataset(w, w.full_samples if full else w.samples)
     rows: list[dict] = []
-    sim = Simulation(cfg, data=data, log=lambda _: None, on_round=rows.append)
+    sim = assemble(cfg, data=data, log=lambda _: None, callbacks=[rows.append])
     sim.run()
     times = [r["round_time_s"] for r in rows]
     return statistics.median(times[1:] if len(times) > 1 else times)

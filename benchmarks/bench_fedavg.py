@@ -27,8 +27,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation, sample_clients
+from fedhet.engine.simulation import sample_clients
 
 
 def ensure_mnist(data_dir: Path) -> None:
@@ -87,7 +88,7 @@ def main() -> None:
         "eval_every": args.rounds + 1, "workers": 1,  # one process against the bare loop's one
     }
     cfg = config_of(settings)
-    sim = Simulation(cfg)
+    sim = assemble(cfg)
     steps = sum(math.floor(len(i) / 32) for i in sim.client_indices)
     print(f"MNIST train {tuple(sim.data.x_train.shape)}, {args.clients} clients, "
           f"{steps} SGD steps per round, model {sim.model.dim} parameters")
@@ -101,7 +102,7 @@ def main() -> None:
     t_fedhet, t_bare = [], []
     for k in range(args.rounds):
         t0 = time.perf_counter()
-        state, _ = sim.runner(sim, state, k, sample_clients(cfg, len(sim.client_indices), k))
+        state, _ = sim.runner(sim, state, k, sample_clients(sim.loop, len(sim.client_indices), k))
         t_fedhet.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         w_bare = bare_round(bare_model, x, sim.data.y_train, sim.client_indices, w_bare, 0.01, 32, gen)

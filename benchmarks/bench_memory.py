@@ -13,8 +13,8 @@ import argparse
 import resource
 import time
 
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 
 
 def peak_mb() -> float:
@@ -33,7 +33,7 @@ def main() -> None:
         "model": "mlp", "eval_every": args.rounds, "workers": 1,  # this process's RSS is all of it
     }
     cfg = config_of(settings, "bench_memory")
-    sim = Simulation(cfg, store=None, log=lambda _: None)
+    sim = assemble(cfg, store=None, log=lambda _: None)
     before = peak_mb()
     start = time.perf_counter()
     sim.run()

@@ -35,8 +35,8 @@ from pathlib import Path
 import torch
 
 from fedhet.data.base import Dataset
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore
 from fedhet.engine.workers import AUTO_MIN_RUN_WORK, AUTO_MIN_WORK, usable_cores
 from fedhet.experiments.demo import DEMO_ALGORITHMS, DEMO_SETTINGS
@@ -77,7 +77,7 @@ def one(clients: int, samples: int, hidden: int, workers: int, rounds: int) -> t
         "eval_every": rounds, "executor": "sequential", "workers": workers,
     })
     rows: list[dict] = []
-    sim = Simulation(cfg, data=dataset(clients * samples), log=lambda _: None, on_round=rows.append)
+    sim = assemble(cfg, data=dataset(clients * samples), log=lambda _: None, callbacks=[rows.append])
     t0 = time.perf_counter()
     sim.run()
     total = time.perf_counter() - t0
@@ -92,7 +92,7 @@ def demo(workers: int, rounds: int) -> tuple[float, float, float]:
         for name in DEMO_ALGORITHMS:
             rows: list[dict] = []
             cfg = config_of({**DEMO_SETTINGS, "algorithm": name, "rounds": rounds, "workers": workers})
-            sim = Simulation(cfg, RunStore(Path(tmp) / name), log=lambda _: None, on_round=rows.append)
+            sim = assemble(cfg, store=RunStore(Path(tmp) / name), log=lambda _: None, callbacks=[rows.append])
             t0 = time.perf_counter()
             sim.run()
             total += time.perf_counter() - t0

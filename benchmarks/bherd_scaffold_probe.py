@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from fedhet.algorithms import bherd
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.training.steps import Correction
 
 ISSUE = {"dataset": "digits", "model": "mlp", "partition": "half-iid", "clients": 5, "rounds": 10,
@@ -49,7 +49,7 @@ def probe(settings: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, lis
     try:
         rows: list[dict[str, Any]] = []
         cfg = config_of(settings)
-        sim = Simulation(cfg, store=None, log=lambda m: None, on_round=rows.append)
+        sim = assemble(cfg, store=None, log=lambda m: None, callbacks=[rows.append])
         summary = sim.run()
     finally:
         bherd.herd_local_pass = original

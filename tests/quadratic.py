@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from fedhet.data.base import Dataset
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.experiments.papers.fednova.inconsistency import HalfSquare as Quadratic
@@ -46,7 +47,7 @@ def run_quadratic(
     }
     with registered_models():
         cfg = config_of(values)
-        sim = Simulation(cfg, store=None, data=quadratic_data(e, sizes), log=lambda _: None)
+        sim = assemble(cfg, store=None, data=quadratic_data(e, sizes), log=lambda _: None)
         sim.run()
     return sim
 

@@ -12,6 +12,7 @@ from quadratic import LINEAR_MODEL, run_quadratic
 
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fednova import normaliser
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
@@ -28,7 +29,7 @@ BASE = {
 
 def simulate(algorithm: str, **settings) -> Simulation:
     cfg = config_of({**BASE, "algorithm": algorithm, **settings})
-    sim = Simulation(cfg, store=None, log=lambda _: None)
+    sim = assemble(cfg, store=None, log=lambda _: None)
     sim.run()
     return sim
 
@@ -257,7 +258,7 @@ def test_baselines_learn_on_digits(algorithm):
     """Five Dirichlet(0.5) clients, one local epoch, 10 rounds: FedAvg reaches about 0.89."""
     settings = {"rounds": 10, "local_steps": 0, "local_epochs": 1, "model_params": {"hidden": 64}}
     cfg = config_of({**BASE, "algorithm": algorithm, **settings})
-    summary = Simulation(cfg, store=None, log=lambda _: None).run()
+    summary = assemble(cfg, store=None, log=lambda _: None).run()
     assert summary["final_accuracy"] > 0.8
 
 
@@ -281,7 +282,7 @@ def test_scaffold_with_momentum_learns_where_it_used_to_diverge():
     accuracy = {}
     for name in ("scaffold", "fedavg"):
         cfg = config_of({**BASE, "algorithm": name, **settings})
-        summary = Simulation(cfg, store=None, log=lambda _: None).run()
+        summary = assemble(cfg, store=None, log=lambda _: None).run()
         accuracy[name] = summary["final_accuracy"]
     assert accuracy["scaffold"] > 0.8
     assert accuracy["scaffold"] > accuracy["fedavg"] - 0.03

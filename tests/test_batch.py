@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from fedhet.engine.assemble import assemble
 from fedhet.engine.batch import SharedCohort, run_together
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, read_metric_rows
 from fedhet.experiments.compare import compare
 from fedhet.experiments.runner import Job, batch_units
@@ -39,9 +39,9 @@ def same(a: list, b: list) -> bool:
 def _alone_and_together(tmp_path: Path, variants: list[dict], base: dict = BASE) -> tuple[list, list, list]:
     alone = []
     for i, v in enumerate(variants):
-        Simulation(config_of({**base, **v}), RunStore(tmp_path / f"alone{i}"), log=lambda _: None).run()
+        assemble(config_of({**base, **v}), store=RunStore(tmp_path / f"alone{i}"), log=lambda _: None).run()
         alone.append(_curves(tmp_path / f"alone{i}"))
-    sims = [Simulation(config_of({**base, **v}), RunStore(tmp_path / f"batch{i}"), log=lambda _: None)
+    sims = [assemble(config_of({**base, **v}), store=RunStore(tmp_path / f"batch{i}"), log=lambda _: None)
             for i, v in enumerate(variants)]
     outcomes = run_together(sims)
     together = [_curves(tmp_path / f"batch{i}") for i in range(len(variants))]
@@ -123,5 +123,5 @@ def test_compare_with_batches_writes_what_compare_without_them_writes(tmp_path):
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_run_together_of_one_or_two_plain_runs(tmp_path, n):
-    sims = [Simulation(config_of({**BASE, "seed": s}), None, log=lambda _: None) for s in range(n)]
+    sims = [assemble(config_of({**BASE, "seed": s}), store=None, log=lambda _: None) for s in range(n)]
     assert all(o["finished"] for o in run_together(sims))

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from fedhet.algorithms.base import BUFFERS
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.models.registry import MODELS
@@ -59,7 +60,7 @@ class Recorder:
 
 def run(**settings) -> tuple[Simulation, Recorder]:
     cfg = config_of({**BASE, **settings}, "test")
-    sim = Simulation(cfg, store=None, log=lambda _: None)
+    sim = assemble(cfg, store=None, log=lambda _: None)
     rec = Recorder(sim)
     sim.run()
     return sim, rec

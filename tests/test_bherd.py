@@ -16,6 +16,7 @@ from fedhet.algorithms.bherd import (
     herding_order_direct,
     kept_count,
 )
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, read_checkpoint
@@ -101,7 +102,7 @@ BASE = {"dataset": "digits", "partition": "iid", "clients": 3, "rounds": 2, "lr"
 
 def run(settings: dict, store: RunStore | None = None) -> Simulation:
     cfg = config_of({**BASE, **settings})
-    sim = Simulation(cfg, store=store, log=lambda s: None)
+    sim = assemble(cfg, store=store, log=lambda s: None)
     sim.summary_ = sim.run()
     return sim
 
@@ -158,7 +159,7 @@ def test_bherd_scaffold_option_one_is_the_gradient_at_the_received_model(executo
     settings = {**BASE, "algorithm": "bherd-scaffold", "algorithm.option": "I", "rounds": 1,
                 "model": "cnn-fednnnn-cifar", "executor": executor}
     cfg = config_of(settings)
-    sim = Simulation(cfg, store=None, log=lambda s: None)
+    sim = assemble(cfg, store=None, log=lambda s: None)
     received = sim.buffers.clone()
     assert received.numel() > 0  # the model has BatchNorm statistics
     sim.run()
@@ -204,13 +205,13 @@ def test_alpha_outside_unit_interval_is_rejected(alpha):
 def test_zero_local_steps_is_rejected_before_training(algorithm):
     cfg = config_of({**BASE, "algorithm": algorithm, "local_epochs": 0.05})
     with pytest.raises(FedhetError, match="0 local steps"):
-        Simulation(cfg, store=None, log=lambda s: None)
+        assemble(cfg, store=None, log=lambda s: None)
 
 
 def test_local_momentum_is_rejected():
     cfg = config_of({**BASE, "algorithm": "bherd", "momentum": 0.9})
     with pytest.raises(FedhetError, match="momentum"):
-        Simulation(cfg, store=None, log=lambda s: None)
+        assemble(cfg, store=None, log=lambda s: None)
 
 
 @pytest.mark.parametrize("algorithm", ["bherd-scaffold", "grab-fedavg"])
@@ -239,8 +240,8 @@ def test_bherd_scaffold_keeps_learning_on_the_mlp_with_its_guard():
 
     def result(algorithm: str) -> float:
         cfg = config_of({**mlp, "algorithm": algorithm})
-        sim = Simulation(cfg, store=None, log=lambda s: None,
-                         on_round=lambda row: fallbacks.append(row.get("herd_fallbacks", 0.0)))
+        sim = assemble(cfg, store=None, log=lambda s: None,
+                         callbacks=[lambda row: fallbacks.append(row.get("herd_fallbacks", 0.0))])
         return sim.run()["final_accuracy"]
 
     fedavg = result("fedavg")

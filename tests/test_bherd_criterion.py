@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from fedhet.algorithms import bherd
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
 
 X = torch.tensor([[5.0], [2.0], [4.0], [3.0], [-9.0]])
@@ -62,7 +62,7 @@ BASE = {"dataset": "digits", "model": "logreg", "partition": "half-iid", "client
 
 
 def final_w(settings: dict) -> torch.Tensor:
-    sim = Simulation(config_of({**BASE, **settings}), store=None, log=lambda s: None)
+    sim = assemble(config_of({**BASE, **settings}), store=None, log=lambda s: None)
     sim.run()
     return sim.final_state.w
 

@@ -21,8 +21,8 @@ from torch import nn
 
 from fedhet.algorithms import bherd
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Reply, RunInfo
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig
@@ -127,7 +127,7 @@ BASE = {"dataset": "digits", "partition": "iid", "clients": 3, "rounds": 2, "lr"
 
 def final_w(settings: dict) -> torch.Tensor:
     cfg = config_of({**BASE, **settings})
-    sim = Simulation(cfg, store=None, log=lambda s: None)
+    sim = assemble(cfg, store=None, log=lambda s: None)
     sim.run()
     return sim.final_state.w
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore
@@ -15,7 +16,7 @@ BASE = {"dataset": "digits", "partition": "iid", "lr": 0.05, "seed": 1, "clients
 def run(tmp_path=None, **settings) -> tuple[Simulation, list[dict]]:
     cfg = config_of({**BASE, **settings}, "test")
     store = RunStore(tmp_path) if tmp_path is not None else None
-    sim = Simulation(cfg, store=store, log=lambda _: None)
+    sim = assemble(cfg, store=store, log=lambda _: None)
     sim.run()
     rows = []
     if tmp_path is not None:

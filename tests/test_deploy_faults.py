@@ -29,9 +29,9 @@ from fedhet.deploy.launch import (  # noqa: E402
     stop_tree,
 )
 from fedhet.deploy.project import write_app  # noqa: E402
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.engine.faults import DROPPED, OK, FaultModel  # noqa: E402
-from fedhet.engine.simulation import Simulation  # noqa: E402
 from fedhet.engine.store import read_checkpoint  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -103,8 +103,8 @@ def test_a_killed_supernode_is_dropped_for_the_rounds_it_misses_and_rejoins(tmp_
         def outcome(self, client_id: int, round: int) -> str:
             return DROPPED if client_id == 1 and first <= round + 1 < back else OK
 
-    local = Simulation(config_of(SETTINGS), store=None, log=lambda _: None)
-    local.faults = Offline.from_config(local.cfg)
+    local = assemble(config_of(SETTINGS), store=None, log=lambda _: None)
+    local.faults = Offline.from_config(config_of(SETTINGS))
     local.run()
     remote = read_checkpoint(out / "checkpoint.pt")["server"]["w"]
     assert torch.allclose(remote, local.final_state.w, atol=1e-6, rtol=0)

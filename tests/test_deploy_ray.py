@@ -30,8 +30,8 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install fedhet[flow
 
 from fedhet.deploy.command import _ray_options  # noqa: E402
 from fedhet.deploy.launch import LocalFederation  # noqa: E402
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of  # noqa: E402
-from fedhet.engine.simulation import Simulation  # noqa: E402
 from fedhet.engine.store import read_checkpoint  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 
@@ -158,9 +158,9 @@ def test_one_simulation_spread_over_a_two_node_ray_cluster(tmp_path):
     assert (out / "flower-logs" / "superlink.log").exists()
 
     # the same metrics as the in-process engine (time columns aside)
-    local = Simulation(config_of(SETTINGS), store=None, log=lambda _: None)
+    local = assemble(config_of(SETTINGS), store=None, log=lambda _: None)
     rows: list[dict] = []
-    local.on_round = rows.append
+    local.callbacks.append(rows.append)
     local.run()
     with (out / "metrics.csv").open() as f:
         remote = list(csv.DictReader(f))[1:]

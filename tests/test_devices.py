@@ -13,8 +13,8 @@ import pytest
 import torch
 from test_executors import BASE, CASES
 
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 
 EXTRA = {
     "fedavg-nwda": {"algorithm": "fedavg", "algorithm_params": {"nwda": True}},
@@ -42,7 +42,7 @@ def test_no_tensor_is_created_off_the_run_device(case, executor):
     settings = EXTRA.get(case) or {"algorithm": case, **CASES[case]}
     values = {**BASE, **settings, "executor": executor, "rounds": 1}
     lines: list[str] = []
-    sim = Simulation(config_of(values), log=lines.append)
+    sim = assemble(config_of(values), log=lines.append)
     sim.runner = _on_meta(sim.runner)
     sim.algorithm.init = _on_meta(sim.algorithm.init)
     sim.clients.run_client = _on_meta(sim.clients.run_client)

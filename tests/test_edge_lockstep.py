@@ -14,6 +14,7 @@ from faulty import make_client_fail
 from torch import nn
 
 from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo, ServerState
+from fedhet.engine.assemble import assemble
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import ClientFailure
@@ -45,7 +46,7 @@ def bn_model():
 def simulation(**settings) -> Simulation:
     """A run of BASE with `settings` (the small MLP unless `settings` names a model)."""
     model = {} if "model" in settings else MLP
-    return Simulation(config_of({**BASE, **model, **settings}, "test"), store=None, log=lambda _: None)
+    return assemble(config_of({**BASE, **model, **settings}, "test"), store=None, log=lambda _: None)
 
 
 # -- the round equals the edges one after another -------------------------------------------
@@ -190,8 +191,8 @@ def test_failure_mid_ring_same_under_both_executors():
     runs = {}
     for executor in ("sequential", "batched"):
         lines, rows = [], []
-        sim = Simulation(config_of({**BASE, **MLP, **settings, "executor": executor}, "test"),
-                         store=None, log=lines.append, on_round=rows.append)
+        sim = assemble(config_of({**BASE, **MLP, **settings, "executor": executor}, "test"),
+                         store=None, log=lines.append, callbacks=[rows.append])
         make_client_fail(sim, culprit, "disk on fire")
         sim.run()
         runs[executor] = (sim, lines, rows)
@@ -219,7 +220,7 @@ def test_comm_hand_count_two_edges_of_three(executor):
     κ2 · 3 devices each way per edge."""
     sim = simulation(**{**FEDSR, "algorithm.clusters": 2}, clients=6, executor=executor, rounds=2)
     rows = []
-    sim.on_round = rows.append
+    sim.callbacks.append(rows.append)
     sim.run()
     assert len(rows) == 2
     for row in rows:

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedhet.engine.clients import learning_rate, local_steps
+from fedhet.engine.assemble import assemble
+from fedhet.engine.clients import LocalWork, learning_rate, local_steps
 from fedhet.engine.config import RunConfig, config_of
-from fedhet.engine.simulation import Simulation, sample_clients
+from fedhet.engine.simulation import LoopSettings, sample_clients
 from fedhet.engine.store import TIME_COLUMNS
 from fedhet.experiments.single import execute
 
@@ -24,32 +25,32 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 
 
 def test_tau_from_epochs_is_floor_e_d_over_b():
-    cfg = RunConfig(batch_size=32, local_epochs=2.5)
+    cfg = LocalWork.from_config(RunConfig(batch_size=32, local_epochs=2.5))
     assert local_steps(cfg, 100, 0, 0) == math.floor(2.5 * 100 / 32)
     assert local_steps(cfg, 10, 0, 0) == math.floor(2.5 * 10 / 10)  # batch shrinks to D_i
-    assert local_steps(RunConfig(local_steps=7), 100, 0, 0) == 7
+    assert local_steps(LocalWork.from_config(RunConfig(local_steps=7)), 100, 0, 0) == 7
 
 
 def test_random_epochs_stay_in_range_and_vary():
-    cfg = RunConfig(batch_size=10, epochs_min=2, epochs_max=5)
+    cfg = LocalWork.from_config(RunConfig(batch_size=10, epochs_min=2, epochs_max=5))
     taus = {local_steps(cfg, 100, i, k) for i in range(5) for k in range(5)}
     assert taus <= {20, 30, 40, 50} and len(taus) > 1
 
 
 def test_sampling_fraction_and_determinism():
-    cfg = RunConfig(sample_fraction=0.3, seed=4)
+    cfg = LoopSettings.from_config(RunConfig(sample_fraction=0.3, seed=4))
     a = sample_clients(cfg, 20, 3)
     assert len(a) == 6 and a == sample_clients(cfg, 20, 3) and a == sorted(set(a))
-    assert sample_clients(RunConfig(), 20, 3) == list(range(20))
+    assert sample_clients(LoopSettings.from_config(RunConfig()), 20, 3) == list(range(20))
 
 
 def test_cosine_schedule_endpoints():
     """Rounds k = 0 … K−1 train: the first with η, the last with η_min, the middle halfway."""
-    cfg = RunConfig(lr=0.01, lr_min=1e-5, lr_schedule="cosine", rounds=11)
+    cfg = LocalWork.from_config(RunConfig(lr=0.01, lr_min=1e-5, lr_schedule="cosine", rounds=11))
     assert learning_rate(cfg, 0) == pytest.approx(0.01)
     assert learning_rate(cfg, 10) == pytest.approx(1e-5)
     assert learning_rate(cfg, 5) == pytest.approx((0.01 + 1e-5) / 2)
-    one = RunConfig(lr=0.01, lr_min=1e-5, lr_schedule="cosine", rounds=1)
+    one = LocalWork.from_config(RunConfig(lr=0.01, lr_min=1e-5, lr_schedule="cosine", rounds=1))
     assert learning_rate(one, 0) == 0.01
 
 
@@ -75,7 +76,7 @@ def test_same_seed_same_metrics_apart_from_time(tmp_path: Path):
 
 def test_bytes_count_every_model_sent():
     cfg = config_of({**BASE, "rounds": 2, "sample_fraction": 0.5})
-    sim = Simulation(cfg)
+    sim = assemble(cfg)
     sim.run()
     model_bytes = sim.model.dim * 4
     # FedAvg: each sampled client gets w and returns Δ plus 3 scalars (8 bytes each).
@@ -88,7 +89,7 @@ def test_bytes_count_every_model_sent():
 
 def test_central_uses_all_data_as_one_client():
     cfg = config_of({**BASE, "algorithm": "central", "rounds": 1, "local_steps": 5})
-    sim = Simulation(cfg)
+    sim = assemble(cfg)
     assert len(sim.client_indices) == 1
     assert len(sim.client_indices[0]) == len(sim.data.y_train)
     w0 = sim.w0.clone()

@@ -15,6 +15,7 @@ import torch
 from faulty import make_client_fail
 
 from fedhet.algorithms.base import ALGORITHMS
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import ClientFailure
 from fedhet.engine.simulation import Simulation
@@ -63,7 +64,7 @@ def _run(case: str, executor: str) -> tuple[Simulation, list[dict]]:
     values = {**BASE, "algorithm": case, **CASES[case], "executor": executor}
     cfg = config_of(values)
     rows: list[dict] = []
-    sim = Simulation(cfg, log=lambda _: None, on_round=rows.append)
+    sim = assemble(cfg, log=lambda _: None, callbacks=[rows.append])
     sim.stacked_jobs = 0
     if executor == "batched":
         stacked = sim.executor.cohort.sgd_many
@@ -192,7 +193,7 @@ def test_full_gradients_stacked_equal_the_sequential_pass(model, monkeypatch):
 def test_full_gradients_are_stacked_across_clients(case):
     """FedVeca's `∇F_i(w_k)` and SCAFFOLD option I's `c_i = ∇F_i(x)` reach the cohort together."""
     values = {**BASE, "algorithm": case, **CASES[case], "executor": "batched"}
-    sim = Simulation(config_of(values), log=lambda _: None)
+    sim = assemble(config_of(values), log=lambda _: None)
     calls: list[int] = []
     full = sim.executor.cohort.full_gradients
 
@@ -209,7 +210,7 @@ def test_full_gradients_are_stacked_across_clients(case):
 @pytest.mark.parametrize("executor", ["sequential", "batched"])
 def test_a_failing_client_is_reported_not_fatal(executor):
     cfg = config_of({**BASE, "algorithm": "fedavg", "executor": executor})
-    sim = Simulation(cfg, log=lambda _: None)
+    sim = assemble(cfg, log=lambda _: None)
     make_client_fail(sim, 2, "disk on fire")
     state = sim.algorithm.init(sim.w0)
     requests = [(i, sim.configure(state, i, 0)) for i in range(4)]
@@ -234,18 +235,18 @@ def test_settings_are_validated():
 def test_cuda_without_gpu_is_one_clear_error():
     cfg = config_of({**BASE, "device": "cuda"})
     with pytest.raises(FedhetError, match="device=cuda"):
-        Simulation(cfg, log=lambda _: None)
+        assemble(cfg, log=lambda _: None)
 
 
 def test_auto_rule_and_chunks():
     cfg = config_of({**BASE, "algorithm": "fedavg"})
-    assert Simulation(cfg, log=lambda _: None).executor_name == "sequential"
+    assert assemble(cfg, log=lambda _: None).executor_name == "sequential"
     cfg = config_of({**BASE, "algorithm": "fedavg", "model": "logreg", "model_params": {}})
-    assert Simulation(cfg, log=lambda _: None).executor_name == "batched"
+    assert assemble(cfg, log=lambda _: None).executor_name == "batched"
     # chunks of 3 clients give the same trajectory as one chunk
     one, _ = _run("fedavg", "batched")
     cfg = config_of({**BASE, "algorithm": "fedavg", "executor": "batched", "cohort_chunk": 3})
-    sim = Simulation(cfg, log=lambda _: None)
+    sim = assemble(cfg, log=lambda _: None)
     sim.run()
     assert torch.allclose(sim.final_state.w, one.final_state.w, atol=1e-6)
 
@@ -266,7 +267,7 @@ def test_batchnorm_model_end_to_end():
             "batch_size": 16, "client_steps": [2, 1, 3], "lr": 0.01, "partition": "iid",
             "executor": executor,
         })
-        sims[executor] = sim = Simulation(cfg, data=data, log=lambda _: None)
+        sims[executor] = sim = assemble(cfg, data=data, log=lambda _: None)
         sim.run()
     seq, bat = sims["sequential"], sims["batched"]
     assert seq.buffers.numel() and bat.executor_name == "batched"

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fedhet.algorithms.base import ALGORITHMS, Message, RunInfo
+from fedhet.engine.assemble import assemble
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import build, config_of, parse
 from fedhet.engine.failures import ClientFailure, Diverged
@@ -29,7 +30,7 @@ BASE = {
 def simulate(algorithm: str = "fedavg", **settings) -> tuple[Simulation, list[str]]:
     cfg = config_of({**BASE, "algorithm": algorithm, **settings}, "test")
     lines: list[str] = []
-    sim = Simulation(cfg, store=None, log=lines.append)
+    sim = assemble(cfg, store=None, log=lines.append)
     sim.run()
     return sim, lines
 
@@ -331,7 +332,7 @@ def test_all_clients_dropped_keeps_the_initial_model(algo):
 def test_a_raising_client_is_dropped_and_the_run_finishes():
     cfg = config_of({**BASE, "algorithm": "fedavg"})
     lines: list[str] = []
-    sim = Simulation(cfg, store=None, log=lines.append)
+    sim = assemble(cfg, store=None, log=lines.append)
     update = sim.algorithm.client_update
 
     def flaky(message, ctx, state):
@@ -341,7 +342,7 @@ def test_a_raising_client_is_dropped_and_the_run_finishes():
 
     sim.algorithm.client_update = flaky
     rows: list[dict] = []
-    sim.on_round = rows.append
+    sim.callbacks.append(rows.append)
     summary = sim.run()
     assert summary["finished"] and summary["rounds_done"] == 2
     assert lines == ["round 2: client 4 failed and is dropped for the round: ValueError: simulated crash"]
@@ -354,11 +355,11 @@ def test_a_resumed_run_drops_the_same_clients(tmp_path):
 
     settings = {"algorithm": "scaffold", "client_dropout": 0.4, "straggler_fraction": 0.2, "seed": 2}
     cfg = config_of({**BASE, "rounds": 4, **settings}, "test")
-    whole = Simulation(cfg, store=None, log=lambda _: None)
+    whole = assemble(cfg, store=None, log=lambda _: None)
     whole.run()
     cfg2 = config_of({**BASE, "rounds": 2, **settings}, "test")
-    Simulation(cfg2, store=RunStore(tmp_path), log=lambda _: None).run()
-    resumed = Simulation(cfg, store=RunStore(tmp_path), log=lambda _: None)
+    assemble(cfg2, store=RunStore(tmp_path), log=lambda _: None).run()
+    resumed = assemble(cfg, store=RunStore(tmp_path), log=lambda _: None)
     runner, rounds = resumed.runner, []
     resumed.runner = lambda rc, state, k, clients: (rounds.append(k), runner(rc, state, k, clients))[1]
     resumed.run(resume=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.experiments.papers.fedveca.protocol import client_sizes
 from fedhet.experiments.partition_report import describe_partition
 from fedhet.experiments.report import partition_counts
@@ -18,7 +18,7 @@ def test_every_caller_sees_the_runs_partition(validation_fraction):
     settings = {"dataset": "digits", "partition": "dirichlet", "clients": 6, "seed": 3,
                 "validation_fraction": validation_fraction, "rounds": 1}
     cfg = config_of(settings)
-    sim = Simulation(cfg)
+    sim = assemble(cfg)
     sizes = tuple(len(p) for p in sim.partition)
     assert client_sizes(settings) == sizes
     counts = describe_partition(dict(settings), out=lambda _: None)

@@ -451,7 +451,7 @@ def test_fair_protocol_cli(tmp_path, capsys):
 
 
 def test_resumed_run_matches_uninterrupted(tmp_path):
-    from fedhet.engine.simulation import Simulation
+    from fedhet.engine.assemble import assemble
     from fedhet.engine.store import RunStore
 
     settings = {**DIGITS, "algorithm": "fedveca", "rounds": 6}
@@ -460,7 +460,7 @@ def test_resumed_run_matches_uninterrupted(tmp_path):
     cfg = config_of(settings)
     store = RunStore(out)
     store.write_config(cfg.to_dict())
-    sim = Simulation(cfg, store, log=lambda *_: None)
+    sim = assemble(cfg, store=store, log=lambda *_: None)
     aggregate = sim.algorithm.aggregate
 
     def stop_at_four(state, round, replies):

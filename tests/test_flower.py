@@ -30,11 +30,11 @@ from fedhet.algorithms.fedavg import local_sgd_update  # noqa: E402
 from fedhet.deploy import client_app  # noqa: E402
 from fedhet.deploy.project import app_pyproject  # noqa: E402
 from fedhet.deploy.records import from_record, pack_state, to_record, unpack_state  # noqa: E402
-from fedhet.deploy.server_app import FlowerRoundContext  # noqa: E402
+from fedhet.deploy.server_app import server_run  # noqa: E402
+from fedhet.engine.assemble import assemble  # noqa: E402
 from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.engine.executors import BatchedExecutor  # noqa: E402
 from fedhet.engine.rounds import ROUND_RUNNERS  # noqa: E402
-from fedhet.engine.simulation import Simulation  # noqa: E402
 from fedhet.engine.store import read_checkpoint  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.registry import NoParams  # noqa: E402
@@ -89,7 +89,7 @@ def test_every_algorithms_client_state_survives_packing():
     `Context.state` record as the same typed state with equal fields."""
     for name in ALGORITHMS.names():
         settings = {**BASE, "algorithm": name, "clients": 4, "rounds": 1, **ALGORITHM_SETTINGS.get(name, {})}
-        sim = Simulation(config_of(settings), store=None, log=lambda _: None)
+        sim = assemble(config_of(settings), store=None, log=lambda _: None)
         sim.run()
         for client_id, state in sim.client_states.items():
             back = unpack_state(pack_state(state), sim.algorithm, client_id)
@@ -102,7 +102,7 @@ def test_every_algorithms_client_state_survives_packing():
 def test_a_client_state_packed_before_states_were_typed_still_unpacks():
     """A node's `Context.state` packed by an older fedhet held the raw value (SCAFFOLD's `c_i`
     tensor); it unpacks as the typed state."""
-    sim = Simulation(config_of({**BASE, "algorithm": "scaffold"}), store=None, log=lambda _: None)
+    sim = assemble(config_of({**BASE, "algorithm": "scaffold"}), store=None, log=lambda _: None)
     c_i = torch.randn(sim.model.dim)
     buf = io.BytesIO()
     torch.save(c_i, buf)
@@ -191,12 +191,12 @@ def task_identity():
 
 def run_both(settings: dict[str, Any], timeout: float = 0.5):
     cfg = config_of(settings)
-    local = Simulation(cfg, store=None, log=lambda _: None)
+    local = assemble(cfg, store=None, log=lambda _: None)
     local.run()
     grid = InProcessGrid(settings, cfg.clients)
     cfg = config_of(settings)
-    remote = FlowerRoundContext(cfg, None, grid, round_timeout=timeout, log=lambda _: None)
-    remote.roster.wait_for_all(1.0)
+    remote = server_run(cfg, None, grid, round_timeout=timeout, log=lambda _: None)
+    remote.executor.roster.wait_for_all(1.0)
     summary = remote.run()
     return local, remote, grid, summary
 
@@ -318,11 +318,11 @@ def test_a_failing_client_fails_its_node_clearly(monkeypatch):
 
     monkeypatch.setattr(ALGORITHMS.get("fedavg").factory, "client_update", broken)
     settings = {**BASE, "algorithm": "fedavg"}
-    remote = FlowerRoundContext(
+    remote = server_run(
         config_of(settings), None, InProcessGrid(settings, BASE["clients"]), round_timeout=0.5,
         log=lambda _: None,
     )
-    remote.roster.wait_for_all(1.0)
+    remote.executor.roster.wait_for_all(1.0)
     with pytest.raises(FedhetError, match=r"client 0 failed in round 1: .*bad local data"):
         remote.run()
 
@@ -340,12 +340,12 @@ def test_silent_node_is_dropped_and_the_run_goes_on():
     settings = {**BASE, "algorithm": "fedavg", "rounds": 3}
     grid_probe = InProcessGrid(settings, 3)
     cfg = config_of(settings)
-    remote = FlowerRoundContext(cfg, None, grid_probe, round_timeout=0.3, log=lambda _: None)
-    remote.roster.wait_for_all(1.0)
+    remote = server_run(cfg, None, grid_probe, round_timeout=0.3, log=lambda _: None)
+    remote.executor.roster.wait_for_all(1.0)
     grid_probe.silent = {102}  # node of client 2 goes quiet after joining
     summary = remote.run()
     assert summary["finished"] and summary["rounds_done"] == 3
-    assert 2 not in remote.roster.node_of and 102 in remote.roster.ignored
+    assert 2 not in remote.executor.roster.node_of and 102 in remote.executor.roster.ignored
     trains = [n for n, t in grid_probe.pushed if t == "train"]
     assert trains.count(102) == 1  # tried once, then left out
     assert trains.count(100) == trains.count(101) == 3
@@ -357,8 +357,8 @@ def test_each_dropped_client_is_reported_in_each_round():
     grid = InProcessGrid(settings, 3)
     cfg = config_of(settings)
     lines: list[str] = []
-    remote = FlowerRoundContext(cfg, None, grid, round_timeout=0.3, log=lines.append)
-    remote.roster.wait_for_all(1.0)
+    remote = server_run(cfg, None, grid, round_timeout=0.3, log=lines.append)
+    remote.executor.roster.wait_for_all(1.0)
     grid.silent = {102}
     remote.run()
     assert lines == [
@@ -383,8 +383,8 @@ def test_a_node_that_left_is_dropped_until_its_partition_rejoins():
     cfg = config_of(settings)
     grid = InProcessGrid(settings, 3)
     lines: list[str] = []
-    remote = FlowerRoundContext(cfg, None, grid, round_timeout=5.0, log=lines.append)
-    remote.roster.wait_for_all(1.0)
+    remote = server_run(cfg, None, grid, round_timeout=5.0, log=lines.append)
+    remote.executor.roster.wait_for_all(1.0)
     push = grid.push_messages
 
     def offline_node_102(messages):
@@ -405,7 +405,7 @@ def test_a_node_that_left_is_dropped_until_its_partition_rejoins():
             run_config = {"fedhet-settings": json.dumps(settings)}
             grid.contexts[103] = Context(1, 103, {"partition-id": 2}, RecordDict(), run_config)
 
-    remote.on_round = on_round
+    remote.callbacks.append(on_round)
     remote.run()
     assert [r["clients_dropped"] for r in rows] == [0, 1, 1, 0]
     assert lines == [
@@ -414,13 +414,13 @@ def test_a_node_that_left_is_dropped_until_its_partition_rejoins():
         "fedhet: round 3: dropped client 2: its SuperNode left the run in round 2",
         "fedhet: round 4: client 2 rejoined on SuperNode 103 (dropped since round 2)",
     ]
-    assert remote.roster.node_of == {0: 100, 1: 101, 2: 103}
+    assert remote.executor.roster.node_of == {0: 100, 1: 101, 2: 103}
 
     class Offline(FaultModel):
         def outcome(self, client_id: int, round: int) -> str:
             return DROPPED if (client_id, round) in {(2, 1), (2, 2)} else OK
 
-    local = Simulation(cfg, store=None, log=lambda _: None)
+    local = assemble(cfg, store=None, log=lambda _: None)
     local.faults = Offline.from_config(cfg)
     assert isinstance(local.faults, Offline)
     local.run()
@@ -432,12 +432,12 @@ def test_a_round_where_no_node_answers_keeps_the_server_state():
     settings = {**BASE, "algorithm": "fedavg", "rounds": 2}
     grid = InProcessGrid(settings, 3)
     lines: list[str] = []
-    remote = FlowerRoundContext(config_of(settings), None, grid, round_timeout=0.2,
+    remote = server_run(config_of(settings), None, grid, round_timeout=0.2,
                                 log=lines.append)
-    remote.roster.wait_for_all(1.0)
+    remote.executor.roster.wait_for_all(1.0)
     grid.silent = {100, 101, 102}
     rows: list[dict[str, Any]] = []
-    remote.on_round = rows.append
+    remote.callbacks.append(rows.append)
     summary = remote.run()
     assert summary["finished"] and [r["clients_dropped"] for r in rows] == [3, 3]
     assert torch.equal(remote.final_state.w, remote.w0)
@@ -449,8 +449,8 @@ def test_silent_node_on_a_relayed_topology_fails_clearly(test_algorithms):
     settings = {**BASE, "algorithm": ChainAvg.name}
     grid = InProcessGrid(settings, 3)
     cfg = config_of(settings)
-    remote = FlowerRoundContext(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
-    remote.roster.wait_for_all(1.0)
+    remote = server_run(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
+    remote.executor.roster.wait_for_all(1.0)
     grid.silent = {101}
     with pytest.raises(FedhetError, match="cannot skip a client"):
         remote.run()
@@ -460,18 +460,18 @@ def test_node_with_a_different_partition_is_refused():
     settings = {**BASE, "algorithm": "fedavg"}
     grid = InProcessGrid({**settings, "seed": 4}, 3)  # nodes partition with another seed
     cfg = config_of(settings)
-    remote = FlowerRoundContext(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
+    remote = server_run(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
     with pytest.raises(FedhetError, match="different partition"):
-        remote.roster.wait_for_all(1.0)
+        remote.executor.roster.wait_for_all(1.0)
 
 
 def test_missing_nodes_are_reported_by_partition_id():
     settings = {**BASE, "algorithm": "fedavg"}
     grid = InProcessGrid(settings, 2)
     cfg = config_of(settings)
-    remote = FlowerRoundContext(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
+    remote = server_run(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
     with pytest.raises(FedhetError, match="missing partition-id 2"):
-        remote.roster.wait_for_all(0.2)
+        remote.executor.roster.wait_for_all(0.2)
 
 
 # -- real processes on 127.0.0.1 ----------------------------------------------------------
@@ -497,7 +497,7 @@ def test_superlink_and_three_supernodes_match_the_engine(tmp_path):
             summary = fed.run(tmp_path / f"app-{algorithm}", out, timeout=400)
             assert summary["finished"] and summary["rounds_done"] == 2
             cfg = config_of(settings)
-            local = Simulation(cfg, store=None, log=lambda _: None)
+            local = assemble(cfg, store=None, log=lambda _: None)
             local.run()
             remote = read_checkpoint(out / "checkpoint.pt")["server"]["w"]
             assert torch.allclose(remote, local.final_state.w, atol=1e-6, rtol=0)
@@ -598,7 +598,7 @@ def test_batchnorm_statistics_travel_with_the_messages():
 
     settings = {**BASE, "algorithm": "fedavg", "model": "flower-test-bn"}
     with MODELS.added("flower-test-bn", bn_mlp, NoParams, "MLP with BatchNorm (test only)"):
-        initial = Simulation(config_of(settings), store=None, log=lambda _: None).buffers
+        initial = assemble(config_of(settings), store=None, log=lambda _: None).buffers
         local, remote, _, _ = run_both(settings)
     assert initial.numel() > 0 and not torch.equal(remote.buffers, initial)
     assert torch.equal(remote.buffers, local.buffers)

@@ -7,6 +7,7 @@ import torch
 
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Reply, RunInfo
 from fedhet.algorithms.grab import GraBParams, GraBState, grab_epoch, grab_init, round_order
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
@@ -78,7 +79,7 @@ def run(settings: dict) -> Simulation:
     base = {"dataset": "digits", "partition": "iid", "clients": 3, "rounds": 3, "lr": 0.1,
             "batch_size": 32}
     cfg = config_of({**base, **settings})
-    sim = Simulation(cfg, store=None, log=lambda s: None)
+    sim = assemble(cfg, store=None, log=lambda s: None)
     sim.summary_ = sim.run()
     return sim
 

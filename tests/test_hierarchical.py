@@ -9,6 +9,7 @@ import torch
 
 from fedhet.algorithms.base import Message, Reply
 from fedhet.algorithms.hierarchical import assign_edges, parse_edge_map, ring_order
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
@@ -21,7 +22,7 @@ BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "
 
 def simulate(**settings) -> Simulation:
     cfg = config_of({**BASE, **settings}, "test")
-    sim = Simulation(cfg, store=None, log=lambda _: None)
+    sim = assemble(cfg, store=None, log=lambda _: None)
     sim.run()
     return sim
 
@@ -36,7 +37,7 @@ def test_ring_of_one_device_is_local_sgd():
     indices = sim.client_indices[0]
     tau = 2 * len(indices) // 32
     cfg = config_of({**BASE, "algorithm": "fedavg", "clients": 1, "rounds": 1}, "t")
-    fresh = Simulation(cfg, store=None, log=lambda _: None)
+    fresh = assemble(cfg, store=None, log=lambda _: None)
     batches = fresh.trainer.batches(indices, 32, tau, stream_seed(3, 0, 0, 0))
     w, steps, _ = fresh.trainer.sgd(fresh.w0, batches, SGDConfig(0.05, 0.5))
     assert steps == tau
@@ -73,7 +74,7 @@ def test_hierfavg_kappa1_sets_local_steps_and_kappa2_repeats_edge_rounds():
 def test_fedsr_cloud_aggregation_is_eq_15():
     cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 4,
                                     "algorithm.clusters": 2}, "t")
-    algo = Simulation(cfg, store=None, log=lambda _: None).algorithm
+    algo = assemble(cfg, store=None, log=lambda _: None).algorithm
     w1, w2 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 4.0])
     replies = [Reply(0, Message({"w": w1}, {"num_samples": 30.0, "train_loss": 1.0})),
                Reply(1, Message({"w": w2}, {"num_samples": 10.0, "train_loss": 3.0}))]
@@ -103,14 +104,14 @@ def test_ring_order_is_redrawn_per_round_and_fixed_per_seed():
 def test_sampling_and_per_round_regrouping():
     cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 12,
                                     "algorithm.cluster_size": 4}, "t")
-    algo = Simulation(cfg, store=None, log=lambda _: None).algorithm
+    algo = assemble(cfg, store=None, log=lambda _: None).algorithm
     sampled = [0, 2, 3, 5, 7, 8, 11]
     groups = algo.edge_groups(sampled, round=4)
     assert sorted(d for _, g in groups for d in g) == sampled
     assert [len(g) for _, g in groups] == [4, 3]
     cfg = config_of({**BASE, "algorithm": "hierfavg", "clients": 8,
                                     "algorithm.clusters": 4}, "t")
-    algo = Simulation(cfg, store=None, log=lambda _: None).algorithm
+    algo = assemble(cfg, store=None, log=lambda _: None).algorithm
     assert [m for m, _ in algo.edge_groups([0, 1, 6], round=0)] == [0, 3]
 
 
@@ -139,7 +140,7 @@ def test_fedsr_learns_on_digits():
     cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 20, "rounds": 5,
                                     "lr": 0.1, "momentum": 0.5, "lr_schedule": "cosine",
                                     "partition.alpha": 0.3, "partition.method": "redraw"}, "t")
-    summary = Simulation(cfg, store=None, log=lambda _: None).run()
+    summary = assemble(cfg, store=None, log=lambda _: None).run()
     assert summary["final_accuracy"] > 0.8
 
 
@@ -184,7 +185,7 @@ def test_a_failed_device_does_not_shift_the_passes_of_the_others(monkeypatch):
     monkeypatch.setattr(hierarchical, "ring_client_update", spy)
     cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 4, "rounds": 1, "local_steps": 1,
                      "algorithm.edge_map": "0,1,2,3", "algorithm.ring_passes": 2}, "test")
-    sim = Simulation(cfg, store=None, log=lambda _: None)
+    sim = assemble(cfg, store=None, log=lambda _: None)
     make_client_fail(sim, 1, "down")
     samples: list[float] = []
     aggregate = sim.algorithm.edge_aggregate

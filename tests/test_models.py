@@ -148,8 +148,8 @@ def test_svm_needs_binary_labels_and_valid_lambda():
 def test_svm_learns_even_odd_digits_through_the_engine():
     from fedhet.data.base import Dataset
     from fedhet.data.registry import DATASETS
+    from fedhet.engine.assemble import assemble
     from fedhet.engine.config import config_of
-    from fedhet.engine.simulation import Simulation
 
     digits = DATASETS.get("digits").factory(DATASETS.params("digits"), None)
     binary = Dataset(
@@ -160,5 +160,5 @@ def test_svm_learns_even_odd_digits_through_the_engine():
         "algorithm": "fedavg", "dataset": "digits", "partition": "iid", "model": "svm",
         "clients": 4, "rounds": 10, "lr": 0.1, "local_epochs": 1,
     })
-    summary = Simulation(cfg, store=None, data=binary, log=lambda _: None).run()
+    summary = assemble(cfg, store=None, data=binary, log=lambda _: None).run()
     assert summary["final_accuracy"] > 0.8

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedhet.algorithms.moon import contrastive_loss
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
@@ -20,7 +21,7 @@ BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "
 
 def simulate(**settings) -> Simulation:
     cfg = config_of({**BASE, **settings}, "test")
-    sim = Simulation(cfg, store=None, log=lambda _: None)
+    sim = assemble(cfg, store=None, log=lambda _: None)
     sim.run()
     return sim
 
@@ -88,7 +89,7 @@ def test_moon_models_and_bad_model():
 def resolve_and_build(**settings) -> Simulation:
     base = {k: v for k, v in BASE.items() if not k.startswith("model")}
     cfg = config_of({**base, **settings}, "test")
-    return Simulation(cfg, store=None, log=lambda _: None)
+    return assemble(cfg, store=None, log=lambda _: None)
 
 
 def test_moon_learns_on_digits():
@@ -179,7 +180,7 @@ def test_moon_contrastive_rounds_run_stacked():
     """In a batched run, the second round's clients (with a previous model) reach the cohort
     with their contrastive loss instead of falling back to one at a time."""
     cfg = config_of({**BASE, "algorithm": "moon", "rounds": 2, "executor": "batched"}, "test")
-    sim = Simulation(cfg, store=None, log=lambda _: None)
+    sim = assemble(cfg, store=None, log=lambda _: None)
     stacked = sim.executor.cohort.sgd_many
     seen = []
 

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from fedhet.algorithms.moon import ContrastiveLoss
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.models.registry import MODELS
@@ -134,7 +135,7 @@ BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "
 
 
 def _sim(executor: str) -> Simulation:
-    sim = Simulation(config_of({**BASE, "executor": executor}), store=None, log=lambda _: None)
+    sim = assemble(config_of({**BASE, "executor": executor}), store=None, log=lambda _: None)
     sim.run()
     return sim
 

@@ -92,10 +92,10 @@ def test_the_core_runs_without_any_optional_extra(tmp_path):
 
 
 def test_without_tqdm_the_progress_is_a_plain_line_per_round(tmp_path, monkeypatch, capsys):
-    import fedhet.engine.simulation as simulation
+    import fedhet.engine.callbacks as callbacks
     from fedhet.experiments.single import execute
 
-    monkeypatch.setattr(simulation, "tqdm", None)
+    monkeypatch.setattr(callbacks, "tqdm", None)
     execute({"rounds": 2, "clients": 3, "workers": 1}, tmp_path / "run", progress=True,
             log=lambda _: None)
     lines = capsys.readouterr().err.strip().splitlines()

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from fedhet.engine import plan as plans
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.plan import Work, batchable, describe_plan, plan
-from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
 
 BASE = {"dataset": "digits", "clients": 4, "rounds": 2, "model": "mlp", "model.hidden": 8}
@@ -91,7 +91,7 @@ def test_describe_plan_before_anything_is_built():
 
 
 def test_a_simulation_decides_once(monkeypatch):
-    """Building a Simulation enters the plan once; each rule it composes is asked once."""
+    """Assembling a run enters the plan once; each rule it composes is asked once."""
     calls = {"plan": 0, "executor": 0, "workers": 0}
     real_plan, real_executor, real_workers = plans.plan, plans.executor_choice, plans.auto_workers
 
@@ -101,13 +101,13 @@ def test_a_simulation_decides_once(monkeypatch):
             return f(*a, **k)
         return wrapper
 
-    import fedhet.engine.simulation as simulation
+    import fedhet.engine.assemble as assembly
 
-    monkeypatch.setattr(simulation, "plan", counted("plan", real_plan))
+    monkeypatch.setattr(assembly, "plan", counted("plan", real_plan))
     monkeypatch.setattr(plans, "executor_choice", counted("executor", real_executor))
     monkeypatch.setattr(plans, "auto_workers", counted("workers", real_workers))
     lines: list[str] = []
-    sim = Simulation(cfg(), log=lines.append)
+    sim = assemble(cfg(), log=lines.append)
     assert calls == {"plan": 1, "executor": 1, "workers": 1}
     assert (sim.device, sim.executor_name, sim.workers) == (sim.plan.device, sim.plan.executor,
                                                           sim.plan.workers)

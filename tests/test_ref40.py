@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, read_metric_rows
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS, build_model
@@ -55,7 +55,7 @@ def test_ref40_svm_learns_on_both_executors_alike(algorithm, tmp_path):
                 "rounds": 8, "lr": 0.05, "batch_size": 100, "train_loss": True}
     out = {}
     for executor in ("batched", "sequential"):
-        sim = Simulation(config_of({**settings, "executor": executor}),
+        sim = assemble(config_of({**settings, "executor": executor}),
                          store=RunStore(tmp_path / executor), data=data, log=lambda _: None)
         summary = sim.run()
         out[executor] = (sim.final_state.w, summary)

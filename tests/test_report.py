@@ -131,11 +131,11 @@ def test_partition_heatmap_counts_match_the_runs_partition(runs_dir):
     config = json.loads((runs_dir / "fedavg" / "config.json").read_text())
     counts, title = partition_counts(config)
     assert counts.shape == (4, 10) and "dirichlet" in title
+    from fedhet.engine.assemble import assemble
     from fedhet.engine.config import config_of
-    from fedhet.engine.simulation import Simulation
 
     cfg = config_of(config)
-    sim = Simulation(cfg)  # the partition the run trained on
+    sim = assemble(cfg)  # the partition the run trained on
     y = sim.data.y_train.numpy()
     for i, part in enumerate(sim.partition):
         assert list(counts[i]) == [int((y[part] == c).sum()) for c in range(10)]

@@ -23,8 +23,8 @@ from fedhet.algorithms.state import (
     restore_clients,
     restore_state,
 )
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import TIME_COLUMNS, RunStore, read_checkpoint
 from fedhet.errors import FedhetError
 
@@ -38,8 +38,8 @@ def settings(name: str, **extra: Any) -> dict[str, Any]:
 
 def simulate(name: str, out: Path | None = None, resume: bool = False, **extra: Any):
     rows: list[dict[str, Any]] = []
-    sim = Simulation(config_of(settings(name, **extra)), store=RunStore(out) if out else None,
-                     log=lambda _: None, on_round=rows.append)
+    sim = assemble(config_of(settings(name, **extra)), store=RunStore(out) if out else None,
+                     log=lambda _: None, callbacks=[rows.append])
     sim.run(resume=resume)
     return sim, rows
 
@@ -62,7 +62,7 @@ def test_states_are_the_algorithms_typed_classes(name):
     """`init` returns the algorithm's `ServerState` class; a round's `aggregate` returns a new
     object of the same class and leaves the old one as it was; every client state is the
     algorithm's `ClientState` class (or None, for algorithms whose clients keep none)."""
-    sim = Simulation(config_of(settings(name)), store=None, log=lambda _: None)
+    sim = assemble(config_of(settings(name)), store=None, log=lambda _: None)
     algo = sim.algorithm
     state = algo.init(sim.w0)
     assert isinstance(state, ServerState) and type(state) is algo.state_class

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from fedhet.algorithms.scaffold import corrected
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.training.cohort import CohortTrainer, SGDJob
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig
@@ -298,7 +298,7 @@ def test_batched_fedprox_with_mu_zero_is_fedavg_bit_for_bit():
             "partition": "iid", "executor": "batched"}
     runs = {}
     for name, extra in (("fedavg", {}), ("fedprox", {"algorithm_params": {"mu": 0.0}})):
-        sim = Simulation(config_of({**base, "algorithm": name, **extra}), log=lambda _: None)
+        sim = assemble(config_of({**base, "algorithm": name, **extra}), log=lambda _: None)
         sim.run()
         assert sim.executor_name == "batched"
         runs[name] = sim.final_state.w

@@ -7,8 +7,8 @@ import pytest
 
 from fedhet.data.registry import DATASETS, load_dataset
 from fedhet.data.split import hold_out_validation
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
 
 
@@ -38,7 +38,7 @@ def test_split_is_stratified_disjoint_and_fixed():
 def test_run_evaluates_on_validation_and_partitions_the_rest():
     cfg = config_of({"dataset": "digits", "clients": 5, "rounds": 1,
                                     "validation_fraction": 0.25})
-    sim = Simulation(cfg)
+    sim = assemble(cfg)
     total = len(digits().y_train)
     assert sum(len(ix) for ix in sim.client_indices) == len(sim.data.y_train)
     assert len(sim.data.y_train) + len(sim.data.y_test) == total
@@ -51,4 +51,4 @@ def test_bad_fractions_and_natural_partitions_are_refused():
     cfg = config_of({"dataset": "synthetic", "partition": "natural", "clients": 30,
                                     "validation_fraction": 0.1})
     with pytest.raises(FedhetError, match="users are the clients"):
-        Simulation(cfg)
+        assemble(cfg)

@@ -10,6 +10,7 @@ from faulty import make_client_fail
 
 from fedhet.algorithms.state import Record
 from fedhet.cli import main
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import Diverged
 from fedhet.engine.simulation import Simulation
@@ -49,7 +50,7 @@ def test_every_registered_algorithm_is_covered():
 
 def simulate(workers: int, log=None, patch=None, **settings) -> tuple[Simulation, dict]:
     cfg = config_of({**BASE, **settings, "workers": workers}, "test")
-    sim = Simulation(cfg, store=None, log=log or (lambda _: None))
+    sim = assemble(cfg, store=None, log=log or (lambda _: None))
     if patch is not None:
         patch(sim)
     return sim, sim.run()
@@ -301,7 +302,7 @@ def test_auto_never_spreads_the_batched_executor(monkeypatch, settings, executor
     force_auto(monkeypatch)
     lines: list[str] = []
     base = {k: v for k, v in BASE.items() if k != "model.hidden"}
-    sims = [Simulation(config_of({**base, **settings, "seed": s, "workers": 0}), None,
+    sims = [assemble(config_of({**base, **settings, "seed": s, "workers": 0}), store=None,
                        log=lines.append) for s in (1, 2)]
     assert [(s.workers, s.executor_name) for s in sims] == [(1, executor)] * 2
     assert not any(isinstance(s.executor, ProcessExecutor) for s in sims)
@@ -347,12 +348,12 @@ def test_a_flower_server_does_not_weigh_workers(monkeypatch):
     """The deploy server's clients run on SuperNodes: `auto` is 1 there and says nothing (the
     deploy console would otherwise announce processes that never start)."""
     pytest.importorskip("flwr", reason="Flower is not installed (pip install fedhet[flower])")
-    from fedhet.deploy.server_app import FlowerRoundContext
+    from fedhet.deploy.server_app import server_run
 
     force_auto(monkeypatch)
     lines: list[str] = []
-    server = FlowerRoundContext(config_of({**BASE, "workers": 0}), None, None, round_timeout=1.0,
-                                log=lines.append)
+    server = server_run(config_of({**BASE, "workers": 0}), None, None, round_timeout=1.0,
+                        log=lines.append)
     assert server.workers == 1 and not isinstance(server.executor, ProcessExecutor)
     assert lines == []
     local, _ = simulate(0, log=lines.append)  # the same settings in one process: 2 workers

@@ -307,12 +307,12 @@ class Registry(Generic[T]):
 
     @contextlib.contextmanager
     def added(
-        self, name: str, factory: T, params: type = NoParams, doc: str = ""
+        self, name: str, factory: T, params: type = NoParams, doc: str = "", **traits: Any
     ) -> Iterator[T]:
-        """`factory` registered under `name` for the length of a `with` block only (a test's
-        model or algorithm, a component tried out): the entry is gone afterwards, and a name
-        that is already taken is refused as by `register`."""
-        self.register(name, params, doc)(factory)
+        """`factory` registered under `name`, with its `traits`, for the length of a `with`
+        block only (a test's model or algorithm, a component tried out): the entry is gone
+        afterwards, and a name that is already taken is refused as by `register`."""
+        self.register(name, params, doc, **traits)(factory)
         try:
             yield factory
         finally:

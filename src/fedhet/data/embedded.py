@@ -23,7 +23,8 @@ class DigitsParams:
             raise FedhetError("dataset.test_fraction must be in (0, 1)")
 
 
-@DATASETS.register("digits", DigitsParams, "scikit-learn digits, 8×8 images, 10 classes (embedded)")
+@DATASETS.register("digits", DigitsParams, "scikit-learn digits, 8×8 images, 10 classes (embedded)",
+                   default_model="mlp")
 def load_digits(params: DigitsParams, data_dir: Path) -> Dataset:
     # slow import (scikit-learn): only when the digits are loaded
     from sklearn.datasets import load_digits as sk_digits

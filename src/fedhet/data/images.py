@@ -403,13 +403,15 @@ def build_dataset(
     )
 
 
-@DATASETS.register("mnist", MnistParams, "MNIST, 28×28 digits, 10 classes (IDX files or mnist.pkl.gz)")
+@DATASETS.register("mnist", MnistParams, "MNIST, 28×28 digits, 10 classes (IDX files or mnist.pkl.gz)",
+                   default_model="mlp")
 def load_mnist(params: MnistParams, data_dir: Path) -> Dataset:
     arrays, read = load_idx_arrays(MNIST, data_dir, params.download, params.source)
     return build_dataset("mnist", arrays, 10, MNIST.mean, MNIST.std, params, {"files": read})
 
 
-@DATASETS.register("mnist-even-odd", MnistParams, "MNIST with binary labels: 1 = even digit, 0 = odd")
+@DATASETS.register("mnist-even-odd", MnistParams, "MNIST with binary labels: 1 = even digit, 0 = odd",
+                   default_model="svm")
 def load_mnist_even_odd(params: MnistParams, data_dir: Path) -> Dataset:
     """For the squared SVM (docs/spec.md), which maps class 1/0 to +1/−1 itself."""
     (x_tr, y_tr, x_te, y_te), read = load_idx_arrays(MNIST, data_dir, params.download, params.source)
@@ -422,19 +424,22 @@ def load_mnist_even_odd(params: MnistParams, data_dir: Path) -> Dataset:
     )
 
 
-@DATASETS.register("fashion-mnist", ImageParams, "Fashion-MNIST, 28×28 clothing, 10 classes (IDX files)")
+@DATASETS.register("fashion-mnist", ImageParams, "Fashion-MNIST, 28×28 clothing, 10 classes (IDX files)",
+                   default_model="cnn-mnist")
 def load_fashion_mnist(params: ImageParams, data_dir: Path) -> Dataset:
     arrays, read = load_idx_arrays(FASHION, data_dir, params.download)
     return build_dataset("fashion-mnist", arrays, 10, FASHION.mean, FASHION.std, params, {"files": read})
 
 
-@DATASETS.register("cifar10", ImageParams, "CIFAR-10, 32×32 colour images, 10 classes (pickle batches)")
+@DATASETS.register("cifar10", ImageParams, "CIFAR-10, 32×32 colour images, 10 classes (pickle batches)",
+                   default_model="cnn-cifar")
 def load_cifar10(params: ImageParams, data_dir: Path) -> Dataset:
     arrays, read = load_cifar_arrays(CIFAR10, data_dir, params.download)
     return build_dataset("cifar10", arrays, 10, CIFAR10.mean, CIFAR10.std, params, {"files": read})
 
 
-@DATASETS.register("cifar100", ImageParams, "CIFAR-100, 32×32 colour images, 100 fine labels")
+@DATASETS.register("cifar100", ImageParams, "CIFAR-100, 32×32 colour images, 100 fine labels",
+                   default_model="cnn-cifar")
 def load_cifar100(params: ImageParams, data_dir: Path) -> Dataset:
     arrays, read = load_cifar_arrays(CIFAR100, data_dir, params.download)
     return build_dataset("cifar100", arrays, 100, CIFAR100.mean, CIFAR100.std, params, {"files": read})

@@ -63,7 +63,8 @@ def generate_users(p: SyntheticParams) -> list[tuple[np.ndarray, np.ndarray]]:
     return users
 
 
-@DATASETS.register("synthetic", SyntheticParams, "Synthetic(α, β) of FedProx; one client per user")
+@DATASETS.register("synthetic", SyntheticParams, "Synthetic(α, β) of FedProx; one client per user",
+                   default_model="logreg")
 def load_synthetic(params: SyntheticParams, data_dir: Path) -> Dataset:
     users = generate_users(params)
     rng = np.random.default_rng(params.seed + 1)

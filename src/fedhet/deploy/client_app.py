@@ -1,13 +1,13 @@
 """The Flower `ClientApp`: one SuperNode is one fedhet client.
 
-The node reads its client id from its node config (`partition-id`), rebuilds the run from the
-run config (the same settings the server resolves), re-runs the deterministic partitioner on
-its own copy of the dataset and keeps only its partition: no training data crosses the
-network. Each `train` message carries the algorithm's downlink message; the node runs it
-through the run's executor (`Simulation.executor` over its `ClientWork`: the very code the
-in-process simulator runs, with the same random streams), keeps the algorithm's client state
-(SCAFFOLD's `c_i`, …) in the node's `Context.state` between rounds and replies with the uplink
-message. A `query` message asks the
+The node reads its client id from its node config (`partition-id`), builds the clients' half of
+the run from the run config (`fedhet.engine.assemble.assemble_clients`: the same settings the
+server resolves; no evaluator, no round loop), re-runs the deterministic partitioner on its own
+copy of the dataset and keeps only its partition: no training data crosses the network. Each
+`train` message carries the algorithm's downlink message; the node runs it through the run's
+executor (over its `ClientWork`: the very code the in-process simulator runs, with the same
+random streams), keeps the algorithm's client state (SCAFFOLD's `c_i`, …) in the node's
+`Context.state` between rounds and replies with the uplink message. A `query` message asks the
 node who it is, so the server can map client ids to nodes and check that both sides hold the
 same partition.
 """
@@ -24,9 +24,9 @@ from flwr.clientapp import ClientApp
 
 from fedhet.algorithms.base import Message as FedMessage
 from fedhet.deploy.records import STATE, from_record, pack_state, to_record, unpack_state
+from fedhet.engine.assemble import ClientSide, assemble_clients
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import ClientFailure
-from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
 
 SETTINGS_KEY = "fedhet-settings"
@@ -35,8 +35,8 @@ DATA_DIR_KEY = "data-dir"
 
 app = ClientApp()
 
-_worlds: dict[str, Simulation] = {}
-"""Each run's world, by its settings: built once per process (and, under
+_worlds: dict[str, ClientSide] = {}
+"""Each run's clients' half, by its settings: built once per process (and, under
 `fedhet.deploy.worker`, once per SuperNode: forked task processes inherit it)."""
 
 announce: Callable[[dict[str, Any]], Any] | None = None
@@ -44,19 +44,20 @@ announce: Callable[[dict[str, Any]], Any] | None = None
 so that the warm parent can build it too."""
 
 
-def build_world(settings: dict[str, Any]) -> Simulation:
-    """The world for these settings, from the cache or built (and announced) now."""
+def build_world(settings: dict[str, Any]) -> ClientSide:
+    """The clients' half of the run of these settings, from the cache or built (and
+    announced) now."""
 
     key = json.dumps(settings, sort_keys=True)
     if key not in _worlds:
         cfg = config_of(settings, "run config")
-        _worlds[key] = Simulation(cfg, store=None, log=lambda _: None)
+        _worlds[key] = assemble_clients(cfg, log=lambda _: None)
         if announce is not None:
             announce(settings)
     return _worlds[key]
 
 
-def node_world(context: Context) -> Simulation:
+def node_world(context: Context) -> ClientSide:
     """The node's view of the run: data, its partition, model and algorithm (cached per process)."""
     raw = context.run_config.get(SETTINGS_KEY)
     if not isinstance(raw, str):
@@ -67,7 +68,7 @@ def node_world(context: Context) -> Simulation:
     return build_world(settings)
 
 
-def node_client_id(context: Context, world: Simulation) -> int:
+def node_client_id(context: Context, world: ClientSide) -> int:
     if PARTITION_KEY not in context.node_config:
         raise FedhetError(
             "this SuperNode has no partition-id; start it with --node-config 'partition-id=<i>'"

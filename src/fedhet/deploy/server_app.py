@@ -1,22 +1,22 @@
 """The Flower `ServerApp`: fedhet's round loop with client updates sent to SuperNodes.
 
-`FlowerRoundContext` is the engine's `Simulation` (sampling, round runners, evaluation on the
-test set, metrics, checkpoints: the same code and the same run directory) with one change:
-`client_update` and `client_updates` send the downlink messages to the clients' SuperNodes
-through the Flower `Grid` (`client_updates` all at once) and wait for the replies instead of
-computing them in-process. Every round runner in `ROUND_RUNNERS` therefore runs over Flower
-unchanged; for hierarchical and ring topologies the edge role is played by this server app and a
-ring hop `i → j` is relayed through it (node `i` replies, the server forwards to node `j`),
-while `CommLedger` still counts it once as a device-to-device transfer. The star topology gets
+`server_run` assembles the engine's `Simulation` (sampling, round runners, evaluation on the
+test set, metrics, checkpoints: the same code and the same run directory) with one more
+executor, `FlowerExecutor`: it sends the round's downlink messages to the clients' SuperNodes
+through the Flower `Grid` (all at once) and yields the replies instead of computing them
+in-process. Every round runner in `ROUND_RUNNERS` therefore runs over Flower unchanged; for
+hierarchical and ring topologies the edge role is played by this server app and a ring hop
+`i → j` is relayed through it (node `i` replies, the server forwards to node `j`), while
+`CommLedger` still counts it once as a device-to-device transfer. The star topology gets
 `flower_star_round`, the same protocol as `engine.rounds.star_round` but with all downlinks
 pushed at once so that nodes train in parallel. A client whose node does not answer within the
 round timeout, or whose node the SuperLink reports offline (a SuperNode that died: no heartbeat
 for two intervals), is dropped from the round and the round completes with the replies that
 arrived, as a `client_dropout` client is in process (docs/faults.md); the client stays dropped
 in the rounds that follow until a SuperNode for its partition joins again (a restarted node:
-`Roster.refresh` at the start of each round), and then takes part again. `clients_dropped`
-in each round's metrics row counts the clients that missed it. A round where no client
-replied keeps the server state, as in process.
+`Roster.refresh` at the start of each round), and then takes part again. `clients_dropped` in
+each round's metrics row counts the clients that missed it. A round where no client replied
+keeps the server state, as in process.
 """
 
 from __future__ import annotations
@@ -38,6 +38,9 @@ from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.node import shorten_pull_backoff
 from fedhet.deploy.records import from_record, to_record, wire_bytes
 from fedhet.engine import rundir
+from fedhet.engine.assemble import assemble
+from fedhet.engine.callbacks import CallbackLike
+from fedhet.engine.clients import ClientWork
 from fedhet.engine.config import RunConfig, config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, atomic_write_text, to_json
@@ -113,9 +116,9 @@ class Roster:
     """Which SuperNode hosts which client id; nodes that failed are ignored for the run, and a
     new node for a dropped client's partition brings the client back (`left`)."""
 
-    def __init__(self, grid: Grid, world: Simulation, log: Any) -> None:
+    def __init__(self, grid: Grid, client_indices: Sequence[Any], log: Any) -> None:
         self.grid = grid
-        self.world = world
+        self.client_indices = client_indices
         self.log = log
         self.node_of: dict[int, int] = {}
         self.ignored: set[int] = set()
@@ -150,7 +153,7 @@ class Roster:
 
     def _register(self, node: int, info: dict[str, Any]) -> None:
         client_id = int(info["client_id"])
-        indices = self.world.client_indices[client_id]
+        indices = self.client_indices[client_id]
         if info["num_samples"] != len(indices) or info["fingerprint"] != fingerprint(indices):
             raise FedhetError(
                 f"SuperNode {node} (partition-id {client_id}) holds a different partition than "
@@ -171,7 +174,7 @@ class Roster:
         self.joined_at[node] = time.time()
 
     def wait_for_all(self, timeout: float) -> None:
-        n = self.world.run_info.num_clients
+        n = len(self.client_indices)
         deadline = time.monotonic() + timeout
         while True:
             self.refresh(max(5.0, deadline - time.monotonic()))
@@ -214,29 +217,30 @@ class Roster:
                             "node": node})
 
 
-class FlowerRoundContext(Simulation):
-    """`Simulation` whose client updates run on SuperNodes (see the module docstring)."""
+class FlowerExecutor:
+    """The executor of a Flower server's loop: a round's requests go to the clients' SuperNodes
+    (`Roster`), and the replies that arrive in time are yielded (see the module docstring)."""
 
-    clients_here = False
+    name = "flower"
 
     def __init__(
-        self, cfg: RunConfig, store: RunStore | None, grid: Grid,
-        round_timeout: float, log: Any = say,
+        self, grid: Grid, work: ClientWork, round_timeout: float, algorithm: str, log: Any = say,
     ) -> None:
-        super().__init__(cfg, store, log=log)
         self.grid = grid
+        self.work = work
+        """The server's `ClientWork`: it holds no client state, only the round's BatchNorm
+        statistics the replies carry (their weights are the clients' sample counts)."""
         self.round_timeout = round_timeout
-        self.roster = Roster(grid, self, log)
-        if self.algorithm.topology == "star":
-            self.runner = flower_star_round
+        self.algorithm = algorithm
+        self.log = log
+        self.roster = Roster(grid, work.client_indices, log)
         self.wire = {"down": 0, "up": 0, "total": 0}
         self.dropped = 0
 
     def available(self, client_id: int) -> bool:
         return client_id in self.roster.node_of
 
-    # -- the round runner's protocol -----------------------------------------------------
-    def client_update(self, client_id: int, message: Message, round: int) -> Message:
+    def update(self, client_id: int, message: Message, round: int) -> Message:
         """Send one downlink to the client's node and return its reply; a topology that is
         not star cannot go on without it, so a missing reply is an error."""
         if not self.available(client_id):
@@ -245,13 +249,11 @@ class FlowerRoundContext(Simulation):
         if client_id not in replies:
             raise FedhetError(
                 f"client {client_id} did not reply in round {round + 1}; "
-                f"{self.cfg.algorithm} ({self.algorithm.topology} topology) cannot skip a client"
+                f"{self.algorithm} ({self.work.algorithm.topology} topology) cannot skip a client"
             )
         return replies[client_id]
 
-    def client_updates(
-        self, round: int, requests: Sequence[tuple[int, Message]]
-    ) -> Iterator[tuple[int, Message]]:
+    def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Message]]:
         """All requests in flight at once; yields the replies that arrived in time."""
         ups = self.exchange(dict(requests), round)
         for client_id, _ in requests:
@@ -294,37 +296,55 @@ class FlowerRoundContext(Simulation):
 
     def _received(self, client_id: int, reply: FlowerMessage) -> Message:
         up, _ = from_record(reply.content)
-        self.clients.keep_buffers(client_id, up)  # the round average of BatchNorm statistics
+        self.work.keep_buffers(client_id, up)  # the round average of BatchNorm statistics
         return up
 
-    def _evaluate(self, state: ServerState, round: int, diag: dict[str, float]) -> dict:
-        row = super()._evaluate(state, round, diag)
+    def columns(self) -> dict[str, float]:
+        """The bytes on the wire since the last row, their running total, and the clients that
+        missed the round."""
         self.wire["total"] += self.wire["down"] + self.wire["up"]
-        row.update({
+        columns = {
             "wire_downlink_bytes": self.wire["down"], "wire_uplink_bytes": self.wire["up"],
             "cum_wire_bytes": self.wire["total"], "clients_dropped": self.dropped,
-        })
+        }
         self.wire["down"] = self.wire["up"] = 0
         self.dropped = 0
-        return row
+        return columns
+
+    def close(self) -> None:
+        pass
+
+
+def server_run(
+    cfg: RunConfig, store: RunStore | None, grid: Grid, round_timeout: float, log: Any = say,
+    callbacks: Sequence[CallbackLike] = (),
+) -> Simulation:
+    """The run of `cfg` with its clients on the SuperNodes of `grid` (`FlowerExecutor`, and
+    `flower_star_round` for the star topology); `run.executor.roster` maps them."""
+    return assemble(
+        cfg, store=store, log=log, callbacks=callbacks,
+        executor=lambda work: FlowerExecutor(grid, work, round_timeout, cfg.algorithm, log),
+        runners={"star": flower_star_round},
+    )
 
 
 def flower_star_round(
-    rc: FlowerRoundContext, state: ServerState, round: int, clients: Sequence[int]
+    rc: Simulation, state: ServerState, round: int, clients: Sequence[int]
 ) -> tuple[ServerState, dict[str, Any]]:
     """`star_round` with the sampled clients' updates in flight at the same time."""
-    rc.roster.round = round
-    rc.roster.refresh(rc.round_timeout)  # a restarted SuperNode re-joins here
+    ex: FlowerExecutor = rc.executor
+    ex.roster.round = round
+    ex.roster.refresh(ex.round_timeout)  # a restarted SuperNode re-joins here
     downs = {}
     for client_id in clients:
-        if rc.available(client_id):
+        if ex.available(client_id):
             downs[client_id] = rc.configure(state, client_id, round)
             rc.comm.send("device-cloud", "down", downs[client_id])
         else:
-            rc.dropped += 1
+            ex.dropped += 1
             rc.log(f"fedhet: round {round + 1}: dropped client {client_id}: its SuperNode left "
-                   f"the run in round {rc.roster.left.get(client_id, '?')}")
-    ups = rc.exchange(downs, round)
+                   f"the run in round {ex.roster.left.get(client_id, '?')}")
+    ups = ex.exchange(downs, round)
     replies = []
     for client_id in clients:
         if client_id in ups:
@@ -370,25 +390,24 @@ def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
     prepare_out(out, bool(context.run_config.get(FORCE_KEY, False)))
     store = RunStore(out)
     store.write_config(cfg.to_dict())
-    rc = FlowerRoundContext(
-        cfg, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)),
-    )
+    rc = server_run(cfg, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)))
+    flower: FlowerExecutor = rc.executor
     if context.run_config.get(NODE_EVENTS_KEY):
-        rc.roster.events_file = Path(str(context.run_config[NODE_EVENTS_KEY]))
+        flower.roster.events_file = Path(str(context.run_config[NODE_EVENTS_KEY]))
     t0 = time.perf_counter()
-    rc.roster.wait_for_all(float(context.run_config.get(NODE_WAIT_KEY, 300.0)))
-    say(f"fedhet: {len(rc.roster.node_of)} SuperNodes joined in {time.perf_counter() - t0:.1f} s")
+    flower.roster.wait_for_all(float(context.run_config.get(NODE_WAIT_KEY, 300.0)))
+    say(f"fedhet: {len(flower.roster.node_of)} SuperNodes joined in {time.perf_counter() - t0:.1f} s")
     t1 = time.perf_counter()
-    rc.on_round = lambda row: say(progress_line(row, cfg.rounds, 0, time.perf_counter() - t1))
+    rc.callbacks.append(lambda row: say(progress_line(row, cfg.rounds, 0, time.perf_counter() - t1)))
     summary = rc.run()
-    summary["cum_wire_bytes"] = rc.wire["total"]
+    summary["cum_wire_bytes"] = flower.wire["total"]
     store.write_summary(summary)
-    finished_nodes = len(rc.roster.node_of)
+    finished_nodes = len(flower.roster.node_of)
     atomic_write_text(out / "deploy.json", to_json({
-        "nodes": {str(c): n for c, n in sorted(rc.roster.node_of.items())},
-        "dropped_nodes": sorted(rc.roster.ignored), "round_timeout_s": rc.round_timeout,
+        "nodes": {str(c): n for c, n in sorted(flower.roster.node_of.items())},
+        "dropped_nodes": sorted(flower.roster.ignored), "round_timeout_s": flower.round_timeout,
         "clients": cfg.clients, "supernodes_finished": finished_nodes,
-        "node_events": rc.roster.events,
+        "node_events": flower.roster.events,
     }))
     say(f"fedhet: finished with {finished_nodes} of {cfg.clients} SuperNodes; final accuracy "
           f"{summary['final_accuracy']:.4f}; results in {out}")

@@ -138,7 +138,7 @@ def run_together(
             shared.join()
         for m in batch:
             m.thread = threading.Thread(target=_member_main, args=(m, shared), daemon=True,
-                                        name=f"fedhet-run-{m.sim.cfg.seed}")
+                                        name=f"fedhet-run-{m.sim.loop.seed}")
             m.thread.start()
         for m in batch:
             while m.thread.is_alive():

@@ -10,19 +10,21 @@ BatchNorm running statistics its replies carry. The executors (`engine/executors
 Per client update (`update`): the client's random streams are fixed by
 `(seed, round, client, purpose)` (torch's default generator is reseeded from purpose 5), its
 step count is `τ_(k,i)` (`local_steps`), its learning rate the round's `η_k`
-(`learning_rate`), and an overflow inside the local steps is reported as `Diverged`.
+(`learning_rate`), and an overflow inside the local steps is reported as `Diverged`. What it
+reads of the run's settings is `LocalWork`, nothing else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from fedhet.algorithms.base import BUFFERS, Algorithm, ClientContext, Message
-from fedhet.engine.config import RunConfig
 from fedhet.engine.failures import Diverged
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
@@ -30,29 +32,57 @@ from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
 _UNSET = object()
 
 
-def learning_rate(cfg: RunConfig, round: int) -> float:
+@dataclass(frozen=True)
+class LocalWork:
+    """The settings a client's local work reads (the `RunConfig` fields of the same names):
+    the learning-rate schedule over `rounds`, the step count `τ_(k,i)`, the SGD step and the
+    seed of the client's random streams."""
+
+    lr: float
+    lr_schedule: str
+    lr_min: float
+    rounds: int
+    batch_size: int
+    local_epochs: float
+    local_steps: int
+    client_steps: tuple[int, ...]
+    epochs_min: int
+    epochs_max: int
+    momentum: float
+    weight_decay: float
+    seed: int
+    batch_order: str
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LocalWork:
+        """These fields of a `RunConfig`."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+
+
+def learning_rate(work: LocalWork, round: int) -> float:
     """Constant `η`, or cosine decay (FedSR §IV) over rounds `k = 0 … K−1`:
     `η_k = η_min + (η − η_min)(1 + cos(π k / (K − 1))) / 2`, so the first round trains with `η`
     and the last with `η_min` (a one-round run uses `η`)."""
-    if cfg.lr_schedule == "constant" or cfg.rounds == 1:
-        return cfg.lr
-    return cfg.lr_min + (cfg.lr - cfg.lr_min) * 0.5 * (1 + math.cos(math.pi * round / (cfg.rounds - 1)))
+    if work.lr_schedule == "constant" or work.rounds == 1:
+        return work.lr
+    return work.lr_min + (work.lr - work.lr_min) * 0.5 * (
+        1 + math.cos(math.pi * round / (work.rounds - 1)))
 
 
 def local_steps(
-    cfg: RunConfig, num_samples: int, client_id: int, round: int, clamp: bool = True
+    work: LocalWork, num_samples: int, client_id: int, round: int, clamp: bool = True
 ) -> int:
     """`τ_(k,i)`: explicit steps (per client or for all), or `⌊E·D_i/B⌋` (at least 1 unless
     `clamp=False`) with `E` fixed or drawn per round."""
-    if cfg.client_steps and client_id < len(cfg.client_steps):
-        return cfg.client_steps[client_id]
-    if cfg.local_steps:
-        return cfg.local_steps
-    epochs: float = cfg.local_epochs
-    if cfg.epochs_max:
-        rng = stream_seed(cfg.seed, round, client_id, 3)
-        epochs = int(rng.integers(cfg.epochs_min, cfg.epochs_max + 1))
-    steps = math.floor(epochs * num_samples / min(cfg.batch_size, num_samples))
+    if work.client_steps and client_id < len(work.client_steps):
+        return work.client_steps[client_id]
+    if work.local_steps:
+        return work.local_steps
+    epochs: float = work.local_epochs
+    if work.epochs_max:
+        rng = stream_seed(work.seed, round, client_id, 3)
+        epochs = int(rng.integers(work.epochs_min, work.epochs_max + 1))
+    steps = math.floor(epochs * num_samples / min(work.batch_size, num_samples))
     return max(1, steps) if clamp else steps
 
 
@@ -60,11 +90,11 @@ class ClientWork:
     """Runs client halves on this process's copy of the data (see the module docstring)."""
 
     def __init__(
-        self, cfg: RunConfig, model: FlatModel, trainer: LocalTrainer,
+        self, local: LocalWork, model: FlatModel, trainer: LocalTrainer,
         client_indices: list[torch.Tensor], algorithm: Algorithm,
         log: Callable[[str], None] = print,
     ) -> None:
-        self.cfg = cfg
+        self.local = local
         self.model = model
         self.trainer = trainer
         self.client_indices = client_indices
@@ -97,14 +127,14 @@ class ClientWork:
 
     def run_client(self, client_id: int, message: Message, round: int, trainer: Any) -> Message:
         """The algorithm's client half with `trainer` as `ctx.trainer`; keeps the client's state."""
-        cfg = self.cfg
+        work = self.local
         indices = self.client_indices[client_id]
-        torch.default_generator.manual_seed(int(stream_seed(cfg.seed, round, client_id, 5).integers(2**62)))
+        torch.default_generator.manual_seed(int(stream_seed(work.seed, round, client_id, 5).integers(2**62)))
         ctx = ClientContext(
             client_id=client_id, round=round, indices=indices, trainer=trainer,
-            tau=local_steps(cfg, len(indices), client_id, round), batch_size=cfg.batch_size,
-            sgd=SGDConfig(learning_rate(cfg, round), cfg.momentum, cfg.weight_decay),
-            seed=cfg.seed, batch_order=cfg.batch_order,
+            tau=local_steps(work, len(indices), client_id, round), batch_size=work.batch_size,
+            sgd=SGDConfig(learning_rate(work, round), work.momentum, work.weight_decay),
+            seed=work.seed, batch_order=work.batch_order,
         )
         state = self.state_of(client_id)
         try:
@@ -153,4 +183,4 @@ class ClientWork:
         return kept
 
 
-__all__ = ["ClientWork", "learning_rate", "local_steps"]
+__all__ = ["ClientWork", "LocalWork", "learning_rate", "local_steps"]

@@ -34,16 +34,6 @@ from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
 from fedhet.registry import Registry, _coerce, build_params, did_you_mean, params_dict
 
-DEFAULT_MODEL = {
-    "digits": "mlp",
-    "synthetic": "logreg",
-    "mnist": "mlp",
-    "fashion-mnist": "cnn-mnist",
-    "mnist-even-odd": "svm",
-    "cifar10": "cnn-cifar",
-    "cifar100": "cnn-cifar",
-}
-
 COMPONENTS = ("algorithm", "dataset", "partition", "model")
 
 RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpoint_every"}
@@ -200,9 +190,16 @@ class RunConfig:
 
     @property
     def model_name(self) -> str:
+        """The model: `model`, or under `auto` the one the dataset declares where it registers
+        (its `default_model` trait; `mlp` when it declares none, or is not a known dataset, which
+        `build` then reports)."""
         if self.model != "auto":
             return self.model
-        return DEFAULT_MODEL.get(self.dataset, "mlp")
+        try:
+            entry = DATASETS.get(self.dataset)
+        except FedhetError:
+            return "mlp"
+        return entry.trait("default_model", "mlp")
 
     def to_dict(self) -> dict[str, Any]:
         """The serialised form (`config.json`): engine fields, component names, and each

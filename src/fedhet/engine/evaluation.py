@@ -9,39 +9,59 @@ not finite. `summary` condenses the rows into `summary.json`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from fedhet.algorithms.base import Algorithm
 from fedhet.data.base import Dataset
-from fedhet.engine.clients import learning_rate
-from fedhet.engine.config import RunConfig
+from fedhet.engine.clients import LocalWork, learning_rate
 from fedhet.engine.failures import Diverged
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import evaluate
 
 
-class Evaluator:
-    """The global model's metrics rows for one run."""
+@dataclass(frozen=True)
+class EvalSettings:
+    """The settings evaluation reads (the `RunConfig` fields of the same names)."""
 
-    def __init__(self, cfg: RunConfig, model: FlatModel, data: Dataset, algorithm: Algorithm) -> None:
-        self.cfg = cfg
+    eval_every: int
+    rounds: int
+    train_loss: bool
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> EvalSettings:
+        """These fields of a `RunConfig`."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+
+
+class Evaluator:
+    """The global model's metrics rows for one run; `local` gives each row's learning rate."""
+
+    def __init__(
+        self, settings: EvalSettings, model: FlatModel, data: Dataset, algorithm: Algorithm,
+        local: LocalWork,
+    ) -> None:
+        self.settings = settings
         self.model = model
         self.data = data
         self.algorithm = algorithm
+        self.local = local
 
     def evaluated(self, round: int) -> bool:
         """Whether round `round` (0 = before training) is evaluated."""
-        return round % self.cfg.eval_every == 0 or round == self.cfg.rounds
+        return round % self.settings.eval_every == 0 or round == self.settings.rounds
 
     def row(
         self, state: Any, round: int, diag: dict[str, float], buffers: torch.Tensor
     ) -> dict[str, Any]:
         """Round `round`'s metrics: test loss/accuracy of every evaluated model (BatchNorm
         statistics `buffers`), the learning rate `η_(k−1)` the round trained with, and `diag`."""
-        cfg, data = self.cfg, self.data
+        data = self.data
         row: dict[str, Any] = {"round": round}
         if self.evaluated(round):
             models = {"": self.algorithm.eval_params(state)}
@@ -49,13 +69,13 @@ class Evaluator:
             for suffix, w in models.items():
                 loss, acc = evaluate(self.model, w, buffers, data.x_test, data.y_test)
                 row[f"test_loss{suffix}"], row[f"test_accuracy{suffix}"] = loss, acc
-            if cfg.train_loss:
+            if self.settings.train_loss:
                 row["train_loss"], row["train_accuracy"] = evaluate(
                     self.model, models[""], buffers, data.x_train, data.y_train
                 )
         else:
             row["test_loss"], row["test_accuracy"] = float("nan"), float("nan")
-        row["lr"] = learning_rate(cfg, max(round - 1, 0))
+        row["lr"] = learning_rate(self.local, max(round - 1, 0))
         row.update(diag)
         return row
 
@@ -67,17 +87,20 @@ class Evaluator:
             raise Diverged(round, "test loss")
 
 
-def summary(cfg: RunConfig, num_clients: int, rows: list[dict[str, Any]], finished: bool) -> dict[str, Any]:
-    """Final and best accuracy, time and traffic; rows may hold numbers or saved text cells."""
+def summary(
+    config: Mapping[str, Any], num_clients: int, rows: list[dict[str, Any]], finished: bool
+) -> dict[str, Any]:
+    """Final and best accuracy, time and traffic; rows may hold numbers or saved text cells.
+    `config` is the run's `config.json` (`RunConfig.to_dict`)."""
     rows = [{k: _number(v) for k, v in r.items()} for r in rows]
     evaluated = [r for r in rows if not math.isnan(r.get("test_accuracy", float("nan")))]
     best = max(evaluated, key=lambda r: r["test_accuracy"]) if evaluated else {}
     last = evaluated[-1] if evaluated else {}
     nan = float("nan")
     return {
-        "algorithm": cfg.algorithm, "dataset": cfg.dataset,
-        "partition": cfg.partition, "model": cfg.model, "seed": cfg.seed,
-        "clients": num_clients, "rounds": cfg.rounds,
+        "algorithm": config["algorithm"], "dataset": config["dataset"],
+        "partition": config["partition"], "model": config["model"], "seed": config["seed"],
+        "clients": num_clients, "rounds": config["rounds"],
         "rounds_done": int(rows[-1]["round"]), "finished": finished,
         "status": "finished" if finished else "running",
         "final_accuracy": last.get("test_accuracy", nan), "final_loss": last.get("test_loss", nan),
@@ -98,4 +121,4 @@ def _number(value: Any) -> Any:
         return value
 
 
-__all__ = ["Evaluator", "summary"]
+__all__ = ["EvalSettings", "Evaluator", "summary"]

@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -62,8 +62,6 @@ EXECUTORS = ("sequential", "batched", "auto")
 
 FATAL = (Diverged, FedhetError, KeyboardInterrupt, SystemExit)
 """Not a client fault: a diverged run, a configuration error (one clear line), an interrupt."""
-
-LINEAR_MODELS = ("logreg", "svm")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -90,18 +88,19 @@ def device_choice(name: str) -> tuple[torch.device, str]:
 
 
 def choose_executor(
-    name: str, device: torch.device, model: str, module: torch.nn.Module, workers: int = 1
+    name: str, device: torch.device, linear: bool, module: torch.nn.Module, workers: int = 1
 ) -> str:
-    """The executor a run uses. `auto`: `batched` on CUDA, or for the linear models (closed-form
-    gradients; measured on CPU, benchmarks/RESULTS.md); else `sequential`. Any choice becomes
+    """The executor a run uses. `auto`: `batched` on CUDA, or for a linear model (one whose
+    registry entry declares `linear=True`: closed-form gradients; measured on CPU,
+    benchmarks/RESULTS.md); else `sequential`. Any choice becomes
     `sequential` when the model cannot be stacked (`unsupported_reason`). `workers > 1` asks
     for the sequential executor over processes (`engine/workers.py`): CPU only, and `auto`
     then means `sequential`."""
-    return executor_choice(name, device, model, module, workers)[0]
+    return executor_choice(name, device, linear, module, workers)[0]
 
 
 def executor_choice(
-    name: str, device: torch.device, model: str, module: torch.nn.Module | None, workers: int = 1
+    name: str, device: torch.device, linear: bool, module: torch.nn.Module | None, workers: int = 1
 ) -> tuple[str, str]:
     """`choose_executor`, with the reason in words; `module` None: the model is not built yet,
     so whether it can be stacked is not known (the reason says so)."""
@@ -124,13 +123,39 @@ def executor_choice(
         chosen, reason = name, "set"
     elif device.type == "cuda":
         chosen, reason = "batched", "auto: on CUDA"
-    elif model in LINEAR_MODELS:
+    elif linear:
         chosen, reason = "batched", "auto: a linear model (closed-form gradients)"
     else:
         chosen, reason = "sequential", "auto: on the CPU, not a linear model"
     if module is None and chosen == "batched":
         reason += "; sequential if the model has dropout or BatchNorm(momentum=None)"
     return chosen, reason
+
+
+class Executor(Protocol):
+    """Where a run's client halves run: the loop (`fedhet.engine.simulation`) hands it each
+    round's requests and reads the replies. The in-process executors here and in
+    `engine/workers.py` run them over a `ClientWork`; a Flower server's
+    (`fedhet.deploy.server_app.FlowerExecutor`) sends them to SuperNodes."""
+
+    name: str
+
+    def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
+        """Run independent client halves; yield `(client_id, reply)` in request order, or
+        `(client_id, ClientFailure)` for a client that raised."""
+        ...
+
+    def update(self, client_id: int, message: Message, round: int) -> Message:
+        """One client half whose reply the caller needs now (a relayed topology's hop)."""
+        ...
+
+    def columns(self) -> dict[str, float]:
+        """Columns this executor adds to the metrics row of the round just finished."""
+        ...
+
+    def close(self) -> None:
+        """Release what the executor holds (worker processes) once the run ends."""
+        ...
 
 
 def failure(client_id: int, round: int, error: BaseException) -> ClientFailure:
@@ -145,6 +170,15 @@ class SequentialExecutor:
 
     def __init__(self, work: ClientWork) -> None:
         self.work = work
+
+    def update(self, client_id: int, message: Message, round: int) -> Message:
+        return self.work.update(client_id, message, round)
+
+    def columns(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
 
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
         for client_id, message in requests:
@@ -244,6 +278,15 @@ class BatchedExecutor:
         per_client = 3 * 4 * max(self.work.model.dim, 1)
         return max(1, min(n, (1 << 30) // per_client))
 
+    def update(self, client_id: int, message: Message, round: int) -> Message:
+        return self.work.update(client_id, message, round)
+
+    def columns(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
         size = self._chunk_size(len(requests))
         self.cohort.chunk = size
@@ -319,6 +362,6 @@ def make_executor(work: ClientWork, name: str, chunk: int = 0) -> SequentialExec
 
 
 __all__ = [
-    "EXECUTORS", "BatchedExecutor", "SequentialExecutor", "choose_executor", "device_choice",
+    "EXECUTORS", "BatchedExecutor", "Executor", "SequentialExecutor", "choose_executor", "device_choice",
     "executor_choice", "make_executor", "resolve_device",
 ]

@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from fedhet.engine.executors import LINEAR_MODELS, device_choice, executor_choice, make_executor
+from fedhet.engine.executors import device_choice, executor_choice, make_executor
 from fedhet.engine.workers import ProcessExecutor, auto_workers, usable_cores
 from fedhet.errors import FedhetError
+from fedhet.models.registry import MODELS
 
 if TYPE_CHECKING:
     from fedhet.engine.clients import ClientWork
@@ -96,9 +97,16 @@ def backend_of(cluster: ClusterOptions | None) -> tuple[str, str]:
                           f"and {cluster.gpus_per_run:g} GPU per run")
 
 
+def is_linear(model: str) -> bool:
+    """Whether model `model` declares itself linear where it registers (`linear=True`: the
+    batched executor is `auto`'s choice for it on the CPU too)."""
+    return bool(MODELS.get(model).trait("linear", False))
+
+
 def plan(
     cfg: RunConfig, cores: int, cluster: ClusterOptions | None = None, *,
     work: Work | None = None, clients_here: bool = True, cuda: bool | None = None,
+    linear: bool | None = None,
 ) -> Plan:
     """The plan of run `cfg` on `cores` usable cores (`workers.usable_cores`).
 
@@ -106,7 +114,8 @@ def plan(
     stacking and `--workers auto` stays undecided (0). `clients_here`: False where the clients
     run elsewhere (a Flower server: `auto` is then 1, with nothing to weigh). `cuda`: whether a
     GPU is visible where the run will execute (None: ask torch here); `device = cuda` without
-    one is a `FedhetError` only when the plan is for this process (`cuda` None)."""
+    one is a `FedhetError` only when the plan is for this process (`cuda` None). `linear`:
+    whether the model is linear (None: its registry entry's trait, `is_linear`)."""
     reasons: dict[str, str] = {}
     if cuda is None:
         device, reasons["device"] = device_choice(cfg.device)
@@ -116,7 +125,9 @@ def plan(
         reasons["device"] = ("set" if cfg.device != "auto" else
                              "auto: the runs ask for GPUs" if cuda else "auto: the runs ask for no GPU")
     module = work.module if work is not None else None
-    executor, reasons["executor"] = executor_choice(cfg.executor, device, cfg.model_name, module,
+    if linear is None:
+        linear = is_linear(cfg.model_name)
+    executor, reasons["executor"] = executor_choice(cfg.executor, device, linear, module,
                                                     cfg.workers)
     note = None
     if cfg.workers > 0:
@@ -150,7 +161,7 @@ def batchable(cfg: RunConfig, cuda: bool) -> bool:
     if cfg.workers > 1 or cfg.executor == "sequential":
         return False
     on_gpu = cfg.device == "cuda" or (cfg.device == "auto" and cuda)
-    return not (cfg.executor == "auto" and not (on_gpu or cfg.model in LINEAR_MODELS))
+    return not (cfg.executor == "auto" and not (on_gpu or is_linear(cfg.model_name)))
 
 
 def describe_plan(cfg: RunConfig, cluster: ClusterOptions | None = None) -> list[tuple[str, str, str]]:
@@ -165,4 +176,7 @@ def describe_plan(cfg: RunConfig, cluster: ClusterOptions | None = None) -> list
                 ("backend", *backend_of(cluster))]
 
 
-__all__ = ["CLUSTERS", "ClusterOptions", "Plan", "Work", "batchable", "describe_plan", "executor_for", "plan"]
+__all__ = [
+    "CLUSTERS", "ClusterOptions", "Plan", "Work", "batchable", "describe_plan", "executor_for",
+    "is_linear", "plan",
+]

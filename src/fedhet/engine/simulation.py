@@ -1,10 +1,15 @@
-"""The in-process engine: builds a run from a `RunConfig` and executes its rounds.
+"""The round loop: one run's rounds over its built parts (`fedhet.engine.assemble` builds them).
 
 Per round `k`: sample clients (fraction C, fixed by `(seed, k)`), let the topology's round
-runner move messages between the algorithm's server and client halves, evaluate the global
-model on the test set, append a metrics row, and checkpoint. Everything random is drawn from
-streams fixed by `(seed, round, client, purpose)`, so a resumed run continues exactly where an
-uninterrupted one would be.
+runner move messages between the algorithm's server and client halves (the client halves run
+through the run's executor), evaluate the global model on the test set, append a metrics row,
+checkpoint, and tell the run's callbacks (`fedhet.engine.callbacks`: a truthy `on_round` stops
+the run after a saved round). Everything random is drawn from streams fixed by
+`(seed, round, client, purpose)`, so a resumed run continues exactly where an uninterrupted one
+would be.
+
+The loop reads `LoopSettings` of the run's settings; the whole config (`config.json`) only goes
+into checkpoints, the resume check and the summary.
 """
 
 from __future__ import annotations
@@ -12,45 +17,55 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-try:  # the progress bar; a checkout run without tqdm (PYTHONPATH=src) prints plain lines
-    from tqdm.auto import tqdm
-except ImportError:
-    tqdm = None
-
 from fedhet.algorithms import state as states
-from fedhet.algorithms.base import ALGORITHMS, BUFFERS, Algorithm, Message, RunInfo
+from fedhet.algorithms.base import BUFFERS, Algorithm, Message, RunInfo
 from fedhet.data.base import Dataset
-from fedhet.engine.clients import ClientWork, local_steps
+from fedhet.engine.callbacks import CallbackLike, Callbacks, ProgressBar
+from fedhet.engine.clients import ClientWork
 from fedhet.engine.comm import CommLedger
-from fedhet.engine.config import RESUMABLE, RunConfig, canonical_config
+from fedhet.engine.config import RESUMABLE, canonical_config
 from fedhet.engine.evaluation import Evaluator
 from fedhet.engine.evaluation import summary as run_summary
+from fedhet.engine.executors import Executor
 from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.engine.faults import FaultModel
-from fedhet.engine.federate import federate
-from fedhet.engine.plan import Plan, Work, executor_for, plan
-from fedhet.engine.rounds import ROUND_RUNNERS
+from fedhet.engine.plan import Plan
+from fedhet.engine.rounds import RoundRunner
 from fedhet.engine.store import TIME_COLUMNS, RunStore
-from fedhet.engine.workers import round_work, usable_cores
 from fedhet.errors import FedhetError
-from fedhet.models.registry import build_model
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, stream_seed
 
 
-def sample_clients(cfg: RunConfig, num_clients: int, round: int) -> list[int]:
-    m = max(1, round_half_up(cfg.sample_fraction * num_clients))
+@dataclass(frozen=True)
+class LoopSettings:
+    """The settings the round loop reads (the `RunConfig` fields of the same names)."""
+
+    rounds: int
+    seed: int
+    sample_fraction: float
+    checkpoint_every: int
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LoopSettings:
+        """These fields of a `RunConfig`."""
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+
+
+def sample_clients(settings: LoopSettings, num_clients: int, round: int) -> list[int]:
+    """Round `round`'s clients: `max(1, ⌊C·N⌉)` of `N`, drawn from the stream `(seed, round)`."""
+    m = max(1, round_half_up(settings.sample_fraction * num_clients))
     if m >= num_clients:
         return list(range(num_clients))
-    rng = stream_seed(cfg.seed, round, -2)
+    rng = stream_seed(settings.seed, round, -2)
     return sorted(int(i) for i in rng.choice(num_clients, m, replace=False))
 
 
@@ -58,75 +73,72 @@ def round_half_up(x: float) -> int:
     return int(math.floor(x + 0.5))
 
 
-class Simulation:
-    """One run: data, clients, model, algorithm, and the loop over rounds."""
+@dataclass
+class Parts:
+    """A run's built parts: what the loop runs on (`fedhet.engine.assemble.assemble` builds
+    them from settings and whatever was handed in)."""
 
-    clients_here = True
-    """Whether this process runs the client updates through its executor (a Flower server's
-    clients run on SuperNodes: `--workers auto` is 1 there, with nothing to weigh)."""
+    loop: LoopSettings
+    config: dict[str, Any]
+    """The run's `config.json` (`RunConfig.to_dict`): checkpoints, the resume check, summary."""
+    data: Dataset
+    """On the run's device, after the validation hold-out."""
+    partition: list[np.ndarray]
+    client_indices: list[torch.Tensor]
+    model: FlatModel
+    trainer: LocalTrainer
+    run_info: RunInfo
+    algorithm: Algorithm
+    clients: ClientWork
+    evaluator: Evaluator
+    faults: FaultModel
+    comm: CommLedger
+    runner: RoundRunner
+    plan: Plan
+    executor: Executor
+    round_work: float
+    """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
+
+
+class Simulation:
+    """One run: its built parts and the loop over rounds (`run`)."""
 
     def __init__(
-        self, cfg: RunConfig, store: RunStore | None = None,
-        data: Dataset | None = None, log: Callable[[str], None] = print,
-        on_round: Callable[[dict[str, Any]], None] | None = None,
+        self, parts: Parts, store: RunStore | None = None, log: Callable[[str], None] = print,
+        callbacks: Sequence[CallbackLike] = (),
     ) -> None:
-        self.cfg = cfg
         self.store = store
         self.log = log
-        self.on_round = on_round
-        """Called with each round's metrics row once it is saved (TensorBoard, live views)."""
-        algo_cls = ALGORITHMS.get(cfg.algorithm).factory
-        fed = federate(cfg, centralized=algo_cls.centralized, data=data)
-        self.data, parts = fed.data, fed.parts
-        torch.manual_seed(cfg.seed)
-        module = build_model(cfg.model, self.data.input_shape, self.data.num_classes, cfg.model_params)
-        steps = [local_steps(cfg, len(p), i, 0, clamp=False) for i, p in enumerate(parts)]
-        per_round = min(len(parts), max(1, round_half_up(cfg.sample_fraction * len(parts))))
-        dim = sum(p.numel() for p in module.parameters() if p.requires_grad)
-        self.round_work = round_work(per_round, [max(1, t) for t in steps],
-                                     [len(p) for p in parts], cfg.batch_size, dim)
-        """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
-        self.plan: Plan = plan(cfg, usable_cores(), work=Work(module, self.round_work, per_round),
-                               clients_here=self.clients_here)
-        """Where this run's work runs, and why (`fedhet.engine.plan`): decided once, here."""
-        if self.plan.workers_note is not None:  # else nothing was weighed: a GPU, batched, one core
-            log(f"workers: auto → {self.plan.workers} ({self.plan.workers_note})")
+        self.callbacks: list[CallbackLike] = list(callbacks)
+        """Told of the run's start, each saved round's metrics row and its end (`run`)."""
+        self.loop = parts.loop
+        self.config = parts.config
+        self.data = parts.data
+        self.partition = parts.partition
+        self.client_indices = parts.client_indices
+        self.model = parts.model
+        self.trainer = parts.trainer
+        self.run_info = parts.run_info
+        self.algorithm = parts.algorithm
+        self.clients = parts.clients
+        self.evaluator = parts.evaluator
+        self.faults = parts.faults
+        self.comm = parts.comm
+        self.runner = parts.runner
+        self.plan = parts.plan
+        """Where this run's work runs, and why (`fedhet.engine.plan`): decided once, when built."""
+        self.round_work = parts.round_work
         self.device = self.plan.device
-        self.model = FlatModel(module.to(self.device))
-        self.partition = parts
-        if self.device.type != "cpu":  # the data goes to the device once (after partitioning)
-            self.data = dataclasses.replace(
-                self.data, x_train=self.data.x_train.to(self.device),
-                y_train=self.data.y_train.to(self.device), x_test=self.data.x_test.to(self.device),
-                y_test=self.data.y_test.to(self.device),
-            )
-        self.trainer = LocalTrainer(self.model, self.data.x_train, self.data.y_train)
-        self.client_indices = [torch.from_numpy(np.asarray(p, dtype=np.int64)) for p in parts]
-        self.run_info = RunInfo(
-            num_clients=len(parts), rounds=cfg.rounds, lr=cfg.lr, momentum=cfg.momentum,
-            weight_decay=cfg.weight_decay, seed=cfg.seed, dim=self.model.dim,
-            layers=self.model.layers,
-        )
-        self.algorithm: Algorithm = algo_cls(cfg.algorithm_params, self.run_info)
-        self.clients = ClientWork(
-            cfg, self.model, self.trainer, self.client_indices, self.algorithm, log
-        )
-        self.evaluator = Evaluator(cfg, self.model, self.data, self.algorithm)
-        self.algorithm.check_local_steps(steps)
-        runner = ROUND_RUNNERS.get(algo_cls.topology)
-        if runner is None:
-            raise FedhetError(f"algorithm {cfg.algorithm} needs topology {algo_cls.topology!r}")
-        self.runner = runner
-        self.faults = FaultModel.from_config(cfg)
-        self.comm = CommLedger(self.model.dim)
         self.w0 = self.model.params.clone()
         self.split = split_digest(self.client_indices)
         """The data split this run trains on, stored in every checkpoint (`check_same_split`)."""
         self.buffers = self.model.buffers.clone()
-        self.executor_name = self.plan.executor
+        self.executor = parts.executor
+        self.executor_name = self.executor.name
         self.workers = self.plan.workers
-        """Processes a round's clients are spread over: `cfg.workers`, or what `auto` (0) chose."""
-        self.executor = executor_for(self.plan, self.clients, cfg.cohort_chunk)
+        """Processes a round's clients are spread over: `workers`, or what `auto` (0) chose."""
+        self.start_round = 0
+        """The round the current `run` call started after (0, or a checkpoint's round)."""
 
     # -- the round runner's protocol -----------------------------------------------------
     def configure(self, state: states.ServerState, client_id: int, round: int) -> Message:
@@ -137,8 +149,9 @@ class Simulation:
         return message
 
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
-        """One client, in place on the shared model (the sequential executor)."""
-        return self.clients.update(client_id, message, round)
+        """One client whose reply the round needs now, through the run's executor (in process:
+        in place on the shared model, as the sequential executor)."""
+        return self.executor.update(client_id, message, round)
 
     @property
     def client_states(self) -> dict[int, Any]:
@@ -157,21 +170,23 @@ class Simulation:
         self, resume: bool = False, progress: bool = False,
         accepted: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
-        """Run (or, with `resume`, continue from the newest good checkpoint) to `cfg.rounds`.
+        """Run (or, with `resume`, continue from the newest good checkpoint) to `loop.rounds`.
 
         `accepted` is called once the checkpoint (if any) has been found compatible with these
-        settings and this data split, before anything is trained or written.
+        settings and this data split, before anything is trained or written. `progress` adds a
+        `ProgressBar` to the run's callbacks for this call.
 
         A round whose model, loss or aggregate is not finite stops the run: the summary says
-        `status: diverged` with the round and client, and the last good checkpoint is kept."""
-        cfg = self.cfg
+        `status: diverged` with the round and client, and the last good checkpoint is kept. A
+        callback that returns a truthy value from `on_round` stops it after that round: the
+        summary says `status: stopped`, and a resume continues from there."""
         state = states.initial_state(self.algorithm, self.w0)
         rows: list[dict[str, Any]] = []
         start, elapsed = 0, 0.0
         if resume and self.store is not None:
             ckpt = self.store.load_checkpoint(warn=self.log)
             if ckpt is not None:
-                check_resumable(ckpt.get("config"), cfg.to_dict())
+                check_resumable(ckpt.get("config"), self.config)
                 check_same_split(ckpt.get("split"), self.split)
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
                 state = states.restore_state(self.algorithm, ckpt["server"])
@@ -190,12 +205,27 @@ class Simulation:
             self.evaluator.check_finite(state, rows[-1], -1)
             if self.store is not None:
                 self.store.write_metrics(rows)
-        bar = _progress(cfg.rounds, start, progress)
+        self.start_round = start
+        callbacks = Callbacks([*self.callbacks, *([ProgressBar()] if progress else [])])
+        callbacks.start(self)
+        summary = None
+        try:
+            summary = self._rounds(state, rows, start, elapsed, callbacks)
+        finally:
+            callbacks.end(summary)
+        return summary
+
+    def _rounds(
+        self, state: states.ServerState, rows: list[dict[str, Any]], start: int, elapsed: float,
+        callbacks: Callbacks,
+    ) -> dict[str, Any]:
+        """Rounds `start + 1 … loop.rounds`; the run's summary."""
+        loop = self.loop
         t_start = time.perf_counter() - elapsed
         try:
-            for k in range(start, cfg.rounds):
+            for k in range(start, loop.rounds):
                 t0 = time.perf_counter()
-                clients = sample_clients(cfg, self.run_info.num_clients, k)
+                clients = sample_clients(loop, self.run_info.num_clients, k)
                 state, diag = self.runner(self, state, k, clients)
                 if diag.get("clients_failed") and not diag.get("clients_returned"):
                     raise FedhetError(
@@ -218,23 +248,28 @@ class Simulation:
                 rows.append(row)
                 self._save(k + 1, state, rows, {"round": k + 1, **structured} if structured else None,
                            row["wall_time_s"])
-                if self.on_round is not None:
-                    self.on_round(row)
-                if bar is not None:
-                    bar.set_postfix(acc=f"{row['test_accuracy']:.4f}", loss=f"{row['test_loss']:.4f}")
-                    bar.update(1)
+                if callbacks.round(row) and k + 1 < loop.rounds:
+                    return self._stopped(k + 1, state, rows)
         except (Diverged, OverflowError, FloatingPointError) as e:
             return self._diverged(e, rows, k)
         finally:
-            if bar is not None:
-                bar.close()
-            close = getattr(self.executor, "close", None)
-            if close is not None:
-                close()
+            self.executor.close()
         self.final_state = state
         summary = self.summary(rows, finished=True)
-        if start >= cfg.rounds and self.store is not None:
+        if start >= loop.rounds and self.store is not None:
             # killed after the last checkpoint but before the final summary was written
+            self.store.write_summary(summary)
+        return summary
+
+    def _stopped(self, done: int, state: states.ServerState, rows: list[dict[str, Any]]) -> dict[str, Any]:
+        """A callback stopped the run after round `done`: checkpoint it (when `_save` did not)
+        and mark the summary `stopped`, so that a resume continues exactly there."""
+        self.final_state = state
+        summary = self.summary(rows, finished=False)
+        summary["status"] = "stopped"
+        if self.store is not None:
+            if done % self.loop.checkpoint_every:
+                self._checkpoint(done, state, rows[-1]["wall_time_s"])
             self.store.write_summary(summary)
         return summary
 
@@ -269,8 +304,11 @@ class Simulation:
         return state
 
     def _evaluate(self, state: states.ServerState, round: int, diag: dict[str, float]) -> dict:
-        """Round `round`'s metrics row (`Evaluator.row`) with the server's BatchNorm statistics."""
-        return self.evaluator.row(state, round, diag, self.buffers)
+        """Round `round`'s metrics row (`Evaluator.row`) with the server's BatchNorm statistics,
+        and the executor's columns (a Flower server's bytes on the wire)."""
+        row = self.evaluator.row(state, round, diag, self.buffers)
+        row.update(self.executor.columns())
+        return row
 
     def _save(self, done: int, state, rows, record: dict[str, Any] | None, elapsed: float) -> None:
         """Append the round's metrics row and diagnostics record; checkpoint the state."""
@@ -279,18 +317,22 @@ class Simulation:
         self.store.append_metrics(rows)
         if record is not None:
             self.store.append_diagnostics(record)
-        if done % self.cfg.checkpoint_every == 0 or done == self.cfg.rounds:
-            self.store.save_checkpoint({
-                "round": done, "elapsed": elapsed, "server": states.state_record(state),
-                "clients": states.client_records(self.clients.states),
-                "buffers": self.buffers, "comm": self.comm.state(), "config": self.cfg.to_dict(),
-                "split": self.split, **self.store.history_state(),
-            })
-        self.store.write_summary(self.summary(rows, finished=done == self.cfg.rounds))
+        if done % self.loop.checkpoint_every == 0 or done == self.loop.rounds:
+            self._checkpoint(done, state, elapsed)
+        self.store.write_summary(self.summary(rows, finished=done == self.loop.rounds))
+
+    def _checkpoint(self, done: int, state: states.ServerState, elapsed: float) -> None:
+        assert self.store is not None
+        self.store.save_checkpoint({
+            "round": done, "elapsed": elapsed, "server": states.state_record(state),
+            "clients": states.client_records(self.clients.states),
+            "buffers": self.buffers, "comm": self.comm.state(), "config": self.config,
+            "split": self.split, **self.store.history_state(),
+        })
 
     def summary(self, rows: list[dict[str, Any]], finished: bool) -> dict[str, Any]:
         """The run's `summary.json` from its metrics rows (`evaluation.summary`)."""
-        return run_summary(self.cfg, self.run_info.num_clients, rows, finished)
+        return run_summary(self.config, self.run_info.num_clients, rows, finished)
 
 
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:
@@ -334,29 +376,4 @@ def check_same_split(saved: str | None, current: str) -> None:
         )
 
 
-def _progress(total: int, initial: int, enabled: bool):
-    if not enabled:
-        return None
-    if tqdm is None:
-        return _PlainProgress(total, initial)
-    return tqdm(total=total, initial=initial, unit="round", dynamic_ncols=True)
-
-
-class _PlainProgress:
-    """The part of tqdm's interface the loop uses, as one line per round on stderr (no tqdm)."""
-
-    def __init__(self, total: int, initial: int) -> None:
-        self.total, self.n, self.postfix = total, initial, ""
-
-    def set_postfix(self, **values: str) -> None:
-        self.postfix = " ".join(f"{k}={v}" for k, v in values.items())
-
-    def update(self, n: int = 1) -> None:
-        self.n += n
-        print(f"round {self.n}/{self.total} {self.postfix}".rstrip(), file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        pass
-
-
-__all__ = ["Simulation", "TIME_COLUMNS", "sample_clients"]
+__all__ = ["LoopSettings", "Parts", "Simulation", "TIME_COLUMNS", "sample_clients"]

@@ -62,7 +62,7 @@ def default_jobs() -> int:
 
 
 class StopRun(Exception):  # noqa: N818  (a signal, not an error)
-    """Raised from a run's `on_round` callback, after a saved round, when the grid is stopping."""
+    """Raised from a run's callback, after a saved round, when the grid is stopping."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -110,7 +110,7 @@ def _quiet(_: str) -> None:
 
 
 def _stopper(job: Job, then: Callable[[dict[str, Any]], None] | None) -> Callable[[dict], None]:
-    """`on_round` that raises `StopRun` once the stop flag is set and the round just finished has
+    """A callback that raises `StopRun` once the stop flag is set and the round just finished has
     been checkpointed (every round by default), so a resume continues exactly there."""
     every, total = _checkpoint_every(job), _rounds(job)
 
@@ -142,7 +142,7 @@ def run_job(job: Job) -> dict[str, Any]:
             tensorboard = TensorBoardLogger(Path(job.out))
         summary = execute(
             _settings(job), Path(job.out), resume=job.resume, force=True,
-            log=_quiet, on_round=_stopper(job, tensorboard),
+            log=_quiet, callbacks=[_stopper(job, tensorboard)],
         )
         return _outcome(job, summary)
     except Exception as e:  # noqa: BLE001  (a crash in one run must not stop the others)
@@ -169,7 +169,7 @@ def run_unit(unit: list[Job]) -> list[dict[str, Any]]:
                 loggers[i] = TensorBoardLogger(Path(job.out))
         outcomes = execute_together(
             items, force=True, log=_quiet,
-            on_round=[_stopper(job, logger) for job, logger in zip(unit, loggers, strict=True)],
+            callbacks=[[_stopper(job, logger)] for job, logger in zip(unit, loggers, strict=True)],
         )
     except FedhetError:  # one run's settings or data are bad: let each run say for itself
         return [run_job(job) for job in unit]

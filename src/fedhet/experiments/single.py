@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.engine import rundir
+from fedhet.engine.assemble import assemble
 from fedhet.engine.batch import run_together
+from fedhet.engine.callbacks import CallbackLike
 from fedhet.engine.config import RESUMABLE, build, canonical_config, config_of, parse
 from fedhet.engine.federate import load
 from fedhet.engine.simulation import Simulation, check_resumable
@@ -85,16 +87,21 @@ class Opened:
 def execute(
     settings: dict[str, Any] | None, out: Path, *, resume: bool = False, force: bool = False,
     progress: bool = False, log: Callable[[str], None] = print,
-    on_round: Callable[[dict[str, Any]], None] | None = None,
+    callbacks: Sequence[CallbackLike] = (),
+    on_round: Callable[[dict[str, Any]], Any] | None = None,
 ) -> dict[str, Any]:
     """Run (or continue, with `resume`) one experiment into `out`; returns its summary.
+
+    `callbacks` are told of each saved round (`fedhet.engine.callbacks`; one may stop the run);
+    `on_round` is one more, last.
 
     With `resume`, the settings saved in `out/config.json` are used; `settings`, when given,
     may change only what a resume can change (`RESUMABLE`: more rounds, evaluation and
     checkpoint intervals, data directory, device and executor) and anything else is refused.
     Invalid settings, data or partitions fail before `out` is created or changed.
     """
-    with opened(settings, Path(out), resume=resume, force=force, log=log, on_round=on_round) as run:
+    callbacks = [*callbacks, *([on_round] if on_round is not None else [])]
+    with opened(settings, Path(out), resume=resume, force=force, log=log, callbacks=callbacks) as run:
         if run.summary is not None:
             return run.summary
         assert run.sim is not None
@@ -104,18 +111,19 @@ def execute(
 def execute_together(
     items: Sequence[tuple[dict[str, Any] | None, Path, bool]], *, force: bool = False,
     log: Callable[[str], None] = print,
-    on_round: Sequence[Callable[[dict[str, Any]], None] | None] | None = None,
+    callbacks: Sequence[Sequence[CallbackLike]] | None = None,
     on_step: Callable[[], None] | None = None,
 ) -> list[dict[str, Any] | BaseException]:
     """`execute` for several runs `(settings, out, resume)` at once, stepping as one batch those
     that can (`fedhet.engine.batch.run_together`): each run directory ends up as if its run had
     been executed alone (to float32 rounding, docs/gpu.md). Returns each run's summary, or the
-    error that ended it; a run whose settings are invalid fails before any of the others start."""
-    hooks = list(on_round or [None] * len(items))
+    error that ended it; a run whose settings are invalid fails before any of the others start.
+    `callbacks`: each run's own."""
+    hooks = list(callbacks or [()] * len(items))
     with contextlib.ExitStack() as stack:
         runs = [
             stack.enter_context(opened(settings, Path(out), resume=resume, force=force, log=log,
-                                       on_round=hook, data_cache=True))
+                                       callbacks=hook, data_cache=True))
             for (settings, out, resume), hook in zip(items, hooks, strict=True)
         ]
         live = [r for r in runs if r.summary is None]
@@ -126,21 +134,21 @@ def execute_together(
 @contextlib.contextmanager
 def opened(
     settings: dict[str, Any] | None, out: Path, *, resume: bool = False, force: bool = False,
-    log: Callable[[str], None] = print, on_round: Callable[[dict[str, Any]], None] | None = None,
+    log: Callable[[str], None] = print, callbacks: Sequence[CallbackLike] = (),
     data_cache: bool = False,
 ) -> Iterator[Opened]:
     """The run directory locked and ready, and the run's simulation: a fresh run's directory is
     checked before anything is built and prepared (`prepare_out`) once the settings, data and
     partition are known to be valid; a resumed run's saved settings are read under the lock."""
     if resume:
-        with _resumed(settings, out, log, on_round, data_cache) as run:
+        with _resumed(settings, out, log, callbacks, data_cache) as run:
             yield run
         return
     check_out(out, force)
     cfg = config_of(settings or {})
     store = RunStore(out)
     data = load(cfg, cache=True) if data_cache else None
-    sim = Simulation(cfg, store, data=data, log=log, on_round=on_round)
+    sim = assemble(cfg, store=store, data=data, log=log, callbacks=callbacks)
     with rundir.exclusive(out, "run"):
         prepare_out(out, force, log)
         store.write_config(cfg.to_dict())
@@ -150,7 +158,7 @@ def opened(
 @contextlib.contextmanager
 def _resumed(
     changes: dict[str, Any] | None, out: Path, log: Callable[[str], None],
-    on_round: Callable[[dict[str, Any]], None] | None, data_cache: bool,
+    callbacks: Sequence[CallbackLike], data_cache: bool,
 ) -> Iterator[Opened]:
     store = RunStore(out)
     if not (out / "config.json").is_file():
@@ -176,7 +184,7 @@ def _resumed(
                 yield Opened(None, {}, store.read_summary())
                 return
         data = load(cfg, cache=True) if data_cache else None
-        sim = Simulation(cfg, store, data=data, log=log, on_round=on_round)
+        sim = assemble(cfg, store=store, data=data, log=log, callbacks=callbacks)
         rundir.mark(out, "run")  # runs made before the marker existed become recognisable
         removed = rundir.remove_temporaries(out)
         if removed:

@@ -27,14 +27,16 @@ def require_tensorboard() -> None:
 
 
 class TensorBoardLogger:
-    """`on_round` callback for `Simulation`: writes every finite numeric column of a row."""
+    """A run's callback (`fedhet.engine.callbacks`): writes every finite numeric column of each
+    round's row; closes its writer when the run ends. Calling it is `on_round` (a callback that
+    passes rows on to it)."""
 
     def __init__(self, run_dir: Path) -> None:
         require_tensorboard()
         self.log_dir = Path(run_dir) / "tensorboard"
         self.writer: Any = None
 
-    def __call__(self, row: dict[str, Any]) -> None:
+    def on_round(self, row: dict[str, Any]) -> None:
         step = int(row["round"])
         if self.writer is None:  # created at the first round: the run directory exists by then
             # optional extra: fedhet[tensorboard]
@@ -49,6 +51,12 @@ class TensorBoardLogger:
                 self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    __call__ = on_round
+
+    def on_end(self, summary: dict[str, Any] | None) -> None:
+        self.close()
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+            self.writer = None

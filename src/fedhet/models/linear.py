@@ -35,7 +35,7 @@ class LogisticRegression(nn.Module):
         return self.fc(x.flatten(1))
 
 
-@MODELS.register("logreg", NoParams, "multinomial logistic regression")
+@MODELS.register("logreg", NoParams, "multinomial logistic regression", linear=True)
 def logreg(input_shape: tuple[int, ...], num_classes: int, params: NoParams) -> nn.Module:
     return LogisticRegression(math.prod(input_shape), num_classes)
 
@@ -74,7 +74,7 @@ class SquaredSVM(nn.Module):
         return (score > 0).long()
 
 
-@MODELS.register("svm", SVMParams, "squared SVM for binary labels (MNIST even/odd)")
+@MODELS.register("svm", SVMParams, "squared SVM for binary labels (MNIST even/odd)", linear=True)
 def svm(input_shape: tuple[int, ...], num_classes: int, params: SVMParams) -> nn.Module:
     if num_classes != 2:
         raise FedhetError(

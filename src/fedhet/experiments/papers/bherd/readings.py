@@ -56,9 +56,9 @@ from typing import Any
 
 import numpy as np
 
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.federate import load
-from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.bherd.plots import read_metrics, rounds_to_reach
@@ -203,7 +203,7 @@ def run_one(spec: dict[str, Any], out: Path, data_cache: dict[str, Any], log: Ca
     key = cfg.dataset
     if key not in data_cache:
         data_cache[key] = load(cfg)
-    sim = Simulation(cfg, RunStore(out), data=data_cache[key], log=log)
+    sim = assemble(cfg, store=RunStore(out), data=data_cache[key], log=log)
     prepare_out(out, force=True, warn=log)
     RunStore(out).write_config(cfg.to_dict())
     sim.run()

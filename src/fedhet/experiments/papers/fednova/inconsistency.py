@@ -33,8 +33,8 @@ import torch
 from torch import nn
 
 from fedhet.data.base import Dataset
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.simulation import Simulation
 from fedhet.engine.store import RunStore, read_metric_rows
 from fedhet.experiments import paper_results
 from fedhet.experiments.results import git_commit
@@ -104,7 +104,7 @@ def run_one(algorithm: str, extra: dict, seed: int, rounds: int, lr: float, out:
                       "FedNova eq. 3: ½‖x − e‖²"):
         cfg = config_of(values)
         store.write_config(cfg.to_dict())
-        sim = Simulation(cfg, store=store, data=dataset(e, tau), log=lambda _: None)
+        sim = assemble(cfg, store=store, data=dataset(e, tau), log=lambda _: None)
         store.write_summary(sim.run())
     return out
 

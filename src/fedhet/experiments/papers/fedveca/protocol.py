@@ -228,9 +228,9 @@ def run_method(
         if is_finished(run_dir):
             log(f"{run_dir} is already finished; reusing it")
             return
-        execute(None, run_dir, resume=True, progress=progress, log=log, on_round=lines)
+        execute(None, run_dir, resume=True, progress=progress, log=log, callbacks=[lines])
         return
-    execute(settings, run_dir, force=True, progress=progress, log=log, on_round=lines)
+    execute(settings, run_dir, force=True, progress=progress, log=log, callbacks=[lines])
 
 
 def check_settings(settings: dict[str, Any], methods: Sequence[str]) -> None:
