@@ -20,6 +20,7 @@ import torch
 from cli_errors import one_error_line
 
 from fedhet.cli import main
+from fedhet.engine.assemble import assemble
 from fedhet.engine.config import build, config_of, parse
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.workers import ProcessExecutor
@@ -119,7 +120,7 @@ BASE = {
 
 def simulate(**settings) -> tuple[Simulation, list[dict]]:
     rows: list[dict] = []
-    sim = Simulation(config_of({**BASE, **settings}), log=lambda _: None, on_round=rows.append)
+    sim = assemble(config_of({**BASE, **settings}), log=lambda _: None, callbacks=[rows.append])
     sim.run()
     return sim, rows
 
