@@ -19,6 +19,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from fedhet.errors import FedhetError
@@ -367,13 +368,19 @@ class Registry(Generic[T]):
 
 
 def _same_factory(a: Any, b: Any) -> bool:
-    """Whether two factories are one definition (the same object, or the same qualified name in
-    the same module, as when a plugin file is imported again)."""
+    """Whether two factories are one definition: the same object, or the same qualified name
+    defined in the same file (a plugin file imported again, or under another module name)."""
     if a is b:
         return True
-    key = (getattr(a, "__module__", None), getattr(a, "__qualname__", None))
-    return key[1] is not None and key == (getattr(b, "__module__", None),
-                                          getattr(b, "__qualname__", None))
+    name = getattr(a, "__qualname__", None)
+    return name is not None and name == getattr(b, "__qualname__", None) \
+        and _file_of(a) is not None and _file_of(a) == _file_of(b)
+
+
+def _file_of(obj: Any) -> str | None:
+    module = sys.modules.get(getattr(obj, "__module__", "") or "")
+    path = getattr(module, "__file__", None)
+    return str(Path(path).resolve()) if path else None
 
 
 def import_all(package: str, path: Sequence[str]) -> None:
