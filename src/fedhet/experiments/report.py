@@ -75,6 +75,7 @@ from fedhet.experiments.results import (
     uncovered_published,
 )
 from fedhet.registry import params_dict
+from fedhet.userdocs import topics
 
 MAX_HEATMAPS = 12
 DOCS_HINT = "fedhet docs grids"
@@ -287,6 +288,11 @@ RUN_KEYS = (
 )
 
 
+def _paper_doc(paper: str) -> str:
+    """The shipped doc about `paper`: its own page, else the paper-scale page's section."""
+    return paper if paper in topics() else "paper-scale"
+
+
 def _run_cell(row: dict[str, Any], key: str, scale: float | None) -> Any:
     v = row.get(key, "")
     if scale is not None and isinstance(v, int | float) and not isinstance(v, bool):
@@ -311,7 +317,7 @@ def _tables_section(manifest: dict[str, Any], runs: list[RunData]) -> str:
         parts.append("<h2>Published vs ours</h2>")
         parts.append(f'<p class="note">The paper gives no numbers to compare with (its results are '
                      f"figures and curves): compare the shapes of the figures below with the paper's; "
-                     f"<code>fedhet docs {html.escape(str(paper))}</code> says what each one "
+                     f"<code>fedhet docs {_paper_doc(str(paper))}</code> says what each one "
                      "should show.</p>")
     if paper and manifest.get("notes"):
         parts.append(f'<p class="note">{html.escape(str(manifest["notes"]).strip())}</p>')
