@@ -43,6 +43,7 @@ from fedhet.experiments.grid import read_manifest
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.report_diagnostics import (  # noqa: F401  (re-exported)
     MAX_PANELS,
+    MAX_SEEDS,
     STANDARD,
     Panel,
     constant_columns,
@@ -421,6 +422,8 @@ def _diagnostics_caption(head: str, runs: list[RunData], panels: list[Panel]) ->
     if any(p.seed is not None for p in panels):
         caption += ("; per-client panels are drawn per seed, since client i holds other samples in "
                     "each seed's split")
+        if n > MAX_SEEDS:
+            caption += f" (the first {MAX_SEEDS} of {n} seeds)"
     if len(panels) > MAX_PANELS:
         caption += f"; the first {MAX_PANELS} of {len(panels)} panels"
     return caption

@@ -35,6 +35,8 @@ STANDARD = {
     "train_loss", "train_accuracy", *TIME_COLUMNS,
 }
 MAX_PANELS = 24
+MAX_SEEDS = 3
+"""Per-client panels of runs with different splits: drawn for this many seeds at most."""
 
 
 def diagnostic_families(columns: list[str]) -> dict[str, list[str]]:
@@ -146,8 +148,9 @@ def diagnostic_panels(runs: list[RunData]) -> tuple[list[Panel], dict[str, list[
     A one-column family (`clients_dropped`, `tau_eff`) is one panel with a line per method; an
     indexed family (`tau_<i>`, one column per client) is a panel per method with a line per
     column, averaged over the method's seeds when they share one data split (`split_key`), else
-    a panel per seed. A method's column whose seeds never change it is left out; the second
-    value maps each such column to the constant values it had (None: never logged).
+    a panel per seed (the first `MAX_SEEDS`); they follow the one-column panels. A method's
+    column whose seeds never change it is left out; the second value maps each such column to
+    the constant values it had (None: never logged).
     """
     labels = list(dict.fromkeys(r.label for r in runs))
     by_label = {label: [r for r in runs if r.label == label] for label in labels}
@@ -161,7 +164,7 @@ def diagnostic_panels(runs: list[RunData]) -> tuple[list[Panel], dict[str, list[
         for col, value in const.items():
             flat.setdefault(col, []).append(value)
         changing[label] = [c for c in have if c not in const]
-    panels = []
+    panels, per_client = [], []
     for family, cols in diagnostic_families(columns).items():
         if len(cols) == 1 and not family.endswith("(extra models)"):
             lines = [(label, cols[0], by_label[label]) for label in labels if cols[0] in changing[label]]
@@ -171,13 +174,13 @@ def diagnostic_panels(runs: list[RunData]) -> tuple[list[Panel], dict[str, list[
         for label in labels:
             mine = by_label[label]
             same = len({split_key(r) for r in mine}) == 1
-            for runs_drawn in [mine] if same else [[r] for r in mine]:
+            for runs_drawn in [mine] if same else [[r] for r in mine[:MAX_SEEDS]]:
                 lines = [(col, col, runs_drawn) for col in cols
                          if col in changing[label] and col in runs_drawn[0].metrics]
                 if lines:
                     seed = None if same else runs_drawn[0].config.get("seed", runs_drawn[0].name)
-                    panels.append(Panel(family, label if len(labels) > 1 else None, lines, False, seed))
-    return panels, flat
+                    per_client.append(Panel(family, label if len(labels) > 1 else None, lines, False, seed))
+    return panels + per_client, flat
 
 
 def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
