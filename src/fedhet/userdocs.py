@@ -15,8 +15,9 @@ from pathlib import Path
 from fedhet.errors import FedhetError
 from fedhet.registry import did_you_mean
 
-REFERENCE = re.compile(r"(?:docs/([\w-]+)\.md|fedhet docs ([\w-]+))")
-"""How code and pages name a doc: `docs/grids.md` or `fedhet docs grids`."""
+REFERENCE = re.compile(r"(?:docs/([a-z0-9][a-z0-9-]*)\.md|fedhet docs ([a-z0-9][a-z0-9-]*))")
+"""How code and pages name a doc: `docs/grids.md` or `fedhet docs grids` (topics are lower case,
+so `fedhet docs TOPIC` is no reference)."""
 
 
 def docs_dir() -> Path:
