@@ -211,3 +211,16 @@ def test_a_paper_without_numbers_says_so(tmp_path):
         text = report.write_report(tmp_path, tmp_path / paper).read_text()
         assert "The paper gives no numbers to compare with" in text
         assert f"fedhet docs {doc}</code>" in text
+
+
+def test_paper_figures_keep_long_names_on_the_canvas(tmp_path, clipped):
+    """BHerd's kept-step maps and herding distances are titled by run names; FedNNNN's norms
+    get a figure per setting. Long names are wrapped, never cut."""
+    name = "bherd__partition=dirichlet__partition.alpha=0.123456789__partition.min_size=2__seed0"
+    for algorithm, run in (("bherd", name), ("fednnnn", name.replace("bherd", "fednnnn"))):
+        execute({"dataset": "digits", "clients": 3, "rounds": 2, "lr": 0.1, "algorithm": algorithm},
+                tmp_path / "runs" / run, log=lambda _: None)
+    _, runs = report.discover(tmp_path / "runs")
+    section = report._extra_section(runs, tmp_path, warn=lambda m: pytest.fail(m))
+    assert section.count("<img") >= 3  # kept map, herding distance, N and E
+    assert not clipped, clipped

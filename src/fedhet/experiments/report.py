@@ -311,7 +311,12 @@ def _tables_section(manifest: dict[str, Any], runs: list[RunData]) -> str:
     if len(runs) > 1:
         parts.append(f'<p>Mean ± std over seeds. <span class="rule">{html.escape(RANKING_RULE)}</span> '
                      f"(<code>{DOCS_HINT}</code>, \"Which cell is bold\").</p>")
-        parts.append(tables_html(summary_tables(rows, target)))
+        tables = summary_tables(rows, target)
+        quality = [x for x in tables if not x.title.startswith("Wall time")]
+        parts.append(tables_html(quality))
+        rest = [x for x in tables if x not in quality]
+        if rest:  # wall time measures the machine, not the method: a click away
+            parts.append(_fold("wall time (s) per method and setting", tables_html(rest)))
     published = manifest.get("published") or []
     paper = manifest.get("paper")
     if paper and not published:
@@ -376,9 +381,10 @@ def _curves_section(runs: list[RunData], out: Path) -> str:
         if same:
             caption += ". Drawn over each other (accuracy within 0.5 points every round): " + "; ".join(
                 " and ".join(g) for g in same) + " (told apart by dash style and marker)"
-        figure = _figure(name, caption)
-        parts.append(figure if len(groups) == 1 else
-                     _fold(f"{group}: accuracy and loss vs round and communication", figure))
+        parts.append(_figure(name, caption))
+    if len(groups) > 1:
+        parts[2:] = [_fold(f"each setting's accuracy and loss vs round and communication "
+                           f"({len(groups)} figures)", "\n".join(parts[2:]))]
     return "\n".join(parts)
 
 
@@ -400,8 +406,9 @@ def _diagnostics_section(runs: list[RunData], out: Path) -> str:
             flat_all.setdefault(col, []).extend(values)
         name = f"fig_diag_{slug(group or mine[0].name)}.png"
         if plot_diagnostics(mine, out / name, group or mine[0].name, styles):
-            figure = _figure(name, _diagnostics_caption(group or mine[0].name, mine, panels))
-            parts.append(figure if len(groups) == 1 else _fold(f"{group}: diagnostics", figure))
+            parts.append(_figure(name, _diagnostics_caption(group or mine[0].name, mine, panels)))
+    if len(groups) > 1 and parts:
+        parts = [_fold(f"each setting's diagnostics ({len(parts)} figures)", "\n".join(parts))]
     if flat_all:
         described = []
         for col, values in flat_all.items():
@@ -461,11 +468,12 @@ def _partition_section(runs: list[RunData], out: Path, warn: Callable[[str], Non
     if not drawn and not problems:
         return ""
     parts = ["<h2>Partitions</h2>", *problems]
-    if sum(len(f) for f in drawn.values()) == 1:
-        parts += [f for figures in drawn.values() for f in figures]
-    else:
-        parts += [_fold(f"{setting}: {len(figures)} split(s), one per seed", "\n".join(figures))
-                  for setting, figures in drawn.items()]
+    figures = [f for fs in drawn.values() for f in fs]
+    if len(figures) == 1:
+        parts += figures
+    elif figures:
+        parts.append(_fold(f"the data splits: a heatmap per setting and seed ({len(figures)} "
+                           f"figures, {len(drawn)} setting(s))", "\n".join(figures)))
     if len(seen) >= MAX_HEATMAPS:
         parts.append(f'<p class="note">The first {MAX_HEATMAPS} splits are drawn.</p>')
     return "\n".join(parts)
