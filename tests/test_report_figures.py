@@ -224,3 +224,11 @@ def test_paper_figures_keep_long_names_on_the_canvas(tmp_path, clipped):
     section = report._extra_section(runs, tmp_path, warn=lambda m: pytest.fail(m))
     assert section.count("<img") >= 3  # kept map, herding distance, N and E
     assert not clipped, clipped
+
+
+def test_the_partition_commands_heatmap_keeps_its_title_on_the_canvas(tmp_path, clipped):
+    from fedhet.experiments.partition_report import save_heatmap
+
+    title = "digits · dirichlet(alpha=0.123456789, balance=none, max_tries=5000, min_size=2)"
+    save_heatmap(np.arange(30).reshape(3, 10), tmp_path / "h.png", title)
+    assert not clipped, clipped
