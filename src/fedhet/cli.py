@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import shlex
@@ -275,9 +276,13 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
         if getattr(args, flag[2:].replace("-", "_"), None)
     ]
     if preset_only:
+        given = " ".join(f if getattr(args, f[2:].replace("-", "_")) is True
+                         else f"{f} {getattr(args, f[2:].replace('-', '_'))}" for f in preset_only)
         raise FedhetError(
-            f"{', '.join(preset_only)}: a preset's options; --protocol runs its methods one after "
-            "another on your settings (leave them out, or run the preset without --protocol)"
+            f"{', '.join(preset_only)}: a preset's options; --protocol runs the paper's methods on "
+            f"your settings instead. Either drop --protocol to run the preset (`fedhet reproduce "
+            f"{args.paper} {given}`), or drop {', '.join(preset_only)} and set the runs' size with "
+            f"the run flags (e.g. `fedhet reproduce {args.paper} --protocol {args.protocol} -r 20`)"
         )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.config import parse
@@ -299,9 +304,19 @@ def cmd_paper_scale(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.paper_scale import write_page
 
-    if not Path(args.results).is_dir():
-        raise FedhetError(f"--results {args.results} is not a directory")
     print(f"page: {write_page(Path(args.results), Path(args.out))}")
+    return 0
+
+
+def cmd_docs(args: argparse.Namespace) -> int:
+    """`fedhet docs [TOPIC] [--path]`: the docs shipped with the package (fedhet.userdocs)."""
+    from fedhet import userdocs
+
+    if not args.topic:
+        print(userdocs.listing())
+        return 0
+    path = userdocs.doc_path(args.topic)
+    print(path if args.path else path.read_text(encoding="utf-8"), end="\n" if args.path else "")
     return 0
 
 
@@ -325,6 +340,17 @@ def _positive(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number ≥ 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A time limit: a number of seconds > 0 (`--timeout 0` would stop a run before it starts)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
     return value
 
 
@@ -628,6 +654,11 @@ def build_parser() -> argparse.ArgumentParser:
     page.add_argument("--results", default="results", help="result files (default results)")
     page.add_argument("--out", default="docs/paper-scale.md", help="the page (default docs/paper-scale.md)")
     page.set_defaults(func=cmd_paper_scale)
+    docs = sub.add_parser("docs", help="the user docs shipped with fedhet: list them, print one "
+                          "(fedhet docs grids), or --path to locate it")
+    docs.add_argument("topic", nargs="?", help="a doc's name (grids, gpu, deploy, fedveca, ...)")
+    docs.add_argument("--path", action="store_true", help="print where the page is, not the page")
+    docs.set_defaults(func=cmd_docs)
     ls = sub.add_parser("list", help="settings, algorithms, datasets, partitions, models and "
                         "shipped settings files")
     ls.set_defaults(func=cmd_list)
@@ -660,11 +691,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_flags(dep)
     dep.add_argument("--out", "-o", help="run directory the server app writes (absolute on its host)")
     dep.add_argument("--app-dir", default="fedhet-app", help="where `app` writes the Flower App")
-    dep.add_argument("--round-timeout", type=float, default=600.0,
+    dep.add_argument("--round-timeout", type=_seconds, default=600.0,
                      help="seconds to wait for the replies of a round; late clients are dropped")
-    dep.add_argument("--node-wait", type=float, default=300.0,
+    dep.add_argument("--node-wait", type=_seconds, default=300.0,
                      help="seconds to wait for one SuperNode per client before the first round")
-    dep.add_argument("--timeout", type=float, default=24 * 3600.0, help="local: whole-run limit")
+    dep.add_argument("--timeout", type=_seconds, default=24 * 3600.0, help="local: whole-run limit")
     dep.add_argument("--force", action="store_true", help="replace a non-empty --out")
     dep.add_argument("--keep-logs", metavar="DIR", help="local: keep Flower's logs and home in DIR")
     dep.add_argument("--simulation", action="store_true",

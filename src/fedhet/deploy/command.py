@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shlex
 import signal
 import sys
@@ -64,10 +65,15 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     """
 
     # needs the optional extra fedhet[flower]
-    from fedhet.deploy.launch import LocalFederation
+    from fedhet.deploy.launch import LocalFederation, probe_ray_address
 
+    check_timeouts(("timeout", timeout))
     cfg = config_of(values)
     ray = _ray_options(simulation, ray_address, client_cpus, client_gpus)
+    if simulation and (ray_address or os.environ.get("RAY_ADDRESS")):
+        # a cluster that is not there fails here, not after the SuperNodes' wait
+        probe_ray_address(ray_address or os.environ["RAY_ADDRESS"],
+                          "--ray-address" if ray_address else "RAY_ADDRESS")
     prepare_out(out, force)
     t0 = time.perf_counter()
     logs_to = None if keep_logs else out / LOGS_DIR

@@ -58,6 +58,41 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+RAY_PROBE_S = 5.0
+"""How long `probe_ray_address` waits for a Ray head to answer."""
+
+RAY_PROBE_RPC = "/ray.rpc.NodeInfoGcsService/GetClusterId"
+"""A call every Ray head's GCS (a gRPC server) answers, with an empty request."""
+
+
+def probe_ray_address(address: str, flag: str = "--ray-address", timeout: float = RAY_PROBE_S) -> None:
+    """Fail fast, in one line, when no Ray head answers at `HOST:PORT`, before any Flower
+    process starts: one call to the head's GCS, at most `timeout` s (a port that merely accepts
+    connections, as a firewall or another server may, is no cluster). `local` (a private Ray),
+    `auto` (Ray looks for a cluster on this machine) and `ray://` (a Ray Client server, not the
+    GCS) are left to Ray. Needs grpcio (Flower's dependency)."""
+    if address in ("local", "auto") or "://" in address:
+        return
+    import grpc  # with fedhet[flower]
+
+    host, _, port = address.strip().rpartition(":")
+    if not host or not port.isdigit():
+        raise FedhetError(f"{flag} {address}: give HOST:PORT of the Ray cluster's head (`ray start "
+                          "--head` prints it), or auto")
+    with grpc.insecure_channel(f"{host}:{port}") as channel:
+        try:
+            channel.unary_unary(RAY_PROBE_RPC)(b"", timeout=timeout)
+            return
+        except grpc.RpcError as e:
+            code = e.code()
+    why = {grpc.StatusCode.DEADLINE_EXCEEDED: f"no answer within {timeout:g} s",
+           grpc.StatusCode.UNAVAILABLE: "nothing listens there",
+           grpc.StatusCode.UNIMPLEMENTED: "a server answers, but not Ray's"}.get(code, code.name.lower())
+    raise FedhetError(
+        f"{flag} {address}: no Ray cluster answers there ({why}); start its head with "
+        f"`ray start --head --port {port}` on {host}, or leave {flag} out for a private one-node Ray")
+
+
 def _wait_port(port: int, timeout: float, proc: subprocess.Popen, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet.errors import FedhetError
 from fedhet.experiments import paper_results as pr
 
 EARLY = 10
@@ -790,7 +791,19 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
     return "\n".join(lines)
 
 
+def check_results(results: Path) -> None:
+    """One line when `results` is no directory: this command regenerates the repository's page
+    from the repository's result files, which an installed fedhet does not have."""
+    if not Path(results).is_dir():
+        raise FedhetError(
+            f"--results {results} is not a directory: `fedhet paper-scale` regenerates the "
+            "repository's docs/paper-scale.md from its results/ files, so run it in a fedhet "
+            "checkout or give --results DIR (read the page itself with `fedhet docs paper-scale`)")
+
+
 def write_page(results: Path, out: Path, command: str = "") -> Path:
+    """Render the page from the result files in `results` into `out`."""
+    check_results(results)
     text = render(load(results), command=command)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

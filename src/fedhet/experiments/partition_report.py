@@ -17,6 +17,7 @@ from fedhet.data.partition import label_counts, write_index_map
 from fedhet.engine.config import RunConfig, build
 from fedhet.engine.federate import federate
 from fedhet.errors import FedhetError
+from fedhet.experiments.report_plots import fit_suptitle
 from fedhet.registry import params_dict
 
 FULL_TABLE_MAX_LABELS = 20
@@ -108,7 +109,6 @@ def save_heatmap(counts: np.ndarray, path: Path, title: str) -> None:
     fig.colorbar(image, ax=ax, label="samples")
     ax.set_xlabel("client")
     ax.set_ylabel("label")
-    ax.set_title(title, fontsize=10)
     ax.set_xticks(_ticks(n_clients))
     ax.set_yticks(_ticks(n_labels))
     if n_clients <= 30 and n_labels <= 20:
@@ -117,7 +117,8 @@ def save_heatmap(counts: np.ndarray, path: Path, title: str) -> None:
             for c in np.flatnonzero(counts[i]):
                 colour = "black" if counts[i, c] > threshold else "white"
                 ax.text(i, c, str(counts[i, c]), ha="center", va="center", fontsize=7, color=colour)
-    fig.tight_layout()
+    top = fit_suptitle(fig, title, 10)  # wrapped to the figure: a long partition is never cut
+    fig.tight_layout(rect=(0, 0, 1, 1 - top))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120)

@@ -1,12 +1,16 @@
 """The diagnostics panels of `fedhet report`: every non-standard column of metrics.csv, found
 generically (indexed families such as `tau_<i>` drawn together), the ones that change only,
-averaged over seeds as the accuracy curves are, with titles and y units."""
+averaged over seeds as the accuracy curves are, with titles and y units.
+
+An indexed family holds one column per client (`tau_3` is client 3's τ). Client 3 is the same
+client in two runs only when their data splits are the same (`split_key`); per-client panels
+are therefore averaged over seeds only where the split is, and drawn per seed otherwise."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,8 @@ from fedhet.experiments.report_plots import (
     _plt,
     _series,
     _styles,
+    fit_suptitle,
+    fit_title,
 )
 
 STANDARD = {
@@ -29,6 +35,8 @@ STANDARD = {
     "train_loss", "train_accuracy", *TIME_COLUMNS,
 }
 MAX_PANELS = 24
+MAX_SEEDS = 3
+"""Per-client panels of runs with different splits: drawn for this many seeds at most."""
 
 
 def diagnostic_families(columns: list[str]) -> dict[str, list[str]]:
@@ -109,6 +117,16 @@ def constant_columns(runs: list[RunData], columns: list[str]) -> dict[str, float
     return out
 
 
+SPLIT_KEYS = ("dataset", "dataset_params", "partition", "partition_params", "clients", "seed",
+              "validation_fraction", "data_dir")
+"""The settings that decide which samples each client holds (`federate`)."""
+
+
+def split_key(run: RunData) -> str:
+    """Runs with equal keys hold the same data split, so client i is the same client in them."""
+    return json.dumps([run.config.get(k) for k in SPLIT_KEYS], sort_keys=True, default=str)
+
+
 @dataclass
 class Panel:
     """One diagnostic panel: a family's columns; `label` set when the panel shows one method's
@@ -117,9 +135,11 @@ class Panel:
     family: str
     label: str | None
     lines: list[tuple[str, str, list[RunData]]]
+    """(legend, column, the runs (seeds) averaged)."""
     per_method: bool
     """True: a line per method (legend shared by the figure); False: a line per column."""
-    """(legend, column, the runs (seeds) averaged)."""
+    seed: Any = None
+    """Per-client panels of runs whose splits differ: the one seed drawn (None: all seeds)."""
 
 
 def diagnostic_panels(runs: list[RunData]) -> tuple[list[Panel], dict[str, list[float | None]]]:
@@ -127,8 +147,10 @@ def diagnostic_panels(runs: list[RunData]) -> tuple[list[Panel], dict[str, list[
 
     A one-column family (`clients_dropped`, `tau_eff`) is one panel with a line per method; an
     indexed family (`tau_<i>`, one column per client) is a panel per method with a line per
-    column. A method's column whose seeds never change it is left out; the second value maps
-    each such column to the constant values it had (None: never logged).
+    column, averaged over the method's seeds when they share one data split (`split_key`), else
+    a panel per seed (the first `MAX_SEEDS`); they follow the one-column panels. A method's
+    column whose seeds never change it is left out; the second value maps each such column to
+    the constant values it had (None: never logged).
     """
     labels = list(dict.fromkeys(r.label for r in runs))
     by_label = {label: [r for r in runs if r.label == label] for label in labels}
@@ -142,7 +164,7 @@ def diagnostic_panels(runs: list[RunData]) -> tuple[list[Panel], dict[str, list[
         for col, value in const.items():
             flat.setdefault(col, []).append(value)
         changing[label] = [c for c in have if c not in const]
-    panels = []
+    panels, per_client = [], []
     for family, cols in diagnostic_families(columns).items():
         if len(cols) == 1 and not family.endswith("(extra models)"):
             lines = [(label, cols[0], by_label[label]) for label in labels if cols[0] in changing[label]]
@@ -150,10 +172,15 @@ def diagnostic_panels(runs: list[RunData]) -> tuple[list[Panel], dict[str, list[
                 panels.append(Panel(family, None, lines, True))
             continue
         for label in labels:
-            lines = [(col, col, by_label[label]) for col in cols if col in changing[label]]
-            if lines:
-                panels.append(Panel(family, label if len(labels) > 1 else None, lines, False))
-    return panels, flat
+            mine = by_label[label]
+            same = len({split_key(r) for r in mine}) == 1
+            for runs_drawn in [mine] if same else [[r] for r in mine[:MAX_SEEDS]]:
+                lines = [(col, col, runs_drawn) for col in cols
+                         if col in changing[label] and col in runs_drawn[0].metrics]
+                if lines:
+                    seed = None if same else runs_drawn[0].config.get("seed", runs_drawn[0].name)
+                    per_client.append(Panel(family, label if len(labels) > 1 else None, lines, False, seed))
+    return panels + per_client, flat
 
 
 def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
@@ -203,7 +230,9 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
             ax.legend(fontsize=7)
         elif n > 8:
             ax.text(0.99, 0.02, f"{n} clients", transform=ax.transAxes, ha="right", fontsize=7)
-        ax.set_title(name + (f" — {panel.label}" if panel.label else ""), fontsize=9)
+        where = ", ".join(str(x) for x in (panel.label, None if panel.seed is None else f"seed {panel.seed}")
+                          if x is not None)
+        fit_title(ax, name + (f" — {where}" if where else ""), 9)
         ax.set_xlabel("round", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
         _integer_ticks(ax)
@@ -212,10 +241,9 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
         ax.set_visible(False)
     seeds = max(sum(1 for r in runs if r.label == label) for label in {r.label for r in runs})
     head = title or (runs[0].group or runs[0].name)
-    fig.suptitle(textwrap.fill(f"diagnostics: {head}" + (f", mean over {seeds} seeds" if seeds > 1 else ""),
-                               int(width * 11)), fontsize=10)
+    top = fit_suptitle(fig, f"diagnostics: {head}" + (f", mean over {seeds} seeds" if seeds > 1 else ""), 10)
     bottom = _figure_legend(fig, shared_legend)
-    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.35 / fig.get_figheight()))
+    fig.tight_layout(rect=(0, bottom, 1, 1 - top))
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return True

@@ -4,6 +4,7 @@ and the accuracy/loss curves (a line per method, mean over seeds, band min–max
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,29 @@ def _figure_legend(fig: Any, handles: dict[str, Any]) -> float:
     return (0.28 * rows + 0.1) / fig.get_figheight()
 
 
+def fit_suptitle(fig: Any, text: str, fontsize: float = 11) -> float:
+    """The figure's title, wrapped until it fits the figure's width (a long setting name is
+    never cut at the edges); returns the share of the figure's height it takes."""
+    renderer = fig.canvas.get_renderer()
+    room = 0.96 * fig.bbox.width
+    chars = max(len(text), 1)
+    while True:
+        title = fig.suptitle(textwrap.fill(text, chars), fontsize=fontsize)
+        if title.get_window_extent(renderer).width <= room or chars <= 16:
+            break
+        chars = max(16, int(chars * 0.85))
+    lines = title.get_text().count("\n") + 1
+    return (lines * fontsize * 1.3 / 72 + 0.12) / fig.get_figheight()
+
+
+def fit_title(ax: Any, text: str, fontsize: float = 9) -> None:
+    """An axes title wrapped to the axes' width."""
+    fig = ax.figure
+    width = ax.get_position().width * fig.get_figwidth() * 72
+    chars = max(16, int(width / (0.58 * fontsize)))
+    ax.set_title(textwrap.fill(text, chars), fontsize=fontsize)
+
+
 def _integer_ticks(ax: Any) -> None:
     """Rounds are whole numbers: no 1.5 on a round axis."""
     from matplotlib.ticker import MaxNLocator  # slow import (matplotlib): only when drawing
@@ -167,7 +191,47 @@ def plot_curves(runs: list[RunData], path: Path, title: str, styles: dict[str, A
     if has_train_loss(runs):
         handles, names = axes[1, 0].get_legend_handles_labels()
     bottom = _figure_legend(fig, dict(zip(names, handles, strict=True)))
-    fig.suptitle(title)
-    fig.tight_layout(rect=(0, bottom, 1, 1 - 0.35 / fig.get_figheight()))
+    top = fit_suptitle(fig, title, 12)
+    fig.tight_layout(rect=(0, bottom, 1, 1 - top))
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_overview(runs: list[RunData], path: Path, styles: dict[str, Any]) -> None:
+    """Test accuracy (%) against the round, a small panel per setting (table column), a line
+    per method (mean over seeds, band min–max): a grid page's curves at a glance."""
+    plt = _plt()
+    groups = list(dict.fromkeys(r.group for r in runs))
+    ncols = min(4, len(groups))
+    nrows = math.ceil(len(groups) / ncols)
+    labels = list(dict.fromkeys(r.label for r in runs))
+    legend_rows = math.ceil(len(labels) / 4)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(2.9 * ncols + 0.6, 2.5 * nrows + 0.4 + 0.3 * legend_rows),
+                             squeeze=False, sharey=True)
+    handles: dict[str, Any] = {}
+    for ax, group in zip(axes.flat, groups, strict=False):
+        for label in labels:
+            mine = [r for r in runs if r.group == group and r.label == label]
+            s = _series(mine, "round", "test_accuracy", ACCURACY_SCALE) if mine else None
+            if s is None:
+                continue
+            x, mean, lo, hi = s
+            style = {**styles[label], "lw": 1.4, "markersize": 3.5}
+            seeds = f" ({len(mine)} seeds)" if len(mine) > 1 else ""
+            (line,) = ax.plot(x, mean, markevery=_markevery(len(x)), **style)
+            handles.setdefault(f"{label}{seeds}", line)
+            if len(mine) > 1:
+                ax.fill_between(x, lo, hi, color=style["color"], alpha=0.15, lw=0)
+        fit_title(ax, group or "all runs", 8)
+        ax.set_xlabel("round", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        _integer_ticks(ax)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("test accuracy (%)", fontsize=8)
+    for ax in list(axes.flat)[len(groups):]:
+        ax.set_visible(False)
+    bottom = _figure_legend(fig, handles)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.savefig(path, dpi=80)
     plt.close(fig)

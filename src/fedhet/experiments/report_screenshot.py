@@ -15,6 +15,7 @@ import signal
 import struct
 import subprocess
 import tempfile
+from html.parser import HTMLParser
 from pathlib import Path
 
 from fedhet.errors import FedhetError
@@ -54,6 +55,57 @@ def page_height(page: Path, width: int = PAGE_WIDTH) -> int:
         height += int(h * min(1.0, content / max(w, 1))) + 60
     height += 26 * text.count("<tr>") + 40 * (text.count("<p") + text.count("<h"))
     return min(height, MAX_HEIGHT)
+
+
+SCREEN = 1000
+"""The height (px) of one screen, for "a page of 16 runs is at most about 4 screens"."""
+
+
+class _Visible(HTMLParser):
+    """What a reader sees before opening any `<details>`: images, table rows, text blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0  # inside this many closed <details>
+        self.in_summary = False
+        self.images: list[str] = []
+        self.rows = 0
+        self.blocks = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "details":
+            self.depth += 0 if "open" in dict(attrs) else 1
+            if self.depth == 1 and "open" not in dict(attrs):
+                self.blocks += 1  # its summary line shows
+        if self.depth:
+            return
+        if tag == "img":
+            self.images.append(dict(attrs).get("src", ""))
+        elif tag == "tr":
+            self.rows += 1
+        elif tag in ("p", "h1", "h2", "h3", "figcaption"):
+            self.blocks += 1
+
+    def handle_endtag(self, tag):
+        if tag == "details" and self.depth:
+            self.depth -= 1
+
+
+def visible_height(page: Path, width: int = PAGE_WIDTH) -> int:
+    """`page_height` of the page as it opens, every `<details>` closed: the figures outside
+    them at their drawn size (scaled to the content width), a line per table row and text
+    block. The proxy the tests hold a page's length to, without a browser."""
+    seen = _Visible()
+    seen.feed(page.read_text())
+    content = min(width, 1200) - 40
+    height = 100
+    for src in seen.images:
+        try:
+            w, h = png_size(page.parent / src)
+        except (OSError, ValueError):
+            continue
+        height += int(h * min(1.0, content / max(w, 1))) + 20
+    return height + 26 * seen.rows + 40 * seen.blocks
 
 
 def screenshot(page: Path, png: Path, width: int = PAGE_WIDTH, height: int | None = None,

@@ -4,13 +4,16 @@ Every report page states them (issue 24): a run's `config.json` is read as a fla
 settings, a component with its parameters written in full (`partition = dirichlet(alpha=0.1)`,
 `model = mlp(hidden=200)`), each algorithm's parameters apart (they exist only for its runs).
 Settings that only say how a run was executed (device, executor, workers, checkpoints, data
-directory) are left out: they do not change what was compared.
+directory) are left out: they do not change what was compared. Where other settings decide a
+value, the block says so (`setting_notes`): local work drawn per client and round shows as
+`local_epochs = 1–4` decided by `epochs_min`/`epochs_max`, a `local_epochs` that `local_steps`
+or `client_steps` overrides is not listed as if it counted.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 ORDER = (
@@ -22,7 +25,7 @@ ORDER = (
 """The order settings are listed in; keys not named here follow in the config's order."""
 
 EXECUTION = {"device", "executor", "cohort_chunk", "workers", "checkpoint_every", "data_dir",
-             "train_loss"}
+             "train_loss", "provenance"}
 """Settings that change how a run executes, not what it computes (left out of the block), and
 those switched off (`_inert`) are not listed."""
 
@@ -51,8 +54,12 @@ def _inert(key: str, config: dict[str, Any]) -> bool:
     """Settings whose value switches their feature off (`local_steps = 0`: epochs are used),
     or that only matter when another is on (`lr_min` without a schedule): not listed."""
     value = config.get(key)
-    if key in ("local_steps", "epochs_min", "epochs_max"):
-        return value in (0, None)
+    if key == "local_epochs":
+        return _overridden_epochs(config) != ""
+    if key in ("epochs_min", "epochs_max"):
+        return True  # shown as local_epochs' range when they apply
+    if key == "local_steps":
+        return value in (0, None) or _all_clients_stepped(config)
     if key == "client_steps":
         return not value
     if key == "lr_min":
@@ -60,6 +67,42 @@ def _inert(key: str, config: dict[str, Any]) -> bool:
     if key == "straggler_policy":
         return not config.get("straggler_fraction")
     return False
+
+
+def _all_clients_stepped(config: dict[str, Any]) -> bool:
+    steps = config.get("client_steps") or []
+    return bool(steps) and len(steps) >= int(config.get("clients") or 0)
+
+
+def _overridden_epochs(config: dict[str, Any]) -> str:
+    """The setting that decides local work instead of `local_epochs`, or ""."""
+    if config.get("client_steps"):
+        return "client_steps"
+    if config.get("local_steps"):
+        return "local_steps"
+    return ""
+
+
+def _local_epochs(config: dict[str, Any]) -> str:
+    """`local_epochs` as it decided the local work: `1–4` when each client draws its epochs."""
+    if config.get("epochs_max"):
+        return f"{config.get('epochs_min')}–{config.get('epochs_max')}"
+    return _text(config.get("local_epochs"))
+
+
+def setting_notes(config: dict[str, Any]) -> dict[str, str]:
+    """Setting → what decided its value, where that is not the setting alone."""
+    notes = {}
+    if config.get("epochs_max") and not _overridden_epochs(config):
+        notes["local_epochs"] = ("epochs_min–epochs_max: each client draws its epochs E_i every "
+                                 "round (local_epochs itself is not used)")
+    if config.get("client_steps"):
+        notes["client_steps"] = "τ_i per client; overrides local_steps and local_epochs"
+    elif config.get("local_steps"):
+        notes["local_steps"] = "steps per round for every client; overrides local_epochs"
+    if config.get("lr_schedule", "constant") != "constant":
+        notes["lr"] = f"the first round's; {config.get('lr_schedule')} schedule down to lr_min"
+    return notes
 
 
 def flat_settings(config: dict[str, Any], keep: frozenset[str] = frozenset()) -> dict[str, str]:
@@ -74,7 +117,13 @@ def flat_settings(config: dict[str, Any], keep: frozenset[str] = frozenset()) ->
         if key in EXECUTION or key in params or (_inert(key, config) and key not in keep):
             continue
         value = config[key]
-        out[key] = component(value, config.get(COMPONENTS[key])) if key in COMPONENTS else _text(value)
+        if key == "local_epochs":
+            by = _overridden_epochs(config)
+            out[key] = f"not used ({by} decides)" if by else _local_epochs(config)
+        elif key in COMPONENTS:
+            out[key] = component(value, config.get(COMPONENTS[key]))
+        else:
+            out[key] = _text(value)
     return out
 
 
@@ -94,6 +143,8 @@ class SettingsSummary:
     algorithms: dict[str, str]
     """Algorithm → its parameters (`fedprox(mu=0.01, …)`); several values joined by ` | `."""
     n_runs: int
+    notes: dict[str, str] = field(default_factory=dict)
+    """Setting → what decided its value (`setting_notes`), several joined by ` | `."""
 
 
 def summarize(configs: list[dict[str, Any]]) -> SettingsSummary:
@@ -115,11 +166,15 @@ def summarize(configs: list[dict[str, Any]]) -> SettingsSummary:
         else:
             varying[key] = values
     algorithms: dict[str, list[str]] = {}
+    notes: dict[str, list[str]] = {}
     for c in configs:
         algorithms.setdefault(str(c.get("algorithm", "")), []).append(algorithm_params(c))
+        for key, note in setting_notes(c).items():
+            notes.setdefault(key, []).append(note)
     return SettingsSummary(
         shared, varying,
         {a: " | ".join(dict.fromkeys(v)) for a, v in algorithms.items()}, len(configs),
+        {k: " | ".join(dict.fromkeys(v)) for k, v in notes.items()},
     )
 
 

@@ -2,8 +2,10 @@
 
 Each row holds the run's settings, its final and best test accuracy, the rounds it took to
 reach the target accuracy, the communication spent up to then (bytes and model transfers) and
-its wall time. The summary gives mean ± std over seeds per method (rows) and setting (columns),
-the best cell of each column in bold.
+its wall time. The summary gives mean ± std over seeds per method (rows) and setting (columns)
+(the median and `k/n seeds reached` for the to-target metrics), the best method of each column
+in bold by one rule, `RANKING_RULE` (`rank`): reference lines never, every method on the same
+seeds, more seeds reaching the target first.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import json
 import math
 import statistics
 import subprocess
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +102,8 @@ class Table:
     rows: list[tuple[str, list[str]]]
     best: set[tuple[int, int]]
     """(row, column) cells to mark bold."""
+    notes: list[str] = field(default_factory=list)
+    """Lines under the table: the seeds a column was ranked on, where not all of them."""
 
 
 METRICS = (
@@ -112,11 +117,87 @@ METRICS = (
 )
 """Wall time is no quality of a method (it depends on the machine and its load): never bold."""
 
-BOLD_RULE = (
-    "Bold: the best mean per column in the quality tables (accuracy, and rounds, transfers and "
-    "communication to the target), compared as printed; cells that tie are all bold, and a "
-    "column where every method ties has none. Wall time is never bold."
+RANKING_RULE = (
+    "Bold: the best method of each column of the quality tables (accuracy; rounds, model "
+    "transfers and communication to the target). Reference lines (centralized training and "
+    "other non-federated baselines, marked \"reference\") are shown but never ranked. Every "
+    "method is judged on the same seeds: those that all methods of the column ran to the end "
+    "(finished or diverged). On them, a method that reached the target (for accuracy: did not "
+    "diverge) in more seeds ranks above one that did in fewer; among those with the most, the "
+    "best mean accuracy, or the lowest median to the target, over the seeds where all of them "
+    "have a value, wins as printed. Ties are all bold; a column where every method ties has "
+    "none. Wall time is never bold. To-target cells show the median over the seeds that reached "
+    "the target, [min–max], and how many of the column's seeds reached it."
 )
+"""The ranking rule, written once: `rank` implements it, report pages and summary.md print it,
+and docs/grids.md ("Which cell is bold") explains it."""
+BOLD_RULE = RANKING_RULE  # the name earlier callers use
+
+RAN = ("finished", "diverged")
+"""Run statuses that count as a seed the method ran; a missing, failed or partial run does not."""
+
+
+def is_reference(algorithm: str | None) -> bool:
+    """A reference line (centralized training, any non-federated baseline): shown beside the
+    methods, never ranked. An algorithm says so when it registers (`reference=True`), else by
+    its `centralized` flag; an unknown name is a method."""
+    if not algorithm:
+        return False
+    # lazy: the registry imports torch; summaries of hand-made rows need no algorithm
+    from fedhet.algorithms.base import ALGORITHMS
+    from fedhet.errors import FedhetError
+
+    try:
+        entry = ALGORITHMS.get(str(algorithm))
+    except FedhetError:
+        return False
+    return bool(entry.trait("reference", getattr(entry.factory, "centralized", False)))
+
+
+@dataclass
+class Ranking:
+    """The outcome of `rank` for one column: the best methods and, when the column's seeds
+    were not all used, which ones were."""
+
+    best: set[str]
+    seeds: list[Any]
+    """The seeds every competing method ran (the ones compared)."""
+    note: str = ""
+
+
+def rank(outcomes: dict[str, dict[Any, float | None]], higher: bool, fmt: str,
+         center: Callable[[list[float]], float] = statistics.fmean) -> Ranking:
+    """`RANKING_RULE` for one column: `outcomes[method][seed]` is the method's value on a seed
+    it ran, None where it ran but has none (did not reach the target, diverged). Reference
+    lines are left out by the caller. `center` is the mean for accuracies, the median for the
+    to-target metrics; values are compared as printed with `fmt`."""
+    if len(outcomes) < 2:
+        return Ranking(set(), [])
+    every = set().union(*(set(s) for s in outcomes.values()))
+    common = set.intersection(*(set(s) for s in outcomes.values()))
+    seeds = sorted(common, key=str)
+    note = "" if common == every else (
+        f"ranked on seed(s) {', '.join(map(str, seeds)) or 'none'}: the ones every method ran")
+    reached = {m: {s for s in common if v[s] is not None} for m, v in outcomes.items()}
+    most = max(len(r) for r in reached.values())
+    if most == 0:
+        return Ranking(set(), seeds, note)
+    top = [m for m, r in reached.items() if len(r) == most]
+    if len(top) == 1:
+        return Ranking(set(top), seeds, note)
+    shared = sorted(set.intersection(*(reached[m] for m in top)), key=str)
+    if not shared:
+        return Ranking(set(), seeds, (note + "; " if note else "") + "no seed where the leaders "
+                       "all have a value: none bold")
+    score = {m: float(fmt.format(center([float(outcomes[m][s]) for s in shared]))) for m in top}
+    pick = max(score.values()) if higher else min(score.values())
+    best = {m for m, v in score.items() if v == pick}
+    if best == set(outcomes):
+        best = set()  # every method ties: bold would single out nothing
+    if shared != seeds and best:
+        note = (note + "; " if note else "") + (
+            f"the leaders compared on seed(s) {', '.join(map(str, shared))}, where all reached it")
+    return Ranking(best, seeds, note)
 
 
 def _cell(values: list[float], n: int, fmt: str) -> str:
@@ -131,46 +212,61 @@ def _cell(values: list[float], n: int, fmt: str) -> str:
     return text
 
 
-def summary_tables(rows: list[dict[str, Any]], target: float | None) -> list[Table]:
-    """Mean ± std over seeds: one table per metric, methods × settings, best per column bold.
+def _target_cell(values: list[float], n: int, fmt: str) -> str:
+    """Median [min–max] over the seeds that reached the target, and how many did."""
+    text = "—" if not values else fmt.format(statistics.median(values))
+    if len(values) > 1:
+        text += f" [{fmt.format(min(values))}–{fmt.format(max(values))}]"
+    return text + (f" · {len(values)}/{n} seeds reached" if n > 1 else "")
 
-    For the to-target metrics a cell averages the seeds that reached the target and says how
-    many did (`(2/3)`); only cells where every seed reached it compete for bold.
-    """
+
+def _seeds(runs: list[dict[str, Any]]) -> list[Any]:
+    """Each run's seed (its position among the cell's runs where a row has none)."""
+    return [r.get("seed", f"#{i}") for i, r in enumerate(runs)]
+
+
+def summary_tables(rows: list[dict[str, Any]], target: float | None) -> list[Table]:
+    """Mean ± std over seeds (median and `k/n seeds reached` for the to-target metrics): one
+    table per metric, methods × settings, the best per column bold by `rank`
+    (`RANKING_RULE`)."""
     labels = list(dict.fromkeys(r["label"] for r in rows))
     groups = list(dict.fromkeys(r["group"] for r in rows))
+    reference = {label: all(is_reference(r.get("algorithm")) for r in rows if r["label"] == label)
+                 for label in labels}
     tables = []
     for key, title, scale, higher, fmt in METRICS:
         if "target" in key and target is None:
             continue
-        cells, means = [], {}
-        for i, label in enumerate(labels):
+        to_target = "target" in key
+        columns: list[dict[str, dict[Any, float | None]]] = [{} for _ in groups]
+        cells = []
+        for label in labels:
             line = []
             for j, group in enumerate(groups):
                 runs = [r for r in rows if r["label"] == label and r["group"] == group]
                 vals = [float(r[key]) * scale for r in runs if _finite(r.get(key))]
-                line.append(_cell(vals, len(runs), fmt) if runs else "")
-                if runs and len(vals) == len(runs):
-                    means[(i, j)] = statistics.fmean(vals)
-            cells.append((label, line))
-        best = set() if higher is None else _best_cells(means, len(groups), higher, fmt)
+                show = _target_cell if to_target else _cell
+                line.append(show(vals, len(runs), fmt) if runs else "")
+                if runs and not reference[label]:
+                    columns[j][label] = {
+                        seed: float(r[key]) * scale if _finite(r.get(key)) else None
+                        for seed, r in zip(_seeds(runs), runs, strict=True)
+                        if r.get("status", "finished") in RAN
+                    }
+            shown = f"{label} (reference)" if reference[label] else label
+            cells.append((shown, line))
+        best: set[tuple[int, int]] = set()
+        notes = []
+        if higher is not None:
+            center = statistics.median if to_target else statistics.fmean
+            for j, outcomes in enumerate(columns):
+                ranking = rank({m: v for m, v in outcomes.items() if v}, higher, fmt, center)
+                best |= {(labels.index(m), j) for m in ranking.best}
+                if ranking.note:
+                    notes.append(f"{groups[j] or 'all'}: {ranking.note}.")
         name = title.format(target=f"{100 * target:g}%" if target else "")
-        tables.append(Table(name, groups, cells, best))
+        tables.append(Table(name, groups, cells, best, notes))
     return tables
-
-
-def _best_cells(means: dict[tuple[int, int], float], n_groups: int, higher: bool,
-                fmt: str) -> set[tuple[int, int]]:
-    """The bold cells: per column the best mean as printed (ties all bold); none where every
-    competing cell ties, since bold would then single out nothing."""
-    best: set[tuple[int, int]] = set()
-    for j in range(n_groups):
-        col = {i: float(fmt.format(m)) for (i, jj), m in means.items() if jj == j}
-        if len(col) < 2 or len(set(col.values())) == 1:
-            continue
-        pick = max(col.values()) if higher else min(col.values())
-        best |= {(i, j) for i, m in col.items() if m == pick}
-    return best
 
 
 def _finite(v: Any) -> bool:
@@ -185,6 +281,7 @@ def tables_markdown(tables: list[Table]) -> str:
         for i, (label, cells) in enumerate(t.rows):
             shown = [f"**{c}**" if (i, j) in t.best else c for j, c in enumerate(cells)]
             lines.append(f"| {label} | " + " | ".join(shown) + " |")
+        lines += ["", *t.notes] if t.notes else []
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
@@ -203,6 +300,7 @@ def tables_html(tables: list[Table]) -> str:
         parts.append(
             f'<h3>{html.escape(t.title)}</h3>\n<div class="scroll"><table><tr><th>method</th>{head}</tr>\n'
             + "\n".join(body) + "\n</table></div>"
+            + "".join(f'<p class="note">{html.escape(n)}</p>' for n in t.notes)
         )
     return "\n".join(parts)
 
@@ -212,7 +310,7 @@ def write_summary_md(path: Path, title: str, rows: list[dict[str, Any]], target:
                    for x in rows), default=0)
     intro = f"# {title}\n\nMean ± std over up to {n_seeds} seed(s) per cell. {BOLD_RULE}"
     if target is not None:
-        intro += f" Target accuracy {100 * target:g}%; `(k/n)`: k of n seeds reached it."
+        intro += f" Target accuracy {100 * target:g}%."
     failed = [f"{r['name']} ({r['status']})" for r in rows if r["status"] != "finished"]
     if failed:
         intro += f"\n\nNot finished ({len(failed)}): " + ", ".join(failed)

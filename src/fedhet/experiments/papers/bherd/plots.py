@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 from fedhet.engine.store import read_metric_columns  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.experiments.papers.bherd.preset import CASES, main_runs
+from fedhet.experiments.report_plots import fit_suptitle, fit_title
 
 
 def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:
@@ -67,8 +68,8 @@ def kept_index_map(run_dir: Path, out: Path | None = None, title: str = "") -> P
         ax.set_title(f"client {c + 1}")
         ax.set_xlabel("round")
     axes[0][0].set_ylabel("local step index λ (kept = dark)")
-    fig.suptitle(title or f"kept local gradients: {Path(run_dir).name}")
-    fig.tight_layout()
+    top = fit_suptitle(fig, title or f"kept local gradients: {Path(run_dir).name}", 11)
+    fig.tight_layout(rect=(0, 0, 1, 1 - top))
     return _save(fig, out or Path(run_dir) / "kept_indices.png")
 
 
@@ -84,7 +85,7 @@ def herd_distance(
             raise FedhetError(f"{run} has no herd_dist_<i> columns: was it a BHerd run?")
         for col in cols:
             ax.plot(m["round"], m[col], label=f"client {int(col[10:]) + 1}")
-        ax.set_title(titles[j] if titles else Path(run).name)
+        fit_title(ax, titles[j] if titles else Path(run).name, 10)
         ax.set_xlabel("round")
         ax.set_yscale("log")
     axes[0][0].set_ylabel("‖G_i − mean g‖")

@@ -23,8 +23,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 
 from fedhet.engine.store import read_metric_columns  # noqa: E402
+from fedhet.experiments.report_plots import fit_suptitle  # noqa: E402
 
 LABELS = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "norm-norm": "Norm-Norm", "fedavgm": "Momentum",
@@ -73,10 +75,12 @@ def _line(ax, run: Path, x: list[float], y: list[float], **kw) -> None:
         ax.plot(*zip(*pts, strict=True), label=label(run), color=COLORS.get(algo), lw=1.4, **kw)
 
 
-def _save(fig, out: Path) -> Path:
+def _save(fig, out: Path, title: str | None = None) -> Path:
+    """Lay out (a `title` wrapped to the figure's width above the panels) and write the PNG."""
+    top = fit_suptitle(fig, title, 11) if title else 0.0
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - top))
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
@@ -98,16 +102,35 @@ def plot_accuracy(
     return _save(fig, out)
 
 
+def _seeds_line(ax, runs: list[Path], column: str) -> None:
+    """One method's runs (seeds): their mean per round, with a band min–max when several."""
+    cols = [read_metrics(r) for r in runs]
+    n = min(len(c["round"]) for c in cols)
+    ys = np.array([c[column][:n] for c in cols], dtype=float)
+    x = np.array(cols[0]["round"][:n], dtype=float)
+    ok = np.isfinite(ys).all(axis=0)
+    if not ok.any():
+        return
+    algo = read_config(runs[0])["algorithm"]
+    seeds = f" ({len(runs)} seeds)" if len(runs) > 1 else ""
+    ax.plot(x[ok], ys.mean(axis=0)[ok], label=label(runs[0]) + seeds, color=COLORS.get(algo), lw=1.4)
+    if len(runs) > 1:
+        ax.fill_between(x[ok], ys.min(axis=0)[ok], ys.max(axis=0)[ok], color=COLORS.get(algo),
+                        alpha=0.15, lw=0)
+
+
 def plot_norms(runs: Sequence[Path], out: Path, kind: str = "fc", title: str | None = None) -> Path:
-    """`N = ‖w_(t+1) − w_t‖` (left) and `E = Σ p_k ‖Δw_k‖` (right) of the `kind` layers."""
+    """`N = ‖w_(t+1) − w_t‖` (left) and `E = Σ p_k ‖Δw_k‖` (right) of the `kind` layers; a
+    line per method, the mean over its runs (seeds) with a band min–max."""
     fig, (ax_n, ax_e) = plt.subplots(1, 2, figsize=(10, 4))
     suffix = "" if kind == "all" else f"_{kind}"
+    by_method: dict[str, list[Path]] = {}
     for run in _sorted(runs):
-        m = read_metrics(run)
-        if f"E{suffix}" not in m:
-            continue
-        _line(ax_n, run, m["round"], m[f"move{suffix}"])
-        _line(ax_e, run, m["round"], m[f"E{suffix}"])
+        if f"E{suffix}" in read_metrics(run):
+            by_method.setdefault(read_config(run)["algorithm"], []).append(run)
+    for method_runs in by_method.values():
+        _seeds_line(ax_n, method_runs, f"move{suffix}")
+        _seeds_line(ax_e, method_runs, f"E{suffix}")
     what = "whole model" if kind == "all" else f"{kind} layers"
     for ax, name in ((ax_n, "N = ‖w(t+1) − w(t)‖"), (ax_e, "E = Σ p_k ‖Δw_k‖")):
         ax.set_xlabel("communication round t")
@@ -117,9 +140,7 @@ def plot_norms(runs: Sequence[Path], out: Path, kind: str = "fc", title: str | N
         ax.set_title(f"{name.split(' ')[0]} of the {what}")
         if ax.lines:
             ax.legend()
-    if title:
-        fig.suptitle(title)
-    return _save(fig, out)
+    return _save(fig, out, title)
 
 
 def plot_cumulative(runs: Sequence[Path], out: Path, title: str | None = None) -> Path:

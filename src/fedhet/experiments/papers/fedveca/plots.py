@@ -2,8 +2,12 @@
 
 - `plot_loss_accuracy`: test loss and accuracy vs round for every method in a comparison group,
   centralized SGD as a flat line at its final value (Figs. 3, 5, 7, 8).
-- `plot_eta_tau_L`: `η τ_k L` vs round with the line 1 (Theorem 1's premise, Fig. 4).
-- `plot_client_traces`: per-client `τ_(k,i)`, `β`, `δ`, `A`, and `τ_k`, `L_k` (Fig. 6).
+- `plot_eta_tau_L`: `η τ_k L` vs round with the line 1 (Theorem 1's premise, Fig. 4); a line per
+  run, or per cell of a grid (its seeds' mean, band min–max).
+- `plot_client_traces`: per-client `τ_(k,i)`, `β`, `δ`, `A`, and `τ_k`, `L_k` (Fig. 6), for a run
+  or a cell's seeds: `τ_k` and `L_k` as the seeds' mean with a band; the per-client panels
+  averaged over seeds only when the seeds share one data split (client i is the same client),
+  else those of the first seed.
 - `plot_fedveca(path, out_dir)`: all of them for a run, a comparison group, or any directory
   holding such groups (a `fedveca-compare` output or a `reproduce fedveca` output); returns
   the PNG paths. This is what `fedhet report` calls.
@@ -19,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
+from fedhet.experiments.report_plots import fit_suptitle
 
 TRACE_ROUNDS = 50
 """Fig. 6 shows the first 50 rounds."""
@@ -107,15 +112,33 @@ def plot_loss_accuracy(group_dir: Path, out_path: Path, title: str | None = None
     return _save(fig, out_path)
 
 
-def plot_eta_tau_L(runs: dict[str, Path], out_path: Path) -> Path:
-    """Fig. 4: `η τ_k L` per round for FedVeca runs; round 0 is blank (L is one round late)."""
+def _stacked(runs: list[Path], name: str, n: int | None = None) -> np.ndarray:
+    """Column `name` of each run, cut to the rounds all of them have: `(runs, rounds)`."""
+    cols = [columns(r) for r in runs]
+    n = min(len(c["round"]) for c in cols) if n is None else n
+    return np.array([c.get(name, np.full(len(c["round"]), math.nan))[:n] for c in cols])
+
+
+def _band(ax: Any, x: np.ndarray, ys: np.ndarray, **style: Any) -> Any:
+    """The mean of `ys` over runs (rows) against `x`, with a min–max band when several."""
+    ok = np.isfinite(ys).all(axis=0)
+    (line,) = ax.plot(x[ok], ys.mean(axis=0)[ok], **style)
+    if len(ys) > 1:
+        ax.fill_between(x[ok], ys.min(axis=0)[ok], ys.max(axis=0)[ok], color=line.get_color(),
+                        alpha=0.15, lw=0)
+    return line
+
+
+def plot_eta_tau_L(runs: dict[str, Path | list[Path]], out_path: Path) -> Path:
+    """Fig. 4: `η τ_k L` per round for FedVeca runs; round 0 is blank (L is one round late).
+    A value that is a list of runs (a grid cell's seeds) is drawn as their mean with a band."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
-    for label, run in runs.items():
-        c = columns(run)
-        k = c["round"] - 1
-        ok = np.isfinite(c.get("eta_tau_L", np.full_like(k, math.nan)))
-        ax.plot(k[ok], c["eta_tau_L"][ok], lw=1.3, label=label)
+    for label, got in runs.items():
+        group = [got] if isinstance(got, Path) else list(got)
+        k = _stacked(group, "round")[0] - 1
+        seeds = f" ({len(group)} seeds)" if len(group) > 1 else ""
+        _band(ax, k, _stacked(group, "eta_tau_L"), lw=1.3, label=label + seeds)
     ax.axhline(1.0, color="black", ls="--", lw=1, label="η τ_k L = 1")
     ax.set_xlabel("round k")
     ax.set_ylabel("η τ_k L")
@@ -126,12 +149,20 @@ def plot_eta_tau_L(runs: dict[str, Path], out_path: Path) -> Path:
     return _save(fig, out_path)
 
 
-def plot_client_traces(run_dir: Path, out_path: Path, max_rounds: int = TRACE_ROUNDS) -> Path:
-    """Fig. 6: per-client `τ_(k,i)`, `β_(k,i)`, `δ_(k,i)`, `A_(k,i)` and `τ_k`, `L_k`."""
+def plot_client_traces(run_dir: Path | list[Path], out_path: Path, max_rounds: int = TRACE_ROUNDS,
+                       same_split: bool = False, title: str = "") -> Path:
+    """Fig. 6: per-client `τ_(k,i)`, `β_(k,i)`, `δ_(k,i)`, `A_(k,i)` and `τ_k`, `L_k`.
+
+    `run_dir` may be a cell's seeds: `τ_k` and `L_k` are then their mean with a band min–max,
+    and the per-client panels the mean over seeds when `same_split` (client i holds the same
+    samples in every seed), else the first seed's."""
     plt = _pyplot()
-    c = columns(Path(run_dir))
-    k = c["round"] - 1
+    runs = [Path(run_dir)] if isinstance(run_dir, str | Path) else [Path(r) for r in run_dir]
+    n = min(len(columns(r)["round"]) for r in runs)
+    k = _stacked(runs, "round", n)[0] - 1
     keep = (k >= 0) & (k < max_rounds)
+    per_client = runs if same_split else runs[:1]
+    c = columns(runs[0])
     clients = sorted(int(n.split("_")[1]) for n in c if n.startswith("tau_") and n[4:].isdigit())
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
     panels = [
@@ -140,25 +171,34 @@ def plot_client_traces(run_dir: Path, out_path: Path, max_rounds: int = TRACE_RO
     ]
     colors = _client_colors(plt, len(clients))
     for ax, (name, ylabel, logy) in zip(axes.flat, panels, strict=False):
+        drawn = []
         for i, color in zip(clients, colors, strict=True):
-            y = c[f"{name}_{i}"][keep]
+            y = _stacked(per_client, f"{name}_{i}", n).mean(axis=0)[keep]
+            drawn.append(y)
             ax.plot(k[keep], y, lw=1.1, marker=".", ms=3, color=color, label=f"client {i + 1}")
         ax.set_ylabel(ylabel)
         if logy:
-            _log_if_wide(ax, np.concatenate([c[f"{name}_{i}"][keep] for i in clients]))
+            _log_if_wide(ax, np.concatenate(drawn or [[1.0]]))
     if len(clients) <= 10:
         axes[0, 0].legend(fontsize=7, ncol=2)
     else:
         axes[0, 0].set_title(f"{len(clients)} clients, colour = client index", fontsize=9)
-    axes[1, 1].plot(k[keep], c["tau_k"][keep], color="black", lw=1.3)
+    _band(axes[1, 1], k[keep], _stacked(runs, "tau_k", n)[:, keep], color="black", lw=1.3)
     axes[1, 1].set_ylabel("τ_k = Σ p_i τ_(k,i)")
-    axes[1, 2].plot(k[keep], c["L_k"][keep], color="black", lw=1.3, marker=".", ms=3)
+    _band(axes[1, 2], k[keep], _stacked(runs, "L_k", n)[:, keep], color="black", lw=1.3, marker=".", ms=3)
     axes[1, 2].set_ylabel("L_k (estimate, one round late)")
     for ax in axes.flat:
         ax.set_xlabel("round k")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"FedVeca instantaneous behaviour: {Path(run_dir).parent.name}/{Path(run_dir).name}")
-    return _save(fig, out_path)
+    head = title or f"{runs[0].parent.name}/{runs[0].name}"
+    if len(runs) > 1:
+        first = _config(runs[0]).get("seed", runs[0].name)
+        clients_from = (f"per-client panels: mean over the {len(runs)} seeds (one data split)"
+                        if same_split else
+                        f"per-client panels: seed {first} (each seed splits the data anew)")
+        head += f"; τ_k, L_k: mean over {len(runs)} seeds, band min–max; {clients_from}"
+    top = fit_suptitle(fig, f"FedVeca instantaneous behaviour: {head}", 11)
+    return _save(fig, out_path, top)
 
 
 def _client_colors(plt: Any, n: int) -> list[Any]:
@@ -176,7 +216,7 @@ def _log_if_wide(ax: Any, values: np.ndarray, ratio: float = 50) -> None:
         ax.set_yscale("log")
 
 
-def _save(fig: Any, out_path: Path) -> Path:
+def _save(fig: Any, out_path: Path, top: float = 0.0) -> Path:
     # slow import (matplotlib): only when drawing
     from matplotlib.ticker import MaxNLocator
 
@@ -184,7 +224,7 @@ def _save(fig: Any, out_path: Path) -> Path:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - top))
     fig.savefig(out_path, dpi=110)
     _pyplot().close(fig)
     return out_path
