@@ -20,13 +20,18 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedhet.components import name_of
+from fedhet.engine.config import RunConfig, parse, read_toml_file
 from fedhet.errors import FedhetError
+from fedhet.experiments.compare import compare as run_grid
+from fedhet.experiments.grid import Changes
+from fedhet.experiments.single import execute
 
 RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
              "executor", "workers", "data_dir")
@@ -53,7 +58,7 @@ class RunResult:
     def to_pandas(self) -> Any:
         """The metrics as a `pandas.DataFrame`, one row per evaluated round (needs pandas)."""
         try:
-            import pandas as pd
+            import pandas as pd  # optional: not a dependency of fedhet
         except ImportError:
             raise FedhetError("to_pandas needs pandas: pip install pandas") from None
         return pd.DataFrame(self.metrics)
@@ -74,8 +79,6 @@ def run(
     `callbacks`: called with each round's metrics row once it is saved (a callable, or an
     object with `on_start(run)`, `on_round(row)`, `on_end(summary)`); a truthy return from a
     round stops the run there (`summary["status"] == "stopped"`; `resume` continues it)."""
-    from fedhet.experiments.single import execute
-
     flags = {"algorithm": algorithm, "dataset": dataset, "partition": partition, "model": model,
              "clients": clients, "rounds": rounds, "seed": seed, "device": device,
              "executor": executor, "workers": workers, "data_dir": data_dir}
@@ -97,8 +100,6 @@ def resume(
     A run made with a component handed in from a script or notebook (not importable by name)
     needs the same object again: `resume(dir, algorithm=MyAlgorithm)`. Components from a plugin
     or an importable module are found from `config.json`."""
-    from fedhet.experiments.single import execute
-
     for obj in (dataset, model, algorithm):
         if obj is not None:
             name_of(_kind(obj, dataset, model), obj)
@@ -134,9 +135,6 @@ def compare(
     every combination one run; or a grid file `config` changed by them. `jobs` runs that many
     runs at once in worker processes (default: the usable cores); from a script or notebook,
     the workers inherit what the script defined. Calling again with the same `out` resumes."""
-    from fedhet.experiments.compare import compare as run_grid
-    from fedhet.experiments.grid import Changes
-
     fixed = {k: _named(k, v) for k, v in (base or {}).items()}
     axes = {k: [_named(k, v) for v in vs] for k, vs in (sweeps or {}).items()}
     for k, vs in axes.items():
@@ -158,8 +156,6 @@ def settings_of(
     """The run's settings as config paths: the `config` file, then each flag given (in
     `RUN_FLAGS` order), then `settings`, each read by `fedhet.engine.config.parse` (later wins):
     the CLI's `_run_layers` with Python values."""
-    from fedhet.engine.config import parse, read_toml_file
-
     values: dict[str, Any] = {}
     if config is not None:
         values.update(parse(read_toml_file(Path(config), "config file")[1], str(config)))
@@ -183,8 +179,6 @@ def _named(key: str, value: Any) -> Any:
 def default_name(values: Mapping[str, Any]) -> str:
     """`<algorithm>-<dataset>` of a run made without `out` (a path's file stem, a
     `module:object` spec's object)."""
-    from fedhet.engine.config import RunConfig
-
     return f"{_short(values.get('algorithm', RunConfig.algorithm))}-" \
            f"{_short(values.get('dataset', RunConfig.dataset))}"
 
@@ -209,8 +203,6 @@ def _dir_name(fixed: Mapping[str, Any], axes: Mapping[str, Sequence[Any]]) -> st
 def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
     """`runs/<name>-<YYYYmmdd-HHMMSS>`, never an existing path (`-2`, `-3`, ... appended): where
     a run or grid is written when no `out` is given."""
-    import time
-
     base = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     out, n = base, 1
     while out.exists():

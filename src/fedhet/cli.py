@@ -310,6 +310,7 @@ def cmd_paper_scale(args: argparse.Namespace) -> int:
 
 def cmd_docs(args: argparse.Namespace) -> int:
     """`fedhet docs [TOPIC] [--path]`: the docs shipped with the package (fedhet.userdocs)."""
+    # lazy, as every command's imports (fast --help)
     from fedhet import userdocs
 
     if not args.topic:
