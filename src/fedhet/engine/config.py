@@ -31,6 +31,7 @@ from fedhet.data.partition import PARTITIONS
 from fedhet.data.registry import DATASETS
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
+from fedhet.provenance import RECORD_KEYS
 from fedhet.registry import Registry, _coerce, build_params, did_you_mean, params_dict
 
 DEFAULT_MODEL = {
@@ -262,7 +263,7 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
     once the component they belong to is known.
     """
     if isinstance(source, Mapping):
-        flat = flatten(source)
+        flat = flatten({k: v for k, v in source.items() if k not in RECORD_KEYS})
     else:
         flat = {}
         for pair in source:
@@ -425,11 +426,12 @@ def config_of(settings: Mapping[str, Any], where: str = "settings") -> RunConfig
 def canonical_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A saved `config.json` as this version writes it: old parameter names mapped to the
     current ones (`ALIASES`) and defaults added, so it compares equal to a fresh build of the
-    same settings. Returned unchanged when it no longer builds (the caller reports that)."""
+    same settings; the record keys (`RECORD_KEYS`) are left out. Returned otherwise unchanged
+    when it no longer builds (the caller reports that)."""
     try:
         return build(parse(saved, "config.json")).to_dict()
     except (FedhetError, TypeError, ValueError):
-        return dict(saved)
+        return {k: v for k, v in saved.items() if k not in RECORD_KEYS}
 
 
 FIELD_DOCS: dict[str, str] = {

@@ -31,6 +31,7 @@ from fedhet.experiments.papers.base import Protocol, register_protocol
 from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
 from fedhet.experiments.progress import RoundLines
 from fedhet.experiments.single import execute, is_finished
+from fedhet.provenance import RECORD_KEYS
 
 DEFAULT_BASELINES = ("fedavg", "fednova")
 PAPER_DEFAULTS: dict[str, Any] = {"clients": 5, "rounds": 100, "lr": 0.01}
@@ -204,7 +205,8 @@ def _cell(v: Any, md: bool = False) -> str:
 def _same_config(run_dir: Path, settings: dict[str, Any]) -> bool:
     cfg = config_of(settings)
     wanted = json.loads(to_json(cfg.to_dict()))
-    return RunStore(run_dir).read_config() == wanted
+    saved = RunStore(run_dir).read_config()
+    return {k: v for k, v in saved.items() if k not in RECORD_KEYS} == wanted
 
 
 def run_method(
