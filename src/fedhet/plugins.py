@@ -232,6 +232,13 @@ def _import_module(spec: str, origin: str) -> ModuleType:
         return importlib.import_module(spec)
     except KeyboardInterrupt:
         raise
+    except ModuleNotFoundError as e:
+        if e.name is None or not (spec == e.name or spec.startswith(e.name + ".")):
+            raise _failed(spec, origin, _module_file(spec), e) from None
+        raise PluginError(
+            f"plugin {spec} (from {origin}): no module named {e.name!r} on the Python path; "
+            "install its package, add its folder to PYTHONPATH, or give its file (path/to/x.py)",
+            f"no module named {e.name!r}") from None
     except BaseException as e:  # noqa: BLE001  (a plugin's own failure, SystemExit included)
         raise _failed(spec, origin, _module_file(spec), e) from None
 
