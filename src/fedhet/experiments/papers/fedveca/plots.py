@@ -5,7 +5,7 @@
 - `plot_eta_tau_L`: `η τ_k L` vs round with the line 1 (Theorem 1's premise, Fig. 4).
 - `plot_client_traces`: per-client `τ_(k,i)`, `β`, `δ`, `A`, and `τ_k`, `L_k` (Fig. 6).
 - `plot_fedveca(path, out_dir)`: all of them for a run, a comparison group, or any directory
-  holding such groups (a `fedveca-compare` output or a `reproduce fedveca` output); returns
+  holding such groups (a `reproduce fedveca` output, with or without `--protocol fair`); returns
   the PNG paths. This is what `fedhet report` calls.
 """
 
