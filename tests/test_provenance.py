@@ -14,7 +14,7 @@ import torch
 
 import fedhet
 from fedhet import provenance as prov
-from fedhet.engine.config import canonical_config, config_of, parse
+from fedhet.engine.config import RECORD_KEYS, canonical_config, config_of, parse
 from fedhet.experiments.single import execute
 
 KEYS = {"fedhet", "commit", "dirty", "torch", "numpy", "python", "device", "plugins"}
@@ -43,7 +43,7 @@ def test_config_and_summary_record_the_provenance(run):
 
 def test_the_record_keys_are_no_settings(run):
     saved = json.loads((run / "config.json").read_text())
-    settings = {k: v for k, v in saved.items() if k not in prov.RECORD_KEYS}
+    settings = {k: v for k, v in saved.items() if k not in RECORD_KEYS}
     assert parse(saved, "config.json") == parse(settings, "config.json")
     assert canonical_config(saved) == config_of(SETTINGS).to_dict()
     broken = {**saved, "algorithm": "no-such-method"}  # kept as saved, less the record

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedhet import plugins
 from fedhet.configs import is_grid, shipped
 from fedhet.configs import resolve as resolve_config
 from fedhet.errors import FedhetError
@@ -377,7 +378,6 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     """`fedhet config show`: every setting `run` would use with these flags, its value and
     where it came from (default, file, flag); nothing is loaded or written."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet import plugins
     from fedhet.engine.config import canonical_config, parse
     from fedhet.engine.store import RunStore
     from fedhet.experiments.show import as_json, render, sections
@@ -570,8 +570,6 @@ def _leaf_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentPars
 
 def _load_plugins(args: argparse.Namespace) -> None:
     """The installed packages' entry points, `$FEDHET_PLUGINS`, then each `--plugin`."""
-    from fedhet import plugins
-
     plugins.startup([*args.plugins_first, *getattr(args, "plugins", [])])
 
 
@@ -739,8 +737,6 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = argv
         _set_threads(args.threads)
-        from fedhet import plugins  # light: no torch
-
         with plugins.command_line():
             _load_plugins(args)
             return args.func(args)

@@ -312,7 +312,7 @@ def _entries_of(config: Mapping[str, Any]) -> list[registry.Entry]:
 
 def _components_missing(config: Mapping[str, Any]) -> bool:
     """Whether a component a saved run names is not registered in this process."""
-    from fedhet.engine.config import COMPONENTS
+    from fedhet.engine.config import COMPONENTS  # lazy, as in `_entries_of`
 
     named = [k for k in COMPONENTS if isinstance(config.get(k), str) and config.get(k) != "auto"]
     return len(_entries_of(config)) < len(named)

@@ -18,11 +18,6 @@ from typing import Any
 import fedhet
 from fedhet import plugins
 
-RECORD_KEYS = ("plugins", "provenance")
-"""The keys of a run's `config.json` that record how it was made, not settings
-(`fedhet.engine.store.RunStore.write_config` writes them; `fedhet.engine.config.parse` ignores
-them)."""
-
 GIT_TIMEOUT_S = 5.0
 """How long `git` may take to name the commit before provenance says None."""
 
@@ -52,7 +47,7 @@ def provenance(device: str, plugin_files: Mapping[str, str] | None = None) -> di
 def describe_device(device: str) -> str:
     """`device` resolved (`auto` → `cuda` or `cpu`), with the GPU's name for CUDA
     (`cuda (NVIDIA H100 80GB HBM3)`)."""
-    import torch
+    import torch  # lazy, as in `provenance`
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -99,4 +94,4 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-__all__ = ["RECORD_KEYS", "describe_device", "git_state", "provenance"]
+__all__ = ["describe_device", "git_state", "provenance"]

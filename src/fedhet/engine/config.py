@@ -31,7 +31,6 @@ from fedhet.data.partition import PARTITIONS
 from fedhet.data.registry import DATASETS
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
-from fedhet.provenance import RECORD_KEYS
 from fedhet.registry import Registry, _coerce, build_params, did_you_mean, params_dict
 
 DEFAULT_MODEL = {
@@ -54,6 +53,10 @@ RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "
              "cohort_chunk", "workers"}
 """Settings a resumed run may change: they do not alter the rounds already done."""
 
+
+RECORD_KEYS = ("plugins", "provenance")
+"""The keys of a run's `config.json` that record how it was made (`fedhet.plugins`,
+`fedhet.provenance`), not settings: `RunStore.write_config` writes them, `parse` ignores them."""
 
 MAX_ROUNDS = 1_000_000
 """The most rounds a run may ask for. The papers' longest studies take a few hundred; each

@@ -35,9 +35,10 @@ import numpy as np
 import torch
 
 from fedhet import plugins
+from fedhet.engine.config import RECORD_KEYS
 from fedhet.engine.rundir import fsync_dir
 from fedhet.errors import FedhetError
-from fedhet.provenance import RECORD_KEYS, provenance
+from fedhet.provenance import provenance
 
 MAGIC = b"FEDHET-CHECKPOINT-1\n"
 try:  # NumPy ≥ 2 (1.26 has it too, as an alias of numpy.core's, but only once imported)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.config import config_of
+from fedhet.engine.config import RECORD_KEYS, config_of
 from fedhet.engine.federate import federate
 from fedhet.engine.store import RunStore, atomic_write_text, csv_table, to_json
 from fedhet.errors import FedhetError
@@ -31,7 +31,6 @@ from fedhet.experiments.papers.base import Protocol, register_protocol
 from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
 from fedhet.experiments.progress import RoundLines
 from fedhet.experiments.single import execute, is_finished
-from fedhet.provenance import RECORD_KEYS
 
 DEFAULT_BASELINES = ("fedavg", "fednova")
 PAPER_DEFAULTS: dict[str, Any] = {"clients": 5, "rounds": 100, "lr": 0.01}
