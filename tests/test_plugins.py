@@ -290,15 +290,31 @@ def test_a_notebooks_component_is_refused_for_fresh_workers_and_ray(tmp_path, mo
     name = f"nb-avg-{uuid.uuid4().hex[:8]}"
     notebook_class = type("NotebookAvg", (FedAvg,), {"__module__": "__main__"})
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # no __file__
+    units = [[Job("a", {"algorithm": name}, str(tmp_path / "a"), False)]]
     with ALGORITHMS.added(name, notebook_class, FedAvgParams):
-        units = [[Job("a", {"algorithm": name}, str(tmp_path / "a"), False)]]
         with pytest.raises(runner.FedhetError, match=f"algorithm '{name}' is defined in this "
                                                      "session.*plugin module"):
             runner.check_fresh_workers(units)
         with pytest.raises(runner.FedhetError, match="Ray workers import components from "
                                                      "modules: move it into a plugin module"):
             cluster.check_importable(units)
+        guarded = tmp_path / "guarded.py"  # a script's workers import it again: they know it
+        guarded.write_text("if __name__ == '__main__':\n    pass\n")
+        monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__file__=str(guarded)))
+        runner.check_fresh_workers(units)
     cluster.check_importable([[Job("b", {"algorithm": "fedavg"}, str(tmp_path / "b"), False)]])
+
+
+def test_a_plugin_does_not_claim_the_built_ins_it_imports(plugin_file, tmp_path):
+    code = ("from fedhet.plugins import load_plugins\n"
+            f"load_plugins({str(plugin_file)!r})\n"
+             "from fedhet.algorithms.base import ALGORITHMS\n"
+             "print(ALGORITHMS.get('fedavg').source, '|', ALGORITHMS.get('my-avgm').source)\n")
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"fedhet | plugin {plugin_file}"
 
 
 def test_a_module_plugin_and_a_module_a_script_imported_are_recorded_by_name(tmp_path, monkeypatch):

@@ -76,11 +76,16 @@ def for_run(config: Mapping[str, Any]) -> dict[str, str]:
     for entry in _entries_of(config):
         source = entry.source
         module = sys.modules.get(source)
-        if module is None or source in out or source in ("__main__", "__mp_main__") \
-                or source.split(".")[0] == "fedhet":
+        if module is None or source in out or in_script(source) or source.split(".")[0] == "fedhet":
             continue
         out[source] = str(getattr(module, "__file__", None) or source)
     return out
+
+
+def in_script(source: str) -> bool:
+    """Whether a component's `source` is the running script or notebook (`__main__`, also as
+    fresh workers re-import it, `__mp_main__`): no other process can import it."""
+    return source.split(" ")[0] in ("__main__", "__mp_main__")
 
 
 def is_file_spec(spec: str) -> bool:
@@ -119,14 +124,21 @@ def load(spec: str, origin: str = "--plugin") -> str:
     return spec
 
 
+def load_plugins(*specs: str) -> list[str]:
+    """From Python, what `--plugin` does on the command line: import each plugin (a `.py` file
+    or a module name), after the installed packages' entry points and `$FEDHET_PLUGINS`;
+    returns every plugin now loaded. Runs made afterwards record them."""
+    return startup(specs, "fedhet.load_plugins")
+
+
 def load_all(specs: Iterable[str], origin: str) -> list[str]:
     """`load` each of `specs`; returns their recorded specs."""
     return [load(spec, origin) for spec in specs if spec.strip()]
 
 
-def startup(cli_specs: Iterable[str] = ()) -> list[str]:
+def startup(cli_specs: Iterable[str] = (), origin: str = "--plugin") -> list[str]:
     """Load the installed packages' entry points (`fedhet.plugins`), then `$FEDHET_PLUGINS`,
-    then `cli_specs` (`--plugin`); returns the specs now loaded."""
+    then `cli_specs` (named by `origin`); returns the specs now loaded."""
     for ep in _entry_points():
         spec = ep.module
         if spec not in _LOADED:
@@ -134,7 +146,7 @@ def startup(cli_specs: Iterable[str] = ()) -> list[str]:
             _load_entry_point(ep, f"entry point {ep.name!r}" + (f" of {dist}" if dist else ""))
     env = os.environ.get(ENV, "")
     load_all([s for s in env.split(os.pathsep) if s.strip()], f"${ENV}")
-    load_all(cli_specs, "--plugin")
+    load_all(cli_specs, origin)
     return loaded()
 
 
@@ -196,6 +208,10 @@ def from_command_line() -> bool:
 # -- importing -------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _source(text: str) -> Iterator[None]:
+    """Components registered in the body record `text` as their source; fedhet's own are
+    registered before (a plugin's `import fedhet...` must not claim the built-ins)."""
+    import fedhet.engine.config  # noqa: F401  (lazy: the built-ins' registries import torch)
+
     registry.PLUGIN_SOURCE.append(text)
     try:
         yield
@@ -319,4 +335,5 @@ def _components_missing(config: Mapping[str, Any]) -> bool:
 
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV", "command_line", "ensure", "ensure_recorded", "files",
-           "from_command_line", "load", "load_all", "loaded", "startup"]
+           "for_run", "from_command_line", "load", "load_all", "load_plugins", "loaded",
+           "startup"]

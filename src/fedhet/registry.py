@@ -56,13 +56,12 @@ components it registers record it as their `source`."""
 
 
 def source_of(factory: Any) -> str:
-    """Where a component registered now comes from: `fedhet` for a module of the package (a
-    built-in is `fedhet`'s even when a plugin's import of fedhet registers it), else the plugin
-    being loaded, else the defining module (`__main__` for a script or notebook)."""
+    """Where a component registered now comes from: the plugin being loaded, `fedhet` for a
+    module of the package, else the defining module (`__main__` for a script or notebook)."""
+    if PLUGIN_SOURCE:
+        return PLUGIN_SOURCE[-1]
     module = getattr(factory, "__module__", None) or "?"
-    if module == "fedhet" or module.startswith("fedhet."):
-        return "fedhet"
-    return PLUGIN_SOURCE[-1] if PLUGIN_SOURCE else module
+    return "fedhet" if module == "fedhet" or module.startswith("fedhet.") else module
 
 
 def _coerce(value: Any, hint: Any, where: str) -> Any:

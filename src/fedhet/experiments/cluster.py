@@ -400,11 +400,11 @@ def check_importable(units: list[list[Job]]) -> None:
     (`__main__`): a Ray worker imports components from modules, and cannot import that one."""
     for job in (job for unit in units for job in unit):
         for kind, name, source in runner.components_of(job):
-            if source in ("__main__", "__mp_main__"):
+            if plugins.in_script(source):
                 raise FedhetError(
                     f"{kind} {name!r} is defined in the script or notebook that started the grid "
                     "(__main__), and Ray workers import components from modules: move it into a "
-                    "plugin module (--plugin FILE.py, $FEDHET_PLUGINS or fedhet.plugins.load)"
+                    "plugin module (--plugin FILE.py, $FEDHET_PLUGINS or fedhet.load_plugins)"
                 )
 
 

@@ -698,17 +698,18 @@ def check_fresh_workers(units: Sequence[Sequence[Job]] = ()) -> None:
         raise FedhetError(
             f"{path} starts a grid with jobs > 1, and its worker processes would run the script "
             "again: put the script's code under `if __name__ == \"__main__\":`, or move your "
-            "components into a plugin module (fedhet.plugins), or use jobs=1"
+            "components into a plugin module (fedhet.load_plugins), or use jobs=1"
         )
-    if path is None:
-        for job in (job for unit in units for job in unit):
-            for kind, name, source in components_of(job):
-                if source == "__main__":
-                    raise FedhetError(
-                        f"{kind} {name!r} is defined in this session (__main__), which the grid's "
-                        "worker processes cannot import: move it into a plugin module (a .py "
-                        "file given to fedhet.plugins.load), or use jobs=1"
-                    )
+    for job in (job for unit in units for job in unit):
+        for kind, name, source in components_of(job):
+            # a script's own registrations run again in each worker as it re-imports the
+            # script; a notebook's, or an object handed in and registered for this process, not
+            if plugins.in_script(source) and (path is None or source != "__main__"):
+                raise FedhetError(
+                    f"{kind} {name!r} is defined in this session (__main__), which the grid's "
+                    "worker processes cannot import: move it into a plugin module (a .py file "
+                    "given to fedhet.load_plugins or --plugin), or use jobs=1"
+                )
 
 
 def has_main_guard(path: Path) -> bool:
