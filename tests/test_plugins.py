@@ -221,6 +221,8 @@ def test_a_grid_of_the_command_line_imports_the_plugin_in_its_workers(plugin_fil
         summary = json.loads((out / "runs" / run / "summary.json").read_text())
         assert summary["finished"] and summary["provenance"]["plugins"] == {
             str(plugin_file): str(plugin_file)}
+    again = fedhet("compare", *RUN, "-a", "my-avgm,fedavg", "--out", str(out), cwd=tmp_path)
+    assert again.returncode == 0 and "2 runs" in again.stdout, again.stderr  # no --plugin
 
 
 def test_a_worker_whose_plugin_fails_reports_it_on_each_run(tmp_path, monkeypatch):
