@@ -90,7 +90,7 @@ def in_script(source: str) -> bool:
 
 def is_file_spec(spec: str) -> bool:
     """Whether `spec` names a file (ends in `.py`, or holds a path separator) and not a module."""
-    return spec.endswith(".py") or os.sep in spec or (os.altsep or os.sep) in spec
+    return spec.endswith(".py") or any(sep in spec for sep in (os.sep, os.altsep) if sep)
 
 
 def module_name(path: Path) -> str:
@@ -150,11 +150,11 @@ def startup(cli_specs: Iterable[str] = (), origin: str = "--plugin") -> list[str
     return loaded()
 
 
-def ensure(specs: Iterable[str], where: str, files: Mapping[str, str] | None = None,
+def ensure(specs: Iterable[str], where: str, recorded_files: Mapping[str, str] | None = None,
            still_needed: Callable[[], bool] | None = None) -> None:
     """Import recorded plugins `specs` that this process has not loaded (a saved run's, the
-    grid parent's). `where` names the record (`runs/x/config.json`), `files` the file each was
-    loaded from when recorded. A plugin that no longer imports is one line, unless
+    grid parent's). `where` names the record (`runs/x/config.json`), `recorded_files` the file
+    each was loaded from when recorded. A plugin that no longer imports is one line, unless
     `still_needed()` says the run's components are all known without it (the user gave the
     moved file with --plugin)."""
     for spec in specs:
@@ -165,7 +165,7 @@ def ensure(specs: Iterable[str], where: str, files: Mapping[str, str] | None = N
         except PluginError as e:
             if still_needed is not None and not still_needed():
                 continue
-            was = (files or {}).get(spec)
+            was = (recorded_files or {}).get(spec)
             loaded_from = f" (loaded from {was})" if was and was != spec else ""
             raise FedhetError(
                 f"plugin {spec}{loaded_from}, recorded in {where}, can no longer be imported: "
