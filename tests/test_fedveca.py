@@ -421,8 +421,8 @@ def test_preset_settings_resolve():
 
 
 def test_fair_protocol_cli(tmp_path, capsys):
-    """`fedhet reproduce fedveca --protocol fair` on the user's settings (the former
-    `fedveca-compare` verb, which still works with a note)."""
+    """`fedhet reproduce fedveca --protocol fair` on the user's settings; the former
+    `fedveca-compare` verb is gone (an unknown command)."""
     out = tmp_path / "cli"
     assert main(["reproduce", "fedveca", "--protocol", "fair", "-a", "fedavg", "--out", str(out)]) == 2
     assert "drop --algorithm" in capsys.readouterr().err
@@ -444,10 +444,9 @@ def test_fair_protocol_cli(tmp_path, capsys):
     fedavg = json.loads((out / "fedavg" / "config.json").read_text())
     assert fedavg["algorithm"] == "fedavg" and "alpha" not in fedavg["algorithm_params"]
     old = tmp_path / "old-verb"
-    assert main(["fedveca-compare", "-d", "digits", "-m", "logreg", "-p", "iid", "-r", "2",
-                 "--baselines", "fedavg", "-q", "--out", str(old)]) == 0
-    assert "is now `fedhet reproduce fedveca --protocol fair`" in capsys.readouterr().err
-    assert (old / "comparison.md").is_file()
+    assert main(["fedveca-compare", "-d", "digits", "--out", str(old)]) == 2
+    assert "invalid choice: 'fedveca-compare'" in capsys.readouterr().err
+    assert not old.exists()
 
 
 def test_resumed_run_matches_uninterrupted(tmp_path):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedhet import plugins
 from fedhet.configs import is_grid, shipped
 from fedhet.configs import resolve as resolve_config
 from fedhet.errors import FedhetError
@@ -385,7 +386,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                 f"{f.name}={_default(f)}" + (f" (formerly {old[f.name]})" if f.name in old else "")
                 for f in fields
             )
-            print(f"  {entry.name:<16} {entry.doc}")
+            origin = "" if entry.source == "fedhet" else f" [{entry.source}]"
+            print(f"  {entry.name:<16} {entry.doc}{origin}")
             if ps:
                 print(f"  {'':<16} params: {ps}")
     files = shipped()
@@ -412,7 +414,9 @@ def cmd_config_show(args: argparse.Namespace) -> int:
         target = Path(args.resume if isinstance(args.resume, str) else (args.out or ""))
         if not (target / "config.json").is_file():
             raise FedhetError(f"{target} has no config.json: it is not a fedhet run directory")
-        saved = canonical_config(RunStore(target).read_config())
+        record = RunStore(target).read_config()
+        plugins.ensure_recorded(record, target / "config.json")
+        saved = canonical_config(record)
         layers = [(f"file {target / 'config.json'}", parse(saved, "config.json")),
                   *[(src, v) for src, v in layers if not src.startswith("file ")]]
     parts = sections(layers)
@@ -443,16 +447,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     run_demo(Path(args.out), rounds=args.rounds, force=args.force)
     return 0
-
-
-def cmd_fedveca_compare(args: argparse.Namespace) -> int:
-    """The former verb, kept for old scripts: `fedhet reproduce fedveca --protocol fair`."""
-    print("note: `fedhet fedveca-compare` is now `fedhet reproduce fedveca --protocol fair`",
-          file=sys.stderr)
-    if not args.out:
-        raise FedhetError("--out DIR is required (one run directory per method goes there)")
-    args.paper, args.protocol = "fedveca", "fair"
-    return _reproduce_protocol(args)
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -579,6 +573,33 @@ def _cluster(args: argparse.Namespace) -> dict[str, Any]:
     return {"cluster": ClusterOptions(args.cluster, args.ray_address, cpus, gpus)}
 
 
+# -- `--plugin` of every command (fedhet.plugins) ---------------------------------------------
+PLUGIN_HELP = ("import this module or .py file first: its algorithms, models, datasets and "
+               "partitions join the built-in ones (repeatable; also $FEDHET_PLUGINS, colon-"
+               "separated, and installed packages' `fedhet.plugins` entry points)")
+
+
+def _add_plugin_flag(p: argparse.ArgumentParser, top: bool = False) -> None:
+    # before and after the command (`fedhet --plugin x.py run`, `fedhet run --plugin x.py`):
+    # two destinations, as a subcommand's defaults would overwrite the top level's value
+    p.add_argument("--plugin", action="append", default=[], metavar="MODULE|FILE.py",
+                   dest="plugins_first" if top else "plugins", help=PLUGIN_HELP)
+
+
+def _leaf_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    """Every command's parser, nested ones (`config show`) included."""
+    out = []
+    for parser in dict.fromkeys(sub.choices.values()):
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        out += [leaf for n in nested for leaf in _leaf_parsers(n)] if nested else [parser]
+    return out
+
+
+def _load_plugins(args: argparse.Namespace) -> None:
+    """The installed packages' entry points, `$FEDHET_PLUGINS`, then each `--plugin`."""
+    plugins.startup([*args.plugins_first, *getattr(args, "plugins", [])])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedhet", description="Federated learning on non-IID data.")
     parser.add_argument(
@@ -661,7 +682,7 @@ def build_parser() -> argparse.ArgumentParser:
     docs.add_argument("--path", action="store_true", help="print where the page is, not the page")
     docs.set_defaults(func=cmd_docs)
     ls = sub.add_parser("list", help="settings, algorithms, datasets, partitions, models and "
-                        "shipped settings files")
+                        "shipped settings files; a component of a plugin is marked [plugin SPEC]")
     ls.set_defaults(func=cmd_list)
     config = sub.add_parser("config", help="the settings a command would use (config show)")
     config_sub = config.add_subparsers(dest="config_command", required=True, metavar="show",
@@ -714,16 +735,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--rounds", type=int, default=30)
     demo.add_argument("--force", action="store_true")
     demo.set_defaults(func=cmd_demo)
-    fv = sub.add_parser(
-        "fedveca-compare", help="deprecated: fedhet reproduce fedveca --protocol fair",
-    )
-    _add_run_flags(fv)
-    fv.add_argument("--out", "-o", help="group directory: one run directory per method")
-    fv.add_argument("--baselines", default="fedavg,fednova",
-                    help="comma-separated fixed-τ baselines (default: fedavg,fednova)")
-    fv.add_argument("--force", action="store_true", help="rerun methods already in --out")
-    fv.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    fv.set_defaults(func=cmd_fedveca_compare)
+    _add_plugin_flag(parser, top=True)
+    for p in _leaf_parsers(sub):
+        _add_plugin_flag(p)
     return parser
 
 
@@ -755,7 +769,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.argv = argv
         _set_threads(args.threads)
-        return args.func(args)
+        with plugins.command_line():
+            _load_plugins(args)
+            return args.func(args)
     except DivergedRunError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_DIVERGED

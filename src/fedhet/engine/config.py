@@ -45,6 +45,10 @@ RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "
 """Settings a resumed run may change: they do not alter the rounds already done."""
 
 
+RECORD_KEYS = ("plugins", "provenance")
+"""The keys of a run's `config.json` that record how it was made (`fedhet.plugins`,
+`fedhet.provenance`), not settings: `RunStore.write_config` writes them, `parse` ignores them."""
+
 MAX_ROUNDS = 1_000_000
 """The most rounds a run may ask for. The papers' longest studies take a few hundred; each
 round appends a metrics row and writes a checkpoint, so a million rounds is already a
@@ -260,7 +264,7 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
     once the component they belong to is known.
     """
     if isinstance(source, Mapping):
-        flat = flatten(source)
+        flat = flatten({k: v for k, v in source.items() if k not in RECORD_KEYS})
     else:
         flat = {}
         for pair in source:
@@ -425,11 +429,12 @@ def config_of(settings: Mapping[str, Any], where: str = "settings") -> RunConfig
 def canonical_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A saved `config.json` as this version writes it: old parameter names mapped to the
     current ones (`ALIASES`) and defaults added, so it compares equal to a fresh build of the
-    same settings. Returned unchanged when it no longer builds (the caller reports that)."""
+    same settings; the record keys (`RECORD_KEYS`) are left out. Returned otherwise unchanged
+    when it no longer builds (the caller reports that)."""
     try:
         return build(parse(saved, "config.json")).to_dict()
     except (FedhetError, TypeError, ValueError):
-        return dict(saved)
+        return {k: v for k, v in saved.items() if k not in RECORD_KEYS}
 
 
 FIELD_DOCS: dict[str, str] = {

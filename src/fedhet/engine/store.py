@@ -34,8 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedhet import plugins
+from fedhet.engine.config import RECORD_KEYS
 from fedhet.engine.rundir import fsync_dir
 from fedhet.errors import FedhetError
+from fedhet.provenance import provenance
 
 MAGIC = b"FEDHET-CHECKPOINT-1\n"
 try:  # NumPy ≥ 2 (1.26 has it too, as an alias of numpy.core's, but only once imported)
@@ -95,6 +98,11 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
     return obj
+
+
+def _provenance_of(config: dict[str, Any]) -> dict[str, Any]:
+    """The provenance of the run whose settings are `config`, in this process."""
+    return provenance(str(config.get("device", "auto")), plugins.for_run(config))
 
 
 def append_line(path: Path, line: str) -> None:
@@ -210,7 +218,13 @@ class RunStore:
 
     # -- plain files ----------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
-        atomic_write_text(self.out / "config.json", to_json(config))
+        """`config.json`: the run's settings, and the record of what made it: `plugins` (the
+        specs its components need imported again, `fedhet.plugins.for_run`) and `provenance`
+        (`fedhet.provenance.provenance`)."""
+        settings = {k: v for k, v in config.items() if k not in RECORD_KEYS}
+        self._provenance = _provenance_of(settings)
+        record = {"plugins": list(self._provenance["plugins"]), "provenance": self._provenance}
+        atomic_write_text(self.out / "config.json", to_json({**settings, **record}))
 
     def read_config(self) -> dict[str, Any]:
         path = self.out / "config.json"
@@ -330,7 +344,16 @@ class RunStore:
         return json.loads((self.out / "summary.json").read_text())
 
     def write_summary(self, summary: dict[str, Any]) -> None:
-        atomic_write_text(self.out / "summary.json", to_json(summary))
+        """`summary.json`, with the run's `provenance` (as in `config.json`, for the process
+        that writes it)."""
+        if getattr(self, "_provenance", None) is None:
+            try:
+                saved = json.loads((self.out / "config.json").read_text())
+            except (OSError, ValueError):
+                saved = {}
+            self._provenance = _provenance_of(saved if isinstance(saved, dict) else {})
+        atomic_write_text(self.out / "summary.json",
+                          to_json({**summary, "provenance": self._provenance}))
 
     def write_plan(self, rows: list[tuple[str, str, str]]) -> None:
         """`plan.json`: where this sitting of the run computes and why (`engine.plan`), replaced

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import fedhet
+from fedhet import plugins
 from fedhet.engine import rundir
 from fedhet.engine.plan import ClusterOptions
 from fedhet.engine.store import atomic_write_text
@@ -354,13 +355,16 @@ def wait_unlocked(out: Path, timeout: float) -> None:
 
 
 def run_task(
-    unit: list[Job], control: str, cwd: str, cores: int, gpus: float, token: str
+    unit: list[Job], control: str, cwd: str, cores: int, gpus: float, token: str,
+    plugin_files: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """One unit on a node: the local runner's `run_unit`, with the driver's stop flag read from
     the shared filesystem, each run's node written for the progress display, and partial runs
-    resumed (`refreshed`). A task that asked for no GPU sees none (`device = auto` is the CPU),
-    whatever Ray's default for such tasks. A node that cannot use the grid (`probe` with the
-    driver's `token`) touches nothing: each run comes back as `{"misplaced": why}`."""
+    resumed (`refreshed`). The driver's plugins (`plugin_files`: spec → file) are imported
+    first; one that does not import fails the unit's runs with its line. A task that asked for
+    no GPU sees none (`device = auto` is the CPU), whatever Ray's default for such tasks. A node
+    that cannot use the grid (`probe` with the driver's `token`) touches nothing: each run comes
+    back as `{"misplaced": why}`."""
     import ray  # optional extra: fedhet[cluster]
 
     answer = probe(str(Path(control) / "probe"), token, cwd, fedhet.__version__)
@@ -368,6 +372,10 @@ def run_task(
         return [{"name": job.name, "misplaced": answer["why"], "at": answer["node"]}
                 for job in unit]
     os.chdir(cwd)  # relative data and run paths mean what they mean to the driver
+    try:
+        plugins.ensure(list(plugin_files or {}), "the grid's driver", plugin_files)
+    except FedhetError as e:
+        return [{"name": job.name, "error": str(e)} for job in unit]
     os.environ[CORES_ENV] = str(cores)
     if gpus == 0:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -385,6 +393,19 @@ def run_task(
     except FedhetError as e:
         return [{"name": job.name, "error": str(e)} for job in unit]
     return runner.run_unit(unit)
+
+
+def check_importable(units: list[list[Job]]) -> None:
+    """Refuse, in one line, a grid with a component defined in the driver's script or notebook
+    (`__main__`): a Ray worker imports components from modules, and cannot import that one."""
+    for job in (job for unit in units for job in unit):
+        for kind, name, source in runner.components_of(job):
+            if plugins.in_script(source):
+                raise FedhetError(
+                    f"{kind} {name!r} is defined in the script or notebook that started the grid "
+                    "(__main__), and Ray workers import components from modules: move it into a "
+                    "plugin module (--plugin FILE.py, $FEDHET_PLUGINS or fedhet.load_plugins)"
+                )
 
 
 # -- the driver ------------------------------------------------------------------------------
@@ -417,6 +438,7 @@ def run_units(
     a `session()` the connection outlives this call; a connection this process already had
     (a user's `ray.init`) is used and left open."""
     check_gpus(units, options)
+    check_importable(units)
     ray = import_ray()
     mine = not ray.is_initialized()
     if mine:
@@ -447,6 +469,7 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
     members = Members(ray, nodes, control, token, cwd, progress.note)
     labels = members.labels
     cores = max(1, int(options.cpus_per_run))
+    plugin_files = plugins.files()
     task = ray.remote(run_task)
     where = {"num_cpus": options.cpus_per_run, "num_gpus": options.gpus_per_run, "max_retries": 0}
     queue: deque[list[Job]] = deque(units)
@@ -478,7 +501,7 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
                     attempts[id(unit)] = attempts.get(id(unit), 0) + 1
                     ref = placed.remote([dataclasses.replace(j, out=str(Path(j.out).resolve()))
                                          for j in unit], str(control), cwd, cores,
-                                        options.gpus_per_run, token)
+                                        options.gpus_per_run, token, plugin_files)
                     inflight[ref] = unit
             if not inflight:  # every alive node refused: wait for one that can take runs
                 time.sleep(0.2)
@@ -572,4 +595,5 @@ def _where(progress: Progress, control: Path, labels: dict[str, str]) -> None:
         progress.where[name] = labels.get(node, node[:8])
 
 
-__all__ = ["ClusterOptions", "check_nodes", "connect", "run_task", "run_units"]
+__all__ = ["ClusterOptions", "check_importable", "check_nodes", "connect", "run_task",
+           "run_units"]

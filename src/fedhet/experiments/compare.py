@@ -7,10 +7,12 @@ as fedhet's and `DIR/.fedhet.lock` keeps a second `compare` out while one runs.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any, TextIO
 
+from fedhet import plugins
 from fedhet.engine import rundir
 from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
@@ -36,9 +38,10 @@ def compare(
     at the next saved round of each running run (`runner.Interrupted`); calling again resumes.
     `cluster` (`fedhet.experiments.cluster.ClusterOptions`): run on a cluster, not in `jobs`.
     """
+    out = Path(out)
+    import_recorded(out / "runs")
     grid = load_grid(config, changes)
     grid.specs = with_overrides(grid.specs, overrides)
-    out = Path(out)
     if out.exists() and not out.is_dir():
         raise FedhetError(f"--out {out} is a file; choose a directory")
     if tensorboard:
@@ -57,6 +60,18 @@ def compare(
         errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream, hint,
                            batch_runs=batch_runs, cluster=cluster, backend=run_units)
         return _finish(out, grid.title, grid.specs, grid.target_accuracy, errors)
+
+
+def import_recorded(runs_dir: Path) -> None:
+    """Import the plugins the grid's runs so far recorded (`fedhet.plugins.ensure_recorded`),
+    so the grid runs again without `--plugin`."""
+    for config_path in sorted(runs_dir.glob("*/config.json")):
+        try:
+            record = json.loads(config_path.read_text())
+        except (OSError, ValueError):
+            continue  # the run reports its own damage
+        if isinstance(record, dict):
+            plugins.ensure_recorded(record, config_path)
 
 
 def _finish(

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from fedhet import plugins
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.data.partition import label_counts
 from fedhet.engine.config import config_of
@@ -115,6 +116,19 @@ def discover(root: Path) -> tuple[dict[str, Any], list[RunData]]:
             run.group = f"{c.get('dataset')}/{component(c.get('partition'), c.get('partition_params'))}"
             runs.append(run)
     return {"title": root.name, "target_accuracy": None}, runs
+
+
+def _import_plugins(runs: list[RunData], warn: Callable[[str], None]) -> None:
+    """Import the plugins each run recorded (its components rebuild the partition figures);
+    one that no longer imports is a warning, once, and the page is written without them."""
+    said: set[str] = set()
+    for run in runs:
+        try:
+            plugins.ensure_recorded(run.config, run.dir / "config.json")
+        except FedhetError as e:
+            if str(e) not in said:
+                said.add(str(e))
+                warn(f"warning: {e}")
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -212,6 +226,7 @@ def write_report(root: Path, out: Path | None = None, warn: Callable[[str], None
     manifest, runs = discover(root)
     if not runs:
         raise FedhetError(f"no runs found in {root} (a run directory has config.json and metrics.csv)")
+    _import_plugins(runs, warn)
     out = out or root
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("fig_*.png"):

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedhet.engine.config import RECORD_KEYS
+
 ORDER = (
     "algorithm", "model", "dataset", "partition", "clients", "sample_fraction", "rounds", "lr",
     "lr_schedule", "lr_min", "batch_size", "local_epochs", "local_steps", "client_steps",
@@ -25,9 +27,10 @@ ORDER = (
 """The order settings are listed in; keys not named here follow in the config's order."""
 
 EXECUTION = {"device", "executor", "cohort_chunk", "workers", "checkpoint_every", "data_dir",
-             "train_loss", "provenance"}
+             "train_loss", *RECORD_KEYS}
 """Settings that change how a run executes, not what it computes (left out of the block), and
-those switched off (`_inert`) are not listed."""
+those switched off (`_inert`) are not listed; nor is the record of what made a run
+(`RECORD_KEYS`: its plugins and provenance), which is no setting."""
 
 COMPONENTS = {"model": "model_params", "dataset": "dataset_params", "partition": "partition_params"}
 

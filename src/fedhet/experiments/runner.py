@@ -1,14 +1,16 @@
 """Runs many `RunSpec`s in parallel processes: skips finished runs, resumes partial ones.
 
 Each run lives in `out/runs/<name>/` and is a normal run directory (`fedhet run --resume` and
-`fedhet report` work on it). Workers are fresh processes (forkserver, else spawn) with one
-torch thread each and an equal share of the cores for `--workers auto` (`core_share`).
+`fedhet report` work on it). Workers are fresh processes (forkserver, else spawn) that import
+the parent's plugins, or, for a grid started from Python, forked ones (`_context`); each has
+one torch thread and an equal share of the cores for `--workers auto` (`core_share`).
 Progress: a live status line (runs done, running accuracies, ETA) when stderr is a terminal,
 otherwise one line per finished run and, every `$FEDHET_PROGRESS_SECONDS` (30 s), a status line.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import multiprocessing
@@ -17,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -26,8 +28,17 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import torch
 
+from fedhet import plugins
 from fedhet.engine import rundir
-from fedhet.engine.config import RUNTIME, build, canonical_config, config_of, parse
+from fedhet.engine.config import (
+    COMPONENTS,
+    REGISTRIES,
+    RUNTIME,
+    build,
+    canonical_config,
+    config_of,
+    parse,
+)
 from fedhet.engine.plan import batchable
 from fedhet.engine.store import to_json
 from fedhet.engine.workers import CORES_ENV, usable_cores
@@ -93,16 +104,26 @@ def core_share(cores: int, jobs: int) -> int:
     return max(1, cores // max(1, jobs))
 
 
-def _init_worker(stop: Any, cores: int) -> None:
-    """Pool worker set-up: one torch thread and its share of the cores (`core_share`); the
-    terminal's Ctrl-C is the parent's business (it sets `stop`, which the worker checks between
-    rounds), so the worker ignores SIGINT."""
-    global _STOP
+_BROKEN: str | None = None
+"""Why this worker process cannot run anything (a plugin of the grid's parent did not import):
+each of its runs fails with this line instead of the pool dying."""
+
+
+def _init_worker(stop: Any, cores: int, plugin_files: Mapping[str, str] | None = None) -> None:
+    """Pool worker set-up: one torch thread and its share of the cores (`core_share`), and the
+    parent's plugins imported (`plugin_files`: spec → file; a fresh process has none of them);
+    the terminal's Ctrl-C is the parent's business (it sets `stop`, which the worker checks
+    between rounds), so the worker ignores SIGINT."""
+    global _STOP, _BROKEN
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started
     _STOP = stop
     os.environ[CORES_ENV] = str(cores)
     _limit_threads()
+    try:
+        plugins.ensure(list(plugin_files or {}), "the grid's process", plugin_files)
+    except FedhetError as e:
+        _BROKEN = str(e)
 
 
 def _quiet(_: str) -> None:
@@ -133,6 +154,8 @@ def run_job(job: Job) -> dict[str, Any]:
 
     if _STOP is not None and _STOP.is_set():
         return {"name": job.name, "cancelled": True}
+    if _BROKEN is not None:
+        return {"name": job.name, "error": _BROKEN}
     tensorboard = None
     try:
         if job.tensorboard:
@@ -154,8 +177,8 @@ def run_job(job: Job) -> dict[str, Any]:
 
 def run_unit(unit: list[Job]) -> list[dict[str, Any]]:
     """One job, or a batch of jobs stepped as one cohort (`batch_units`); one result per job."""
-    if len(unit) == 1:
-        return [run_job(unit[0])]
+    if len(unit) == 1 or _BROKEN is not None:
+        return [run_job(job) for job in unit]
     if _STOP is not None and _STOP.is_set():
         return [{"name": job.name, "cancelled": True} for job in unit]
     items = [(_settings(job), Path(job.out), job.resume) for job in unit]
@@ -489,12 +512,13 @@ def run_specs(
         else:
             # workers start with SIGINT blocked (inherited through fork/exec), so none dies from
             # the terminal's Ctrl-C before `_init_worker` makes it ignore SIGINT
-            ctx = _context()
+            ctx = _context(units)
             stop = ctx.Event()  # set by `_drain`, never in the handler (its lock is not reentrant)
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
             try:
                 pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, initializer=_init_worker,
-                                           initargs=(stop, core_share(usable_cores(), n)))
+                                           initargs=(stop, core_share(usable_cores(), n),
+                                                     plugins.files()))
                 pending: dict[Future, list[Job]] = {pool.submit(run_unit, u): u for u in units}
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
@@ -639,15 +663,90 @@ def _acknowledge(progress: Progress) -> None:
 PRELOAD = ["fedhet.experiments.runner", "fedhet.engine.simulation", "sklearn.datasets"]
 
 
-def _context() -> multiprocessing.context.BaseContext:
-    """Fresh workers that never inherit the parent's torch thread pools: `forkserver` (a clean
-    server imports torch and the data libraries once, then forks each worker) where the
-    platform has it, else `spawn`."""
-    if "forkserver" in multiprocessing.get_all_start_methods():
+def _context(units: Sequence[Sequence[Job]] = ()) -> multiprocessing.context.BaseContext:
+    """The start method of a grid's worker processes.
+
+    From fedhet's command line, fresh workers that never inherit the parent's torch thread
+    pools: `forkserver` (a clean server imports torch and the data libraries once, then forks
+    each worker) where the platform has it, else `spawn`; every component comes from fedhet or
+    a plugin, which `_init_worker` imports. A grid started from Python (a script, a notebook)
+    may use components only its own memory holds (an algorithm defined in the script, data from
+    arrays), and a script without an `if __name__ == "__main__":` guard would be re-run by each
+    fresh worker: its workers are forked (`fork`, they inherit every registry), unless the
+    platform has no `fork` or CUDA is already initialised in this process (a forked child
+    cannot use it); then `check_fresh_workers` says in one line what would fail."""
+    methods = multiprocessing.get_all_start_methods()
+    if not plugins.from_command_line():
+        if "fork" in methods and not torch.cuda.is_initialized():
+            return multiprocessing.get_context("fork")
+        check_fresh_workers(units)
+    if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def check_fresh_workers(units: Sequence[Sequence[Job]] = ()) -> None:
+    """Refuse, in one line, a grid whose fresh worker processes (`spawn`, `forkserver`) would
+    die or not know its components: the main module a script without a `__main__` guard (each
+    worker would run it again, and start a grid of its own), or a component of the grid defined
+    in a notebook or an interactive session (the workers cannot import it)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path and not has_main_guard(Path(path)):
+        raise FedhetError(
+            f"{path} starts a grid with jobs > 1, and its worker processes would run the script "
+            "again: put the script's code under `if __name__ == \"__main__\":`, or move your "
+            "components into a plugin module (fedhet.load_plugins), or use jobs=1"
+        )
+    for job in (job for unit in units for job in unit):
+        for kind, name, source in components_of(job):
+            # a script's own registrations run again in each worker as it re-imports the
+            # script; a notebook's, or an object handed in and registered for this process, not
+            if plugins.in_script(source) and (path is None or source != "__main__"):
+                raise FedhetError(
+                    f"{kind} {name!r} is defined in this session (__main__), which the grid's "
+                    "worker processes cannot import: move it into a plugin module (a .py file "
+                    "given to fedhet.load_plugins or --plugin), or use jobs=1"
+                )
+
+
+def has_main_guard(path: Path) -> bool:
+    """Whether the script at `path` has an `if __name__ == "__main__":` block at its top level
+    (unreadable or unparsable: assumed guarded, as Python itself will say what is wrong)."""
+    try:
+        tree = ast.parse(path.read_text(), str(path))
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in tree.body:
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare):
+            names = [node.test.left, *node.test.comparators]
+            if any(isinstance(n, ast.Name) and n.id == "__name__" for n in names) and any(
+                isinstance(n, ast.Constant) and n.value == "__main__" for n in names
+            ):
+                return True
+    return False
+
+
+def components_of(job: Job) -> list[tuple[str, str, str]]:
+    """`(kind, name, source)` of each component a job's run uses that is registered here (a
+    resumed run: those its config.json names)."""
+    settings: Mapping[str, Any] = job.settings
+    if job.resume:
+        try:
+            settings = json.loads((Path(job.out) / "config.json").read_text())
+        except (OSError, ValueError):
+            return []
+    out = []
+    for kind in COMPONENTS:
+        name = settings.get(kind)
+        if isinstance(name, str) and name != "auto":
+            try:
+                out.append((kind, name, REGISTRIES[kind].get(name).source))
+            except FedhetError:
+                continue  # the run will say so itself
+    return out
 
 
 def _record(result: dict[str, Any], errors: dict[str, str]) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedhet import plugins
 from fedhet.engine import rundir
 from fedhet.engine.assemble import assemble
 from fedhet.engine.batch import run_together
@@ -164,7 +165,9 @@ def _resumed(
     if not (out / "config.json").is_file():
         raise FedhetError(f"{out} has no config.json: it is not a fedhet run directory")
     with rundir.exclusive(out, "run"):
-        saved = canonical_config(store.read_config())
+        record = store.read_config()
+        plugins.ensure_recorded(record, out / "config.json")
+        saved = canonical_config(record)
         cfg = build(parse(saved, "config.json"), parse(changes or {}, "--resume"))
         if changes:
             check_resumable(saved, cfg.to_dict())

@@ -9,7 +9,7 @@
   averaged over seeds only when the seeds share one data split (client i is the same client),
   else those of the first seed.
 - `plot_fedveca(path, out_dir)`: all of them for a run, a comparison group, or any directory
-  holding such groups (a `fedveca-compare` output or a `reproduce fedveca` output); returns
+  holding such groups (a `reproduce fedveca` output, with or without `--protocol fair`); returns
   the PNG paths. This is what `fedhet report` calls.
 """
 

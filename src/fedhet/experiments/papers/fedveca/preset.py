@@ -1,8 +1,8 @@
 """Preset `fedveca`: the experiments of FedVeca §IV at three scales.
 
 Each comparison group is one directory `<out>/<group>/` with one run per method, the layout of
-`fedhet fedveca-compare` (run names are `"<group>/<method>"`; the runner is assumed to write a
-run named `n` to `<out>/n`). Stage 1 runs every FedVeca run; stage 2 reads each group's
+`fedhet reproduce fedveca --protocol fair` (run names are `"<group>/<method>"`; the runner is
+assumed to write a run named `n` to `<out>/n`). Stage 1 runs every FedVeca run; stage 2 reads each group's
 `τ_all` from its FedVeca run and adds centralized SGD and the fixed-τ FedAvg/FedNova of §IV-A1
 (and writes the group's `protocol.json`).
 

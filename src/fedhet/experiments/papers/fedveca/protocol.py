@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.config import config_of
+from fedhet.engine.config import RECORD_KEYS, config_of
 from fedhet.engine.federate import federate
 from fedhet.engine.store import RunStore, atomic_write_text, csv_table, to_json
 from fedhet.errors import FedhetError
@@ -204,7 +204,8 @@ def _cell(v: Any, md: bool = False) -> str:
 def _same_config(run_dir: Path, settings: dict[str, Any]) -> bool:
     cfg = config_of(settings)
     wanted = json.loads(to_json(cfg.to_dict()))
-    return RunStore(run_dir).read_config() == wanted
+    saved = RunStore(run_dir).read_config()
+    return {k: v for k, v in saved.items() if k not in RECORD_KEYS} == wanted
 
 
 def run_method(

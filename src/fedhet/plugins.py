@@ -1,0 +1,339 @@
+"""Plugins: the user's own algorithms, models, datasets and partitions, on every command.
+
+A plugin is a Python module that registers components when it is imported
+(`@register_algorithm("my-avgm")`, ...). It is named in one of three ways, and loaded in this
+order by `startup`:
+
+- the entry-point group `fedhet.plugins` of an installed package (`[project.entry-points.
+  "fedhet.plugins"] mine = "mypkg.fedhet_plugin"`): the module is imported;
+- `$FEDHET_PLUGINS`, colon-separated specs;
+- `--plugin SPEC` on the command line (repeatable).
+
+A spec is a file (`my_algos.py`, any path) or a module name (`mypkg.algos`). A file is imported
+under a module name derived from its absolute path (`module_name`), so the same file is one
+module in every process (a grid's workers unpickle its classes by that name). While a plugin is
+imported, its components record it as their `source` (`fedhet list` shows it).
+
+Each run records the plugins loaded in the process that made it (`loaded`, in `config.json`'s
+`plugins`; `provenance` adds the file each came from), and `ensure_recorded` imports them again
+wherever a saved run is read: resume, report, `config show`, a grid's worker processes and Ray
+tasks. A plugin that does not import is one `FedhetError` line naming it, where it was named,
+the file it was loaded from, and the original error's last line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from fedhet import registry
+from fedhet.errors import FedhetError
+
+ENV = "FEDHET_PLUGINS"
+ENTRY_POINT_GROUP = "fedhet.plugins"
+
+_LOADED: dict[str, str] = {}
+"""Plugins imported in this process, in load order: spec → the file it was loaded from."""
+
+_COMMAND_LINE = False
+
+
+class PluginError(FedhetError):
+    """A plugin that did not import; `cause` is the original error's last line."""
+
+    def __init__(self, message: str, cause: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+def loaded() -> list[str]:
+    """The specs of the plugins imported in this process, in load order (what a run records)."""
+    return list(_LOADED)
+
+
+def files() -> dict[str, str]:
+    """Each loaded plugin's spec → the file it was loaded from (a run's provenance)."""
+    return dict(_LOADED)
+
+
+def for_run(config: Mapping[str, Any]) -> dict[str, str]:
+    """What a run with settings `config` records (spec → file): every plugin loaded in this
+    process, and the module of each of its components that came from neither fedhet nor a
+    plugin but from a module a script imported (found again by name, as a plugin). A component
+    defined in a script or notebook (`__main__`) cannot be imported again and is not recorded."""
+    out = files()
+    for entry in _entries_of(config):
+        source = entry.source
+        module = sys.modules.get(source)
+        if module is None or source in out or in_script(source) or source.split(".")[0] == "fedhet":
+            continue
+        out[source] = str(getattr(module, "__file__", None) or source)
+    return out
+
+
+def in_script(source: str) -> bool:
+    """Whether a component's `source` is the running script or notebook (`__main__`, also as
+    fresh workers re-import it, `__mp_main__`): no other process can import it."""
+    return source.split(" ")[0] in ("__main__", "__mp_main__")
+
+
+def is_file_spec(spec: str) -> bool:
+    """Whether `spec` names a file (ends in `.py`, or holds a path separator) and not a module."""
+    return spec.endswith(".py") or any(sep in spec for sep in (os.sep, os.altsep) if sep)
+
+
+def module_name(path: Path) -> str:
+    """The module a plugin file is imported as: its stem and a digest of its absolute path,
+    the same in every process (`fedhet_plugin_my_algos_3f2a9c1e0b`)."""
+    stem = re.sub(r"\W", "_", path.stem)
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:10]
+    return f"fedhet_plugin_{stem}_{digest}"
+
+
+def canonical(spec: str) -> str:
+    """A spec as it is recorded: a file as its absolute path, a module name as given."""
+    spec = spec.strip()
+    return str(Path(spec).expanduser().resolve()) if is_file_spec(spec) else spec
+
+
+def load(spec: str, origin: str = "--plugin") -> str:
+    """Import plugin `spec` (a file or a module name) once in this process; returns its recorded
+    spec. `origin` says where it was named (`--plugin`, `$FEDHET_PLUGINS`, a config.json),
+    for the error line of a plugin that fails to import."""
+    spec = canonical(spec)
+    if not spec:
+        raise FedhetError(f"{origin}: an empty plugin name; give a module (mypkg.algos) or a "
+                          "file (my_algos.py)")
+    if spec in _LOADED:
+        return spec
+    with _source(f"plugin {spec}"):
+        module = _import_file(Path(spec), origin) if is_file_spec(spec) \
+            else _import_module(spec, origin)
+    _LOADED[spec] = str(getattr(module, "__file__", None) or spec)
+    return spec
+
+
+def load_plugins(*specs: str) -> list[str]:
+    """From Python, what `--plugin` does on the command line: import each plugin (a `.py` file
+    or a module name), after the installed packages' entry points and `$FEDHET_PLUGINS`;
+    returns every plugin now loaded. Runs made afterwards record them."""
+    return startup(specs, "fedhet.load_plugins")
+
+
+def load_all(specs: Iterable[str], origin: str) -> list[str]:
+    """`load` each of `specs`; returns their recorded specs."""
+    return [load(spec, origin) for spec in specs if spec.strip()]
+
+
+def startup(cli_specs: Iterable[str] = (), origin: str = "--plugin") -> list[str]:
+    """Load the installed packages' entry points (`fedhet.plugins`), then `$FEDHET_PLUGINS`,
+    then `cli_specs` (named by `origin`); returns the specs now loaded."""
+    for ep in _entry_points():
+        spec = ep.module
+        if spec not in _LOADED:
+            dist = getattr(getattr(ep, "dist", None), "name", None)
+            _load_entry_point(ep, f"entry point {ep.name!r}" + (f" of {dist}" if dist else ""))
+    env = os.environ.get(ENV, "")
+    load_all([s for s in env.split(os.pathsep) if s.strip()], f"${ENV}")
+    load_all(cli_specs, origin)
+    return loaded()
+
+
+def ensure(specs: Iterable[str], where: str, recorded_files: Mapping[str, str] | None = None,
+           still_needed: Callable[[], bool] | None = None) -> None:
+    """Import recorded plugins `specs` that this process has not loaded (a saved run's, the
+    grid parent's). `where` names the record (`runs/x/config.json`), `recorded_files` the file
+    each was loaded from when recorded. A plugin that no longer imports is one line, unless
+    `still_needed()` says the run's components are all known without it (the user gave the
+    moved file with --plugin)."""
+    for spec in specs:
+        if spec in _LOADED:
+            continue
+        try:
+            load(spec, where)
+        except PluginError as e:
+            if still_needed is not None and not still_needed():
+                continue
+            was = (recorded_files or {}).get(spec)
+            loaded_from = f" (loaded from {was})" if was and was != spec else ""
+            raise FedhetError(
+                f"plugin {spec}{loaded_from}, recorded in {where}, can no longer be imported: "
+                f"{e.cause}; restore it, or give the file that now defines its components with "
+                "--plugin"
+            ) from None
+
+
+def ensure_recorded(config: Mapping[str, Any], where: str | Path) -> None:
+    """`ensure` the plugins a saved run's `config` (its `config.json`) records."""
+    specs = config.get("plugins") or []
+    if not isinstance(specs, list) or not specs:
+        return
+    prov = config.get("provenance")
+    recorded = prov.get("plugins") if isinstance(prov, Mapping) else None
+    ensure([str(s) for s in specs], str(where),
+           recorded if isinstance(recorded, Mapping) else None,
+           still_needed=lambda: _components_missing(config))
+
+
+@contextlib.contextmanager
+def command_line() -> Iterator[None]:
+    """Mark this process, for the body, as fedhet's command line: every component it knows
+    comes from fedhet or an importable plugin, so fresh worker processes can rebuild them
+    (`from_command_line`); a grid started from Python may hold components only its own memory
+    has (a script's, a notebook's)."""
+    global _COMMAND_LINE
+    previous, _COMMAND_LINE = _COMMAND_LINE, True
+    try:
+        yield
+    finally:
+        _COMMAND_LINE = previous
+
+
+def from_command_line() -> bool:
+    """Whether this process runs fedhet's command line (`command_line`)."""
+    return _COMMAND_LINE
+
+
+# -- importing -------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _source(text: str) -> Iterator[None]:
+    """Components registered in the body record `text` as their source; fedhet's own are
+    registered before (a plugin's `import fedhet...` must not claim the built-ins)."""
+    import fedhet.engine.config  # noqa: F401  (lazy: the built-ins' registries import torch)
+
+    registry.PLUGIN_SOURCE.append(text)
+    try:
+        yield
+    finally:
+        registry.PLUGIN_SOURCE.pop()
+
+
+def _import_file(path: Path, origin: str) -> ModuleType:
+    name = module_name(path)
+    if name in sys.modules:
+        return sys.modules[name]
+    if not path.is_file():
+        raise PluginError(f"plugin {path} (from {origin}): no such file; check the path",
+                          "no such file")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"plugin {path} (from {origin}): not a Python file; give a .py file",
+                          "not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickle look their module up while it runs
+    try:
+        spec.loader.exec_module(module)
+    except KeyboardInterrupt:
+        sys.modules.pop(name, None)
+        raise
+    except BaseException as e:  # noqa: BLE001  (a plugin's own failure, SystemExit included)
+        sys.modules.pop(name, None)
+        raise _failed(str(path), origin, str(path), e) from None
+    return module
+
+
+def _import_module(spec: str, origin: str) -> ModuleType:
+    try:
+        return importlib.import_module(spec)
+    except KeyboardInterrupt:
+        raise
+    except ModuleNotFoundError as e:
+        if e.name is None or not (spec == e.name or spec.startswith(e.name + ".")):
+            raise _failed(spec, origin, _module_file(spec), e) from None
+        raise PluginError(
+            f"plugin {spec} (from {origin}): no module named {e.name!r} on the Python path; "
+            "install its package, add its folder to PYTHONPATH, or give its file (path/to/x.py)",
+            f"no module named {e.name!r}") from None
+    except BaseException as e:  # noqa: BLE001  (a plugin's own failure, SystemExit included)
+        raise _failed(spec, origin, _module_file(spec), e) from None
+
+
+def _load_entry_point(ep: Any, origin: str) -> None:
+    spec = ep.module
+    with _source(f"plugin {spec}"):
+        try:
+            ep.load()
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001  (a plugin's own failure)
+            raise _failed(spec, origin, _module_file(spec), e) from None
+    module = sys.modules.get(spec)
+    _LOADED[spec] = str(getattr(module, "__file__", None) or spec)
+
+
+def _entry_points() -> list[Any]:
+    return list(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+def _module_file(spec: str) -> str | None:
+    """Where module `spec` would be loaded from, when that can be known without importing it."""
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError):
+        return None
+    return found.origin if found is not None else None
+
+
+def _failed(spec: str, origin: str, file: str | None, e: BaseException) -> PluginError:
+    """The one line of a plugin that failed to import."""
+    where = f" ({file})" if file and file != spec else ""
+    line = _line_in(e, file)
+    cause = _last_line(e) + (f" (line {line})" if line else "")
+    return PluginError(f"plugin {spec} (from {origin}){where} failed to import: {cause}; fix the "
+                       "plugin, or leave it out", cause)
+
+
+def _last_line(e: BaseException) -> str:
+    if isinstance(e, SyntaxError):
+        return f"{type(e).__name__}: {e.msg}"
+    text = traceback.format_exception_only(type(e), e)[-1].strip()
+    return text.splitlines()[-1] if text else type(e).__name__
+
+
+def _line_in(e: BaseException, file: str | None) -> int | None:
+    """The line of the plugin file where `e` arose (the deepest frame in that file)."""
+    if isinstance(e, SyntaxError) and e.filename == file:
+        return e.lineno
+    line = None
+    for frame in traceback.extract_tb(e.__traceback__):
+        if file is not None and frame.filename == file:
+            line = frame.lineno
+    return line
+
+
+def _entries_of(config: Mapping[str, Any]) -> list[registry.Entry]:
+    """The registered entries of the components a run's `config` names (those known here)."""
+    # lazy: the registries import torch; this module is imported by the command line's parser
+    from fedhet.engine.config import COMPONENTS, REGISTRIES
+
+    out = []
+    for kind in COMPONENTS:
+        name = config.get(kind)
+        if isinstance(name, str) and name != "auto":
+            with contextlib.suppress(FedhetError):
+                out.append(REGISTRIES[kind].get(name))
+    return out
+
+
+def _components_missing(config: Mapping[str, Any]) -> bool:
+    """Whether a component a saved run names is not registered in this process."""
+    from fedhet.engine.config import COMPONENTS  # lazy, as in `_entries_of`
+
+    named = [k for k in COMPONENTS if isinstance(config.get(k), str) and config.get(k) != "auto"]
+    return len(_entries_of(config)) < len(named)
+
+
+__all__ = ["ENTRY_POINT_GROUP", "ENV", "command_line", "ensure", "ensure_recorded", "files",
+           "for_run", "from_command_line", "load", "load_all", "load_plugins", "loaded",
+           "startup"]
