@@ -21,3 +21,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def own_registrations():
+    """Components a test registers (a plugin it loads, a class it hands in) are gone after it:
+    each registry's entries and resolved names are restored, so tests that register the same
+    name (`my-avgm`) in one process do not meet."""
+    # the registries fill when their packages are imported: only the fixture needs them
+    from fedhet import plugins
+    from fedhet.components import _LIVE, REGISTRIES
+    from fedhet.data.partition import PARTITIONS
+
+    registries = [*REGISTRIES.values(), PARTITIONS]
+    saved = [(dict(r._entries), dict(r._resolved)) for r in registries]
+    live, loaded = dict(_LIVE), dict(plugins._LOADED)
+    yield
+    plugins._LOADED.clear()
+    plugins._LOADED.update(loaded)
+    for registry, (entries, resolved) in zip(registries, saved, strict=True):
+        registry._entries.clear()
+        registry._entries.update(entries)
+        registry._resolved.clear()
+        registry._resolved.update(resolved)
+    _LIVE.clear()
+    _LIVE.update(live)

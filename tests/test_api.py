@@ -19,6 +19,11 @@ from fedhet.engine.store import TIME_COLUMNS
 FAST = {"clients": 4, "rounds": 3, "seed": 1}
 
 
+@pytest.fixture(autouse=True)
+def _forget_handed_in_components(own_registrations):
+    """What a test hands in is registered for its process: gone after the test."""
+
+
 def _metrics(path) -> list[dict[str, float]]:
     rows = fedhet.open_run(path).metrics
     return [{k: v for k, v in r.items() if k not in TIME_COLUMNS} for r in rows]

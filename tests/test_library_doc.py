@@ -28,7 +28,7 @@ def test_the_page_has_python_file_and_shell_blocks():
     assert any(code.startswith("# file: ") for _, code in blocks())
 
 
-def test_every_code_block_of_the_library_page_runs(tmp_path, monkeypatch):
+def test_every_code_block_of_the_library_page_runs(tmp_path, monkeypatch, own_registrations):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",

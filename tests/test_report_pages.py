@@ -108,7 +108,10 @@ def test_settings_block_states_what_every_run_shares(grid_page):
     assert "alpha=0.1" in varying["partition"] and "alpha=0.3" in varying["partition"]
     params = dict(row for row in table_after(text, "Algorithm parameters") if len(row) == 2)
     assert params["fedprox"].startswith("fedprox(mu=0.01")
-    assert "device" not in text.split("Summary")[0]  # how it ran is not what was compared
+    # how it ran is not what was compared: no setting of the block; the device is provenance
+    assert "device" not in shared and "device" not in varying and "device" not in params
+    made_with = dict(row for row in table_after(text, "Made with") if len(row) == 2)
+    assert made_with["device"] == "cpu"
 
 
 def test_column_headers_name_the_partition_with_its_parameter(grid_page):
