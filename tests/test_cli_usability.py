@@ -15,7 +15,8 @@ import pytest
 import torch
 from cli_errors import one_error_line
 
-from fedhet.cli import main, new_run_dir
+from fedhet.api import new_run_dir
+from fedhet.cli import main
 from fedhet.experiments import show
 from fedhet.experiments.progress import RoundLines
 

@@ -13,6 +13,9 @@ Settings come in three layers, later wins, as on the command line: a TOML run fi
 `from_huggingface`), a model factory `(input_shape, num_classes, params) -> nn.Module`, an
 `Algorithm` subclass. Such an object is used under a name (`components.name_of`), which is
 what the run's `config.json` records; see there how a later `resume` finds it again.
+
+Plugins (`fedhet.load_plugins`, `$FEDHET_PLUGINS`, installed packages' `fedhet.plugins` entry
+points) are loaded before the first run, as the CLI loads them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet import plugins
 from fedhet.components import name_of
 from fedhet.engine.config import RunConfig, parse, read_toml_file
 from fedhet.errors import FedhetError
@@ -79,6 +83,7 @@ def run(
     `callbacks`: called with each round's metrics row once it is saved (a callable, or an
     object with `on_start(run)`, `on_round(row)`, `on_end(summary)`); a truthy return from a
     round stops the run there (`summary["status"] == "stopped"`; `resume` continues it)."""
+    plugins.startup()
     flags = {"algorithm": algorithm, "dataset": dataset, "partition": partition, "model": model,
              "clients": clients, "rounds": rounds, "seed": seed, "device": device,
              "executor": executor, "workers": workers, "data_dir": data_dir}
@@ -100,6 +105,7 @@ def resume(
     A run made with a component handed in from a script or notebook (not importable by name)
     needs the same object again: `resume(dir, algorithm=MyAlgorithm)`. Components from a plugin
     or an importable module are found from `config.json`."""
+    plugins.startup()
     for obj in (dataset, model, algorithm):
         if obj is not None:
             name_of(_kind(obj, dataset, model), obj)
@@ -128,26 +134,39 @@ def compare(
     base: Mapping[str, Any] | None = None, sweeps: Mapping[str, Sequence[Any]] | None = None, *,
     config: str | Path | None = None, out: str | Path | None = None, jobs: int | None = None,
     force: bool = False, title: str | None = None, stream: Any = None,
+    tensorboard: bool = False, batch_runs: int | None = None, cluster: Any = None,
+    runtime: Mapping[str, Any] | None = None, sources: Mapping[str, str] | None = None,
+    hint: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run a grid and return its table (`results.csv`'s rows). `base`: settings every run gets
     (`--set`'s keys, flag names, or Python objects for `dataset`/`model`/`algorithm`);
     `sweeps`: one axis per key (`{"algorithm": ["fedavg", "fednova"], "seed": [0, 1, 2]}`),
     every combination one run; or a grid file `config` changed by them. `jobs` runs that many
     runs at once in worker processes (default: the usable cores); from a script or notebook,
-    the workers inherit what the script defined. Calling again with the same `out` resumes."""
+    the workers inherit what the script defined. Calling again with the same `out` resumes.
+
+    `runtime`: where every run computes (`device`, `executor`, `workers`), which a resumed grid
+    may change; `batch_runs`: runs stepped as one cohort on the batched executor; `cluster`: a
+    `ClusterOptions` to run on Ray; `tensorboard`: TensorBoard logs per run. `sources` names
+    each setting as the caller wrote it (for error lines) and `hint` the call that resumes."""
+    plugins.startup()
     fixed = {k: _named(k, v) for k, v in (base or {}).items()}
     axes = {k: [_named(k, v) for v in vs] for k, vs in (sweeps or {}).items()}
-    for k, vs in axes.items():
+    for k, vs in (sweeps or {}).items():
         if isinstance(vs, str) or not vs:
             raise FedhetError(f"sweeps[{k!r}] must be a non-empty list of values")
     if config is None and not axes and not fixed:
         raise FedhetError("compare needs a grid: sweeps={...}, base={...}, or config=GRID.toml")
-    sources = {k: f"base[{k!r}]" for k in fixed} | {k: f"sweeps[{k!r}]" for k in axes}
-    named = title or _title(fixed, axes)
-    changes = Changes(fixed, axes, sources, None if config else named)
+    said = {k: f"base[{k!r}]" for k in fixed} | {k: f"sweeps[{k!r}]" for k in axes}
+    said.update(sources or {})
+    named = title if title is not None else (None if config else _title(fixed, axes))
+    changes = Changes(fixed, axes, said, named)
     target = Path(out) if out is not None else new_run_dir(_dir_name(fixed, axes))
-    return run_grid(config, target, jobs, force, stream=stream, changes=changes or None,
-                    hint=f"fedhet.compare(..., out={str(target)!r})")
+    extra = {"batch_runs": batch_runs} if batch_runs else {}
+    return run_grid(config, target, jobs, force, tensorboard, stream=stream,
+                    overrides=dict(runtime) if runtime else None, changes=changes or None,
+                    hint=hint or f"fedhet.compare(..., out={str(target)!r})", cluster=cluster,
+                    **extra)
 
 
 def settings_of(

@@ -10,7 +10,6 @@ import os
 import re
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -86,24 +85,6 @@ def _run_values(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
-    """`runs/<name>-<YYYYmmdd-HHMMSS>`, never an existing path (`-2`, `-3`, ... appended): where
-    a command writes when `--out` is not given."""
-    base = root / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    out, n = base, 1
-    while out.exists():
-        n += 1
-        out = Path(f"{base}-{n}")
-    return out
-
-
-def _default_name(values: dict[str, Any]) -> str:
-    # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import RunConfig
-
-    return f"{values.get('algorithm', RunConfig.algorithm)}-{values.get('dataset', RunConfig.dataset)}"
-
-
 def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int:
     """The rounds a run will end at, for its progress lines (a guess when the settings are bad:
     the run then fails before its first line)."""
@@ -123,8 +104,10 @@ def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """`fedhet run`: `fedhet.run` (or `fedhet.resume`) with the command line's settings."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.single import execute, resume_target
+    from fedhet import api
+    from fedhet.experiments.single import resume_target
 
     if args.resume:
         out, values = resume_target(args.resume, args.out, args.force), _run_values(args) or None
@@ -137,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             from fedhet.engine.config import build
 
             build(values)  # bad settings fail before a directory is named
-            out = new_run_dir(_default_name(values))
+            out = api.new_run_dir(api.default_name(values))
             print(f"run directory: {out}", file=sys.stderr, flush=True)
     args.resume_hint = f"fedhet run --resume {shlex.quote(str(out))}"
     args.run_dir = out
@@ -151,18 +134,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if args.tensorboard:
             logger = TensorBoardLogger(out)
-        on_round: Any = logger
+        callbacks: list[Any] = [logger] if logger is not None else []
         if not sys.stdout.isatty() and not args.quiet:
             # a log file or a batch job: a line every few rounds or seconds, on stdout (lazy, as
             # every command's imports)
             from fedhet.experiments.progress import RoundLines
 
-            on_round = RoundLines(_total_rounds(values, out, bool(args.resume)), sys.stdout,
-                                  then=logger)
-        summary = execute(
-            values, out, resume=bool(args.resume), force=args.force, progress=show,
-            on_round=on_round,
-        )
+            callbacks.append(RoundLines(_total_rounds(values, out, bool(args.resume)), sys.stdout))
+        if args.resume:
+            result = api.resume(out, settings=values, progress=show, callbacks=callbacks)
+        else:
+            result = api.run(settings=values, out=out, force=args.force, progress=show,
+                             callbacks=callbacks)
+        summary = result.summary
     finally:
         if logger is not None:
             logger.close()
@@ -183,8 +167,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet import api
     from fedhet.experiments import sweep
-    from fedhet.experiments.compare import compare
     from fedhet.experiments.grid import load_grid
 
     flags = {k: getattr(args, k) for k in RUN_FLAGS
@@ -202,13 +186,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print("\n".join(sweep.dry_run(load_grid(config, changes or None))))
         return 0
     name = Path(args.config).name.removesuffix(".toml") if args.config else sweep.dir_name(changes)
-    out = Path(args.out) if args.out else new_run_dir(name)
+    out = Path(args.out) if args.out else api.new_run_dir(name)
     argv = [*args.argv] + ([] if args.out else ["--out", str(out)])
     if not args.out:
         print(f"grid directory: {out}", file=sys.stderr, flush=True)
-    rows = compare(config, out, args.jobs, args.force, args.tensorboard,
-                   overrides=_overrides(args), changes=changes or None,
-                   hint="fedhet " + shlex.join(argv), **_batch_runs(args), **_cluster(args))
+    rows = api.compare(base=changes.fixed, sweeps=changes.sweeps, sources=changes.sources,
+                       title=changes.title, config=config, out=out, jobs=args.jobs,
+                       force=args.force, tensorboard=args.tensorboard, runtime=_overrides(args),
+                       hint="fedhet " + shlex.join(argv), **_batch_runs(args), **_cluster(args))
     print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
     return 0
 
