@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import tomllib
 import types
 import uuid
 from pathlib import Path
@@ -334,3 +335,24 @@ def test_a_module_plugin_and_a_module_a_script_imported_are_recorded_by_name(tmp
     assert ALGORITHMS.get(name).source == module
     assert plugins.for_run({"algorithm": name})[module] == str(tmp_path / f"{module}.py")
     assert module not in plugins.for_run({"algorithm": "fedavg"})
+
+
+def test_a_flower_run_carries_its_plugins_to_the_server_app_and_the_super_nodes(plugin_file):
+    """`fedhet deploy --plugin`: the app's run config names the plugins, and a SuperNode (or
+    the ServerApp) that has not loaded them imports them before it builds its half."""
+    # Flower is an optional extra: only this test needs it
+    from fedhet.deploy.project import app_pyproject
+
+    settings = {"algorithm": "my-avgm", "model": "tiny-mlp", "dataset": "digits", "clients": 2}
+    plugins.load(str(plugin_file))
+    text = app_pyproject(settings, Path("out"))
+    assert str(plugin_file) in text
+    recorded = json.loads(tomllib.loads(text)["tool"]["flwr"]["app"]["config"]["fedhet-settings"])
+    assert recorded["plugins"] == [str(plugin_file)]
+    node = ("import json, sys\nfrom fedhet.deploy import client_app\n"
+            "world = client_app.build_world(json.loads(sys.argv[1]))\n"
+            "print(type(world.algorithm).__name__, type(world.model.module).__name__)")
+    done = subprocess.run([sys.executable, "-c", node, json.dumps(recorded)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "MyAvgM"

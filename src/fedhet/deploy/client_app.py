@@ -22,6 +22,7 @@ from typing import Any
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from fedhet import plugins
 from fedhet.algorithms.base import Message as FedMessage
 from fedhet.deploy.records import STATE, from_record, pack_state, to_record, unpack_state
 from fedhet.engine.assemble import ClientSide, assemble_clients
@@ -50,6 +51,7 @@ def build_world(settings: dict[str, Any]) -> ClientSide:
 
     key = json.dumps(settings, sort_keys=True)
     if key not in _worlds:
+        plugins.ensure_recorded(settings, "the Flower run config")
         cfg = config_of(settings, "run config")
         _worlds[key] = assemble_clients(cfg, log=lambda _: None)
         if announce is not None:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedhet import __version__
+from fedhet import __version__, plugins
 from fedhet.deploy import FLOWER_VERSION
 
 APP_NAME = "fedhet-app"
@@ -37,8 +37,10 @@ def app_pyproject(
     SuperNode it saw die (`launch.Watchdog`), so the server app drops its client at once instead
     of waiting for the SuperLink to miss two heartbeats.
     """
+    loaded = plugins.loaded()  # the SuperNodes and the ServerApp import them again
+    recorded = {**settings, "plugins": loaded} if loaded else settings
     config = {
-        "fedhet-settings": _toml_str(json.dumps(settings, sort_keys=True)),
+        "fedhet-settings": _toml_str(json.dumps(recorded, sort_keys=True)),
         "out": _toml_str(str(Path(out).resolve())),
         "round-timeout": repr(float(round_timeout)),
         "node-wait-timeout": repr(float(node_wait_timeout)),

@@ -33,6 +33,7 @@ from flwr.app import Message as FlowerMessage
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
+from fedhet import plugins
 from fedhet.algorithms.base import Message, Reply, ServerState
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.node import shorten_pull_backoff
@@ -386,7 +387,9 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
-    cfg = config_of(json.loads(str(context.run_config[SETTINGS_KEY])), "run config")
+    settings = json.loads(str(context.run_config[SETTINGS_KEY]))
+    plugins.ensure_recorded(settings, "the Flower run config")
+    cfg = config_of(settings, "run config")
     prepare_out(out, bool(context.run_config.get(FORCE_KEY, False)))
     store = RunStore(out)
     store.write_config(cfg.to_dict())
