@@ -392,10 +392,16 @@ def test_a_preset_joins_ray_once_for_all_its_stages(tmp_path, monkeypatch):
 
     fake = FakeRay()
 
-    def connect(options):
+    class Link:
+        ray = fake
+
+        def close(self) -> None:
+            fake.shutdown()
+
+    def connect(options, control, requested):
         calls.append("connect")
         fake.up = True
-        return fake, True
+        return Link()
 
     def drive(ray, units, options, runs_dir, requested, hard, tally, progress):
         assert ray is fake and fake.up

@@ -27,7 +27,12 @@ cleared when a driver starts.
 system error; the driver resubmits its unit (`MAX_ATTEMPTS`), and the new task resumes each run
 from its last checkpoint (`refreshed`: a job is idempotent). Application errors are a run's own
 (`{"error": ...}`), never retried. A driver killed with -9 takes its tasks with it (Ray ends a
-dead driver's job); started again it resumes the grid as `--jobs` does.
+dead driver's job); started again it resumes the grid as `--jobs` does, after ending what is
+left of the private local Ray the killed driver had started, if any (`raylink`).
+
+**Joining.** Without `--ray-address` or `$RAY_ADDRESS` the driver starts a private local Ray,
+never one it finds on the machine; every connect is bounded and fails in one line
+(`fedhet.experiments.raylink`).
 
 `import ray` happens only here, and only when a grid asks for a cluster.
 """
@@ -35,7 +40,6 @@ dead driver's job); started again it resumes the grid as `--jobs` does.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import socket
@@ -54,7 +58,8 @@ from fedhet.engine.plan import ClusterOptions
 from fedhet.engine.store import atomic_write_text
 from fedhet.engine.workers import CORES_ENV
 from fedhet.errors import FedhetError
-from fedhet.experiments import runner
+from fedhet.experiments import raylink, runner
+from fedhet.experiments.raylink import first_line
 from fedhet.experiments.runner import Job, Progress, _checkpoint_every, _status_of, _Tally
 
 if TYPE_CHECKING:
@@ -91,28 +96,15 @@ def import_ray() -> Any:
     return ray
 
 
-def first_line(e: BaseException) -> str:
-    """The first line of a (Ray) error's message, or its type's name when it has none."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def connect(options: ClusterOptions) -> tuple[Any, bool]:
-    """Join the cluster (`ray.init`); returns Ray and whether this call started a local one."""
+def connect(options: ClusterOptions, control: Path | None = None,
+            requested: threading.Event | None = None) -> raylink.Link:
+    """Join the cluster of `options` (or `$RAY_ADDRESS`), or start a private local Ray recorded
+    in `control` (`fedhet.experiments.raylink`: every step bounded, one line when it fails)."""
     ray = import_ray()
     # Ray's hint about accelerator variables on tasks without GPUs is not the user's business
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
-    address = options.address or os.environ.get("RAY_ADDRESS") or None
-    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
-    try:
-        if address:
-            ray.init(address=address, **quiet)
-        else:
-            ray.init(include_dashboard=False, **quiet)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        where = f"at {address}" if address else "on this machine"
-        raise FedhetError(f"cannot join a Ray cluster {where}: {first_line(e)}") from None
-    return ray, not address
+    record = control / raylink.RECORD if control is not None else None
+    return raylink.connect(ray, options.address, record, requested)
 
 
 def alive_nodes(ray: Any) -> list[dict[str, Any]]:
@@ -388,9 +380,9 @@ def run_task(
 
 
 # -- the driver ------------------------------------------------------------------------------
-_SESSIONS: list[list[Any]] = []
-"""Open `session()`s, innermost last; each holds the Ray module a `run_units` inside it
-connected (and must close), if any."""
+_SESSIONS: list[list[raylink.Link]] = []
+"""Open `session()`s, innermost last; each holds the connection a `run_units` inside it
+opened (and must close), if any."""
 
 
 @contextmanager
@@ -398,14 +390,14 @@ def session() -> Iterator[None]:
     """One Ray connection for several grids (a preset's stages): the first `run_units` inside
     joins the cluster (or starts the local Ray) and the later ones reuse it; the session closes
     what it opened when it ends. Ray is not touched when no grid runs on it."""
-    opened: list[Any] = []
+    opened: list[raylink.Link] = []
     _SESSIONS.append(opened)
     try:
         yield
     finally:
         _SESSIONS.pop()
-        for ray in opened:
-            ray.shutdown()
+        for link in opened:
+            link.close()
 
 
 def run_units(
@@ -418,16 +410,21 @@ def run_units(
     (a user's `ray.init`) is used and left open."""
     check_gpus(units, options)
     ray = import_ray()
-    mine = not ray.is_initialized()
-    if mine:
-        ray, _ = connect(options)
+    link = None
+    if not ray.is_initialized():
+        try:
+            link = connect(options, runs_dir.resolve().parent / CONTROL, requested)
+        except raylink.Stopped:
+            tally.cancelled += sum(len(u) for u in units)
+            return
+        ray = link.ray
         if _SESSIONS:
-            _SESSIONS[-1].append(ray)
+            _SESSIONS[-1].append(link)
     try:
         _drive(ray, units, options, runs_dir, requested, hard, tally, progress)
     finally:
-        if mine and not _SESSIONS:
-            ray.shutdown()
+        if link is not None and not _SESSIONS:
+            link.close()
 
 
 def _control(runs_dir: Path) -> Path:
