@@ -65,9 +65,12 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
 
     # needs the optional extra fedhet[flower]
     from fedhet.deploy.launch import LocalFederation
+    from fedhet.experiments.raylink import check_reachable
 
     cfg = config_of(values)
     ray = _ray_options(simulation, ray_address, client_cpus, client_gpus)
+    if simulation:  # a cluster that does not answer: one line now, not a wait inside Flower
+        check_reachable(ray["ray_address"])
     prepare_out(out, force)
     t0 = time.perf_counter()
     logs_to = None if keep_logs else out / LOGS_DIR

@@ -409,6 +409,7 @@ def run_units(
     a `session()` the connection outlives this call; a connection this process already had
     (a user's `ray.init`) is used and left open."""
     check_gpus(units, options)
+    raylink.chosen_address(options.address)  # a bad $RAY_ADDRESS: one line before Ray is touched
     ray = import_ray()
     link = None
     if not ray.is_initialized():

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.plan import ray_address
+from fedhet.engine.plan import host_port, ray_address
 from fedhet.errors import FedhetError
 
 GCS_PROBE_S = 5.0
@@ -61,7 +61,7 @@ RECORD_EVERY_S = 2.0
 RECORD = "local-ray.json"
 """The record of a grid's private local Ray, in its control directory."""
 
-TEMP_PREFIX = "fedhet-ray-"
+TEMP_PREFIX = "fhray-"
 
 AUTH_HINT = ("the cluster uses Ray's token authentication: give the driver the cluster's token "
              "(RAY_AUTH_MODE=token, and RAY_AUTH_TOKEN or the token file ~/.ray/auth_token; "
@@ -147,21 +147,33 @@ def connect(ray: Any, flag: str | None, record: Path | None,
 
     def why(e: BaseException) -> str:
         text = first_line(e)
-        if "auth" in text.lower() or "unauthenticated" in text.lower():
+        if "authenticat" in str(e).lower() or "authtoken" in str(e).lower():
             return f"the Ray cluster at {named} refused this driver ({text}); {AUTH_HINT}"
-        return (f"cannot join the Ray cluster at {named} ({source}): {text}; check that its head "
+        line = (f"cannot join the Ray cluster at {named} ({source}): {text}; check that its head "
                 "runs the same Ray version and is healthy")
+        if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
+            # Ray >= 2.59 turns token authentication on by itself; its error may not say so
+            line += "; if it uses token authentication, " + AUTH_HINT.split(": ", 1)[1]
+        return line
 
     release = bounded(lambda: ray.init(address=address, **quiet), JOIN_TIMEOUT_S, requested, why,
                       f"joining the Ray cluster at {named} ({source})")
     return Link(ray, release)
 
 
+def check_reachable(flag: str | None) -> None:
+    """For a process that joins Ray itself (Flower's simulation runtime, `fedhet deploy local
+    --simulation`): the address named by `flag` or `$RAY_ADDRESS` must be well formed and its
+    head's port must accept a connection, else one line at once. `auto` and no address (a
+    private local Ray) are left to that process."""
+    address, source = chosen_address(flag)
+    if address is not None and address != "auto":
+        probe_port(address, address, source)
+
+
 def probe_port(address: str, named: str, source: str) -> None:
     """A bounded TCP connect to the head's port: a closed port, an unreachable host or a name
     that does not resolve is one line at once, before Ray waits on it."""
-    from fedhet.engine.plan import host_port
-
     host, port = host_port(address)
     try:
         with socket.create_connection((host, port), timeout=GCS_PROBE_S):
@@ -306,7 +318,8 @@ class LocalRay:
 
     def __init__(self, record: Path | None) -> None:
         self.record = record
-        self.temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX))  # short: Ray's socket paths
+        # under $RAY_TMPDIR where the user moved Ray's files; short: Ray's socket paths
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=os.environ.get("RAY_TMPDIR")))
         self.procs: dict[int, int] = {}
         self.lock = threading.Lock()  # `remember` runs in the connection's thread too
         self.stopped = False
