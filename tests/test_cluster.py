@@ -5,7 +5,10 @@ grid below against it; these tests read what it reports and the directories it l
 a grid on the cluster equals the same grid with `--jobs`; a worker node lost part-way (its
 raylet SIGKILLed) and then the driver killed with -9 lose nothing; a cluster without what a
 grid needs is refused in one line; nodes that join a running grid get runs only once their
-file probe passed.
+file probe passed; a driver without an address starts a private local Ray (never the address
+a stale file names), and one killed with -9 leaves none of its Ray's processes once it is
+started again. Without a cluster: bad addresses and resource shares, a closed port, a head that
+never answers and Ctrl-C while joining, each one line in bounded time.
 """
 
 from __future__ import annotations
