@@ -418,6 +418,23 @@ def test_a_probe_that_never_answers_refuses_its_node(tmp_path, monkeypatch):
 
 
 @needs_ray
+def test_ctrl_c_while_the_nodes_are_probed_stops_without_waiting_for_them(tmp_path):
+    """A node that does not answer its probe holds the driver at most `PROBE_TIMEOUT_S`, and
+    Ctrl-C not at all: the probes are cancelled and the driver stops."""
+    import threading
+
+    from fedhet.experiments import cluster, raylink
+
+    ray = _ProbeRay(["head", "slow"], {"head": {"ok": True}, "slow": None})
+    requested = threading.Event()
+    threading.Timer(0.3, requested.set).start()
+    t = time.monotonic()
+    with pytest.raises(raylink.Stopped):
+        cluster.check_nodes(ray, ray.nodes(), tmp_path, str(tmp_path), requested)
+    assert time.monotonic() - t < 5 and ray.cancelled == ["slow"]
+
+
+@needs_ray
 def test_a_task_on_a_node_that_cannot_use_the_grid_touches_nothing_and_is_requeued(
         tmp_path, monkeypatch):
     """A node joined between two looks and got a task: the task's own probe fails, its runs go

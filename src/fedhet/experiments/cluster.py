@@ -214,13 +214,23 @@ def send_probes(ray: Any, node_ids: list[str], control: Path, token: str, cwd: s
     }
 
 
-def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str) -> str:
+def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str,
+                requested: threading.Event | None = None) -> str:
     """Run `probe` on every alive node; refuse the cluster, in one line, when a node cannot see
-    the grid directory or does not answer in time. Returns the marker's token."""
+    the grid directory or does not answer in time. Returns the marker's token; raises
+    `raylink.Stopped` when Ctrl-C (`requested`) comes first."""
     token = write_marker(control)
     labels = node_labels(nodes)
     refs = send_probes(ray, [n["NodeID"] for n in nodes], control, token, cwd)
-    ready, missing = ray.wait(list(refs), num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    ready, missing = [], list(refs)
+    while missing and time.monotonic() < deadline:  # in slices: Ctrl-C must not wait for a node
+        if requested is not None and requested.is_set():
+            for r in missing:
+                ray.cancel(r, force=True)
+            raise raylink.Stopped("probing the nodes")
+        done, missing = ray.wait(missing, num_returns=len(missing), timeout=0.5)
+        ready += done
     if missing:
         late = ", ".join(labels[refs[r]] for r in missing)
         for r in missing:
@@ -423,6 +433,9 @@ def run_units(
             _SESSIONS[-1].append(link)
     try:
         _drive(ray, units, options, runs_dir, requested, hard, tally, progress)
+    except raylink.Stopped:  # Ctrl-C before any unit was sent
+        tally.cancelled += sum(len(u) for u in units)
+        _clear(runs_dir.resolve().parent / CONTROL)
     finally:
         if link is not None and not _SESSIONS:
             link.close()
@@ -441,7 +454,7 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
     check_resources(nodes, options)
     control = _control(runs_dir.resolve())
     cwd = os.getcwd()
-    token = check_nodes(ray, nodes, control, cwd)
+    token = check_nodes(ray, nodes, control, cwd, requested)
     members = Members(ray, nodes, control, token, cwd, progress.note)
     labels = members.labels
     cores = max(1, int(options.cpus_per_run))
@@ -495,12 +508,18 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
             ray.cancel(ref, force=True)
         tally.unfinished = sum(len(u) for u in queue) + sum(len(u) for u in inflight.values())
     finally:
-        (control / "stop").unlink(missing_ok=True)
-        for entry in [control / "probe", *control.glob("probe-*"), *(control / "where").iterdir()]:
-            entry.unlink(missing_ok=True)
-        with suppress(OSError):
-            (control / "where").rmdir()
-            control.rmdir()
+        _clear(control)
+
+
+def _clear(control: Path) -> None:
+    """Remove the driver's control files, and the directory once nothing else is in it."""
+    (control / "stop").unlink(missing_ok=True)
+    where = list((control / "where").iterdir()) if (control / "where").is_dir() else []
+    for entry in [control / "probe", *control.glob("probe-*"), *where]:
+        entry.unlink(missing_ok=True)
+    with suppress(OSError):
+        (control / "where").rmdir()
+        control.rmdir()
 
 
 def _results(ray, ref, unit, attempts, queue, stopping, progress, members, control) -> list[dict]:
