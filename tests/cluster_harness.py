@@ -388,7 +388,6 @@ def scenario_local(work: Path, temp: Path, report: dict) -> None:
     grid.write_text(GRID.format(clients=6, rounds=LOST_ROUNDS).replace(
         "seed = [0, 1, 2, 3]", "seed = [0, 1]"))
     out = work / "local"
-    record = out / ".cluster" / "local-ray.json"
     first = driver(work, "local-0", grid, out, "--cluster", "ray")
 
     def part_way() -> bool:
@@ -398,9 +397,10 @@ def scenario_local(work: Path, temp: Path, report: dict) -> None:
         return runs.is_dir() and any(rounds_done(r) >= 3 for r in runs.iterdir())
 
     wait_for("a run part-way on the driver's local Ray", part_way, 240, 0.05)
+    record = next(temp.glob("fhray-*/fedhet-driver.json"))  # the driver's private Ray's record
     procs = {int(p): s for p, s in json.loads(record.read_text())["processes"].items()}
     report["local_recorded"] = len(procs)
-    report["local_temp_dir"] = json.loads(record.read_text())["temp_dir"]
+    report["local_temp_dir"] = str(record.parent)
     say("killing driver local-0 with -9")
     first.kill()
     first.wait(10)

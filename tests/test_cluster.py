@@ -510,7 +510,7 @@ def test_a_preset_joins_ray_once_for_all_its_stages(tmp_path, monkeypatch):
         def close(self) -> None:
             fake.shutdown()
 
-    def connect(options, control, requested):
+    def connect(options, requested):
         calls.append("connect")
         fake.up = True
         return Link()
@@ -673,3 +673,34 @@ def test_a_head_that_never_answers_is_one_line_in_bounded_time_and_ctrl_c_stops_
     assert facts["joining"] and stopped["rc"] == 130 and stopped["s"] < 10, stopped
     assert "1 queued run(s) cancelled; run `fedhet compare" in stopped["out"], stopped["out"]
     assert not list((tmp_path / "o").glob("runs/*/config.json"))
+
+
+def test_reap_ends_what_a_dead_drivers_local_ray_left_and_nothing_else(tmp_path, monkeypatch):
+    """Records of private local Rays (`fhray-*/fedhet-driver.json` under `$RAY_TMPDIR`): the
+    processes of one whose driver is gone are ended and its directory removed; one whose driver
+    runs, and one still being started (no record yet), are left alone."""
+    from fedhet.experiments import raylink
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+
+    def start_of(pid: int) -> int:
+        return raylink._proc_table()[pid][1]
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = subprocess.Popen(["sleep", "60"])  # what the dead driver's Ray left running
+    other = subprocess.Popen(["sleep", "60"])  # a running driver's Ray
+    try:
+        for name, driver, proc in (("fhray-dead", [gone.pid, 1], left),
+                                   ("fhray-live", [os.getpid(), start_of(os.getpid())], other)):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / raylink.RECORD).write_text(json.dumps(
+                {"driver": driver, "processes": {str(proc.pid): start_of(proc.pid)}}))
+        (tmp_path / "fhray-starting").mkdir()
+        assert raylink.reap() == [left.pid]
+        assert left.wait(10) == -signal.SIGTERM and other.poll() is None
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["fhray-live", "fhray-starting"]
+    finally:
+        for proc in (left, other):
+            proc.kill()
+            proc.wait(10)

@@ -28,7 +28,7 @@ system error; the driver resubmits its unit (`MAX_ATTEMPTS`), and the new task r
 from its last checkpoint (`refreshed`: a job is idempotent). Application errors are a run's own
 (`{"error": ...}`), never retried. A driver killed with -9 takes its tasks with it (Ray ends a
 dead driver's job); started again it resumes the grid as `--jobs` does, after ending what is
-left of the private local Ray the killed driver had started, if any (`raylink`).
+left of the private local Ray the killed driver had started, if any (`raylink.reap`).
 
 **Joining.** Without `--ray-address` or `$RAY_ADDRESS` the driver starts a private local Ray,
 never one it finds on the machine; every connect is bounded and fails in one line
@@ -96,15 +96,13 @@ def import_ray() -> Any:
     return ray
 
 
-def connect(options: ClusterOptions, control: Path | None = None,
-            requested: threading.Event | None = None) -> raylink.Link:
-    """Join the cluster of `options` (or `$RAY_ADDRESS`), or start a private local Ray recorded
-    in `control` (`fedhet.experiments.raylink`: every step bounded, one line when it fails)."""
+def connect(options: ClusterOptions, requested: threading.Event | None = None) -> raylink.Link:
+    """Join the cluster of `options` (or `$RAY_ADDRESS`), or start a private local Ray
+    (`fedhet.experiments.raylink`: every step bounded, one line when it fails)."""
     ray = import_ray()
     # Ray's hint about accelerator variables on tasks without GPUs is not the user's business
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
-    record = control / raylink.RECORD if control is not None else None
-    return raylink.connect(ray, options.address, record, requested)
+    return raylink.connect(ray, options.address, requested)
 
 
 def alive_nodes(ray: Any) -> list[dict[str, Any]]:
@@ -424,7 +422,7 @@ def run_units(
     link = None
     if not ray.is_initialized():
         try:
-            link = connect(options, runs_dir.resolve().parent / CONTROL, requested)
+            link = connect(options, requested)
         except raylink.Stopped:
             tally.cancelled += sum(len(u) for u in units)
             return

@@ -10,9 +10,9 @@ connection but never answers cannot hold the driver.
 
 **No address** starts a private local Ray, every time: `ray.init(address="local")` with a temp
 directory of its own, so an address file another Ray left in `/tmp/ray` is never read (and
-this Ray leaves none there). The processes it starts are recorded in the grid's control
-directory (`LocalRay.record`); a driver that was killed (-9) leaves the record, and the next
-driver on that grid ends what is left of that Ray before it starts its own (`reap`). Ray ties
+this Ray leaves none there). The processes it starts are recorded in that directory
+(`LocalRay.record`); a driver that was killed (-9) leaves the record, and the next driver that
+starts a local Ray ends what is left of the dead driver's one first (`reap`). Ray ties
 its GCS and raylet to the thread that started them (`PR_SET_PDEATHSIG`), so that thread lives
 as long as the connection (`Link`); it also blocks SIGINT, which every process Ray starts
 inherits: a terminal's Ctrl-C reaches the driver alone, which stops the grid its own way.
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.engine.plan import host_port, ray_address
+from fedhet.engine.store import atomic_write_text
 from fedhet.errors import FedhetError
 
 GCS_PROBE_S = 5.0
@@ -58,8 +59,8 @@ STOP_GRACE_S = 5.0
 RECORD_EVERY_S = 2.0
 """How often the record of a private local Ray is brought up to date (workers come and go)."""
 
-RECORD = "local-ray.json"
-"""The record of a grid's private local Ray, in its control directory."""
+RECORD = "fedhet-driver.json"
+"""The record of a private local Ray (its driver and processes), in its temp directory."""
 
 TEMP_PREFIX = "fhray-"
 
@@ -112,17 +113,15 @@ def chosen_address(flag: str | None) -> tuple[str | None, str]:
     return (None if address == "local" else address), source
 
 
-def connect(ray: Any, flag: str | None, record: Path | None,
-            requested: threading.Event | None = None) -> Link:
-    """Join the cluster named by `flag` or `$RAY_ADDRESS`, or start a private local Ray
-    (recorded in `record`, after ending what a killed driver left there). Raises `Stopped`
-    at Ctrl-C (`requested`), and a one-line `FedhetError` for a cluster that cannot be
-    joined."""
+def connect(ray: Any, flag: str | None, requested: threading.Event | None = None) -> Link:
+    """Join the cluster named by `flag` or `$RAY_ADDRESS`, or start a private local Ray (after
+    ending what killed drivers left of theirs: `reap`). Raises `Stopped` at Ctrl-C
+    (`requested`), and a one-line `FedhetError` for a cluster that cannot be joined."""
     address, source = chosen_address(flag)
     quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
     if address is None:
-        local = LocalRay(record)
-        local.start_clean()
+        reap()
+        local = LocalRay()
         try:
             release = bounded(lambda: ray.init(address="local", include_dashboard=False,
                                                _temp_dir=str(local.temp_dir), **quiet),
@@ -313,69 +312,62 @@ def end_processes(procs: dict[int, int], grace: float = STOP_GRACE_S) -> list[in
 
 
 class LocalRay:
-    """A private local Ray for one grid (or one `reproduce` preset): its temp directory, its
-    processes, and their record in `record` (`None`: not recorded)."""
+    """A private local Ray: its temp directory (`fhray-*` under `$RAY_TMPDIR`, else the system's
+    temp directory), its processes, and their record in that directory (`RECORD`)."""
 
-    def __init__(self, record: Path | None) -> None:
-        self.record = record
+    def __init__(self) -> None:
         # under $RAY_TMPDIR where the user moved Ray's files; short: Ray's socket paths
-        self.temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=os.environ.get("RAY_TMPDIR")))
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=temp_root()))
+        self.record = self.temp_dir / RECORD
         self.procs: dict[int, int] = {}
         self.lock = threading.Lock()  # `remember` runs in the connection's thread too
         self.stopped = False
 
-    def start_clean(self) -> None:
-        """End what a killed driver's local Ray left (its record), then record this one."""
-        if self.record is not None:
-            reap(self.record)
-        self._write()
-
     def remember(self) -> None:
         """Record the processes of this Ray (with their start times)."""
         with self.lock:
-            if not self.stopped:
-                self.procs.update(_started_by(os.getpid(), self.temp_dir))
-                self._write()
-
-    def _write(self) -> None:
-        if self.record is None:
-            return
-        self.record.parent.mkdir(parents=True, exist_ok=True)
-        me = os.getpid()
-        self.record.write_text(json.dumps({
-            "driver": [me, _proc_table().get(me, (0, 0))[1]], "temp_dir": str(self.temp_dir),
-            "processes": {str(p): s for p, s in self.procs.items()}}))
+            if self.stopped:
+                return
+            self.procs.update(_started_by(os.getpid(), self.temp_dir))
+            me = os.getpid()
+            with contextlib.suppress(OSError):
+                atomic_write_text(self.record, json.dumps({
+                    "driver": [me, _proc_table().get(me, (0, 0))[1]],
+                    "processes": {str(p): s for p, s in self.procs.items()}}))
 
     def stop(self) -> None:
         """After `ray.shutdown`: end any process of this Ray still there (recorded, or found
-        now), remove the temp directory and the record."""
+        now), remove the temp directory with the record."""
         with self.lock:
             self.stopped = True
         end_processes({**self.procs, **_started_by(os.getpid(), self.temp_dir)}, grace=2.0)
-        if self.record is not None:
-            self.record.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                self.record.parent.rmdir()
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def reap(record: Path) -> list[int]:
-    """End the processes of the local Ray recorded in `record` by a driver that is gone
-    (killed with -9), remove its temp directory and the record; returns the PIDs ended. A
-    record whose driver still runs is left alone."""
-    try:
-        data = json.loads(record.read_text())
-        driver_pid, driver_start = data["driver"]
-        procs = {int(p): int(s) for p, s in data["processes"].items()}
-        temp_dir = Path(data["temp_dir"])
-    except (OSError, ValueError, KeyError, TypeError):
-        record.unlink(missing_ok=True)
-        return []
-    if _same(int(driver_pid), int(driver_start)):
-        return []
-    ended = [pid for pid, start in procs.items() if _same(pid, start)]
-    end_processes(procs)
-    if temp_dir.name.startswith(TEMP_PREFIX):
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    record.unlink(missing_ok=True)
+def temp_root() -> Path:
+    """Where private local Rays keep their temp directories."""
+    return Path(os.environ.get("RAY_TMPDIR") or tempfile.gettempdir())
+
+
+def reap() -> list[int]:
+    """End what is left of the private local Rays of drivers that are gone (killed with -9):
+    every `fhray-*` directory of this user under `temp_root()` whose record names a driver
+    that no longer runs. Its recorded processes still running (same PID and start time) get
+    SIGTERM, then SIGKILL; the directory is removed. Returns the PIDs ended. A directory without
+    a record yet (a Ray being started) or whose driver still runs is left alone."""
+    ended: list[int] = []
+    for record in temp_root().glob(f"{TEMP_PREFIX}*/{RECORD}"):
+        try:
+            if record.stat().st_uid != os.getuid():
+                continue
+            data = json.loads(record.read_text())
+            driver_pid, driver_start = (int(x) for x in data["driver"])
+            procs = {int(p): int(s) for p, s in data["processes"].items()}
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # half written, or not ours to read: its driver's own `stop` removes it
+        if _same(driver_pid, driver_start):
+            continue
+        ended += [pid for pid, start in procs.items() if _same(pid, start)]
+        end_processes(procs)
+        shutil.rmtree(record.parent, ignore_errors=True)
     return ended
