@@ -2,23 +2,35 @@
 
 Run by tests/test_cluster.py as `unshare -n python tests/cluster_harness.py WORK`: everything
 here (both nodes, every driver) lives in one private network namespace, where 127.0.0.1 is the
-only address, so no traffic leaves loopback. Each `ray start --block` runs in a process group of
-its own; every process Ray starts stays in that group, and the harness ends them by group
-(SIGTERM, then SIGKILL), never by name. Every wait is bounded.
+only address, so no traffic leaves loopback. Ray's files go to a private temp directory
+(`--temp-dir`, and `RAY_TMPDIR` for every process), so an address file another Ray left in
+/tmp/ray cannot reach a driver here; `HOME` is private too (Ray's token file). The cluster runs
+with Ray's token authentication on (`RAY_AUTH_MODE=token`, a fresh `RAY_AUTH_TOKEN`).
+
+Each `ray start --block` and each driver runs in a process group of its own; every process
+Ray starts stays in that group, and the harness ends them by group (SIGTERM, then SIGKILL),
+never by name: when it finishes, fails, or is stopped by a signal (SIGTERM, SIGINT, SIGHUP;
+the test also asks the kernel to send SIGTERM when the test process dies, and ends whatever
+is left in the namespace by PID). Every wait is bounded on its own, and the harness says on
+stdout what it starts and waits for, so a harness that is stopped shows where it stood.
 
 Scenarios (each writes its facts into WORK/report.json; the test asserts on them and on the
 directories left in WORK):
 - `same`: one grid with `--jobs 2` and with `--cluster ray`.
-- `lost`: a grid on the cluster stopped with Ctrl-C, started again, its worker node's raylet
-  SIGKILLed while one of its runs is part-way, its driver killed with -9 and started again.
 - `refused`: a grid asking for more CPUs than a node has; and a grid directory the worker node
   cannot see (it runs in a private mount namespace with an empty tmpfs over WORK/hidden).
+- `lost`: a grid on the cluster stopped with Ctrl-C, started again, its worker node's raylet
+  SIGKILLed while one of its runs is part-way, its driver killed with -9 and started again.
+- `local`: a grid with no address while Ray's address file names a dead cluster: the driver
+  starts a private local Ray; killed with -9 part-way and started again, it ends what was left
+  of the first driver's Ray and finishes the grid.
 - `late` (after `lost`, with the head node alone): a grid in WORK/hidden, and two nodes joining
   while it runs: one that cannot see WORK/hidden and one that can.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -28,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,9 +76,21 @@ ENV = {
     "RAY_health_check_failure_threshold": "3",
 }
 ENV.pop("RAY_ADDRESS", None)
+for _key in [k for k in ENV if k.startswith("RAY_AUTH")]:
+    ENV.pop(_key)
+
+T0 = time.monotonic()
+STARTED: list = []
+"""Everything started here that must be stopped: `Node`s and driver `Popen`s."""
+
+
+def say(message: str) -> None:
+    """One line of progress on stdout (the test keeps it and shows it when a test fails)."""
+    print(f"[{time.monotonic() - T0:6.1f} s] {message}", flush=True)
 
 
 def wait_for(what: str, condition, timeout: float, step: float = 0.2):
+    say(f"waiting (at most {timeout:.0f} s) for {what}")
     deadline = time.monotonic() + timeout
     while True:
         value = condition()
@@ -76,17 +101,67 @@ def wait_for(what: str, condition, timeout: float, step: float = 0.2):
         time.sleep(step)
 
 
+def group_members(pgid: int, comm: str | None = None) -> list[int]:
+    """Live PIDs (zombies left out) in process group `pgid` (with command name `comm`)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid and (comm is None or name == comm):
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop_group(pgid: int, what: str) -> None:
+    """SIGTERM, then SIGKILL, process group `pgid`, each bounded."""
+    for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        if not group_members(pgid):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + grace
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    if group_members(pgid):
+        say(f"{what}: processes {group_members(pgid)} outlived SIGKILL")
+
+
+def stop_everything() -> None:
+    """Stop every driver and node started here (newest first); safe to call twice."""
+    while STARTED:
+        item = STARTED.pop()
+        if isinstance(item, subprocess.Popen):
+            stop_group(item.pid, f"driver {item.pid}")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                item.wait(5)
+        else:
+            item.stop()
+
+
+def _on_signal(signum: int, _frame) -> None:
+    say(f"harness: signal {signal.Signals(signum).name}; stopping what it started")
+    raise SystemExit(128 + signum)  # unwinds through main's `finally` (and `atexit`)
+
+
 class Node:
     """One `ray start --block` in a process group of its own."""
 
     def __init__(self, args: list[str], log: Path, prefix: list[str] | None = None) -> None:
         self.log = log
+        say(f"starting a Ray node ({log.name})")
         self.proc = subprocess.Popen([*(prefix or []), RAY, "start", *args, "--block"],
                                      stdout=log.open("w"), stderr=subprocess.STDOUT, env=ENV,
                                      start_new_session=True)
         self.pgid = self.proc.pid
+        STARTED.append(self)
 
-    def started(self, timeout: float = 90.0) -> None:
+    def started(self, timeout: float = 150.0) -> None:
         def up() -> bool:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ray start ended ({self.proc.returncode}): "
@@ -95,32 +170,12 @@ class Node:
         wait_for(f"ray start ({self.log.name})", up, timeout)
 
     def members(self, comm: str | None = None) -> list[int]:
-        """PIDs in this node's process group (with command name `comm`)."""
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            name = stat[stat.index("(") + 1 : stat.rindex(")")]
-            fields = stat[stat.rindex(")") + 2 :].split()
-            if int(fields[2]) == self.pgid and (comm is None or name == comm):
-                pids.append(int(entry.name))
-        return pids
+        """Live PIDs in this node's process group (with command name `comm`)."""
+        return group_members(self.pgid, comm)
 
     def stop(self) -> None:
-        for sig, grace in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
-            try:
-                os.killpg(self.pgid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                wait_for("the node's processes to end", lambda: not self.members(), grace)
-                break
-            except TimeoutError:
-                continue
+        say(f"stopping the Ray node of {self.log.name}")
+        stop_group(self.pgid, self.log.name)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
 
@@ -148,7 +203,8 @@ while True:
 print(json.dumps([{{"id": n["NodeID"], "head": "node:__internal_head__" in n["Resources"]}}
                   for n in alive]))
 """
-    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    say(f"listing the cluster's nodes (expecting {count})")
+    out = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=ENV, timeout=150)
     if out.returncode:
         raise RuntimeError(f"cannot list the nodes: {out.stderr[-2000:]}")
     found = json.loads(out.stdout.strip().splitlines()[-1])
@@ -157,21 +213,31 @@ print(json.dumps([{{"id": n["NodeID"], "head": "node:__internal_head__" in n["Re
     return found
 
 
-def driver(work: Path, name: str, grid: Path, out: Path, *flags: str) -> subprocess.Popen:
+def driver(work: Path, name: str, grid: Path, out: Path, *flags: str,
+           env: dict | None = None) -> subprocess.Popen:
     """`fedhet compare` in its own process group; its output goes to WORK/<name>.log."""
     log = (work / f"{name}.log").open("w")
-    return subprocess.Popen([PY, "-m", "fedhet", "compare", "--config", str(grid), "--out",
+    say(f"driver {name}: fedhet compare {' '.join(flags)}")
+    proc = subprocess.Popen([PY, "-m", "fedhet", "compare", "--config", str(grid), "--out",
                              str(out), *flags], stdout=log, stderr=subprocess.STDOUT,
-                            env=ENV, cwd=ROOT, start_new_session=True)
+                            env=env or ENV, cwd=ROOT, start_new_session=True)
+    proc.name = name
+    STARTED.append(proc)
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float) -> int:
+    """The driver's exit status once it ends (at most `timeout` s: else it is stopped, and
+    `TimeoutError` names it)."""
+    name = getattr(proc, "name", proc.pid)
+    say(f"waiting (at most {timeout:.0f} s) for driver {name} to end")
     try:
-        return proc.wait(timeout)
+        rc = proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-        raise
+        stop_group(proc.pid, f"driver {name}")
+        raise TimeoutError(f"driver {name} did not end within {timeout:.0f} s") from None
+    say(f"driver {name} ended: {rc}")
+    return rc
 
 
 def rounds_done(run: Path) -> int:
@@ -185,11 +251,11 @@ def scenario_same(work: Path, address: str, report: dict) -> None:
     grid = work / "same.toml"
     grid.write_text(GRID.format(clients=3, rounds=4))
     local = driver(work, "same-jobs", grid, work / "same-jobs", "--jobs", "2")
-    report["same_jobs_rc"] = finish(local, 180)
+    report["same_jobs_rc"] = finish(local, 240)
     t0 = time.monotonic()
     ray = driver(work, "same-ray", grid, work / "same-ray", "--cluster", "ray",
                  "--ray-address", address)
-    report["same_ray_rc"] = finish(ray, 180)
+    report["same_ray_rc"] = finish(ray, 240)
     report["same_ray_s"] = time.monotonic() - t0
 
 
@@ -205,10 +271,8 @@ def scenario_lost(work: Path, worker: Node, worker_id: str, report: dict) -> Non
     runs = out / "runs"
 
     def compare(log: str) -> subprocess.Popen:  # the cluster's address from $RAY_ADDRESS
-        return subprocess.Popen(
-            [PY, "-m", "fedhet", "compare", "--config", str(grid), "--out", str(out), "--cluster",
-             "ray"], stdout=(work / f"{log}.log").open("w"), stderr=subprocess.STDOUT,
-            env={**ENV, "RAY_ADDRESS": report["address"]}, cwd=ROOT, start_new_session=True)
+        return driver(work, log, grid, out, "--cluster", "ray",
+                      env={**ENV, "RAY_ADDRESS": report["address"]})
 
     def alive(proc: subprocess.Popen, log: str) -> None:
         if proc.poll() is not None:
@@ -224,8 +288,9 @@ def scenario_lost(work: Path, worker: Node, worker_id: str, report: dict) -> Non
         alive(proc, "lost-0")
         return sum(3 <= k < LOST_ROUNDS * 3 // 4 for k in done().values()) >= 2
 
-    wait_for("two runs part-way", both_running, 150, 0.05)
+    wait_for("two runs part-way", both_running, 240, 0.05)
     t = time.monotonic()
+    say("Ctrl-C (SIGINT to the driver's process group)")
     os.killpg(proc.pid, signal.SIGINT)
     report["stop_rc"] = finish(proc, 90)
     report["stop_exit_s"] = time.monotonic() - t
@@ -248,29 +313,31 @@ def scenario_lost(work: Path, worker: Node, worker_id: str, report: dict) -> Non
                 return entry.name
         return None
 
-    name = wait_for("a run part-way on the worker node", victim, 150, 0.05)
+    name = wait_for("a run part-way on the worker node", victim, 240, 0.05)
     report["lost_victim"] = name
     report["lost_victim_round"] = rounds_done(runs / name)
+    say(f"killing the worker node's raylet with -9 ({name} at round {report['lost_victim_round']})")
     os.kill(worker.members("raylet")[0], signal.SIGKILL)
 
     def resubmitted() -> bool:
         alive(proc, "lost-1")
         return "resubmitted" in (work / "lost-1.log").read_text()
 
-    wait_for("the lost run to be resubmitted", resubmitted, 120)
+    wait_for("the lost run to be resubmitted", resubmitted, 180)
 
     # 3. the driver killed with -9 once the grid has gone on a little
     before = sum(done().values())
-    wait_for("the grid to go on", lambda: sum(done().values()) >= before + 5, 120, 0.05)
+    wait_for("the grid to go on", lambda: sum(done().values()) >= before + 5, 180, 0.05)
+    say("killing driver lost-1 with -9")
     proc.kill()
     proc.wait(10)
     report["killed_at"] = done()
-    report["lost_rc"] = finish(compare("lost-2"), 240)
+    report["lost_rc"] = finish(compare("lost-2"), 300)
     reference = driver(work, "lost-jobs", grid, work / "lost-jobs", "--jobs", "2")
-    report["lost_jobs_rc"] = finish(reference, 240)
+    report["lost_jobs_rc"] = finish(reference, 300)
 
 
-def scenario_late(work: Path, address: str, temp: Path, started: list[Node], report: dict) -> None:
+def scenario_late(work: Path, address: str, temp: Path, report: dict) -> None:
     """Nodes that join a running grid: the driver probes each; one that cannot see the grid
     directory gets no run, one that can takes runs. The grid starts on the head node alone."""
     grid = work / "late.toml"
@@ -288,15 +355,13 @@ def scenario_late(work: Path, address: str, temp: Path, started: list[Node], rep
         return any(rounds_done(r) >= 3 for r in (out / "runs").iterdir()) \
             if (out / "runs").is_dir() else False
 
-    wait_for("a run part-way on the head node", started_runs, 150, 0.05)
+    wait_for("a run part-way on the head node", started_runs, 240, 0.05)
     blind = worker_node(address, temp, work / "node-blind.log", hide=work / "hidden")
-    started.append(blind)
     blind.started()  # one at a time: two raylets registering at once on one address time out
     seeing = worker_node(address, temp, work / "node-seeing.log")
-    started.append(seeing)
     seeing.started()
     report["late_joined_at"] = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
-    report["late_rc"] = finish(proc, 300)
+    report["late_rc"] = finish(proc, 400)
     report["late_runs"] = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
 
 
@@ -304,58 +369,117 @@ def scenario_refused(work: Path, address: str, report: dict) -> None:
     grid = work / "same.toml"
     big = driver(work, "refused-cpus", grid, work / "refused-cpus", "--cluster", "ray",
                  "--ray-address", address, "--cpus-per-run", "2")
-    report["refused_cpus_rc"] = finish(big, 120)
+    report["refused_cpus_rc"] = finish(big, 180)
     # the worker node sees an empty directory over WORK/hidden (`main`)
     proc = driver(work, "refused-fs", grid, work / "hidden" / "grid", "--cluster", "ray",
                   "--ray-address", address)
-    report["refused_fs_rc"] = finish(proc, 180)
+    report["refused_fs_rc"] = finish(proc, 240)
+
+
+def scenario_local(work: Path, temp: Path, report: dict) -> None:
+    """No address, while Ray's address file (`$RAY_TMPDIR/ray/ray_current_cluster`) names a dead
+    cluster: the driver starts a private local Ray. It is killed with -9 part-way; the same
+    command again ends what is left of the first driver's Ray (its record in the grid's control
+    directory) and finishes the grid."""
+    stale = temp / "ray" / "ray_current_cluster"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("127.0.0.1:1")
+    grid = work / "local.toml"
+    grid.write_text(GRID.format(clients=6, rounds=LOST_ROUNDS).replace(
+        "seed = [0, 1, 2, 3]", "seed = [0, 1]"))
+    out = work / "local"
+    first = driver(work, "local-0", grid, out, "--cluster", "ray")
+
+    def part_way() -> bool:
+        if first.poll() is not None:
+            raise RuntimeError(f"the driver ended early: {(work / 'local-0.log').read_text()}")
+        runs = out / "runs"
+        return runs.is_dir() and any(rounds_done(r) >= 3 for r in runs.iterdir())
+
+    wait_for("a run part-way on the driver's local Ray", part_way, 240, 0.05)
+    record = next(temp.glob("fhray-*/fedhet-driver.json"))  # the driver's private Ray's record
+    procs = {int(p): s for p, s in json.loads(record.read_text())["processes"].items()}
+    report["local_recorded"] = len(procs)
+    report["local_temp_dir"] = str(record.parent)
+    say("killing driver local-0 with -9")
+    first.kill()
+    first.wait(10)
+    time.sleep(1)
+    report["local_left_after_kill"] = [p for p, s in procs.items() if _same(p, s)]
+    report["local_rc"] = finish(driver(work, "local-1", grid, out, "--cluster", "ray"), 400)
+    report["local_left_after_restart"] = [p for p, s in procs.items() if _same(p, s)]
+    report["local_runs"] = {r.name: rounds_done(r) for r in (out / "runs").iterdir()}
+    report["local_stale_kept"] = stale.read_text() == "127.0.0.1:1"
+    report["local_temp_left"] = sorted(p.name for p in temp.glob("fhray-*"))
+
+
+def _same(pid: int, start: int) -> bool:
+    """Is process `pid` alive (not a zombie) and the one that started at `start`?"""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return fields[0] != "Z" and int(fields[19]) == start
 
 
 def main(work: Path) -> None:
-    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    atexit.register(stop_everything)
+    say(f"harness: Ray in a private network namespace, work directory {work}")
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=30)
     report: dict = {}
     temp = Path(tempfile.mkdtemp(prefix="fr", dir="/tmp"))  # short: Ray's socket paths
+    home = work / "home"
+    home.mkdir()
+    # Ray's files, its address file and its token file in places of the harness's own; token
+    # authentication on for every node and driver
+    ENV.update({"RAY_TMPDIR": str(temp), "HOME": str(home), "RAY_AUTH_MODE": "token",
+                "RAY_AUTH_TOKEN": uuid.uuid4().hex})
     report["temp_dir"] = str(temp)
     address = report["address"] = f"127.0.0.1:{PORT}"
-    started: list[Node] = []
-    t0 = time.monotonic()
     try:
         head = Node(["--head", "--node-ip-address", "127.0.0.1", "--port", str(PORT),
                      "--num-cpus", "1", "--include-dashboard=false", "--disable-usage-stats",
                      "--temp-dir", str(temp)], work / "node-head.log")
-        started.append(head)
         head.started()
         # the worker node lives in a mount namespace of its own where WORK/hidden is an empty
         # tmpfs: a node that does not share that part of the filesystem (`scenario_refused`)
         hidden = work / "hidden"
         hidden.mkdir()
         worker = worker_node(address, temp, work / "node-worker.log", hide=hidden)
-        started.append(worker)
         worker.started()
         found = nodes(address, 2)
         worker_id = next(n["id"] for n in found if not n["head"])
-        report["cluster_start_s"] = time.monotonic() - t0
+        report["cluster_start_s"] = time.monotonic() - T0
         report["pids"] = {"head": head.members(), "worker": worker.members()}
         for step, run in (
             ("same", lambda: scenario_same(work, address, report)),
             ("refused", lambda: scenario_refused(work, address, report)),
             ("lost", lambda: scenario_lost(work, worker, worker_id, report)),
-            ("late", lambda: scenario_late(work, address, temp, started, report)),
+            ("local", lambda: scenario_local(work, temp, report)),
+            ("late", lambda: scenario_late(work, address, temp, report)),
         ):
+            say(f"scenario {step}")
             t = time.monotonic()
             try:
                 run()
             except Exception as e:  # noqa: BLE001  (reported; the test fails on it)
                 report[f"{step}_failed"] = f"{type(e).__name__}: {e}"
+                say(f"scenario {step} failed: {report[f'{step}_failed']}")
             report[f"{step}_s"] = time.monotonic() - t
+            say(f"scenario {step} done in {report[f'{step}_s']:.1f} s")
     finally:
-        for node in reversed(started):
-            node.stop()
-        report["left_running"] = [p for node in started for p in node.members()]
+        nodes_started = [n for n in STARTED if isinstance(n, Node)]
+        groups = [n.pgid for n in nodes_started] + [d.pid for d in STARTED
+                                                     if isinstance(d, subprocess.Popen)]
+        stop_everything()
+        report["left_running"] = [p for g in groups for p in group_members(g)]
         shutil.rmtree(temp, ignore_errors=True)
-        report["total_s"] = time.monotonic() - t0
+        report["total_s"] = time.monotonic() - T0
         (work / "report.json").write_text(json.dumps(report, indent=1))
-        print(json.dumps({k: v for k, v in report.items() if k != "pids"}))
+        say("harness: done " + json.dumps({k: v for k, v in report.items() if k != "pids"}))
 
 
 if __name__ == "__main__":

@@ -5,19 +5,27 @@ grid below against it; these tests read what it reports and the directories it l
 a grid on the cluster equals the same grid with `--jobs`; a worker node lost part-way (its
 raylet SIGKILLed) and then the driver killed with -9 lose nothing; a cluster without what a
 grid needs is refused in one line; nodes that join a running grid get runs only once their
-file probe passed.
+file probe passed; a driver without an address starts a private local Ray (never the address
+a stale file names), and one killed with -9 leaves none of its Ray's processes once it is
+started again. Without a cluster: bad addresses and resource shares, a closed port, a head that
+never answers and Ctrl-C while joining, each one line in bounded time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from cli_errors import one_error_line
 
 from fedhet.cli import main
 from fedhet.engine.store import TIME_COLUMNS
@@ -30,15 +38,102 @@ needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray is not installed (pip install 'fedhet[cluster]')")
 
 
+STALL_S = 480.0
+"""The harness is stopped when it has printed nothing for this long: each of its waits is
+bounded on its own (the longest, a driver finishing a grid, at 400 s) and it says what it waits
+for, so silence this long means it hangs where its last line says."""
+
+
+def _die_with_parent() -> None:  # in the child, before exec: SIGTERM when the test process dies
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _netns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _in_namespace(ns: str) -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _netns(int(p.name)) == ns and _alive(int(p.name))]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _end_namespace(ns: str) -> list[int]:
+    """SIGKILL by PID whatever still runs in the harness's network namespace (only what the
+    harness started lives there); returns what was found."""
+    left = _in_namespace(ns)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _in_namespace(ns) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def harness_output(work: Path, lines: int = 60) -> str:
+    """The harness's last `lines` lines of progress, for a failing test's message."""
+    try:
+        text = (work / "harness.log").read_text()
+    except OSError:
+        return "(no harness output)"
+    return "harness output (last lines):\n" + "\n".join(text.splitlines()[-lines:])
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> tuple[Path, dict]:
+    """Run the harness once (tests/cluster_harness.py) and return its work directory and
+    report. It streams its progress to WORK/harness.log; it is stopped (SIGTERM, then what is
+    left in its namespace SIGKILLed by PID) when it stalls for `STALL_S`."""
     work = tmp_path_factory.mktemp("cluster")
-    done = subprocess.run(["unshare", "-n", sys.executable, str(HARNESS), str(work)],
-                          capture_output=True, text=True, timeout=540)
+    log = work / "harness.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(["unshare", "-n", sys.executable, str(HARNESS), str(work)],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+    ns, own = None, _netns(os.getpid())
+    stalled = False
+    try:
+        size, quiet_since = -1, time.monotonic()
+        while proc.poll() is None:
+            if ns in (None, own):
+                ns = _netns(proc.pid)
+            now = log.stat().st_size
+            if now != size:
+                size, quiet_since = now, time.monotonic()
+            elif time.monotonic() - quiet_since > STALL_S:
+                stalled = True
+                break
+            time.sleep(0.5)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # the harness stops what it started
+            try:
+                proc.wait(90)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        leftovers = _end_namespace(ns) if ns not in (None, own) else []
+    assert not stalled, f"the harness printed nothing for {STALL_S:.0f} s\n{harness_output(work)}"
     report_path = work / "report.json"
-    assert report_path.exists(), f"the harness reported nothing ({done.returncode}): {done.stderr}"
+    assert report_path.exists(), (f"the harness reported nothing ({proc.returncode})\n"
+                                  f"{harness_output(work)}")
     report = json.loads(report_path.read_text())
-    assert report["left_running"] == [], "the harness left Ray processes running"
+    assert report["left_running"] == [] and leftovers == [], (
+        f"the harness left processes running: {report['left_running']}, {leftovers}\n"
+        f"{harness_output(work)}")
     return work, report
 
 
@@ -73,7 +168,7 @@ def log(work: Path, name: str) -> str:
 @needs_ray
 def test_a_grid_on_the_cluster_equals_the_grid_with_jobs(cluster):
     work, report = cluster
-    assert "same_failed" not in report, report.get("same_failed")
+    assert "same_failed" not in report, harness_output(work)
     assert report["same_jobs_rc"] == 0, log(work, "same-jobs")
     assert report["same_ray_rc"] == 0, log(work, "same-ray")
     names = same_runs(work / "same-jobs", work / "same-ray")
@@ -88,7 +183,7 @@ def test_a_grid_on_the_cluster_equals_the_grid_with_jobs(cluster):
 @needs_ray
 def test_a_lost_node_and_a_killed_driver_lose_nothing(cluster):
     work, report = cluster
-    assert "lost_failed" not in report, report.get("lost_failed")
+    assert "lost_failed" not in report, harness_output(work)
     first, second = log(work, "lost-1"), log(work, "lost-2")
     victim, at = report["lost_victim"], report["lost_victim_round"]
     assert at >= 3
@@ -111,7 +206,7 @@ def test_a_lost_node_and_a_killed_driver_lose_nothing(cluster):
 @needs_ray
 def test_ctrl_c_on_the_cluster_stops_at_saved_rounds_and_resumes_exactly(cluster):
     work, report = cluster
-    assert "lost_failed" not in report, report.get("lost_failed")
+    assert "lost_failed" not in report, harness_output(work)
     first = log(work, "lost-0")
     assert report["stop_rc"] == 130, first
     last = first.strip().splitlines()[-1]
@@ -130,7 +225,7 @@ def test_ctrl_c_on_the_cluster_stops_at_saved_rounds_and_resumes_exactly(cluster
 @needs_ray
 def test_a_cluster_without_what_the_grid_needs_is_refused_in_one_line(cluster):
     work, report = cluster
-    assert "refused_failed" not in report, report.get("refused_failed")
+    assert "refused_failed" not in report, harness_output(work)
     assert report["refused_cpus_rc"] == 2
     text = log(work, "refused-cpus").strip().splitlines()
     assert text[-1].startswith("error: no node of the Ray cluster has the 2 CPU and 0 GPU")
@@ -146,7 +241,7 @@ def test_nodes_that_join_a_running_grid_are_probed_before_they_get_runs(cluster)
     """Two nodes join while a grid runs on the head alone: the one that cannot see the grid
     directory is named in one line and gets no run; the one that can takes runs."""
     work, report = cluster
-    assert "late_failed" not in report, report.get("late_failed")
+    assert "late_failed" not in report, harness_output(work)
     text = log(work, "late")
     assert report["late_alive_before"] == 1 and report["late_rc"] == 0, text
     assert "cluster: 1 Ray node(s), 1 unit(s) at a time" in text
@@ -323,6 +418,23 @@ def test_a_probe_that_never_answers_refuses_its_node(tmp_path, monkeypatch):
 
 
 @needs_ray
+def test_ctrl_c_while_the_nodes_are_probed_stops_without_waiting_for_them(tmp_path):
+    """A node that does not answer its probe holds the driver at most `PROBE_TIMEOUT_S`, and
+    Ctrl-C not at all: the probes are cancelled and the driver stops."""
+    import threading
+
+    from fedhet.experiments import cluster, raylink
+
+    ray = _ProbeRay(["head", "slow"], {"head": {"ok": True}, "slow": None})
+    requested = threading.Event()
+    threading.Timer(0.3, requested.set).start()
+    t = time.monotonic()
+    with pytest.raises(raylink.Stopped):
+        cluster.check_nodes(ray, ray.nodes(), tmp_path, str(tmp_path), requested)
+    assert time.monotonic() - t < 5 and ray.cancelled == ["slow"]
+
+
+@needs_ray
 def test_a_task_on_a_node_that_cannot_use_the_grid_touches_nothing_and_is_requeued(
         tmp_path, monkeypatch):
     """A node joined between two looks and got a task: the task's own probe fails, its runs go
@@ -392,10 +504,16 @@ def test_a_preset_joins_ray_once_for_all_its_stages(tmp_path, monkeypatch):
 
     fake = FakeRay()
 
-    def connect(options):
+    class Link:
+        ray = fake
+
+        def close(self) -> None:
+            fake.shutdown()
+
+    def connect(options, requested):
         calls.append("connect")
         fake.up = True
-        return fake, True
+        return Link()
 
     def drive(ray, units, options, runs_dir, requested, hard, tally, progress):
         assert ray is fake and fake.up
@@ -416,3 +534,173 @@ def test_a_preset_joins_ray_once_for_all_its_stages(tmp_path, monkeypatch):
     grid.write_text('[base]\ndataset = "digits"\nclients = 2\nrounds = 1\n')
     assert main(["compare", "--config", str(grid), "--out", str(tmp_path / "o"), "--cluster", "ray"]) == 0
     assert calls == ["connect", "drive 1", "shutdown"]
+
+
+@needs_ray
+def test_without_an_address_the_driver_starts_its_own_ray_and_a_killed_one_leaves_nothing(cluster):
+    """Ray's address file names a dead cluster: a driver without an address starts a private
+    local Ray instead (a one-node cluster, not the harness's two nodes). Killed with -9
+    part-way and started again, it ends the processes of the first driver's Ray and finishes."""
+    work, report = cluster
+    assert "local_failed" not in report, harness_output(work)
+    assert report["local_rc"] == 0, log(work, "local-1")
+    for name in ("local-0", "local-1"):
+        assert "cluster: 1 Ray node(s), 2 unit(s) at a time" in log(work, name), log(work, name)
+    assert report["local_recorded"] >= 3  # the GCS, the raylet and Ray's agents, at least
+    assert report["local_left_after_restart"] == [], report["local_left_after_kill"]
+    assert sorted(report["local_runs"].values()) == [report["lost_rounds"]] * 2
+    assert report["local_stale_kept"]  # read by no one, written by no one
+    assert report["local_temp_left"] == []  # both drivers' private temp directories removed
+    assert not (work / "local" / ".cluster").exists()
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--ray-address", "127.0.0.1:99999"], {}, "--ray-address '127.0.0.1:99999': the port must be"),
+    (["--ray-address", "head-node"], {}, "--ray-address 'head-node': expected HOST:PORT"),
+    (["--cpus-per-run", "1e-9"], {}, "--cpus-per-run 1e-09: Ray counts resources in steps of 0.0001"),
+    (["--gpus-per-run", "0.33333"], {}, "--gpus-per-run 0.33333: Ray counts resources in steps"),
+    (["--cpus-per-run", "1e300"], {}, "--cpus-per-run 1e+300: expected a number of CPUs/GPUs"),
+    ([], {"RAY_ADDRESS": "10.0.0.1:0"}, "RAY_ADDRESS '10.0.0.1:0': the port must be"),
+])
+def test_bad_addresses_and_shares_are_one_line_before_ray_is_touched(
+        tmp_path, capsys, monkeypatch, argv, env, message):
+    from fedhet.experiments import cluster
+
+    monkeypatch.setattr(cluster, "import_ray", lambda: pytest.fail("Ray must not be touched"))
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    grid = tmp_path / "g.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 2\nrounds = 1\n')
+    line = one_error_line(capsys, ["compare", "--config", str(grid), "--out", str(tmp_path / "o"),
+                                   "--cluster", "ray", *argv])
+    assert message in line
+    assert not list((tmp_path / "o").glob("runs/*/config.json"))
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once closed
+
+
+@needs_ray
+@pytest.mark.parametrize("via", ["flag", "env"])
+def test_a_closed_port_is_one_line_naming_it_at_once(tmp_path, capsys, monkeypatch, via):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    address = f"127.0.0.1:{_closed_port()}"
+    argv = ["--ray-address", address] if via == "flag" else []
+    if via == "env":
+        monkeypatch.setenv("RAY_ADDRESS", address)
+    grid = tmp_path / "g.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 2\nrounds = 1\n')
+    t = time.monotonic()
+    line = one_error_line(capsys, ["compare", "--config", str(grid), "--out", str(tmp_path / "o"),
+                                   "--cluster", "ray", *argv])
+    assert time.monotonic() - t < 60
+    source = "--ray-address" if via == "flag" else "RAY_ADDRESS"
+    assert line.startswith(f"error: no Ray cluster answers at {address} ({source}): ")
+    assert "ray start --head" in line
+    assert ("unset RAY_ADDRESS" in line) == (via == "env")
+
+
+SILENT_HEAD = r"""
+import json, os, signal, socket, subprocess, sys, threading, time
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=30)
+server = socket.socket()
+server.bind(("127.0.0.1", 0))
+server.listen(16)
+port = server.getsockname()[1]
+accepted = []
+def serve():  # accepts, never answers: a head that does not respond
+    while True:
+        conn, _ = server.accept()
+        accepted.append(conn)
+threading.Thread(target=serve, daemon=True).start()
+driver = ("import sys; from fedhet.experiments import raylink; raylink.JOIN_TIMEOUT_S = 5.0; "
+          "from fedhet.cli import main; sys.exit(main(sys.argv[1:]))")
+argv = [sys.executable, "-c", driver, "compare", "--config", sys.argv[1], "--out", sys.argv[2],
+        "--cluster", "ray", "--ray-address", f"127.0.0.1:{port}"]
+facts = {"port": port}
+for case in ("timeout", "ctrl-c"):
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    t = time.monotonic()
+    try:
+        if case == "ctrl-c":
+            before = len(accepted)
+            while len(accepted) < before + 2 and time.monotonic() - t < 120:
+                time.sleep(0.05)  # the TCP probe, then ray.init: the driver is joining
+            facts["joining"] = len(accepted) >= before + 2
+            os.killpg(proc.pid, signal.SIGINT)
+            t = time.monotonic()
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    facts[case] = {"rc": proc.returncode, "s": time.monotonic() - t, "out": out}
+print(json.dumps(facts))
+"""
+
+
+@needs_ray
+def test_a_head_that_never_answers_is_one_line_in_bounded_time_and_ctrl_c_stops_at_once(tmp_path):
+    """A port that accepts the connection but never answers (a hung head): the join gives up
+    after its bound (5 s here) with one line naming the address; Ctrl-C while the driver waits
+    on it ends the driver at once. Inside a private network namespace (a joining driver binds
+    ports), Ray's files in a temp directory of the test."""
+    if subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=30).returncode:
+        pytest.skip("needs `unshare -n` (root) to keep Ray inside a private network namespace")
+    grid = tmp_path / "g.toml"
+    grid.write_text('[base]\ndataset = "digits"\nclients = 2\nrounds = 1\n')
+    env = {**os.environ, "RAY_TMPDIR": str(tmp_path), "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run(["unshare", "-n", sys.executable, "-c", SILENT_HEAD, str(grid),
+                           str(tmp_path / "o")], capture_output=True, text=True, env=env,
+                          timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    facts = json.loads(done.stdout.strip().splitlines()[-1])
+    address = f"127.0.0.1:{facts['port']}"
+    timeout = facts["timeout"]
+    errors = [x for x in timeout["out"].splitlines() if x.startswith("error: ")]
+    assert timeout["rc"] == 2 and timeout["s"] < 60, timeout
+    assert errors == [f"error: joining the Ray cluster at {address} (--ray-address): no answer "
+                      "within 5 s; check that the cluster is healthy (`ray status` on its head) "
+                      "and reachable from here"], timeout["out"]
+    stopped = facts["ctrl-c"]
+    assert facts["joining"] and stopped["rc"] == 130 and stopped["s"] < 10, stopped
+    assert "1 queued run(s) cancelled; run `fedhet compare" in stopped["out"], stopped["out"]
+    assert not list((tmp_path / "o").glob("runs/*/config.json"))
+
+
+def test_reap_ends_what_a_dead_drivers_local_ray_left_and_nothing_else(tmp_path, monkeypatch):
+    """Records of private local Rays (`fhray-*/fedhet-driver.json` under `$RAY_TMPDIR`): the
+    processes of one whose driver is gone are ended and its directory removed; one whose driver
+    runs, and one still being started (no record yet), are left alone."""
+    from fedhet.experiments import raylink
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+
+    def start_of(pid: int) -> int:
+        return raylink._proc_table()[pid][1]
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    left = subprocess.Popen(["sleep", "60"])  # what the dead driver's Ray left running
+    other = subprocess.Popen(["sleep", "60"])  # a running driver's Ray
+    try:
+        for name, driver, proc in (("fhray-dead", [gone.pid, 1], left),
+                                   ("fhray-live", [os.getpid(), start_of(os.getpid())], other)):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / raylink.RECORD).write_text(json.dumps(
+                {"driver": driver, "processes": {str(proc.pid): start_of(proc.pid)}}))
+        (tmp_path / "fhray-starting").mkdir()
+        assert raylink.reap() == [left.pid]
+        assert left.wait(10) == -signal.SIGTERM and other.poll() is None
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["fhray-live", "fhray-starting"]
+    finally:
+        for proc in (left, other):
+            proc.kill()
+            proc.wait(10)

@@ -3,8 +3,10 @@
 run on both nodes and the run's metrics equal the in-process engine's.
 
 Everything that starts Ray runs inside one private network namespace (`unshare -n`, then
-`ip link set lo up`), where 127.0.0.1 is the only address, so no traffic leaves loopback; the
-namespace's processes are stopped by PID when the test ends."""
+`ip link set lo up`), where 127.0.0.1 is the only address, so no traffic leaves loopback, with
+Ray's files in a temp directory of the test's own (`--temp-dir`, `RAY_TMPDIR`); the
+namespace's processes are stopped by PID when the test ends. A `--ray-address` where no cluster
+answers is one line before Flower starts."""
 
 from __future__ import annotations
 
@@ -118,7 +120,11 @@ def test_one_simulation_spread_over_a_two_node_ray_cluster(tmp_path):
             --client-cpus 1 -a fedavg -d digits -n 3 -r 3 {sets} --out {out}
         python -c '{PROBE}' 127.0.0.1:6379 >{ray_tmp}/probe.json
     """
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0"}
+    # Ray's default temp directory (its address file) and home (its token file) are the test's
+    # own: nothing another Ray left on the machine reaches this one
+    (ray_tmp / "home").mkdir()
+    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "RAY_TMPDIR": str(ray_tmp),
+           "HOME": str(ray_tmp / "home")}
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.Popen(["unshare", "-n", "bash", "-c", script], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -170,3 +176,24 @@ def test_one_simulation_spread_over_a_two_node_ray_cluster(tmp_path):
             assert math.isclose(float(mine[key]), float(theirs[key]), rel_tol=0, abs_tol=1e-6), key
     w = read_checkpoint(out / "checkpoint.pt")["server"]["w"]
     assert torch.allclose(w, local.final_state.w, atol=1e-6, rtol=0)
+
+
+def test_an_address_where_no_cluster_answers_is_one_line_before_flower_starts(tmp_path, capsys,
+                                                                              monkeypatch):
+    import socket
+
+    from fedhet.cli import main
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the socket is
+    t = time.monotonic()
+    argv = ["deploy", "local", "--simulation", "--ray-address", f"127.0.0.1:{port}", "-a", "fedavg",
+            "-d", "digits", "-n", "2", "-r", "1", "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"error: no Ray cluster answers at 127.0.0.1:{port} (--ray-address): "), err
+    assert time.monotonic() - t < 60
+    assert not (tmp_path / "out" / "metrics.csv").exists()

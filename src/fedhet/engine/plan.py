@@ -14,6 +14,7 @@ run or a run on a cluster node computes exactly what it would have computed loca
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,10 +48,59 @@ class ClusterOptions:
     def __post_init__(self) -> None:
         if self.kind not in CLUSTERS:
             raise FedhetError(f"--cluster {self.kind}: unknown; choose one of {', '.join(CLUSTERS)}")
+        if self.address is not None:
+            ray_address(self.address, "--ray-address")
         if not self.cpus_per_run > 0:
             raise FedhetError(f"--cpus-per-run must be > 0, got {self.cpus_per_run:g}")
         if not self.gpus_per_run >= 0:
             raise FedhetError(f"--gpus-per-run must be ≥ 0, got {self.gpus_per_run:g}")
+        for flag, value in (("--cpus-per-run", self.cpus_per_run),
+                            ("--gpus-per-run", self.gpus_per_run)):
+            _ray_quantity(flag, value)
+
+
+RESOURCE_STEP = 1e-4
+"""Ray counts CPUs and GPUs in steps of 0.0001 (`ray._raylet.RESOURCE_UNIT_SCALING`)."""
+
+MAX_RESOURCE = 1e9
+"""**[choice]** More CPUs or GPUs than any cluster has: a typo, refused with the others."""
+
+
+def _ray_quantity(flag: str, value: float) -> None:
+    """A CPU or GPU share Ray can hold: finite, at most `MAX_RESOURCE`, and a whole number of
+    0.0001 steps (Ray would otherwise fail deep in task submission, or round it silently)."""
+    if not math.isfinite(value) or value > MAX_RESOURCE:
+        raise FedhetError(f"{flag} {value:g}: expected a number of CPUs/GPUs up to {MAX_RESOURCE:g}")
+    steps = value / RESOURCE_STEP
+    if abs(steps - round(steps)) > 1e-6 * max(1.0, steps) or (value > 0 and round(steps) == 0):
+        raise FedhetError(f"{flag} {value:g}: Ray counts resources in steps of 0.0001; give a "
+                          "multiple of it, e.g. 0.25 or 2")
+
+
+def ray_address(text: str, source: str) -> str:
+    """`text` as an address of a Ray cluster: `HOST:PORT` of its head's GCS port (`[v6]:PORT`
+    too), `ray://HOST:PORT` (Ray Client), `auto` (the cluster `ray start` left on this
+    machine) or `local` (a private local Ray). Returns it stripped; anything else is one line
+    naming `source` (`--ray-address`, `RAY_ADDRESS`)."""
+    address = text.strip()
+    if address in ("auto", "local"):
+        return address
+    hint = ("expected HOST:PORT of the cluster's head (its GCS port, 6379 unless `ray start "
+            "--head --port` said otherwise), ray://HOST:PORT, or auto")
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or any(c.isspace() or c in "/@" for c in host):
+        raise FedhetError(f"{source} {text!r}: {hint}")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise FedhetError(f"{source} {text!r}: the port must be a number from 1 to 65535; {hint}")
+    return address
+
+
+def host_port(address: str) -> tuple[str, int]:
+    """The host and port of a `ray_address` that names one (not `auto`/`local`)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 @dataclass(frozen=True)

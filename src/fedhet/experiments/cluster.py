@@ -27,7 +27,12 @@ cleared when a driver starts.
 system error; the driver resubmits its unit (`MAX_ATTEMPTS`), and the new task resumes each run
 from its last checkpoint (`refreshed`: a job is idempotent). Application errors are a run's own
 (`{"error": ...}`), never retried. A driver killed with -9 takes its tasks with it (Ray ends a
-dead driver's job); started again it resumes the grid as `--jobs` does.
+dead driver's job); started again it resumes the grid as `--jobs` does, after ending what is
+left of the private local Ray the killed driver had started, if any (`raylink.reap`).
+
+**Joining.** Without `--ray-address` or `$RAY_ADDRESS` the driver starts a private local Ray,
+never one it finds on the machine; every connect is bounded and fails in one line
+(`fedhet.experiments.raylink`).
 
 `import ray` happens only here, and only when a grid asks for a cluster.
 """
@@ -35,7 +40,6 @@ dead driver's job); started again it resumes the grid as `--jobs` does.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import os
 import socket
@@ -55,7 +59,8 @@ from fedhet.engine.plan import ClusterOptions
 from fedhet.engine.store import atomic_write_text
 from fedhet.engine.workers import CORES_ENV
 from fedhet.errors import FedhetError
-from fedhet.experiments import runner
+from fedhet.experiments import raylink, runner
+from fedhet.experiments.raylink import first_line
 from fedhet.experiments.runner import Job, Progress, _checkpoint_every, _status_of, _Tally
 
 if TYPE_CHECKING:
@@ -92,28 +97,13 @@ def import_ray() -> Any:
     return ray
 
 
-def first_line(e: BaseException) -> str:
-    """The first line of a (Ray) error's message, or its type's name when it has none."""
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
-
-
-def connect(options: ClusterOptions) -> tuple[Any, bool]:
-    """Join the cluster (`ray.init`); returns Ray and whether this call started a local one."""
+def connect(options: ClusterOptions, requested: threading.Event | None = None) -> raylink.Link:
+    """Join the cluster of `options` (or `$RAY_ADDRESS`), or start a private local Ray
+    (`fedhet.experiments.raylink`: every step bounded, one line when it fails)."""
     ray = import_ray()
     # Ray's hint about accelerator variables on tasks without GPUs is not the user's business
     warnings.filterwarnings("ignore", category=FutureWarning, module=r"ray\..*")
-    address = options.address or os.environ.get("RAY_ADDRESS") or None
-    quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
-    try:
-        if address:
-            ray.init(address=address, **quiet)
-        else:
-            ray.init(include_dashboard=False, **quiet)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        where = f"at {address}" if address else "on this machine"
-        raise FedhetError(f"cannot join a Ray cluster {where}: {first_line(e)}") from None
-    return ray, not address
+    return raylink.connect(ray, options.address, requested)
 
 
 def alive_nodes(ray: Any) -> list[dict[str, Any]]:
@@ -223,13 +213,23 @@ def send_probes(ray: Any, node_ids: list[str], control: Path, token: str, cwd: s
     }
 
 
-def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str) -> str:
+def check_nodes(ray: Any, nodes: list[dict[str, Any]], control: Path, cwd: str,
+                requested: threading.Event | None = None) -> str:
     """Run `probe` on every alive node; refuse the cluster, in one line, when a node cannot see
-    the grid directory or does not answer in time. Returns the marker's token."""
+    the grid directory or does not answer in time. Returns the marker's token; raises
+    `raylink.Stopped` when Ctrl-C (`requested`) comes first."""
     token = write_marker(control)
     labels = node_labels(nodes)
     refs = send_probes(ray, [n["NodeID"] for n in nodes], control, token, cwd)
-    ready, missing = ray.wait(list(refs), num_returns=len(refs), timeout=PROBE_TIMEOUT_S)
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    ready, missing = [], list(refs)
+    while missing and time.monotonic() < deadline:  # in slices: Ctrl-C must not wait for a node
+        if requested is not None and requested.is_set():
+            for r in missing:
+                ray.cancel(r, force=True)
+            raise raylink.Stopped("probing the nodes")
+        done, missing = ray.wait(missing, num_returns=len(missing), timeout=0.5)
+        ready += done
     if missing:
         late = ", ".join(labels[refs[r]] for r in missing)
         for r in missing:
@@ -409,9 +409,9 @@ def check_importable(units: list[list[Job]]) -> None:
 
 
 # -- the driver ------------------------------------------------------------------------------
-_SESSIONS: list[list[Any]] = []
-"""Open `session()`s, innermost last; each holds the Ray module a `run_units` inside it
-connected (and must close), if any."""
+_SESSIONS: list[list[raylink.Link]] = []
+"""Open `session()`s, innermost last; each holds the connection a `run_units` inside it
+opened (and must close), if any."""
 
 
 @contextmanager
@@ -419,14 +419,14 @@ def session() -> Iterator[None]:
     """One Ray connection for several grids (a preset's stages): the first `run_units` inside
     joins the cluster (or starts the local Ray) and the later ones reuse it; the session closes
     what it opened when it ends. Ray is not touched when no grid runs on it."""
-    opened: list[Any] = []
+    opened: list[raylink.Link] = []
     _SESSIONS.append(opened)
     try:
         yield
     finally:
         _SESSIONS.pop()
-        for ray in opened:
-            ray.shutdown()
+        for link in opened:
+            link.close()
 
 
 def run_units(
@@ -439,17 +439,26 @@ def run_units(
     (a user's `ray.init`) is used and left open."""
     check_gpus(units, options)
     check_importable(units)
+    raylink.chosen_address(options.address)  # a bad $RAY_ADDRESS: one line before Ray is touched
     ray = import_ray()
-    mine = not ray.is_initialized()
-    if mine:
-        ray, _ = connect(options)
+    link = None
+    if not ray.is_initialized():
+        try:
+            link = connect(options, requested)
+        except raylink.Stopped:
+            tally.cancelled += sum(len(u) for u in units)
+            return
+        ray = link.ray
         if _SESSIONS:
-            _SESSIONS[-1].append(ray)
+            _SESSIONS[-1].append(link)
     try:
         _drive(ray, units, options, runs_dir, requested, hard, tally, progress)
+    except raylink.Stopped:  # Ctrl-C before any unit was sent
+        tally.cancelled += sum(len(u) for u in units)
+        _clear(runs_dir.resolve().parent / CONTROL)
     finally:
-        if mine and not _SESSIONS:
-            ray.shutdown()
+        if link is not None and not _SESSIONS:
+            link.close()
 
 
 def _control(runs_dir: Path) -> Path:
@@ -465,7 +474,7 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
     check_resources(nodes, options)
     control = _control(runs_dir.resolve())
     cwd = os.getcwd()
-    token = check_nodes(ray, nodes, control, cwd)
+    token = check_nodes(ray, nodes, control, cwd, requested)
     members = Members(ray, nodes, control, token, cwd, progress.note)
     labels = members.labels
     cores = max(1, int(options.cpus_per_run))
@@ -520,12 +529,18 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
             ray.cancel(ref, force=True)
         tally.unfinished = sum(len(u) for u in queue) + sum(len(u) for u in inflight.values())
     finally:
-        (control / "stop").unlink(missing_ok=True)
-        for entry in [control / "probe", *control.glob("probe-*"), *(control / "where").iterdir()]:
-            entry.unlink(missing_ok=True)
-        with suppress(OSError):
-            (control / "where").rmdir()
-            control.rmdir()
+        _clear(control)
+
+
+def _clear(control: Path) -> None:
+    """Remove the driver's control files, and the directory once nothing else is in it."""
+    (control / "stop").unlink(missing_ok=True)
+    where = list((control / "where").iterdir()) if (control / "where").is_dir() else []
+    for entry in [control / "probe", *control.glob("probe-*"), *where]:
+        entry.unlink(missing_ok=True)
+    with suppress(OSError):
+        (control / "where").rmdir()
+        control.rmdir()
 
 
 def _results(ray, ref, unit, attempts, queue, stopping, progress, members, control) -> list[dict]:
