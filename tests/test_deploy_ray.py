@@ -194,6 +194,6 @@ def test_an_address_where_no_cluster_answers_is_one_line_before_flower_starts(tm
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(
-        f"error: no Ray cluster answers at 127.0.0.1:{port} (--ray-address): "), err
+        f"error: --ray-address 127.0.0.1:{port}: no Ray cluster answers there"), err
     assert time.monotonic() - t < 60
     assert not (tmp_path / "out" / "metrics.csv").exists()
