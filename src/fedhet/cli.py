@@ -113,9 +113,10 @@ def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int
     rounds = (values or {}).get("rounds")
     if rounds is None and resume:
         try:
-            rounds = json.loads((out / "config.json").read_text()).get("rounds")
+            saved = json.loads((out / "config.json").read_text())
         except (OSError, ValueError):
-            rounds = None
+            saved = None
+        rounds = saved.get("rounds") if isinstance(saved, dict) else None
     try:
         return max(1, int(rounds if rounds is not None else RunConfig.rounds))
     except (TypeError, ValueError):
@@ -405,18 +406,16 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     """`fedhet config show`: every setting `run` would use with these flags, its value and
     where it came from (default, file, flag); nothing is loaded or written."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import canonical_config, parse
-    from fedhet.engine.store import RunStore
+    from fedhet.engine.config import parse
     from fedhet.experiments.show import as_json, render, sections
+    from fedhet.experiments.single import resume_settings, resume_target
 
     layers = _run_layers(args)
     if args.resume:
-        target = Path(args.resume if isinstance(args.resume, str) else (args.out or ""))
-        if not (target / "config.json").is_file():
-            raise FedhetError(f"{target} has no config.json: it is not a fedhet run directory")
-        record = RunStore(target).read_config()
-        plugins.ensure_recorded(record, target / "config.json")
-        saved = canonical_config(record)
+        # what `run --resume` would refuse is refused here, in its words
+        target = resume_target(args.resume, args.out, args.force)
+        _, saved, _ = resume_settings(target, _run_values(args) or None,
+                                      lambda m: print(m, file=sys.stderr))
         layers = [(f"file {target / 'config.json'}", parse(saved, "config.json")),
                   *[(src, v) for src, v in layers if not src.startswith("file ")]]
     parts = sections(layers)

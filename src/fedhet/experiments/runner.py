@@ -40,12 +40,12 @@ from fedhet.engine.config import (
     parse,
 )
 from fedhet.engine.plan import batchable
-from fedhet.engine.store import to_json
+from fedhet.engine.store import RunStore, to_json
 from fedhet.engine.workers import CORES_ENV, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.progress import every_s
-from fedhet.experiments.single import execute, execute_together, is_finished
+from fedhet.experiments.single import execute, execute_together, is_finished, metrics_intact
 
 if TYPE_CHECKING:
     from fedhet.engine.plan import ClusterOptions
@@ -292,21 +292,18 @@ def plan_jobs(
         if not force and config_path.exists():
             cfg = config_of(spec.settings)
             wanted = json.loads(to_json(cfg.to_dict()))
-            try:
-                saved = json.loads(to_json(canonical_config(json.loads(config_path.read_text()))))
-            except json.JSONDecodeError:
-                saved = None
-            diff = sorted(k for k in wanted if saved is not None and saved.get(k) != wanted[k]
-                          and k not in RUNTIME)
+            # a damaged config.json is one line, before anything runs (--force starts it again)
+            saved = json.loads(to_json(canonical_config(RunStore(out).read_config())))
+            diff = sorted(k for k in wanted if saved.get(k) != wanted[k] and k not in RUNTIME)
             if diff:
                 raise FedhetError(
                     f"{out} holds a run with other settings ({', '.join(diff)}); use --force to "
                     "run the grid again from scratch, or another --out"
                 )
-            if saved is not None and is_finished(out):
+            if is_finished(out) and metrics_intact(out):
                 done += 1
                 continue
-            resume = saved is not None
+            resume = True  # a damaged summary.json or metrics.csv is written again from the checkpoint
         jobs.append(Job(spec.name, spec.settings, str(out), resume, tensorboard))
     return jobs, done
 
