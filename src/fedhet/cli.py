@@ -221,15 +221,15 @@ SETTING_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "round
 def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.paper == "all":
         return _reproduce_all(args)
-    if args.budget is not None or args.tables or args.results:
+    if args.budget is not None or args.tables is not None or args.results is not None:
         raise FedhetError("--budget, --tables and --results go with `fedhet reproduce all` (the campaign)")
     if args.setup and args.protocol:
         raise FedhetError("--setup chooses a preset's setup; --protocol runs on your settings "
                           "(give them with --set, e.g. --set dataset.normalize=false)")
     if args.protocol:
         return _reproduce_protocol(args)
-    given = [f"--{k.replace('_', '-')}" for k in SETTING_FLAGS if getattr(args, k)]
-    if given or args.baselines:
+    given = [f"--{k.replace('_', '-')}" for k in SETTING_FLAGS if getattr(args, k) not in (None, [])]
+    if given or args.baselines is not None:
         raise FedhetError(
             f"{', '.join(given or ['--baselines'])}: a preset fixes its own settings; run settings "
             "go with --protocol (--device, --executor and --workers choose where a preset runs)"
@@ -241,7 +241,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     args.paper = PRESETS.canonical(args.paper)  # `FedSR` is `fedsr`
     scale = args.scale or "smoke"
     out = Path(args.out) if args.out else default_out(args.paper, scale, args.setup)
-    only = tuple(d.strip() for d in args.only.split(",") if d.strip()) if args.only else None
+    only = _names(args.only, "--only", "mnist,mnist-even-odd") if args.only is not None else None
     reproduce(args.paper, scale, out, args.jobs, args.force, args.tensorboard,
               overrides=_overrides(args), only=only, setup=args.setup, **_batch_runs(args),
               **_cluster(args))
@@ -256,14 +256,45 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     if args.setup:
         raise FedhetError("--setup goes with one paper's preset (fedveca, bherd); the campaign runs "
                           "the CNN tables, which have one setup")
+    ignored = [flag for flag, dest in CAMPAIGN_IGNORES if getattr(args, dest) not in (None, False, [])]
+    if ignored:
+        raise FedhetError(
+            f"{', '.join(ignored)}: {'not an option' if len(ignored) == 1 else 'not options'} of "
+            "`reproduce all`, whose steps run the papers' "
+            "tables with fixed settings (it takes --budget, --tables, --scale, --device, "
+            "--batch-runs, --out and --results); give them to one paper's preset (`fedhet "
+            "reproduce fedsr ...`) or to `fedhet compare`"
+        )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.campaign import run_campaign
 
-    tables = tuple(t.strip() for t in args.tables.split(",") if t.strip()) if args.tables else None
+    tables = _names(args.tables, "--tables", "bench,fedsr-mnist") if args.tables is not None else None
     run_campaign(args.scale or "paper", args.device or "cuda", args.budget,
                  Path(args.out or "runs/campaign"), Path(args.results or "results"),
                  args.batch_runs or 8, tables)
     return 0
+
+
+CAMPAIGN_IGNORES = (
+    ("--algorithm", "algorithm"), ("--dataset", "dataset"), ("--partition", "partition"),
+    ("--model", "model"), ("--clients", "clients"), ("--rounds", "rounds"), ("--seed", "seed"),
+    ("--data-dir", "data_dir"), ("--config", "config"), ("--set", "set"),
+    ("--executor", "executor"), ("--workers", "workers"), ("--jobs", "jobs"), ("--only", "only"),
+    ("--protocol", "protocol"), ("--baselines", "baselines"), ("--quiet", "quiet"),
+    ("--force", "force"), ("--tensorboard", "tensorboard"), ("--cluster", "cluster"),
+    ("--ray-address", "ray_address"), ("--cpus-per-run", "cpus_per_run"),
+    ("--gpus-per-run", "gpus_per_run"),
+)
+"""`reproduce` options that `reproduce all` (the campaign) does not take: each is refused."""
+
+
+def _names(text: str, flag: str, example: str) -> tuple[str, ...]:
+    """A comma-separated list of names; an empty one (`--tables ""`) is one line, not "all"."""
+    names = tuple(t.strip() for t in text.split(","))
+    if not all(names):
+        raise FedhetError(f"{flag} {text!r} has an empty name; give comma-separated names, e.g. "
+                          f"{flag} {example}")
+    return names
 
 
 def _batch_runs(args: argparse.Namespace) -> dict[str, int]:
@@ -275,7 +306,7 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
     preset_only = [
         flag for flag in ("--scale", "--only", "--jobs", "--batch-runs", "--tensorboard",
                           *CLUSTER_FLAGS)
-        if getattr(args, flag[2:].replace("-", "_"), None)
+        if getattr(args, flag[2:].replace("-", "_"), None) not in (None, False)
     ]
     if preset_only:
         given = " ".join(f if getattr(args, f[2:].replace("-", "_")) is True
@@ -292,7 +323,8 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
 
     proto = protocol(args.paper, args.protocol)
     settings = {**parse(proto.defaults, f"{args.paper} {args.protocol} defaults"), **_run_values(args)}
-    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()] if args.baselines else None
+    baselines = list(_names(args.baselines, "--baselines", "fedavg,fednova")) \
+        if args.baselines is not None else None
     show = sys.stderr.isatty() and not args.quiet
     out = Path(args.out or f"runs/{args.paper}-{args.protocol}")
     lines = not sys.stdout.isatty() and not args.quiet  # a log file: a line now and then

@@ -71,7 +71,8 @@ def _fmt(v: Any, digits: int | None = None) -> str:
 
 
 RUN_FIX = "fedhet writes it as a JSON object: restore it, or run the run again"
-RESULTS_FIX = ("fedhet writes the result files (the contract above); restore them (`git checkout "
+RESULTS_FIX = ("fedhet writes a result file as whole CSV rows `setting,algorithm,seed,round,"
+               "test_accuracy,...` with a JSON object beside it; restore them (`git checkout "
                "results/` in a checkout) or export the experiment again")
 
 

@@ -127,8 +127,9 @@ def _load_run(path: Path, name: str, group: str, label: str) -> RunData:
 
 
 def _started(path: Path) -> bool:
-    """A grid's run that has saved a round (the others have not run yet)."""
-    return (path / "config.json").exists() and (path / "metrics.csv").exists()
+    """A grid's run that has saved a round (the others have not run yet; one that has, but
+    lost its config.json, is reported as damaged by `_load_run`)."""
+    return (path / "metrics.csv").exists()
 
 
 def discover(root: Path, warn: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[RunData]]:
@@ -144,8 +145,9 @@ def discover(root: Path, warn: Callable[[str], None] | None = None) -> tuple[dic
         runs = [_load_run(p, r["name"], r["group"], r["label"]) for p, r in listed if _started(p)]
         waiting = [r["name"] for p, r in listed if not _started(p)]
         if waiting and runs:
-            warn(f"warning: {len(waiting)} of the grid's {len(listed)} runs have saved no round yet "
-                 f"and are not in the report ({', '.join(waiting[:3])}{' …' if len(waiting) > 3 else ''})")
+            more = " …" if len(waiting) > 3 else ""
+            warn(f"warning: {len(waiting)} of the grid's {len(listed)} runs have saved no round "
+                 f"yet and are not in the report ({', '.join(waiting[:3])}{more})")
         if not runs:
             raise FedhetError(f"none of the {len(listed)} runs of the grid {root} has saved a round "
                               "yet; report it once one has")

@@ -289,6 +289,14 @@ def plan_jobs(
         out = runs_dir / spec.name
         config_path = out / "config.json"
         resume = False
+        results = [n for n in ("metrics.csv", "summary.json", "checkpoint.pt", "checkpoint.prev.pt")
+                   if (out / n).exists()]
+        if not force and results and not config_path.exists():
+            raise FedhetError(
+                f"{out} holds a run's {', '.join(results)} but no config.json (deleted or lost); "
+                "restore it (the checkpoint holds the settings), or use --force to run the grid "
+                "again from scratch"
+            )
         if not force and config_path.exists():
             cfg = config_of(spec.settings)
             wanted = json.loads(to_json(cfg.to_dict()))
@@ -410,7 +418,7 @@ def _status_of(job: Job) -> tuple[int, float, float]:
         s = json.loads((Path(job.out) / "summary.json").read_text())
         return (int(s.get("rounds_done", 0)), float(s.get("final_accuracy", float("nan"))),
                 float(s.get("final_loss", float("nan"))))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, AttributeError):  # damaged: the run rewrites it
         return 0, float("nan"), float("nan")
 
 
