@@ -209,11 +209,17 @@ class Campaign:
 
     def load_state(self) -> None:
         if self.state_path.exists():
-            try:
-                self.state = json.loads(self.state_path.read_text())
-            except json.JSONDecodeError as e:
-                raise FedhetError(f"{self.state_path} is corrupt ({e}); remove it to start over "
-                                  "(finished runs are kept and not redone)") from None
+            # lazy, as the campaign's other imports
+            from fedhet.engine.reading import read_json
+
+            self.state = read_json(self.state_path, "remove it to start over (finished runs are "
+                                   "kept and not redone)")
+            steps, sittings = self.state.get("steps", {}), self.state.get("sittings", [])
+            if not (isinstance(steps, dict) and all(isinstance(v, dict) for v in steps.values())
+                    and isinstance(sittings, list) and all(isinstance(v, dict) for v in sittings)):
+                raise FedhetError(f"{self.state_path} is damaged (its steps or sittings are not "
+                                  "what fedhet writes); remove it to start over (finished runs "
+                                  "are kept and not redone)")
         self.state.setdefault("steps", {})
         self.state.setdefault("sittings", [])
 
