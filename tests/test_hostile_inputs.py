@@ -288,6 +288,19 @@ def test_report_of_a_run_made_before_the_marker_existed(copy):
     (run / ".fedhet").unlink()
     assert main(["report", str(run)]) == 0
     assert (run / "report.html").exists()
+    (run / ".fedhet-report.json").unlink()  # a page an older fedhet drew: its own files still
+    assert main(["report", str(run)]) == 0
+
+
+def test_report_of_a_folder_of_runs_leaves_out_another_tools_directories(capsys, copy):
+    run = copy("run")
+    other = run.parent / "other"
+    other.mkdir()
+    (other / "config.json").write_bytes(b"\x00 not even JSON")
+    (other / "metrics.csv").write_text("epoch,loss\n1,0.5\n")
+    assert main(["report", str(run.parent), "--out", str(run.parent / "page")]) == 0
+    assert "left out 1 director" in capsys.readouterr().err
+    assert sorted(p.name for p in other.iterdir()) == ["config.json", "metrics.csv"]
 
 
 # -- paper-scale's result files ----------------------------------------------------------------

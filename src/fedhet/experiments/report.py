@@ -154,8 +154,13 @@ def discover(root: Path, warn: Callable[[str], None] | None = None) -> tuple[dic
         return manifest, runs
     runs, foreign = [], []
     for p in sorted(p.parent for p in root.rglob("config.json")):
-        config = read_json(p / "config.json", CONFIG_FIX)
-        if not is_fedhet_run(p, config):
+        try:
+            config = read_json(p / "config.json", CONFIG_FIX)
+        except DamagedFileError:
+            if rundir.is_ours(p):
+                raise  # a fedhet run's damaged file
+            config = None  # another tool's file
+        if config is None or not is_fedhet_run(p, config):
             foreign.append(str(p.relative_to(root)))
             continue
         if not (p / "metrics.csv").exists():
@@ -304,7 +309,7 @@ def write_report(root: Path, out: Path | None = None, warn: Callable[[str], None
     draft = Path(tempfile.mkdtemp(prefix=".report.html.", dir=out))
     try:
         _draw(root, manifest, runs, draft, warn)
-        page_path = _publish(draft, out)
+        page_path = _publish(draft, out, fedhets=out.resolve() == root.resolve())
     except BaseException:
         shutil.rmtree(draft, ignore_errors=True)
         if created and not any(out.iterdir()):
@@ -329,10 +334,11 @@ def _previous(out: Path) -> dict[str, str]:
         if isinstance(files, dict) else {}
 
 
-def _publish(draft: Path, out: Path) -> Path:
-    """Move the drawn page and figures from `draft` into `out` (`write_report`'s rules)."""
+def _publish(draft: Path, out: Path, fedhets: bool = False) -> Path:
+    """Move the drawn page and figures from `draft` into `out` (`write_report`'s rules);
+    `fedhets`: `out` is the run or grid reported (fedhet's, marker or not)."""
     previous = _previous(out)
-    in_run_dir = rundir.is_ours(out)
+    in_run_dir = fedhets or rundir.is_ours(out)
 
     def own(name: str) -> bool:
         target = out / name
