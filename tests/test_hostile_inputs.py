@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -374,3 +375,10 @@ def test_reproduce_all_refuses_what_it_would_ignore(capsys, tmp_path, argv, said
 ])
 def test_compare_refuses_an_empty_or_repeated_sweep(capsys, tmp_path, argv, said):
     assert said in refused(capsys, ["compare", "-d", "digits", *argv, "--dry-run"], tmp_path)
+
+
+def test_a_run_file_that_is_a_pipe_is_one_line_not_a_hang(capsys, copy):
+    run = copy("run")
+    (run / "summary.json").unlink()
+    os.mkfifo(run / "summary.json")
+    assert "not a regular file" in one_error_line(capsys, ["report", str(run)])

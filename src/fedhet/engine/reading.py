@@ -22,18 +22,25 @@ KINDS = {dict: "a JSON object ({...})", list: "a JSON list ([...])"}
 
 
 class DamagedFileError(FedhetError):
-    """A file fedhet reads is missing or damaged (what a reader raises)."""
+    """A file fedhet reads is missing or damaged (what a reader raises); `problem` says how."""
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem
 
 
 def damaged(path: Path, problem: str, fix: str) -> DamagedFileError:
     """The one error line of a damaged file: `PATH problem; fix`."""
-    return DamagedFileError(f"{path} {problem}; {fix}")
+    return DamagedFileError(f"{path} {problem}; {fix}", problem)
 
 
 def read_text(path: Path, fix: str) -> str:
     """`path` as UTF-8 text: missing, a directory, unreadable, empty, or holding bytes that are
     not text (NUL, invalid UTF-8) is one `FedhetError`."""
     path = Path(path)
+    if path.exists() and not path.is_dir() and not path.is_file():
+        raise damaged(path, "is not a regular file (a pipe or a device: reading it could wait "
+                      "forever)", fix)
     try:
         data = path.read_bytes()
     except FileNotFoundError:

@@ -100,22 +100,30 @@ def is_fedhet_run(path: Path, config: dict[str, Any]) -> bool:
     try:
         plugins.ensure_recorded(config, path / "config.json")
         config_of({k: v for k, v in config.items() if k not in RECORD_KEYS}, "config.json")
-    except (FedhetError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001  (whatever stops it building: not fedhet settings)
         return False
     return True
+
+
+def _not_ours(path: Path, why: str) -> FedhetError:
+    return FedhetError(
+        f"{path} is not a fedhet run: it has no {rundir.MARKER} marker and its config.json "
+        f"{why}; give a directory that `fedhet run`, `compare` or `reproduce` wrote"
+    )
 
 
 def _load_run(path: Path, name: str, group: str, label: str) -> RunData:
     """The run in `path`, its files read whole (`fedhet.engine.reading`): a missing or damaged
     config.json or metrics.csv, a damaged summary.json, or a directory that is no fedhet run
     is one `FedhetError`. summary.json may be missing (a run before its first round)."""
-    config = read_json(path / "config.json", CONFIG_FIX)
+    try:
+        config = read_json(path / "config.json", CONFIG_FIX)
+    except DamagedFileError as e:
+        if rundir.is_ours(path):
+            raise
+        raise _not_ours(path, e.problem) from None
     if not is_fedhet_run(path, config):
-        raise FedhetError(
-            f"{path} is not a fedhet run: it has no {rundir.MARKER} marker and its config.json "
-            "does not hold fedhet settings; give a directory that `fedhet run`, `compare` or "
-            "`reproduce` wrote"
-        )
+        raise _not_ours(path, "does not hold fedhet settings")
     summary_path = path / "summary.json"
     summary = read_json(summary_path, SUMMARY_FIX) if summary_path.exists() else {}
     if not (path / "metrics.csv").exists():
