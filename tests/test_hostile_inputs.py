@@ -237,6 +237,7 @@ def test_compare_again_rebuilds_a_runs_damaged_summary(capsys, copy, damage):
     DAMAGE[damage](summary)
     assert main(["compare", "--config", str(grid / "grid.toml"), "--out", str(grid)]) == 0
     assert json.loads(summary.read_text())["finished"] is True
+    assert f"{summary}" in capsys.readouterr().err  # named, as the grid rewrites it
 
 
 # -- report: whose directory, whose files --------------------------------------------------------

@@ -126,8 +126,11 @@ def _init_worker(stop: Any, cores: int, plugin_files: Mapping[str, str] | None =
         _BROKEN = str(e)
 
 
-def _quiet(_: str) -> None:
-    return None
+def _quiet(line: str) -> None:
+    """A grid run's log: the grid prints its own line per run, so only what the user must know
+    (a warning, a file rebuilt from the checkpoint) reaches stderr."""
+    if line.startswith(("warning:", "rebuilt ")):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _stopper(job: Job, then: Callable[[dict[str, Any]], None] | None) -> Callable[[dict], None]:
