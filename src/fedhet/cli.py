@@ -698,7 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_reproduce)
     report = sub.add_parser("report", help="HTML report with plots of a run or grid directory")
     report.add_argument("dir", help="a run directory or a compare/reproduce directory")
-    report.add_argument("--out", help="where report.html and the PNGs go (default: DIR)")
+    report.add_argument("--out", help="where report.html and the PNGs go (default: DIR); it "
+                        "replaces or removes only files an earlier report wrote there")
     report.add_argument("--screenshot", metavar="PNG",
                         help="also render the page with headless Chromium into PNG (as a reader sees it)")
     report.set_defaults(func=cmd_report)
