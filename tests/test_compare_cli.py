@@ -66,7 +66,8 @@ def test_set_overrides_a_grid_file_and_replaces_its_axis(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        (["--sweep", "lr=0.1,0.10"], "duplicate runs, the same cell twice"),
+        (["--sweep", "momentum=0.5,0.50"], "duplicate runs, the same cell twice"),
+        (["--sweep", "lr=0.1,0.10"], "--sweep lr is given twice"),
         (["--set", "batch-size=0"], "error: --set batch_size: batch_size must be ≥ 1"),
         (["--sweep", "local-epochs=1,x"], "error: --sweep local_epochs: local_epochs must be a number"),
         (["--set", "learning_rate=0.1"], "(did you mean 'lr'?)"),

@@ -96,8 +96,9 @@ def test_report_of_a_single_run_through_the_cli(runs_dir, capsys):
 
 
 def test_report_of_a_directory_without_runs_is_a_clear_error(tmp_path):
-    with pytest.raises(FedhetError, match="no runs found"):
+    with pytest.raises(FedhetError, match="is not a fedhet run or grid directory"):
         report.write_report(tmp_path)
+    assert list(tmp_path.iterdir()) == []  # nothing written into it
 
 
 def test_diagnostic_columns_are_grouped_into_families():

@@ -94,9 +94,10 @@ def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int
     rounds = (values or {}).get("rounds")
     if rounds is None and resume:
         try:
-            rounds = json.loads((out / "config.json").read_text()).get("rounds")
+            saved = json.loads((out / "config.json").read_text())
         except (OSError, ValueError):
-            rounds = None
+            saved = None
+        rounds = saved.get("rounds") if isinstance(saved, dict) else None
     try:
         return max(1, int(rounds if rounds is not None else RunConfig.rounds))
     except (TypeError, ValueError):
@@ -205,15 +206,15 @@ SETTING_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "round
 def cmd_reproduce(args: argparse.Namespace) -> int:
     if args.paper == "all":
         return _reproduce_all(args)
-    if args.budget is not None or args.tables or args.results:
+    if args.budget is not None or args.tables is not None or args.results is not None:
         raise FedhetError("--budget, --tables and --results go with `fedhet reproduce all` (the campaign)")
     if args.setup and args.protocol:
         raise FedhetError("--setup chooses a preset's setup; --protocol runs on your settings "
                           "(give them with --set, e.g. --set dataset.normalize=false)")
     if args.protocol:
         return _reproduce_protocol(args)
-    given = [f"--{k.replace('_', '-')}" for k in SETTING_FLAGS if getattr(args, k)]
-    if given or args.baselines:
+    given = [f"--{k.replace('_', '-')}" for k in SETTING_FLAGS if getattr(args, k) not in (None, [])]
+    if given or args.baselines is not None:
         raise FedhetError(
             f"{', '.join(given or ['--baselines'])}: a preset fixes its own settings; run settings "
             "go with --protocol (--device, --executor and --workers choose where a preset runs)"
@@ -225,7 +226,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     args.paper = PRESETS.canonical(args.paper)  # `FedSR` is `fedsr`
     scale = args.scale or "smoke"
     out = Path(args.out) if args.out else default_out(args.paper, scale, args.setup)
-    only = tuple(d.strip() for d in args.only.split(",") if d.strip()) if args.only else None
+    only = _names(args.only, "--only", "mnist,mnist-even-odd") if args.only is not None else None
     reproduce(args.paper, scale, out, args.jobs, args.force, args.tensorboard,
               overrides=_overrides(args), only=only, setup=args.setup, **_batch_runs(args),
               **_cluster(args))
@@ -240,14 +241,45 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     if args.setup:
         raise FedhetError("--setup goes with one paper's preset (fedveca, bherd); the campaign runs "
                           "the CNN tables, which have one setup")
+    ignored = [flag for flag, dest in CAMPAIGN_IGNORES if getattr(args, dest) not in (None, False, [])]
+    if ignored:
+        raise FedhetError(
+            f"{', '.join(ignored)}: {'not an option' if len(ignored) == 1 else 'not options'} of "
+            "`reproduce all`, whose steps run the papers' "
+            "tables with fixed settings (it takes --budget, --tables, --scale, --device, "
+            "--batch-runs, --out and --results); give them to one paper's preset (`fedhet "
+            "reproduce fedsr ...`) or to `fedhet compare`"
+        )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.campaign import run_campaign
 
-    tables = tuple(t.strip() for t in args.tables.split(",") if t.strip()) if args.tables else None
+    tables = _names(args.tables, "--tables", "bench,fedsr-mnist") if args.tables is not None else None
     run_campaign(args.scale or "paper", args.device or "cuda", args.budget,
                  Path(args.out or "runs/campaign"), Path(args.results or "results"),
                  args.batch_runs or 8, tables)
     return 0
+
+
+CAMPAIGN_IGNORES = (
+    ("--algorithm", "algorithm"), ("--dataset", "dataset"), ("--partition", "partition"),
+    ("--model", "model"), ("--clients", "clients"), ("--rounds", "rounds"), ("--seed", "seed"),
+    ("--data-dir", "data_dir"), ("--config", "config"), ("--set", "set"),
+    ("--executor", "executor"), ("--workers", "workers"), ("--jobs", "jobs"), ("--only", "only"),
+    ("--protocol", "protocol"), ("--baselines", "baselines"), ("--quiet", "quiet"),
+    ("--force", "force"), ("--tensorboard", "tensorboard"), ("--cluster", "cluster"),
+    ("--ray-address", "ray_address"), ("--cpus-per-run", "cpus_per_run"),
+    ("--gpus-per-run", "gpus_per_run"),
+)
+"""`reproduce` options that `reproduce all` (the campaign) does not take: each is refused."""
+
+
+def _names(text: str, flag: str, example: str) -> tuple[str, ...]:
+    """A comma-separated list of names; an empty one (`--tables ""`) is one line, not "all"."""
+    names = tuple(t.strip() for t in text.split(","))
+    if not all(names):
+        raise FedhetError(f"{flag} {text!r} has an empty name; give comma-separated names, e.g. "
+                          f"{flag} {example}")
+    return names
 
 
 def _batch_runs(args: argparse.Namespace) -> dict[str, int]:
@@ -259,7 +291,7 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
     preset_only = [
         flag for flag in ("--scale", "--only", "--jobs", "--batch-runs", "--tensorboard",
                           *CLUSTER_FLAGS)
-        if getattr(args, flag[2:].replace("-", "_"), None)
+        if getattr(args, flag[2:].replace("-", "_"), None) not in (None, False)
     ]
     if preset_only:
         given = " ".join(f if getattr(args, f[2:].replace("-", "_")) is True
@@ -276,7 +308,8 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
 
     proto = protocol(args.paper, args.protocol)
     settings = {**parse(proto.defaults, f"{args.paper} {args.protocol} defaults"), **_run_values(args)}
-    baselines = [b.strip() for b in args.baselines.split(",") if b.strip()] if args.baselines else None
+    baselines = list(_names(args.baselines, "--baselines", "fedavg,fednova")) \
+        if args.baselines is not None else None
     show = sys.stderr.isatty() and not args.quiet
     out = Path(args.out or f"runs/{args.paper}-{args.protocol}")
     lines = not sys.stdout.isatty() and not args.quiet  # a log file: a line now and then
@@ -390,18 +423,16 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     """`fedhet config show`: every setting `run` would use with these flags, its value and
     where it came from (default, file, flag); nothing is loaded or written."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import canonical_config, parse
-    from fedhet.engine.store import RunStore
+    from fedhet.engine.config import parse
     from fedhet.experiments.show import as_json, render, sections
+    from fedhet.experiments.single import resume_settings, resume_target
 
     layers = _run_layers(args)
     if args.resume:
-        target = Path(args.resume if isinstance(args.resume, str) else (args.out or ""))
-        if not (target / "config.json").is_file():
-            raise FedhetError(f"{target} has no config.json: it is not a fedhet run directory")
-        record = RunStore(target).read_config()
-        plugins.ensure_recorded(record, target / "config.json")
-        saved = canonical_config(record)
+        # what `run --resume` would refuse is refused here, in its words
+        target = resume_target(args.resume, args.out, args.force)
+        _, saved, _ = resume_settings(target, _run_values(args) or None,
+                                      lambda m: print(m, file=sys.stderr))
         layers = [(f"file {target / 'config.json'}", parse(saved, "config.json")),
                   *[(src, v) for src, v in layers if not src.startswith("file ")]]
     parts = sections(layers)
@@ -652,7 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=cmd_reproduce)
     report = sub.add_parser("report", help="HTML report with plots of a run or grid directory")
     report.add_argument("dir", help="a run directory or a compare/reproduce directory")
-    report.add_argument("--out", help="where report.html and the PNGs go (default: DIR)")
+    report.add_argument("--out", help="where report.html and the PNGs go (default: DIR); it "
+                        "replaces or removes only files an earlier report wrote there")
     report.add_argument("--screenshot", metavar="PNG",
                         help="also render the page with headless Chromium into PNG (as a reader sees it)")
     report.set_defaults(func=cmd_report)

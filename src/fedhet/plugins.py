@@ -121,7 +121,17 @@ def load(spec: str, origin: str = "--plugin") -> str:
         module = _import_file(Path(spec), origin) if is_file_spec(spec) \
             else _import_module(spec, origin)
     _LOADED[spec] = str(getattr(module, "__file__", None) or spec)
+    if not _registered_by(f"plugin {spec}"):  # an empty file, or the wrong one: say so
+        print(f"warning: plugin {spec} (from {origin}) registered no algorithm, model, dataset "
+              "or partition; check that it is the right file", file=sys.stderr)
     return spec
+
+
+def _registered_by(source: str) -> bool:
+    """Whether any registered component records `source` (`plugin SPEC`)."""
+    from fedhet.engine.config import REGISTRIES  # lazy: the built-ins' registries import torch
+
+    return any(entry.source == source for reg in REGISTRIES.values() for entry in reg)
 
 
 def load_plugins(*specs: str) -> list[str]:

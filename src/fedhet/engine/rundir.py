@@ -33,6 +33,7 @@ OWNED_NAMES = frozenset({
     MARKER, LOCK, "config.json", "metrics.csv", "diagnostics.jsonl", "summary.json",
     "checkpoint.pt", "checkpoint.prev.pt", "report.html", "report.md", "results.csv",
     "summary.md", "comparison.md", "grid.toml", "grid.json", "errors.txt", "deploy.json", "plan.json",
+    ".fedhet-report.json",
 })
 """Files fedhet writes into a run or grid directory (removed by `--force`)."""
 
@@ -46,6 +47,17 @@ OWNED_SUFFIXES = (".png",)
 def is_ours(path: Path) -> bool:
     """True when `path` is a directory fedhet created (it holds the marker)."""
     return (Path(path) / MARKER).is_file()
+
+
+def kind(path: Path) -> str | None:
+    """The kind the marker of `path` names (`run`, `grid`), or None (no marker, or one that does
+    not say)."""
+    try:
+        record = json.loads((Path(path) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    value = record.get("kind") if isinstance(record, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _owned(entry: Path) -> bool:

@@ -36,6 +36,7 @@ import torch
 
 from fedhet import plugins
 from fedhet.engine.config import RECORD_KEYS
+from fedhet.engine.reading import read_csv, read_json
 from fedhet.engine.rundir import fsync_dir
 from fedhet.errors import FedhetError
 from fedhet.provenance import provenance
@@ -119,7 +120,8 @@ def truncate_lines(path: Path, keep: Any, header: bool = True) -> list[str]:
     holds, stopping at the first that fails or is cut short; rewrites the file if anything went."""
     if not path.exists():
         return []
-    text = path.read_text()
+    # bytes that are not text (a damaged file) fail `keep` and are cut like a torn line
+    text = path.read_bytes().decode("utf-8", errors="replace")
     lines = text.split("\n")
     whole, partial = lines[:-1], lines[-1]
     kept = whole[:1] if header else []
@@ -139,13 +141,22 @@ def _cell(text: str | None) -> float:
         return math.nan
 
 
+METRICS_FIX = ("fedhet writes it with a header and a line per round; `fedhet run --resume` "
+               "rebuilds it from the run's checkpoint, or run it again with --force")
+
+
 def read_metric_rows(path: Path | str) -> list[dict[str, float]]:
-    """`metrics.csv` (or the run directory holding it) as rows of floats; blank cells are NaN."""
+    """`metrics.csv` (or the run directory holding it) as rows of floats; blank cells are NaN.
+    A damaged file (not text, a torn row, no `round` column: `reading.read_csv`) or one
+    without a row is one `FedhetError`."""
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.csv"
-    with path.open(newline="") as f:
-        return [{k: _cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
+    _, rows = read_csv(path, METRICS_FIX, required=("round",))
+    if not rows:
+        raise FedhetError(f"{path} holds no round (only its header): the run saved none yet, or "
+                          f"the file was cut; {METRICS_FIX}")
+    return [{k: _cell(v) for k, v in row.items()} for row in rows]
 
 
 def read_metric_columns(path: Path | str) -> dict[str, list[float]]:
@@ -204,6 +215,12 @@ class MetricsHistory:
         return [json.loads(ln) for ln in [*lines, *self.tail]]
 
 
+CONFIG_FIX = ("fedhet writes it as a JSON object of the run's settings: restore it (the "
+              "checkpoint holds them too), or start the run again with --force")
+SUMMARY_FIX = ("fedhet writes it as a JSON object after every round: `fedhet run --resume` "
+               "writes it again from the checkpoint")
+
+
 class RunStore:
     def __init__(self, out: Path) -> None:
         self.out = Path(out)
@@ -227,13 +244,11 @@ class RunStore:
         atomic_write_text(self.out / "config.json", to_json({**settings, **record}))
 
     def read_config(self) -> dict[str, Any]:
+        """`config.json` as the JSON object fedhet wrote; missing or damaged is one line."""
         path = self.out / "config.json"
-        try:
-            return json.loads(path.read_text())
-        except FileNotFoundError:
-            raise FedhetError(f"{self.out} has no config.json: it is not a fedhet run directory") from None
-        except json.JSONDecodeError as e:
-            raise FedhetError(f"{path} is corrupt ({e}); start the run again with --force") from None
+        if not path.exists():
+            raise FedhetError(f"{self.out} has no config.json: it is not a fedhet run directory")
+        return read_json(path, CONFIG_FIX)
 
     def write_metrics(self, rows: list[dict[str, Any]]) -> None:
         """Rewrite `metrics.csv` with all rows; columns are the union, in order of appearance."""
@@ -341,7 +356,8 @@ class RunStore:
         return [dict(row) for row in reader]
 
     def read_summary(self) -> dict[str, Any]:
-        return json.loads((self.out / "summary.json").read_text())
+        """`summary.json` as the JSON object fedhet wrote; missing or damaged is one line."""
+        return read_json(self.out / "summary.json", SUMMARY_FIX)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """`summary.json`, with the run's `provenance` (as in `config.json`, for the process

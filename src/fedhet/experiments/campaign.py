@@ -60,6 +60,9 @@ BENCH_MINUTES = {"paper": 6.0, "small": 1.0, "smoke": 1.0}
 """Prior wall minutes of the benchmark step (`--full` on a GPU; small sizes otherwise)."""
 MARGIN = 0.03
 """Fraction of the budget kept back (at least 10 s) so the sitting ends before the budget does."""
+MAX_BUDGET_MIN = 7 * 24 * 60
+"""The longest sitting, in minutes: a week (timers and subprocess time-outs hold far longer
+ones badly: 100000 minutes overflowed a poll time-out, 1e308 made the deadline NaN)."""
 
 
 @dataclass(frozen=True)
@@ -180,8 +183,10 @@ class Campaign:
     def __post_init__(self) -> None:
         if self.scale not in SCALES:
             raise FedhetError(f"unknown scale {self.scale!r}; choose one of: {', '.join(SCALES)}")
-        if not (self.budget_min > 0 and math.isfinite(self.budget_min)):
-            raise FedhetError(f"--budget must be a positive number of minutes, got {self.budget_min}")
+        if not (math.isfinite(self.budget_min) and 0 < self.budget_min <= MAX_BUDGET_MIN):
+            raise FedhetError(f"--budget must be a number of minutes in (0, {MAX_BUDGET_MIN}] (a "
+                              f"sitting of at most a week; run again to continue), got "
+                              f"{self.budget_min:g}")
         known = {"bench"} | {t.key for t in self.tables}
         for s in self.steps:
             if s not in known:
@@ -204,11 +209,17 @@ class Campaign:
 
     def load_state(self) -> None:
         if self.state_path.exists():
-            try:
-                self.state = json.loads(self.state_path.read_text())
-            except json.JSONDecodeError as e:
-                raise FedhetError(f"{self.state_path} is corrupt ({e}); remove it to start over "
-                                  "(finished runs are kept and not redone)") from None
+            # lazy, as the campaign's other imports
+            from fedhet.engine.reading import read_json
+
+            self.state = read_json(self.state_path, "remove it to start over (finished runs are "
+                                   "kept and not redone)")
+            steps, sittings = self.state.get("steps", {}), self.state.get("sittings", [])
+            if not (isinstance(steps, dict) and all(isinstance(v, dict) for v in steps.values())
+                    and isinstance(sittings, list) and all(isinstance(v, dict) for v in sittings)):
+                raise FedhetError(f"{self.state_path} is damaged (its steps or sittings are not "
+                                  "what fedhet writes); remove it to start over (finished runs "
+                                  "are kept and not redone)")
         self.state.setdefault("steps", {})
         self.state.setdefault("sittings", [])
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.algorithms.base import ALGORITHMS
+from fedhet.engine import rundir
 from fedhet.engine.config import (
     ENGINE_FIELDS,
     REGISTRIES,
@@ -31,6 +32,7 @@ from fedhet.engine.config import (
     path_of,
     read_toml_file,
 )
+from fedhet.engine.reading import damaged, read_json
 from fedhet.engine.store import atomic_write_text, to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
@@ -528,11 +530,32 @@ def write_manifest(out: Path, title: str, specs: list[RunSpec], target: float | 
     }))
 
 
+MANIFEST_FIX = ("fedhet writes it as {\"title\", \"runs\": [{\"name\", \"group\", \"label\", "
+                "\"settings\"}, ...]}; run the grid again (`fedhet compare --config GRID.toml --out "
+                "DIR`, or `fedhet reproduce`) to write it anew")
+
+
 def read_manifest(out: Path) -> dict[str, Any] | None:
+    """`DIR/grid.json` checked (`MANIFEST_FIX`'s shape: each run a plain directory name under
+    `DIR/runs/`), or None when there is none; a damaged one, or a grid directory (its marker
+    says so) without one, is one `FedhetError`."""
     path = out / "grid.json"
     if not path.exists():
+        if rundir.kind(out) == "grid":
+            raise damaged(path, "is missing", MANIFEST_FIX)
         return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise FedhetError(f"{path} is corrupt ({e}); run the grid again") from None
+    manifest = read_json(path, MANIFEST_FIX)
+    runs = manifest.get("runs")
+    if not isinstance(runs, list):
+        raise damaged(path, "has no list of runs", MANIFEST_FIX)
+    for i, run in enumerate(runs):
+        fields = [run.get(k) for k in ("name", "group", "label")] if isinstance(run, dict) else [None]
+        if not all(isinstance(f, str) for f in fields) or not _plain_name(run["name"]):
+            raise damaged(path, f"run {i} is not {{\"name\", \"group\", \"label\"}} with a plain "
+                          "directory name", MANIFEST_FIX)
+    return manifest
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name \
+        and "\x00" not in name

@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet.engine.reading import damaged, read_csv, read_json
 from fedhet.errors import FedhetError
+
+METRICS_FIX = "fedhet writes it with a header and a line per round: restore it, or run the run again"
 
 BASE_COLUMNS = ("setting", "algorithm", "seed", "round", "test_accuracy", "test_loss", "train_loss")
 """The contract's leading columns, in order."""
@@ -67,13 +70,17 @@ def _fmt(v: Any, digits: int | None = None) -> str:
     return str(v)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
+RUN_FIX = "fedhet writes it as a JSON object: restore it, or run the run again"
+RESULTS_FIX = ("fedhet writes a result file as whole CSV rows `setting,algorithm,seed,round,"
+               "test_accuracy,...` with a JSON object beside it; restore them (`git checkout "
+               "results/` in a checkout) or export the experiment again")
+
+
+def _read_json(path: Path, fix: str = RUN_FIX) -> dict[str, Any]:
+    """A JSON object file (`{}` when there is none); a damaged one is one `FedhetError`."""
+    if not path.exists():
         return {}
-    except json.JSONDecodeError as e:
-        raise FedhetError(f"{path} is corrupt ({e})") from None
+    return read_json(path, fix)
 
 
 def run_of(run_dir: Path, group: str = "", label: str = "",
@@ -92,8 +99,7 @@ def is_finished(run_dir: Path) -> bool:
 
 
 def _metric_rows(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
+    return read_csv(path, METRICS_FIX, required=("round",))[1]
 
 
 def run_rows(run: Run, setting: str, algorithm: str,
@@ -204,13 +210,26 @@ def export_grid(
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
-    """A results CSV as rows of text cells (checks the contract's columns)."""
-    with Path(path).open(newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in BASE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise FedhetError(f"{path} lacks column(s) {', '.join(missing)} of the results contract")
-        return list(reader)
+    """A results CSV as rows of text cells: the contract's columns, a whole last line, whole
+    quoted fields, text only, at least one row, and whole-number seeds and rounds; anything
+    else is one `FedhetError` naming the file and line."""
+    _, rows = read_csv(Path(path), RESULTS_FIX, required=BASE_COLUMNS)
+    if not rows:
+        raise damaged(path, "holds no rows (only its header)", RESULTS_FIX)
+    for line, r in enumerate(rows, 2):
+        for key in ("seed", "round"):
+            if not _whole(r[key]):
+                raise damaged(path, f"row {line} has {key} {r[key]!r}, not a whole number",
+                              RESULTS_FIX)
+    return rows
+
+
+def _whole(cell: str) -> bool:
+    try:
+        int(cell)
+    except ValueError:
+        return False
+    return True
 
 
 Curves = dict[tuple[str, str], dict[int, dict[str, list[float]]]]
@@ -266,8 +285,8 @@ def write_meta(
 
 
 def read_meta(path: Path) -> dict[str, Any]:
-    """An experiment's json (`{}` when there is none)."""
-    return _read_json(Path(path))
+    """An experiment's json (`{}` when there is none; a damaged one is one `FedhetError`)."""
+    return _read_json(Path(path), RESULTS_FIX)
 
 
 def grid_minutes(grid_dir: Path) -> float:

@@ -83,6 +83,11 @@ class Results:
 def load(results: Path) -> Results:
     """Every `results/<paper>/<experiment>.csv` at paper scale."""
     out = Results()
+    for meta_path in sorted(Path(results).glob("*/*.json")):
+        if not meta_path.with_suffix(".csv").exists():
+            raise FedhetError(f"{meta_path} has no {meta_path.stem}.csv beside it (the results it "
+                              "describes); restore the CSV (`git checkout results/` in a checkout) "
+                              "or remove the json")
     for csv_path in sorted(Path(results).glob("*/*.csv")):
         meta = pr.read_meta(csv_path.with_suffix(".json"))
         scale = meta.get("scale", "paper")

@@ -21,10 +21,14 @@ page with headless Chromium (`fedhet report DIR --screenshot PNG`).
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import html
 import json
 import math
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,9 +38,11 @@ import numpy as np
 from fedhet import plugins
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.data.partition import label_counts
-from fedhet.engine.config import config_of
+from fedhet.engine import rundir
+from fedhet.engine.config import RECORD_KEYS, config_of
 from fedhet.engine.federate import federate
-from fedhet.engine.store import atomic_write_text
+from fedhet.engine.reading import DamagedFileError, read_json
+from fedhet.engine.store import CONFIG_FIX, SUMMARY_FIX, atomic_write_text, read_metric_columns
 from fedhet.errors import FedhetError
 from fedhet.experiments import papers  # noqa: F401  (registers the papers' figures)
 from fedhet.experiments.figures import EXTRA_PLOTTERS, slug
@@ -70,7 +76,6 @@ from fedhet.experiments.report_settings import component, group_header, summariz
 from fedhet.experiments.results import (
     RANKING_RULE,
     compare_published,
-    read_metrics,
     run_result,
     summary_tables,
     tables_html,
@@ -85,36 +90,102 @@ DOCS_HINT = "fedhet docs grids"
 
 
 # -- finding runs ----------------------------------------------------------------------------
-def _load_run(path: Path, name: str, group: str, label: str) -> RunData | None:
-    if not (path / "config.json").exists() or not (path / "metrics.csv").exists():
-        return None
-    config = json.loads((path / "config.json").read_text())
+def is_fedhet_run(path: Path, config: dict[str, Any]) -> bool:
+    """Whether `path`, whose `config.json` holds `config`, is a run fedhet made: it carries the
+    `.fedhet` marker, or (a run made before the marker existed) its config builds as fedhet
+    settings, its recorded plugins imported first. Another tool's directory that merely has a
+    config.json and a metrics.csv is not one."""
+    if rundir.is_ours(path):
+        return True
+    try:
+        plugins.ensure_recorded(config, path / "config.json")
+        config_of({k: v for k, v in config.items() if k not in RECORD_KEYS}, "config.json")
+    except Exception:  # noqa: BLE001  (whatever stops it building: not fedhet settings)
+        return False
+    return True
+
+
+def _not_ours(path: Path, why: str) -> FedhetError:
+    return FedhetError(
+        f"{path} is not a fedhet run: it has no {rundir.MARKER} marker and its config.json "
+        f"{why}; give a directory that `fedhet run`, `compare` or `reproduce` wrote"
+    )
+
+
+def _load_run(path: Path, name: str, group: str, label: str) -> RunData:
+    """The run in `path`, its files read whole (`fedhet.engine.reading`): a missing or damaged
+    config.json or metrics.csv, a damaged summary.json, or a directory that is no fedhet run
+    is one `FedhetError`. summary.json may be missing (a run before its first round)."""
+    try:
+        config = read_json(path / "config.json", CONFIG_FIX)
+    except DamagedFileError as e:
+        if rundir.is_ours(path):
+            raise
+        raise _not_ours(path, e.problem) from None
+    if not is_fedhet_run(path, config):
+        raise _not_ours(path, "does not hold fedhet settings")
     summary_path = path / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
-    return RunData(name, group, label or config.get("algorithm", name), path, config, summary,
-                   read_metrics(path / "metrics.csv"))
+    summary = read_json(summary_path, SUMMARY_FIX) if summary_path.exists() else {}
+    if not (path / "metrics.csv").exists():
+        raise FedhetError(f"{path} has no metrics.csv: the run saved no round yet; report it once "
+                          "it has")
+    metrics = read_metric_columns(path / "metrics.csv")
+    return RunData(name, group, label or str(config.get("algorithm", name)), path, config, summary,
+                   metrics)
 
 
-def discover(root: Path) -> tuple[dict[str, Any], list[RunData]]:
-    """The manifest (or a made-up one) and the runs of a run, grid or preset directory."""
+def _started(path: Path) -> bool:
+    """A grid's run that has saved a round (the others have not run yet; one that has, but
+    lost its config.json, is reported as damaged by `_load_run`)."""
+    return (path / "metrics.csv").exists()
+
+
+def discover(root: Path, warn: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[RunData]]:
+    """The manifest (or a made-up one) and the runs of a run, grid or preset directory, or of
+    a directory holding fedhet runs; anything else, or a damaged file, is one `FedhetError`.
+    Runs of a grid that have not run yet are left out (`warn` names how many)."""
+    warn = warn or (lambda m: print(m, file=sys.stderr))
     if (root / "config.json").exists():
-        run = _load_run(root, root.name, "", "")
-        return {"title": root.name, "target_accuracy": None}, [run] if run else []
+        return {"title": root.name, "target_accuracy": None}, [_load_run(root, root.name, "", "")]
     manifest = read_manifest(root)
     if manifest is not None:
-        runs = [
-            _load_run(root / "runs" / r["name"], r["name"], r["group"], r["label"])
-            for r in manifest["runs"]
-        ]
-        return manifest, [r for r in runs if r is not None]
-    found = sorted(p.parent for p in root.rglob("config.json"))
-    runs = []
-    for p in found:
+        listed = [(root / "runs" / r["name"], r) for r in manifest["runs"]]
+        runs = [_load_run(p, r["name"], r["group"], r["label"]) for p, r in listed if _started(p)]
+        waiting = [r["name"] for p, r in listed if not _started(p)]
+        if waiting and runs:
+            more = " …" if len(waiting) > 3 else ""
+            warn(f"warning: {len(waiting)} of the grid's {len(listed)} runs have saved no round "
+                 f"yet and are not in the report ({', '.join(waiting[:3])}{more})")
+        if not runs:
+            raise FedhetError(f"none of the {len(listed)} runs of the grid {root} has saved a round "
+                              "yet; report it once one has")
+        return manifest, runs
+    runs, foreign = [], []
+    for p in sorted(p.parent for p in root.rglob("config.json")):
+        try:
+            config = read_json(p / "config.json", CONFIG_FIX)
+        except DamagedFileError:
+            if rundir.is_ours(p):
+                raise  # a fedhet run's damaged file
+            config = None  # another tool's file
+        if config is None or not is_fedhet_run(p, config):
+            foreign.append(str(p.relative_to(root)))
+            continue
+        if not (p / "metrics.csv").exists():
+            continue
         run = _load_run(p, str(p.relative_to(root)), "", "")
-        if run is not None:
-            c = run.config
-            run.group = f"{c.get('dataset')}/{component(c.get('partition'), c.get('partition_params'))}"
-            runs.append(run)
+        c = run.config
+        run.group = f"{c.get('dataset')}/{component(c.get('partition'), c.get('partition_params'))}"
+        runs.append(run)
+    if not runs:
+        raise FedhetError(
+            f"{root} is not a fedhet run or grid directory: it holds no {rundir.MARKER} marker, "
+            "no grid.json and no run that fedhet wrote (config.json and metrics.csv); give a "
+            "directory that `fedhet run`, `compare` or `reproduce` wrote"
+        )
+    if foreign:
+        warn(f"warning: left out {len(foreign)} director(ies) that fedhet did not write: "
+             f"{', '.join(foreign[:3])}{' …' if len(foreign) > 3 else ''}")
     return {"title": root.name, "target_accuracy": None}, runs
 
 
@@ -218,19 +289,99 @@ def _short(v: Any) -> str:
     return str(v)
 
 
+REPORT_RECORD = ".fedhet-report.json"
+"""What the last `fedhet report` wrote into its output directory (`{"files": {name: sha256}}`):
+a file listed there and unchanged since is the report's own, to replace or remove."""
+
+
 def write_report(root: Path, out: Path | None = None, warn: Callable[[str], None] | None = None) -> Path:
-    """Write `report.html` and its PNGs into `out` (default `root`); returns the page's path."""
+    """Write `report.html` and its PNGs into `out` (default `root`); returns the page's path.
+
+    `root` must be a fedhet run, grid, or a directory of fedhet runs (`discover`). The page is
+    drawn into a private directory first, then moved into `out`: a file there that the report
+    would replace is replaced only when fedhet wrote it (listed in `REPORT_RECORD` unchanged,
+    or a page or plot of a run or grid directory), and a figure of the previous report that
+    this one no longer draws is removed only when it is listed there unchanged. Otherwise the
+    report stops with one line before touching `out`: a user's file is never replaced or
+    deleted."""
     warn = warn or (lambda m: print(m, file=sys.stderr))
     if not root.is_dir():
         raise FedhetError(f"{root} is not a directory; give a run or grid directory")
-    manifest, runs = discover(root)
-    if not runs:
-        raise FedhetError(f"no runs found in {root} (a run directory has config.json and metrics.csv)")
+    manifest, runs = discover(root, warn)
     _import_plugins(runs, warn)
     out = out or root
+    if out.exists() and not out.is_dir():
+        raise FedhetError(f"--out {out} is a file; give a directory for report.html and its figures")
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("fig_*.png"):
-        old.unlink()
+    draft = Path(tempfile.mkdtemp(prefix=".report.html.", dir=out))
+    try:
+        _draw(root, manifest, runs, draft, warn)
+        page_path = _publish(draft, out, fedhets=out.resolve() == root.resolve())
+    except BaseException:
+        shutil.rmtree(draft, ignore_errors=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    shutil.rmtree(draft, ignore_errors=True)
+    return page_path
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _previous(out: Path) -> dict[str, str]:
+    """`REPORT_RECORD`'s files (`{}` when there is none or it is damaged: then nothing counts
+    as the report's own)."""
+    try:
+        files = json.loads((out / REPORT_RECORD).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(files, dict) else {}
+
+
+def _publish(draft: Path, out: Path, fedhets: bool = False) -> Path:
+    """Move the drawn page and figures from `draft` into `out` (`write_report`'s rules);
+    `fedhets`: `out` is the run or grid reported (fedhet's, marker or not)."""
+    previous = _previous(out)
+    in_run_dir = fedhets or rundir.is_ours(out)
+
+    def own(name: str) -> bool:
+        target = out / name
+        if not target.exists():
+            return True
+        if not target.is_file() or target.is_symlink():
+            return False
+        if in_run_dir and (name == "report.html" or name.endswith(rundir.OWNED_SUFFIXES)):
+            return True  # a run or grid directory's pages and plots are fedhet's (as for --force)
+        return previous.get(name) == _sha256(target)
+
+    drawn = sorted(p.name for p in draft.iterdir() if p.is_file())
+    clashes = [name for name in drawn if not own(name)]
+    if clashes:
+        raise FedhetError(
+            f"--out {out} already holds {', '.join(clashes[:3])}{' …' if len(clashes) > 3 else ''}, "
+            "which fedhet did not write; the report replaces no file of yours: choose a new or "
+            "empty --out directory, or move those files"
+        )
+    record = {name: _sha256(draft / name) for name in drawn}
+    for name in drawn:
+        if name != "report.html":
+            os.replace(draft / name, out / name)
+    for name, digest in previous.items():  # figures of the previous report not drawn this time
+        stale = out / name
+        if name not in record and "/" not in name and stale.is_file() and _sha256(stale) == digest:
+            stale.unlink()
+    atomic_write_text(out / REPORT_RECORD, json.dumps({"files": record}, indent=1) + "\n")
+    os.replace(draft / "report.html", out / "report.html")  # last: the page names the figures
+    return out / "report.html"
+
+
+def _draw(root: Path, manifest: dict[str, Any], runs: list[RunData], out: Path,
+          warn: Callable[[str], None]) -> None:
+    """Draw the page and its figures into the (empty, private) directory `out`."""
     title = str(manifest.get("title") or root.name)
     sections = [_provenance_section(runs), _settings_section(runs), _tables_section(manifest, runs)]
     sections.append(_curves_section(runs, out))
@@ -245,10 +396,7 @@ def write_report(root: Path, out: Path | None = None, warn: Callable[[str], None
         f"generated {stamp} by <code>fedhet report</code>. Accuracies are in percent throughout.</p>\n"
         + "\n".join(s for s in sections if s) + "\n</body></html>\n"
     )
-
-    page_path = out / "report.html"
-    atomic_write_text(page_path, page)
-    return page_path
+    (out / "report.html").write_text(page)
 
 
 def _provenance_section(runs: list[RunData]) -> str:
@@ -502,6 +650,8 @@ def _extra_section(runs: list[RunData], out: Path, warn: Callable[[str], None]) 
             if plotter is None:
                 continue
             figures = plotter([r for r in runs if r.algorithm == algorithm], out)
+        except DamagedFileError:
+            raise  # a damaged run file is the input's fault, not a broken plot: one error line
         except Exception as e:  # noqa: BLE001  (a broken paper plot must not lose the report)
             msg = f"{algorithm} plots failed: {type(e).__name__}: {e}"
             warn(f"warning: {msg}")

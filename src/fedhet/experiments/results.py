@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import html
 import io
-import json
 import math
 import statistics
 import subprocess
@@ -22,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.store import atomic_write_text, format_value, read_metric_columns
+from fedhet.engine.reading import read_json
+from fedhet.engine.store import SUMMARY_FIX, atomic_write_text, format_value, read_metric_columns
 from fedhet.experiments.presets import RunSpec
 
 RESULT_COLUMNS = (
@@ -58,7 +58,7 @@ def run_result(spec: RunSpec, run_dir: Path, target: float | None, error: str = 
     row: dict[str, Any] = {"name": spec.name, "group": spec.group, "label": spec.label}
     row.update(spec.settings)
     summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    summary = read_json(summary_path, SUMMARY_FIX) if summary_path.exists() else {}
     if summary.get("status") == "diverged":
         status = "diverged"  # its accuracies are those of the last finite round: not reported
         summary = {k: v for k, v in summary.items() if not k.endswith(("_accuracy", "_round"))}

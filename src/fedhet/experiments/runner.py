@@ -40,12 +40,12 @@ from fedhet.engine.config import (
     parse,
 )
 from fedhet.engine.plan import batchable
-from fedhet.engine.store import to_json
+from fedhet.engine.store import RunStore, to_json
 from fedhet.engine.workers import CORES_ENV, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.progress import every_s
-from fedhet.experiments.single import execute, execute_together, is_finished
+from fedhet.experiments.single import execute, execute_together, is_finished, metrics_intact
 
 if TYPE_CHECKING:
     from fedhet.engine.plan import ClusterOptions
@@ -126,8 +126,11 @@ def _init_worker(stop: Any, cores: int, plugin_files: Mapping[str, str] | None =
         _BROKEN = str(e)
 
 
-def _quiet(_: str) -> None:
-    return None
+def _quiet(line: str) -> None:
+    """A grid run's log: the grid prints its own line per run, so only what the user must know
+    (a warning, a file rebuilt from the checkpoint) reaches stderr."""
+    if line.startswith(("warning:", "rebuilt ")):
+        print(line, file=sys.stderr, flush=True)
 
 
 def _stopper(job: Job, then: Callable[[dict[str, Any]], None] | None) -> Callable[[dict], None]:
@@ -289,24 +292,29 @@ def plan_jobs(
         out = runs_dir / spec.name
         config_path = out / "config.json"
         resume = False
+        results = [n for n in ("metrics.csv", "summary.json", "checkpoint.pt", "checkpoint.prev.pt")
+                   if (out / n).exists()]
+        if not force and results and not config_path.exists():
+            raise FedhetError(
+                f"{out} holds a run's {', '.join(results)} but no config.json (deleted or lost); "
+                "restore it (the checkpoint holds the settings), or use --force to run the grid "
+                "again from scratch"
+            )
         if not force and config_path.exists():
             cfg = config_of(spec.settings)
             wanted = json.loads(to_json(cfg.to_dict()))
-            try:
-                saved = json.loads(to_json(canonical_config(json.loads(config_path.read_text()))))
-            except json.JSONDecodeError:
-                saved = None
-            diff = sorted(k for k in wanted if saved is not None and saved.get(k) != wanted[k]
-                          and k not in RUNTIME)
+            # a damaged config.json is one line, before anything runs (--force starts it again)
+            saved = json.loads(to_json(canonical_config(RunStore(out).read_config())))
+            diff = sorted(k for k in wanted if saved.get(k) != wanted[k] and k not in RUNTIME)
             if diff:
                 raise FedhetError(
                     f"{out} holds a run with other settings ({', '.join(diff)}); use --force to "
                     "run the grid again from scratch, or another --out"
                 )
-            if saved is not None and is_finished(out):
+            if is_finished(out) and metrics_intact(out):
                 done += 1
                 continue
-            resume = saved is not None
+            resume = True  # a damaged summary.json or metrics.csv is written again from the checkpoint
         jobs.append(Job(spec.name, spec.settings, str(out), resume, tensorboard))
     return jobs, done
 
@@ -413,7 +421,7 @@ def _status_of(job: Job) -> tuple[int, float, float]:
         s = json.loads((Path(job.out) / "summary.json").read_text())
         return (int(s.get("rounds_done", 0)), float(s.get("final_accuracy", float("nan"))),
                 float(s.get("final_loss", float("nan"))))
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, AttributeError):  # damaged: the run rewrites it
         return 0, float("nan"), float("nan")
 
 

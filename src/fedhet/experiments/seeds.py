@@ -16,7 +16,6 @@ noise**. A "first round to X" value counts only when every seed reaches X.
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 from collections.abc import Sequence
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from fedhet.engine.reading import read_csv
 
 
 @dataclass(frozen=True)
@@ -99,8 +100,9 @@ def _higher_is_better(column: str) -> bool:
 # -- grids (results.csv) --------------------------------------------------------------------------
 def grid_stats(results_csv: Path, metric: str = "final_accuracy") -> dict[str, dict[str, Stat]]:
     """Per group (setting), per label: `metric` over the grid's seeds (empty cells: not reached)."""
-    with Path(results_csv).open(newline="") as fh:
-        rows = list(csv.DictReader(fh))
+    _, rows = read_csv(Path(results_csv), "fedhet writes it at the end of a grid: run the grid "
+                       "again (`fedhet compare` resumes it) to write it anew",
+                       required=("group", "label", "status"))
     out: dict[str, dict[str, list[float | None]]] = {}
     for r in rows:
         v = r.get(metric, "")

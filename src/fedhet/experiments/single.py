@@ -17,10 +17,11 @@ from fedhet.engine import rundir
 from fedhet.engine.assemble import assemble
 from fedhet.engine.batch import run_together
 from fedhet.engine.callbacks import CallbackLike
-from fedhet.engine.config import RESUMABLE, build, canonical_config, config_of, parse
+from fedhet.engine.config import RESUMABLE, RunConfig, build, canonical_config, config_of, parse
 from fedhet.engine.federate import load
+from fedhet.engine.reading import read_json
 from fedhet.engine.simulation import Simulation, check_resumable
-from fedhet.engine.store import RunStore
+from fedhet.engine.store import SUMMARY_FIX, RunStore, read_metric_rows
 from fedhet.errors import FedhetError
 
 
@@ -71,8 +72,22 @@ def resume_target(resume: str | bool | None, out: str | None, force: bool) -> Pa
 
 
 def is_finished(out: Path) -> bool:
-    path = out / "summary.json"
-    return path.exists() and '"finished": true' in path.read_text()
+    """Whether the run's summary.json says it ran all its rounds (a missing or damaged one:
+    not finished, so that a resume writes it again from the checkpoint)."""
+    try:
+        return read_json(out / "summary.json", SUMMARY_FIX).get("finished") is True
+    except FedhetError:
+        return False
+
+
+def metrics_intact(out: Path) -> bool:
+    """Whether the run's metrics.csv reads whole (`fedhet.engine.reading.read_csv`); a resume
+    rebuilds one that does not from the checkpoint."""
+    try:
+        read_metric_rows(out / "metrics.csv")
+    except FedhetError:
+        return False
+    return True
 
 
 @dataclass
@@ -156,28 +171,49 @@ def opened(
         yield Opened(sim, {})
 
 
+def resume_settings(
+    out: Path, changes: dict[str, Any] | None, log: Callable[[str], None] = print,
+    checkpoint: bool = True,
+) -> tuple[RunStore, dict[str, Any], RunConfig]:
+    """What `fedhet run --resume` would continue the run in `out` with: its store, its saved
+    settings and the `RunConfig` with `changes` applied. Raises the resume's own error for a
+    missing or damaged config.json, a change a resume may not make (`check_resumable`: only
+    `RESUMABLE` settings, rounds only upwards) and a config.json edited since the newest
+    checkpoint (with `checkpoint`; the resume itself checks it as it loads the checkpoint).
+    Nothing is written (`fedhet config show --resume` says the same)."""
+    store = RunStore(out)
+    if not (out / "config.json").is_file():
+        raise FedhetError(f"{out} has no config.json: it is not a fedhet run directory")
+    record = store.read_config()
+    plugins.ensure_recorded(record, out / "config.json")
+    saved = canonical_config(record)
+    cfg = build(parse(saved, "config.json"), parse(changes or {}, "--resume"))
+    if changes:
+        check_resumable(saved, cfg.to_dict())
+    ckpt = store.load_checkpoint(warn=log) if checkpoint else None
+    if ckpt is not None:
+        check_resumable(ckpt.get("config"), cfg.to_dict())
+    return store, saved, cfg
+
+
 @contextlib.contextmanager
 def _resumed(
     changes: dict[str, Any] | None, out: Path, log: Callable[[str], None],
     callbacks: Sequence[CallbackLike], data_cache: bool,
 ) -> Iterator[Opened]:
-    store = RunStore(out)
     if not (out / "config.json").is_file():
         raise FedhetError(f"{out} has no config.json: it is not a fedhet run directory")
     with rundir.exclusive(out, "run"):
-        record = store.read_config()
-        plugins.ensure_recorded(record, out / "config.json")
-        saved = canonical_config(record)
-        cfg = build(parse(saved, "config.json"), parse(changes or {}, "--resume"))
+        store, saved, cfg = resume_settings(out, changes, log, checkpoint=False)
         if changes:
-            check_resumable(saved, cfg.to_dict())
             changed = sorted(k for k, v in cfg.to_dict().items() if saved.get(k) != v)
             if changed:
                 log("resuming with " + ", ".join(f"{k} {saved.get(k)} → {getattr(cfg, k)}"
                                                  for k in changed)
                     + f" (a resume may change only {', '.join(sorted(RESUMABLE))})")
+        _say_damaged(out, log)
         grown = cfg.rounds > int(saved.get("rounds", cfg.rounds))
-        if is_finished(out) and not grown:
+        if is_finished(out) and not grown and metrics_intact(out):
             # compare first: an edited config.json is refused as it is for an unfinished run
             ckpt = store.load_checkpoint(warn=log)
             if ckpt is not None:
@@ -195,3 +231,14 @@ def _resumed(
         # config.json changes only once the checkpoint has accepted the new settings
         accepted = (lambda: store.write_config(cfg.to_dict())) if changes else None
         yield Opened(sim, {"resume": True, "accepted": accepted})
+
+
+def _say_damaged(out: Path, log: Callable[[str], None]) -> None:
+    """Name the run files a resume writes again from the checkpoint because they are damaged
+    (summary.json; metrics.csv is rebuilt and named by `RunStore.restore_rows`)."""
+    path = out / "summary.json"
+    if path.exists():
+        try:
+            read_json(path, SUMMARY_FIX)
+        except FedhetError as e:
+            log(f"warning: {str(e).split(';')[0]}; the resume writes it again from the checkpoint")

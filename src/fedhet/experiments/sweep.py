@@ -52,9 +52,10 @@ def changes(flags: Mapping[str, Any], sets: Sequence[str], sweeps: Sequence[str]
     for k, value in flags.items():
         flag = f"--{k.replace('_', '-')}"
         if k in AXIS_FLAGS and isinstance(value, str) and "," in value:
-            axes[k] = [v.strip() for v in value.split(",") if v.strip()]
-            if not axes[k]:
-                raise FedhetError(f"{flag} expects a name or a comma-separated list, got {value!r}")
+            axes[k] = [v.strip() for v in value.split(",")]
+            if not all(axes[k]):
+                raise FedhetError(f"{flag} expects a name or a comma-separated list of names, got "
+                                  f"{value!r} (an empty name)")
         else:
             fixed[k] = value
         sources[k] = flag
@@ -64,11 +65,20 @@ def changes(flags: Mapping[str, Any], sets: Sequence[str], sweeps: Sequence[str]
         axes.pop(key, None)
     for pair in sweeps:
         key, value = _pair(pair, "--sweep", "key=value1,value2,...")
-        values = [literal(v) for v in value.split(",") if v.strip()]
-        if not values:
+        texts = [v.strip() for v in value.split(",")]
+        if not any(texts):
             raise FedhetError(f"--sweep expects key=value1,value2,..., got {pair!r}")
+        if not all(texts):
+            raise FedhetError(f"--sweep {pair!r} has an empty value (two commas, or one at an "
+                              f"end); give each value once, e.g. {key}={','.join(t for t in texts if t)}")
+        values = [literal(v) for v in texts]
         if key in fixed:
             raise FedhetError(f"--sweep {key} and {sources[key]} both set {key}; give one")
+        if key in axes:
+            twice = "is given twice" if sources[key].startswith("--sweep") else \
+                f"and {sources[key]} both list values of {key}"
+            raise FedhetError(f"--sweep {key} {twice}; give all its values once, e.g. --sweep "
+                              f"{key}={','.join(dict.fromkeys(map(str, [*axes[key], *values])))}")
         axes[key], sources[key] = values, f"--sweep {key}"
     for k, registry in REGISTRIES.items():
         if isinstance(fixed.get(k), str):

@@ -9,7 +9,6 @@ preset directory into the Fig. 2 table (markdown) and figures for one model/data
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -19,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from fedhet.engine.reading import damaged, read_json_lines  # noqa: E402
 from fedhet.engine.store import read_metric_columns  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.experiments.papers.bherd.preset import CASES, main_runs
@@ -38,8 +38,14 @@ def read_kept(run_dir: Path) -> list[dict[int, list[int]]]:
     path = Path(run_dir) / "diagnostics.jsonl"
     if not path.exists():
         raise FedhetError(f"{run_dir} has no diagnostics.jsonl: was it a BHerd run?")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    out = [{int(c): v for c, v in r.get("kept_indices", {}).items()} for r in records]
+    records = read_json_lines(path, "fedhet writes one JSON object a line, a line per round: "
+                              "restore it, or run the run again with --force")
+    try:
+        out = [{int(c): [int(i) for i in v] for c, v in r.get("kept_indices", {}).items()}
+               for r in records]
+    except (AttributeError, TypeError, ValueError):
+        raise damaged(path, "holds kept_indices that are not {client: [step, ...]}",
+                      "restore it, or run the run again with --force") from None
     if not any(out):
         raise FedhetError(f"{run_dir} logged no kept indices: was it a BHerd run?")
     return out
