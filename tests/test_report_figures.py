@@ -180,6 +180,10 @@ def test_provenance_is_shown_when_recorded(tmp_path):
             log=lambda _: None)
     execute({"dataset": "digits", "clients": 3, "rounds": 1, "lr": 0.1, "seed": 1},
             tmp_path / "runs" / "b", log=lambda _: None)
+    for name in ("a", "b"):  # as runs made before the record existed
+        path = tmp_path / "runs" / name / "config.json"
+        path.write_text(json.dumps({k: v for k, v in json.loads(path.read_text()).items()
+                                    if k != "provenance"}))
     old = report.write_report(tmp_path / "runs", tmp_path / "old").read_text()
     assert "Made with" not in old  # runs from before the record: no block
     for name, commit in (("a", "abc1234"), ("b", "def5678")):

@@ -219,6 +219,7 @@ def run_method(
     if log_lines:
         rounds = config_of(settings, "fair protocol").rounds
         lines = RoundLines(rounds, sys.stdout, prefix=f"{run_dir.name}: ")
+    hooks = [lines] if lines is not None else []
     has_run = (run_dir / "config.json").exists()
     if has_run and not force:
         if not _same_config(run_dir, settings):
@@ -229,9 +230,9 @@ def run_method(
         if is_finished(run_dir):
             log(f"{run_dir} is already finished; reusing it")
             return
-        execute(None, run_dir, resume=True, progress=progress, log=log, callbacks=[lines])
+        execute(None, run_dir, resume=True, progress=progress, log=log, callbacks=hooks)
         return
-    execute(settings, run_dir, force=True, progress=progress, log=log, callbacks=[lines])
+    execute(settings, run_dir, force=True, progress=progress, log=log, callbacks=hooks)
 
 
 def check_settings(settings: dict[str, Any], methods: Sequence[str]) -> None:
