@@ -152,3 +152,32 @@ def test_imports_inside_functions_say_why():
                     missing.append(f"{path.relative_to(SRC)}:{node.lineno}")
                 block_ok, prev_end = ok, node.end_lineno
     assert missing == [], f"in-function imports without a reason: {missing}"
+
+
+LOWER = ("engine", "data", "models", "algorithms", "training")
+UPPER = ("experiments", "deploy", "cli")
+
+
+def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below():
+    """experiments, deploy and cli import the engine, data, models, algorithms and training
+    layers only through each layer's `interface` module (`from fedhet.engine.interface import
+    NAME`), as a user's code reaches fedhet only through `fedhet/__init__.py`: never one of
+    their modules directly."""
+    reached = []
+    for path in (SRC / "fedhet").rglob("*.py"):
+        rel = path.relative_to(SRC / "fedhet")
+        if rel.parts[0].removesuffix(".py") not in UPPER:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if len(parts) > 1 and parts[0] == "fedhet" and parts[1] in LOWER \
+                        and parts[2:] != ["interface"]:
+                    reached.append(f"{rel}:{node.lineno} {name}")
+    assert reached == [], f"modules of lower layers imported directly: {reached}"

@@ -41,7 +41,7 @@ class _Parser(argparse.ArgumentParser):
 def _read_toml(given: str) -> dict[str, Any]:
     """A run file: a path, or the name of a shipped one (`fedhet.configs.resolve`)."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import read_toml_file
+    from fedhet.engine.interface import read_toml_file
 
     _, doc = read_toml_file(resolve_config(given), "config file")
     grid_keys = sorted({"base", "axes", "variant"} & set(doc))
@@ -63,7 +63,7 @@ def _run_layers(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     then each flag, then each `--set`; each read by the one parser
     (`fedhet.engine.config.parse`). The source is what `fedhet config show` prints."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import parse
+    from fedhet.engine.interface import parse
 
     layers: list[tuple[str, dict[str, Any]]] = []
     if args.config:
@@ -89,7 +89,7 @@ def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int
     """The rounds a run will end at, for its progress lines (a guess when the settings are bad:
     the run then fails before its first line)."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import RunConfig
+    from fedhet.engine.interface import RunConfig
 
     rounds = (values or {}).get("rounds")
     if rounds is None and resume:
@@ -118,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             out = Path(args.out)
         else:
             # lazy: a command imports torch only when it runs (fast --help and flag errors)
-            from fedhet.engine.config import build
+            from fedhet.engine.interface import build
 
             build(values)  # bad settings fail before a directory is named
             out = api.new_run_dir(api.default_name(values))
@@ -303,7 +303,7 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
             f"the run flags (e.g. `fedhet reproduce {args.paper} --protocol {args.protocol} -r 20`)"
         )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import parse
+    from fedhet.engine.interface import parse
     from fedhet.experiments.papers.base import protocol
 
     proto = protocol(args.paper, args.protocol)
@@ -385,7 +385,7 @@ def _workers(text: str) -> str | int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import ENGINE_FIELDS, FIELD_DOCS, REGISTRIES, engine_defaults
+    from fedhet.engine.interface import ENGINE_FIELDS, FIELD_DOCS, REGISTRIES, engine_defaults
 
     defaults = engine_defaults()
     print("settings (--set KEY=VALUE, or KEY = VALUE in a run file; default, meaning):")
@@ -423,7 +423,7 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     """`fedhet config show`: every setting `run` would use with these flags, its value and
     where it came from (default, file, flag); nothing is loaded or written."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.config import parse
+    from fedhet.engine.interface import parse
     from fedhet.experiments.show import as_json, render, sections
     from fedhet.experiments.single import resume_settings, resume_target
 
@@ -582,7 +582,7 @@ def _cluster(args: argparse.Namespace) -> dict[str, Any]:
         raise FedhetError("--jobs sets local processes; with --cluster ray each run is a task "
                           "sized by --cpus-per-run and --gpus-per-run")
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.plan import ClusterOptions
+    from fedhet.engine.interface import ClusterOptions
 
     cpus = 1.0 if args.cpus_per_run is None else args.cpus_per_run
     gpus = 0.0 if args.gpus_per_run is None else args.gpus_per_run

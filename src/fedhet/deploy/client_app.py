@@ -23,11 +23,9 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedhet import plugins
-from fedhet.algorithms.base import Message as FedMessage
+from fedhet.algorithms.interface import Message as FedMessage
 from fedhet.deploy.records import STATE, from_record, pack_state, to_record, unpack_state
-from fedhet.engine.assemble import ClientSide, assemble_clients
-from fedhet.engine.config import config_of
-from fedhet.engine.failures import ClientFailure
+from fedhet.engine.interface import ClientFailure, ClientSide, assemble_clients, config_of
 from fedhet.errors import FedhetError
 
 SETTINGS_KEY = "fedhet-settings"

@@ -17,9 +17,8 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-from fedhet.algorithms.base import Algorithm, ClientState, Message
-from fedhet.algorithms.state import client_record, restore_client
-from fedhet.engine.store import SAFE_GLOBALS
+from fedhet.algorithms.interface import Algorithm, ClientState, Message, client_record, restore_client
+from fedhet.engine.interface import SAFE_GLOBALS
 from fedhet.errors import FedhetError
 
 TENSORS = "fedhet.tensors"

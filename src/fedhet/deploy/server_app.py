@@ -34,17 +34,22 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
 from fedhet import plugins
-from fedhet.algorithms.base import Message, Reply, ServerState
+from fedhet.algorithms.interface import Message, Reply, ServerState
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.node import shorten_pull_backoff
 from fedhet.deploy.records import from_record, to_record, wire_bytes
-from fedhet.engine import rundir
-from fedhet.engine.assemble import assemble
-from fedhet.engine.callbacks import CallbackLike
-from fedhet.engine.clients import ClientWork
-from fedhet.engine.config import RunConfig, config_of
-from fedhet.engine.simulation import Simulation
-from fedhet.engine.store import RunStore, atomic_write_text, to_json
+from fedhet.engine.interface import (
+    CallbackLike,
+    ClientWork,
+    RunConfig,
+    RunStore,
+    Simulation,
+    assemble,
+    atomic_write_text,
+    config_of,
+    rundir,
+    to_json,
+)
 from fedhet.errors import FedhetError
 from fedhet.experiments.single import prepare_out
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedhet.engine import rundir
+from fedhet.engine.interface import rundir
 from fedhet.errors import FedhetError
 from fedhet.experiments import paper_results
 from fedhet.experiments.presets import SCALES, RunSpec
@@ -210,7 +210,7 @@ class Campaign:
     def load_state(self) -> None:
         if self.state_path.exists():
             # lazy, as the campaign's other imports
-            from fedhet.engine.reading import read_json
+            from fedhet.engine.interface import read_json
 
             self.state = read_json(self.state_path, "remove it to start over (finished runs are "
                                    "kept and not redone)")
@@ -225,7 +225,7 @@ class Campaign:
 
     def save_state(self) -> None:
         # lazy: engine.store imports torch; only a finished step writes
-        from fedhet.engine.store import atomic_write_text
+        from fedhet.engine.interface import atomic_write_text
 
         atomic_write_text(self.state_path, json.dumps(self.state, indent=2) + "\n")
 

@@ -54,10 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import fedhet
 from fedhet import plugins
-from fedhet.engine import rundir
-from fedhet.engine.plan import ClusterOptions
-from fedhet.engine.store import atomic_write_text
-from fedhet.engine.workers import CORES_ENV
+from fedhet.engine.interface import CORES_ENV, ClusterOptions, atomic_write_text, rundir
 from fedhet.errors import FedhetError
 from fedhet.experiments import raylink, runner
 from fedhet.experiments.raylink import first_line

@@ -15,8 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.comm import LINKS
-from fedhet.engine.store import read_metric_rows
+from fedhet.engine.interface import LINKS, read_metric_rows
 
 LINK_KEYS = tuple(link.replace("-", "_") for link in LINKS)
 

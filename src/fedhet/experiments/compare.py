@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedhet import plugins
-from fedhet.engine import rundir
-from fedhet.engine.store import atomic_write_text
+from fedhet.engine.interface import atomic_write_text, rundir
 from fedhet.errors import FedhetError
 from fedhet.experiments.cluster import run_units
 from fedhet.experiments.grid import Changes, load_grid, write_manifest

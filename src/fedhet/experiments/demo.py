@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedhet.engine.store import read_metric_columns
+from fedhet.engine.interface import read_metric_columns
 from fedhet.experiments.single import check_out, execute
 
 DEMO_ALGORITHMS = ("fedavg", "fednova")

@@ -20,20 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.algorithms.base import ALGORITHMS
-from fedhet.engine import rundir
-from fedhet.engine.config import (
+from fedhet.algorithms.interface import ALGORITHMS
+from fedhet.engine.interface import (
     ENGINE_FIELDS,
     REGISTRIES,
     RUNTIME,
+    atomic_write_text,
     config_of,
+    damaged,
     flatten,
     parse,
     path_of,
+    read_json,
     read_toml_file,
+    rundir,
+    to_json,
 )
-from fedhet.engine.reading import damaged, read_json
-from fedhet.engine.store import atomic_write_text, to_json
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 

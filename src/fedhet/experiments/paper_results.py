@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.reading import damaged, read_csv, read_json
+from fedhet.engine.interface import damaged, read_csv, read_json
 from fedhet.errors import FedhetError
 
 METRICS_FIX = "fedhet writes it with a header and a line per round: restore it, or run the run again"

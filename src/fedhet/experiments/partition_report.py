@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.data.partition import label_counts, write_index_map
-from fedhet.engine.config import RunConfig, build
-from fedhet.engine.federate import federate
+from fedhet.data.interface import label_counts, write_index_map
+from fedhet.engine.interface import RunConfig, build, federate
 from fedhet.errors import FedhetError
 from fedhet.experiments.report_plots import fit_suptitle
 from fedhet.registry import params_dict

@@ -38,8 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.plan import host_port, ray_address
-from fedhet.engine.store import atomic_write_text
+from fedhet.engine.interface import atomic_write_text, host_port, ray_address
 from fedhet.errors import FedhetError
 
 GCS_PROBE_S = 5.0

@@ -36,13 +36,20 @@ from typing import Any
 import numpy as np
 
 from fedhet import plugins
-from fedhet.algorithms.base import ALGORITHMS
-from fedhet.data.partition import label_counts
-from fedhet.engine import rundir
-from fedhet.engine.config import RECORD_KEYS, config_of
-from fedhet.engine.federate import federate
-from fedhet.engine.reading import DamagedFileError, read_json
-from fedhet.engine.store import CONFIG_FIX, SUMMARY_FIX, atomic_write_text, read_metric_columns
+from fedhet.algorithms.interface import ALGORITHMS
+from fedhet.data.interface import label_counts
+from fedhet.engine.interface import (
+    CONFIG_FIX,
+    RECORD_KEYS,
+    SUMMARY_FIX,
+    DamagedFileError,
+    atomic_write_text,
+    config_of,
+    federate,
+    read_json,
+    read_metric_columns,
+    rundir,
+)
 from fedhet.errors import FedhetError
 from fedhet.experiments import papers  # noqa: F401  (registers the papers' figures)
 from fedhet.experiments.figures import EXTRA_PLOTTERS, slug

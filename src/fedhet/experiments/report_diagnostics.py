@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.store import TIME_COLUMNS
+from fedhet.engine.interface import TIME_COLUMNS
 from fedhet.experiments.report_plots import (
     ACCURACY_SCALE,
     RunData,

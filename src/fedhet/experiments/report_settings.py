@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedhet.engine.config import RECORD_KEYS
+from fedhet.engine.interface import RECORD_KEYS
 
 ORDER = (
     "algorithm", "model", "dataset", "partition", "clients", "sample_fraction", "rounds", "lr",

@@ -15,10 +15,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedhet.engine import rundir
-from fedhet.engine.config import RunConfig, config_of
-from fedhet.engine.federate import load
-from fedhet.engine.store import atomic_write_text
+from fedhet.engine.interface import RunConfig, atomic_write_text, config_of, load, rundir
 from fedhet.errors import FedhetError
 from fedhet.experiments.cluster import run_units
 from fedhet.experiments.cluster import session as cluster_session

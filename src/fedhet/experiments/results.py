@@ -21,8 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.reading import read_json
-from fedhet.engine.store import SUMMARY_FIX, atomic_write_text, format_value, read_metric_columns
+from fedhet.engine.interface import (
+    SUMMARY_FIX,
+    atomic_write_text,
+    format_value,
+    read_json,
+    read_metric_columns,
+)
 from fedhet.experiments.presets import RunSpec
 
 RESULT_COLUMNS = (
@@ -144,7 +149,7 @@ def is_reference(algorithm: str | None) -> bool:
     if not algorithm:
         return False
     # lazy: the registry imports torch; summaries of hand-made rows need no algorithm
-    from fedhet.algorithms.base import ALGORITHMS
+    from fedhet.algorithms.interface import ALGORITHMS
     from fedhet.errors import FedhetError
 
     try:

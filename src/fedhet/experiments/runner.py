@@ -29,26 +29,28 @@ from typing import TYPE_CHECKING, Any, TextIO
 import torch
 
 from fedhet import plugins
-from fedhet.engine import rundir
-from fedhet.engine.config import (
+from fedhet.engine.interface import (
     COMPONENTS,
+    CORES_ENV,
     REGISTRIES,
     RUNTIME,
+    RunStore,
+    batchable,
     build,
     canonical_config,
     config_of,
     parse,
+    rundir,
+    to_json,
+    usable_cores,
 )
-from fedhet.engine.plan import batchable
-from fedhet.engine.store import RunStore, to_json
-from fedhet.engine.workers import CORES_ENV, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.progress import every_s
 from fedhet.experiments.single import execute, execute_together, is_finished, metrics_intact
 
 if TYPE_CHECKING:
-    from fedhet.engine.plan import ClusterOptions
+    from fedhet.engine.interface import ClusterOptions
 
 
 @dataclass(frozen=True)

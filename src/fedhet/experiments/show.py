@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedhet.engine.config import (
+from fedhet.engine.interface import (
     COMPONENTS,
     ENGINE_FIELDS,
     FIELD_DOCS,
@@ -131,7 +131,7 @@ def as_json(parts: Sequence[Section]) -> str:
 def _plan_section(shown: Shown) -> Section:
     """Where the run would compute on this machine and why (`engine.plan`): the device, the
     executor, the worker processes and the backend, each with the rule that chose it."""
-    from fedhet.engine.plan import describe_plan  # the plan weighs the run's work: import late
+    from fedhet.engine.interface import describe_plan  # the plan weighs the run's work: import late
 
     return Section("plan (on this machine)",
                    [Row(key, value, "", reason) for key, value, reason in describe_plan(shown.cfg)])

@@ -13,15 +13,25 @@ from pathlib import Path
 from typing import Any
 
 from fedhet import plugins
-from fedhet.engine import rundir
-from fedhet.engine.assemble import assemble
-from fedhet.engine.batch import run_together
-from fedhet.engine.callbacks import CallbackLike
-from fedhet.engine.config import RESUMABLE, RunConfig, build, canonical_config, config_of, parse
-from fedhet.engine.federate import load
-from fedhet.engine.reading import read_json
-from fedhet.engine.simulation import Simulation, check_resumable
-from fedhet.engine.store import SUMMARY_FIX, RunStore, read_metric_rows
+from fedhet.engine.interface import (
+    RESUMABLE,
+    SUMMARY_FIX,
+    CallbackLike,
+    RunConfig,
+    RunStore,
+    Simulation,
+    assemble,
+    build,
+    canonical_config,
+    check_resumable,
+    config_of,
+    load,
+    parse,
+    read_json,
+    read_metric_rows,
+    run_together,
+    rundir,
+)
 from fedhet.errors import FedhetError
 
 

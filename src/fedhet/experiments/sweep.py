@@ -14,7 +14,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fedhet.engine.config import REGISTRIES, path_of
+from fedhet.engine.interface import REGISTRIES, path_of
 from fedhet.errors import FedhetError
 from fedhet.experiments.grid import Changes, Grid
 

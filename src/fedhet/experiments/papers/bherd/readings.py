@@ -56,10 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.engine.assemble import assemble
-from fedhet.engine.config import config_of
-from fedhet.engine.federate import load
-from fedhet.engine.store import RunStore
+from fedhet.engine.interface import RunStore, assemble, config_of, load
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.bherd.plots import read_metrics, rounds_to_reach
 from fedhet.experiments.papers.bherd.preset import BEST_BATCH, CASES, SETUPS, common

@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedhet.engine.store import read_metric_columns  # noqa: E402
+from fedhet.engine.interface import read_metric_columns  # noqa: E402
 from fedhet.experiments.report_plots import fit_suptitle  # noqa: E402
 
 LABELS = {

@@ -32,13 +32,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedhet.data.base import Dataset
-from fedhet.engine.assemble import assemble
-from fedhet.engine.config import config_of
-from fedhet.engine.store import RunStore, read_metric_rows
+from fedhet.data.interface import Dataset
+from fedhet.engine.interface import RunStore, assemble, config_of, read_metric_rows
 from fedhet.experiments import paper_results
 from fedhet.experiments.results import git_commit
-from fedhet.models.registry import MODELS
+from fedhet.models.interface import MODELS
 from fedhet.registry import NoParams
 
 MODEL = "fednova-quadratic"

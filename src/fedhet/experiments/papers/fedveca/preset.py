@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.store import atomic_write_text
+from fedhet.engine.interface import atomic_write_text
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import PRESETS, register_setups, svm_setup
 from fedhet.experiments.papers.bherd.preset import REF40

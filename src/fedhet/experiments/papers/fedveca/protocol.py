@@ -23,9 +23,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.config import RECORD_KEYS, config_of
-from fedhet.engine.federate import federate
-from fedhet.engine.store import RunStore, atomic_write_text, csv_table, to_json
+from fedhet.engine.interface import (
+    RECORD_KEYS,
+    RunStore,
+    atomic_write_text,
+    config_of,
+    csv_table,
+    federate,
+    to_json,
+)
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import Protocol, register_protocol
 from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics

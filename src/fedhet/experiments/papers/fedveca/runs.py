@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedhet.engine.store import read_metric_rows
+from fedhet.engine.interface import read_metric_rows
 from fedhet.errors import FedhetError
 
 FEDVECA = "fedveca"

@@ -1,0 +1,109 @@
+"""The engine layer (runs rounds: sampling, topologies, local training, aggregation, evaluation,
+communication accounting, checkpoints, metrics; a run is assembled, then run) as the layers
+above see it.
+
+`fedhet.experiments`, `fedhet.deploy` and `fedhet.cli` import this layer only from here, as a
+user's code imports fedhet only from `fedhet/__init__.py`; every other name in
+`fedhet.engine` is internal to it (tests/test_architecture.py).
+"""
+
+from fedhet.engine import rundir
+from fedhet.engine.assemble import ClientSide, assemble, assemble_clients
+from fedhet.engine.batch import run_together
+from fedhet.engine.callbacks import CallbackLike
+from fedhet.engine.clients import ClientWork
+from fedhet.engine.comm import LINKS
+from fedhet.engine.config import (
+    COMPONENTS,
+    ENGINE_FIELDS,
+    FIELD_DOCS,
+    RECORD_KEYS,
+    REGISTRIES,
+    RESUMABLE,
+    RUNTIME,
+    RunConfig,
+    build,
+    canonical_config,
+    config_of,
+    config_sources,
+    engine_defaults,
+    flatten,
+    parse,
+    path_of,
+    read_toml_file,
+)
+from fedhet.engine.failures import ClientFailure
+from fedhet.engine.federate import federate, load
+from fedhet.engine.plan import ClusterOptions, batchable, describe_plan, host_port, ray_address
+from fedhet.engine.reading import DamagedFileError, damaged, read_csv, read_json, read_json_lines
+from fedhet.engine.simulation import Simulation, check_resumable
+from fedhet.engine.store import (
+    CONFIG_FIX,
+    SAFE_GLOBALS,
+    SUMMARY_FIX,
+    TIME_COLUMNS,
+    RunStore,
+    atomic_write_text,
+    csv_table,
+    format_value,
+    read_metric_columns,
+    read_metric_rows,
+    to_json,
+)
+from fedhet.engine.workers import CORES_ENV, usable_cores
+
+__all__ = [
+    "COMPONENTS",
+    "CONFIG_FIX",
+    "CORES_ENV",
+    "CallbackLike",
+    "ClientFailure",
+    "ClientSide",
+    "ClientWork",
+    "ClusterOptions",
+    "DamagedFileError",
+    "ENGINE_FIELDS",
+    "FIELD_DOCS",
+    "LINKS",
+    "RECORD_KEYS",
+    "REGISTRIES",
+    "RESUMABLE",
+    "RUNTIME",
+    "RunConfig",
+    "RunStore",
+    "SAFE_GLOBALS",
+    "SUMMARY_FIX",
+    "Simulation",
+    "TIME_COLUMNS",
+    "assemble",
+    "assemble_clients",
+    "atomic_write_text",
+    "batchable",
+    "build",
+    "canonical_config",
+    "check_resumable",
+    "config_of",
+    "config_sources",
+    "csv_table",
+    "damaged",
+    "describe_plan",
+    "engine_defaults",
+    "federate",
+    "flatten",
+    "format_value",
+    "host_port",
+    "load",
+    "parse",
+    "path_of",
+    "ray_address",
+    "read_csv",
+    "read_json",
+    "read_json_lines",
+    "read_metric_columns",
+    "read_metric_rows",
+    "read_toml_file",
+    "run_together",
+    "rundir",
+    "to_json",
+    "usable_cores",
+]
