@@ -226,7 +226,10 @@ class ClientStateStore(Mapping[int, Any]):
     def release(self, client_id: int, version: int) -> None:
         """An update that raised: the client keeps the state it was handed, as changed in
         place so far (what a dict of states would hold)."""
-        if client_id in self._pinned:
+        if client_id not in self._pinned:
+            return
+        self._pinned.discard(client_id)
+        if client_id in self._resident:  # else None: nothing to change in place
             self.put(client_id, self._resident[client_id], version)
 
     # -- memory -------------------------------------------------------------------------------
