@@ -6,6 +6,7 @@ writes only the clients that changed; a client never sampled never gets a state.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from same import assert_same
 from test_executors import BASE, CASES
 
-from fedhet.algorithms.base import ALGORITHMS
+from fedhet.algorithms.base import ALGORITHMS, PER_CLIENT_COLUMNS
 from fedhet.engine.assemble import assemble
 from fedhet.engine.client_store import CLIENT_STATES, ClientStateStore, state_nbytes
 from fedhet.engine.config import config_of
@@ -233,3 +234,23 @@ def test_a_state_that_views_a_stack_is_written_alone(tmp_path):
     store.put(7, ScaffoldClientState(c_i=stack[3]), 1)
     assert (tmp_path / "7-1.pt").stat().st_size < 20_000  # one row, not the whole stack
     assert torch.equal(store[7].c_i, stack[3])
+
+
+# -- a round's row does not grow with the clients ------------------------------------------------
+@pytest.mark.parametrize("case", ["fedveca", "bherd"])
+def test_per_client_diagnostics_beyond_the_column_limit_hold_the_rounds_clients(case, tmp_path):
+    n = PER_CLIENT_COLUMNS + 20
+    sim, rows = simulate(case, tmp_path, rounds=2, clients=n, sample_fraction=0.05, client_steps=[],
+                         local_steps=3, partition="iid")
+    assert not [k for k in rows[-1] if k.startswith(("tau_", "beta_", "herd_dist_", "kept_"))
+                and k.split("_")[-1].isdigit()]
+    records = [json.loads(line) for line in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
+    for k, record in enumerate(records):
+        sampled = {str(c) for c in sample_clients(sim.loop, n, k)}
+        assert set(record["tau_per_client"]) == sampled
+        assert all(v >= 1 for v in record["tau_per_client"].values())
+
+
+def test_per_client_columns_up_to_the_limit_cover_every_client():
+    _, rows = simulate("fedveca", rounds=1)
+    assert [k for k in rows[-1] if k.startswith("tau_") and k[4:].isdigit()] == [f"tau_{i}" for i in range(6)]
