@@ -254,3 +254,34 @@ def test_per_client_diagnostics_beyond_the_column_limit_hold_the_rounds_clients(
 def test_per_client_columns_up_to_the_limit_cover_every_client():
     _, rows = simulate("fedveca", rounds=1)
     assert [k for k in rows[-1] if k.startswith("tau_") and k[4:].isdigit()] == [f"tau_{i}" for i in range(6)]
+
+
+def test_a_client_that_raises_keeps_its_state_as_changed_whatever_the_budget():
+    """A client whose update raises after changing its state in place keeps the changed state
+    (what a dict of states holds), whether its state was in memory or read back for the update."""
+
+    def run(budget: float):
+        sim = assemble(config_of(settings("scaffold", rounds=4, client_state_memory_mb=budget)),
+                       store=None, log=lambda _: None)
+        sampled = [sample_clients(sim.loop, 6, k) for k in range(4)]
+        fail = next((k, c) for k in range(1, 4) for c in sampled[k]
+                    if any(c in sampled[j] for j in range(k)))  # a client with a state already
+        inner = sim.algorithm.client_update
+
+        def faulty(message, ctx, state):
+            if (ctx.round, ctx.client_id) == fail:
+                state.c_i.add_(1.0)
+                raise RuntimeError("after changing its state")
+            return inner(message, ctx, state)
+
+        sim.algorithm.client_update = faulty
+        rows: list[dict[str, Any]] = []
+        sim.callbacks.append(rows.append)
+        sim.run()
+        return sim, rows, fail
+
+    kept, kept_rows, (round, _) = run(1024)
+    spilled, spilled_rows, _ = run(SPILL)
+    assert next(r for r in kept_rows if r["round"] == round + 1)["clients_failed"] == 1
+    same_run(spilled, spilled_rows, kept, kept_rows)
+    assert spilled.client_states.loads > 0

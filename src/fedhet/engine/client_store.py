@@ -228,9 +228,8 @@ class ClientStateStore(Mapping[int, Any]):
         memory until `put` or `release`."""
         if client_id not in self._version:
             return self.algorithm.client_init(client_id)
-        state = self[client_id]
-        self._pinned.add(client_id)
-        return state
+        self._pinned.add(client_id)  # before it is read back: not evicted at once
+        return self[client_id]
 
     def put(self, client_id: int, state: Any, version: int) -> None:
         """The client's new state, made in the round whose count after it is `version`."""
