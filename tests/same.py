@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ def assert_same(a: Any, b: Any, where: str = "") -> None:
         assert_same(a.to_record(), b.to_record(), where)
     elif isinstance(a, torch.Tensor):
         assert a.dtype == b.dtype and torch.equal(a, b), where
-    elif isinstance(a, dict):
+    elif isinstance(a, Mapping):  # a dict, or the clients' `ClientStateStore`
         assert a.keys() == b.keys(), where
         for k in a:
             assert_same(a[k], b[k], f"{where}.{k}")

@@ -5,6 +5,7 @@ before states were typed (untyped dicts, raw client values) resumes to the same 
 from __future__ import annotations
 
 import copy
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from fedhet.algorithms.state import (
     restore_state,
 )
 from fedhet.engine.assemble import assemble
+from fedhet.engine.client_store import CLIENT_STATES, read_records
 from fedhet.engine.config import config_of
 from fedhet.engine.store import TIME_COLUMNS, RunStore, read_checkpoint
 from fedhet.errors import FedhetError
@@ -88,7 +90,8 @@ def test_states_round_trip_through_a_checkpoint(name, tmp_path):
     ckpt = RunStore(tmp_path).load_checkpoint()
     assert isinstance(ckpt["server"], dict)
     assert_same(restore_state(sim.algorithm, ckpt["server"]), sim.final_state, "server")
-    assert_same(restore_clients(sim.algorithm, ckpt["clients"]), sim.client_states, "clients")
+    records = read_records(tmp_path / CLIENT_STATES, ckpt["client_store"])
+    assert_same(restore_clients(sim.algorithm, records), dict(sim.client_states), "clients")
 
 
 # -- checkpoints written before states were typed --------------------------------------------
@@ -127,7 +130,9 @@ def test_a_checkpoint_from_before_typed_states_resumes_to_the_same_run(name, tmp
     store = RunStore(tmp_path)
     ckpt = store.load_checkpoint()
     ckpt["server"] = old_server(name, ckpt["server"])
-    ckpt["clients"] = {i: old_client(name, r) for i, r in ckpt["clients"].items()}
+    records = read_records(tmp_path / CLIENT_STATES, ckpt.pop("client_store"))
+    ckpt["clients"] = {i: old_client(name, r) for i, r in records.items()}  # inline, as then
+    shutil.rmtree(tmp_path / CLIENT_STATES, ignore_errors=True)
     store.save_checkpoint(ckpt)
     assert read_checkpoint(store.ckpt_path)["server"].keys() == ckpt["server"].keys()
     resumed, rows = simulate(name, tmp_path, resume=True, rounds=3)

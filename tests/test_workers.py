@@ -4,6 +4,8 @@ does (engine/workers.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pytest
 import torch
 from faulty import make_client_fail
@@ -61,8 +63,8 @@ def same(a, b) -> bool:
         return type(a) is type(b) and same(a.to_record(), b.to_record())
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, Mapping):  # a dict, or the clients' `ClientStateStore`
+        return isinstance(b, Mapping) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
     return a == b or (a != a and b != b)  # NaN equals NaN here

@@ -237,6 +237,19 @@ class WeightedMean:
         return self.scalar_sums[name] / self.total
 
 
+PER_CLIENT_COLUMNS = 100
+"""**[choice]** Up to this many clients, per-client diagnostics (FedVeca's `τ_i`, BHerd's herding
+distances) are metrics columns `<name>_<i>` for every client, NaN for those not in the round;
+with more, only the round's clients are reported, as `<name>_per_client: {client: value}` in
+diagnostics.jsonl (`per_client_record`), so a round's row does not grow with the clients."""
+
+
+def per_client_record(values: dict[str, dict[int, float]]) -> dict[str, dict[str, float]]:
+    """The round's per-client values of a run with more than `PER_CLIENT_COLUMNS` clients:
+    `{<name>_per_client: {str(client): value}}`, a structured diagnostics record."""
+    return {f"{name}_per_client": {str(c): v for c, v in vs.items()} for name, vs in values.items()}
+
+
 def require_replies(count: int, what: str = "aggregate") -> None:
     if count == 0:
         raise ValueError(
@@ -255,8 +268,10 @@ __all__ = [
     "ClientContext",
     "Message",
     "NoParams",
+    "PER_CLIENT_COLUMNS",
     "Reply",
     "RunInfo",
+    "per_client_record",
     "sample_weights",
     "weighted_sum",
 ]

@@ -66,6 +66,7 @@ import torch
 
 from fedhet.algorithms.base import (
     ALGORITHMS,
+    PER_CLIENT_COLUMNS,
     Algorithm,
     ClientContext,
     ClientState,
@@ -74,6 +75,7 @@ from fedhet.algorithms.base import (
     RunInfo,
     ServerState,
     WeightedMean,
+    per_client_record,
     require_replies,
 )
 from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics
@@ -412,10 +414,16 @@ class BHerdScaffoldParams(BHerdParams):
 
 # -- server helpers ----------------------------------------------------------------------------
 def herd_diagnostics(num_clients: int, replies: Sequence[Reply]) -> dict[str, Any]:
-    """`herd_dist_<i>`, `tau_<i>`, `kept_<i>` columns (NaN for absent clients) and kept indices."""
+    """`herd_dist_<i>`, `tau_<i>`, `kept_<i>` columns (NaN for absent clients; beyond
+    `PER_CLIENT_COLUMNS` clients only the round's, in diagnostics.jsonl) and kept indices."""
     diag: dict[str, Any] = {}
     by_id = {r.client_id: r.message for r in replies}
-    for i in range(num_clients):
+    if num_clients > PER_CLIENT_COLUMNS:
+        diag.update(per_client_record({
+            name: {c: m.scalars[key] for c, m in by_id.items()}
+            for name, key in (("herd_dist", "herd_dist"), ("tau", "steps"), ("kept", "kept_steps"))
+        }))
+    for i in range(num_clients if num_clients <= PER_CLIENT_COLUMNS else 0):
         msg = by_id.get(i)
         diag[f"herd_dist_{i}"] = msg.scalars["herd_dist"] if msg else float("nan")
         diag[f"tau_{i}"] = msg.scalars["steps"] if msg else float("nan")

@@ -39,7 +39,8 @@ reports it as `steps`; the server copies it to round 1. From then on every downl
 server's `tau` decision. A client that was not sampled yet gets no `tau` and starts the same way.
 
 Per round the diagnostics hold, for every client `i`, `tau_i` (the `τ_(k,i)` it ran; NaN when
-not sampled), `beta_i`, `delta_i`, `A_i` (NaN in round 0), and `tau_k`, `tau_sum`
+not sampled), `beta_i`, `delta_i`, `A_i` (NaN in round 0) (beyond `PER_CLIENT_COLUMNS` clients,
+only the round's clients, in diagnostics.jsonl: `base.per_client_record`), and `tau_k`, `tau_sum`
 (`Σ_i τ_(k,i)`, whose total over rounds is `τ_all` of §IV-A1), `L_k` (this round's estimate
 `L_(k−1)`), `L_max` and `eta_tau_L = η_k τ_k L` (Theorem 1's premise `≥ 1`, Fig. 4). `β`, `δ` and `L` are
 ratios of gradient and model differences and do not involve `η`.
@@ -57,6 +58,7 @@ import torch
 
 from fedhet.algorithms.base import (
     ALGORITHMS,
+    PER_CLIENT_COLUMNS,
     Algorithm,
     ClientContext,
     Message,
@@ -64,6 +66,7 @@ from fedhet.algorithms.base import (
     RunInfo,
     ServerState,
     WeightedMean,
+    per_client_record,
     require_replies,
 )
 from fedhet.algorithms.fedavg import CLIENT_SCALARS, client_diagnostics
@@ -348,15 +351,17 @@ class FedVeca(Algorithm):
 
     def _diagnostics(
         self, replies: Sequence[Reply], taus: list[int], A: list[float], acc: WeightedMean
-    ) -> dict[str, float]:
-        cols = {"tau": [math.nan] * self.run.num_clients}
-        for name in ("beta", "delta", "A"):
-            cols[name] = [math.nan] * self.run.num_clients
+    ) -> dict[str, Any]:
+        cols: dict[str, dict[int, float]] = {name: {} for name in ("tau", "beta", "delta", "A")}
         for r, t, a in zip(replies, taus, A, strict=True):
             i = r.client_id
             cols["tau"][i], cols["A"][i] = float(t), a
             cols["beta"][i], cols["delta"][i] = _scalar(r, "beta"), _scalar(r, "delta")
-        diag = {f"{name}_{i}": v for name, vs in cols.items() for i, v in enumerate(vs)}
+        n = self.run.num_clients
+        if n > PER_CLIENT_COLUMNS:
+            diag: dict[str, Any] = per_client_record(cols)
+        else:
+            diag = {f"{name}_{i}": vs.get(i, math.nan) for name, vs in cols.items() for i in range(n)}
         diag.update(client_diagnostics(acc))
         return diag
 

@@ -39,6 +39,7 @@ from torch import nn
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.callbacks import CallbackLike
+from fedhet.engine.client_store import ClientStateStore
 from fedhet.engine.clients import ClientWork, LocalWork, local_steps
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RunConfig
@@ -154,7 +155,8 @@ def assemble_clients(
         weight_decay=cfg.weight_decay, seed=cfg.seed, dim=flat.dim, layers=flat.layers,
     )
     algo = algo_cls(algorithm_params(cfg, algo_cls), run_info)
-    clients = ClientWork(local, flat, trainer, client_indices, algo, log)
+    kept = ClientStateStore(algo, round(cfg.client_state_memory_mb * 2**20))
+    clients = ClientWork(local, flat, trainer, client_indices, algo, log, kept)
     runs = executor(clients) if executor is not None else \
         executor_for(the_plan, clients, cfg.cohort_chunk)
     return ClientSide(data, parts, client_indices, flat, trainer, run_info, algo, clients,

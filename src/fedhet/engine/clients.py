@@ -2,9 +2,10 @@
 
 It holds what a client half needs and nothing of the server: the training tensors (a client
 is an index array into them, docs/design.md), the shared model and its `LocalTrainer`, the
-algorithm's client half, each client's own state between rounds (SCAFFOLD's `c_i`, …), and the
-BatchNorm running statistics its replies carry. The executors (`engine/executors.py`,
-`engine/workers.py`) run client updates through it; so does a Flower SuperNode
+algorithm's client half, each client's own state between rounds (SCAFFOLD's `c_i`, …: a
+`ClientStateStore`, which creates it when the client is first sampled and keeps at most a memory
+budget of them resident), and the BatchNorm running statistics its replies carry. The executors
+(`engine/executors.py`, `engine/workers.py`) run client updates through it; so does a Flower SuperNode
 (`fedhet.deploy.client_app`), which holds one client and no server.
 
 Per client update (`update`): the client's random streams are fixed by
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from fedhet.algorithms.base import BUFFERS, Algorithm, ClientContext, Message
+from fedhet.engine.client_store import ClientStateStore, holding
 from fedhet.engine.failures import Diverged
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
@@ -92,7 +94,7 @@ class ClientWork:
     def __init__(
         self, local: LocalWork, model: FlatModel, trainer: LocalTrainer,
         client_indices: list[torch.Tensor], algorithm: Algorithm,
-        log: Callable[[str], None] = print,
+        log: Callable[[str], None] = print, states: ClientStateStore | None = None,
     ) -> None:
         self.local = local
         self.model = model
@@ -100,21 +102,22 @@ class ClientWork:
         self.client_indices = client_indices
         self.algorithm = algorithm
         self.log = log
-        self.states: dict[int, Any] = {}
-        """Each client's algorithm state between rounds (absent until its first update)."""
+        self.states = states if states is not None else ClientStateStore(algorithm)
+        """Each client's algorithm state between rounds (absent until its first update), kept
+        within a memory budget (`fedhet.engine.client_store`)."""
         self.round_buffers: list[tuple[float, torch.Tensor]] = []
         """`(weight, statistics)` of the BatchNorm statistics replied so far this round."""
 
     # -- client state ---------------------------------------------------------------------
     def state_of(self, client_id: int) -> Any:
         """The client's state, `client_init` when it has none yet."""
-        state = self.states.get(client_id, _UNSET)
-        return self.algorithm.client_init(client_id) if state is _UNSET else state
+        return self.states[client_id] if client_id in self.states else \
+            self.algorithm.client_init(client_id)
 
     def hold_only(self, client_id: int, state: Any = _UNSET) -> None:
         """Forget every client's state but `client_id`'s, which becomes `state` (none when not
         given): a process that runs one client for another (a worker, a SuperNode)."""
-        self.states = {} if state is _UNSET else {client_id: state}
+        self.states = holding(self.algorithm, client_id, state, has=state is not _UNSET)
         self.round_buffers = []
 
     # -- one client -----------------------------------------------------------------------
@@ -136,17 +139,25 @@ class ClientWork:
             sgd=SGDConfig(learning_rate(work, round), work.momentum, work.weight_decay),
             seed=work.seed, batch_order=work.batch_order,
         )
-        state = self.state_of(client_id)
+        state = self.states.checkout(client_id)
         try:
-            reply, state = self.algorithm.client_update(message, ctx, state)
+            reply, state = self._client_update(message, ctx, state)
+        except BaseException:
+            self.states.release(client_id, round + 1)  # keeps what it was handed, as changed
+            raise
+        self.states.put(client_id, state, round + 1)
+        return reply
+
+    def _client_update(self, message: Message, ctx: ClientContext, state: Any) -> tuple[Message, Any]:
+        """`algorithm.client_update`, an overflow inside the local steps raised as `Diverged`."""
+        try:
+            return self.algorithm.client_update(message, ctx, state)
         except (OverflowError, FloatingPointError) as e:
-            raise Diverged(round, f"local step ({e})", client_id) from e
+            raise Diverged(ctx.round, f"local step ({e})", ctx.client_id) from e
         except RuntimeError as e:  # torch: "value cannot be converted to type float without overflow"
             if "overflow" not in str(e):
                 raise
-            raise Diverged(round, "local step (overflow)", client_id) from e
-        self.states[client_id] = state
-        return reply
+            raise Diverged(ctx.round, "local step (overflow)", ctx.client_id) from e
 
     # -- BatchNorm statistics ---------------------------------------------------------------
     def initial_buffers(self, message: Message) -> torch.Tensor | None:

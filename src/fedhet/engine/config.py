@@ -36,12 +36,13 @@ from fedhet.registry import Registry, _coerce, build_params, did_you_mean, param
 
 COMPONENTS = ("algorithm", "dataset", "partition", "model")
 
-RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpoint_every"}
+RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpoint_every",
+           "client_state_memory_mb"}
 """Settings that say where and how a run computes, not what: a grid may change them between
 calls, and `--device`/`--executor` set them for every run of a grid."""
 
 RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "executor",
-             "cohort_chunk", "workers"}
+             "cohort_chunk", "workers", "client_state_memory_mb"}
 """Settings a resumed run may change: they do not alter the rounds already done."""
 
 
@@ -117,6 +118,10 @@ class RunConfig:
     (`fedhet.engine.workers`; bit-identical to 1 with equal threads per process). 0 = `auto`
     (spelt `auto` or 0 in settings): the usable cores when a round's work pays for them, else 1
     (`fedhet.engine.workers.auto_workers`)."""
+    client_state_memory_mb: float = 1024.0
+    """MiB of the clients' own states (SCAFFOLD's `c_i`, …) kept in memory; the least recently
+    used beyond it wait in files in the run directory (`fedhet.engine.client_store`). The
+    results do not depend on it."""
     algorithm_params: Any = None
     dataset_params: Any = None
     partition_params: Any = None
@@ -175,6 +180,11 @@ class RunConfig:
             (self.cohort_chunk >= 0, f"cohort_chunk must be ≥ 0, got {self.cohort_chunk}"),
             (self.workers >= 0, f"--workers must be auto or a whole number ≥ 1, got {self.workers}"),
             (self.checkpoint_every >= 1, "checkpoint_every must be ≥ 1"),
+            (
+                0 <= self.client_state_memory_mb < math.inf,
+                "client_state_memory_mb must be a number of MiB ≥ 0 (0: keep no client state in "
+                f"memory between updates), got {self.client_state_memory_mb}",
+            ),
             (
                 0 <= self.validation_fraction < 1,
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction}",
@@ -470,6 +480,7 @@ FIELD_DOCS: dict[str, str] = {
     "executor": "auto, sequential (one client after another) or batched (stacked)",
     "cohort_chunk": "batched executor: clients stacked at a time (0: fit ~1 GiB)",
     "workers": "CPU processes a round's clients are spread over (0: auto)",
+    "client_state_memory_mb": "MiB of client states (SCAFFOLD's c_i, …) in memory; the rest wait on disk",
 }
 """One line per engine setting: what `fedhet list` and `fedhet config show` print."""
 

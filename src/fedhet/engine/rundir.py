@@ -37,7 +37,7 @@ OWNED_NAMES = frozenset({
 })
 """Files fedhet writes into a run or grid directory (removed by `--force`)."""
 
-OWNED_DIRS = frozenset({"tensorboard", "runs", "figures", "flower-logs"})
+OWNED_DIRS = frozenset({"tensorboard", "runs", "figures", "flower-logs", "client_states"})
 """Subdirectories fedhet creates inside a run or grid directory (removed by `--force`)."""
 
 OWNED_SUFFIXES = (".png",)

@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from fedhet.algorithms import state as states
 from fedhet.algorithms.base import BUFFERS, Algorithm, Message, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.callbacks import CallbackLike, Callbacks, ProgressBar
+from fedhet.engine.client_store import CLIENT_STATES
 from fedhet.engine.clients import ClientWork
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RESUMABLE, canonical_config
@@ -39,7 +40,7 @@ from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.engine.faults import FaultModel
 from fedhet.engine.plan import Plan
 from fedhet.engine.rounds import RoundRunner
-from fedhet.engine.store import TIME_COLUMNS, RunStore
+from fedhet.engine.store import TIME_COLUMNS, RunStore, read_checkpoint
 from fedhet.errors import FedhetError
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, stream_seed
@@ -134,6 +135,8 @@ class Simulation:
         """The data split this run trains on, stored in every checkpoint (`check_same_split`)."""
         self.buffers = self.model.buffers.clone()
         self.executor = parts.executor
+        if store is not None:  # the clients' states wait in the run directory, not in /tmp
+            self.clients.states.attach(store.out / CLIENT_STATES)
         self.executor_name = self.executor.name
         self.workers = self.plan.workers
         """Processes a round's clients are spread over: `workers`, or what `auto` (0) chose."""
@@ -154,8 +157,9 @@ class Simulation:
         return self.executor.update(client_id, message, round)
 
     @property
-    def client_states(self) -> dict[int, Any]:
-        """Each client's algorithm state between rounds (`ClientWork.states`)."""
+    def client_states(self) -> Mapping[int, Any]:
+        """Each client's algorithm state between rounds (`ClientWork.states`, a
+        `ClientStateStore`: reading a spilled state loads it)."""
         return self.clients.states
 
     def client_updates(
@@ -190,12 +194,15 @@ class Simulation:
                 check_same_split(ckpt.get("split"), self.split)
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
                 state = states.restore_state(self.algorithm, ckpt["server"])
-                self.clients.states = states.restore_clients(self.algorithm, ckpt["clients"])
+                self._restore_clients(ckpt, start)
                 self.buffers = ckpt["buffers"]
                 self.comm.restore(ckpt["comm"])
                 rows = self.store.restore_rows(start, ckpt, self.log)
             else:  # killed before its first checkpoint: it starts again, with no stale records
                 self.store.rows_until(0)
+                self.clients.states.reset()
+        else:
+            self.clients.states.reset()
         if accepted is not None:
             accepted()
         if self.store is not None:
@@ -322,13 +329,35 @@ class Simulation:
         self.store.write_summary(self.summary(rows, finished=done == self.loop.rounds))
 
     def _checkpoint(self, done: int, state: states.ServerState, elapsed: float) -> None:
+        """Save round `done`: the server's state and, for the clients, the manifest of their
+        state files (`ClientStateStore.save`: only the states changed since the last checkpoint
+        are written now)."""
         assert self.store is not None
+        kept = self.clients.states
         self.store.save_checkpoint({
             "round": done, "elapsed": elapsed, "server": states.state_record(state),
-            "clients": states.client_records(self.clients.states),
-            "buffers": self.buffers, "comm": self.comm.state(), "config": self.config,
-            "split": self.split, **self.store.history_state(),
+            "client_store": kept.save(), "buffers": self.buffers, "comm": self.comm.state(),
+            "config": self.config, "split": self.split, **self.store.history_state(),
         })
+        kept.saved()
+
+    def _restore_clients(self, ckpt: dict[str, Any], round: int) -> None:
+        """The clients' states of checkpoint `ckpt` (of round `round`): its manifest of state
+        files, or the records of a checkpoint written before the store (every client inline)."""
+        assert self.store is not None
+        kept = self.clients.states
+        if "client_store" not in ckpt:
+            kept.restore_records(states.restore_clients(self.algorithm, ckpt["clients"]), round)
+            return
+        others = []
+        for path in (self.store.ckpt_path, self.store.prev_ckpt_path):
+            try:
+                other = read_checkpoint(path)
+            except Exception:  # noqa: BLE001  (missing or unreadable: it names no file to keep)
+                continue
+            if other["round"] <= round and "client_store" in other:
+                others.append(other["client_store"])
+        kept.restore(ckpt["client_store"], others)
 
     def summary(self, rows: list[dict[str, Any]], finished: bool) -> dict[str, Any]:
         """The run's `summary.json` from its metrics rows (`evaluation.summary`)."""

@@ -294,7 +294,7 @@ class ProcessExecutor(SequentialExecutor):
 
         def submit() -> None:
             for client_id, message in queue:
-                has_state = client_id in work.states
+                has_state = client_id in work.states  # a spilled state is read back here
                 slots = tuple(free.popleft() for _ in range(min(REPLY_SLOTS_PER_TASK, len(free))))
                 task = (client_id, message, round, has_state, work.states.get(client_id), slots)
                 pending.append((client_id, self.pool.apply_async(_client_task, task), slots))
@@ -320,7 +320,7 @@ class ProcessExecutor(SequentialExecutor):
                 yield client_id, payload
                 continue
             reply, state = payload
-            work.states[client_id] = state
+            work.states.put(client_id, state, round + 1)
             work.keep_buffers(client_id, reply)
             yield client_id, reply
 
