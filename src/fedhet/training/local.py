@@ -142,16 +142,26 @@ class LocalTrainer:
         return w.clone(), steps, loss_sum / max(steps, 1)
 
 
+EVAL_BATCH = {"cpu": 512, "cuda": 8192}
+"""**[choice]** Samples per evaluation forward. On a CPU a batch whose activations stay in
+cache is fastest (the paper CNNs, one core: 512 ran 1.2–2.5× faster than 4,096 or 10,000,
+benchmarks/RESULTS.md); on a GPU the largest batch that keeps memory modest: 8,192 MNIST/CIFAR
+images need at most ~3 GB of activations for the paper CNNs, a whole MNIST test set in two
+forwards. Other devices use the CUDA value."""
+
+
 def evaluate(
     model: FlatModel, params: torch.Tensor, buffers: torch.Tensor | None,
-    x: torch.Tensor, y: torch.Tensor, batch: int = 4096,
+    x: torch.Tensor, y: torch.Tensor, batch: int | None = None,
 ) -> tuple[float, float]:
     """Mean loss and accuracy of `params` on `(x, y)`, BatchNorm in eval mode.
 
     Runs under `torch.inference_mode` in float32 whatever the training precision (metrics
     stay comparable across precisions), in the model's memory format (`FlatModel`), and keeps
     its sums on the device (float64 loss, as the per-batch Python sum it replaces) so a GPU
-    synchronises once per call, not once per batch."""
+    synchronises once per call, not once per batch. `batch`: samples per forward (None:
+    `EVAL_BATCH` for `x`'s device)."""
+    batch = batch or EVAL_BATCH.get(x.device.type, EVAL_BATCH["cuda"])
     model.load(params, buffers)
     module = model.module
     module.eval()
