@@ -11,7 +11,8 @@ Contestants, each a worker process of its own (one torch thread, `OMP_NUM_THREAD
 runs one round per request, so the machine's noise hits them alike: they alternate round by
 round and the medians are compared (the first round of each is a warm-up and dropped):
 
-- `fedhet`: this checkout's engine (sequential executor; `--precision` applies);
+- `fedhet`: this checkout's engine (sequential executor, fp32);
+- `fedhet-bf16` (`--bf16`): the same with `precision=bf16`;
 - `base`: the engine of another checkout (`--base DIR`, e.g. a worktree of `main`:
   `git worktree add --detach /tmp/perf-base main`), the same settings;
 - `bare-cl`: a hand-written PyTorch loop over the same model in channels-last memory format
@@ -21,6 +22,7 @@ round and the medians are compared (the first round of each is a warm-up and dro
 - `batched` (`--batched`): this checkout with the batched executor.
 
     python benchmarks/bench_cnn.py --base /tmp/perf-base [--rounds 6] [--only fednnnn]
+    python benchmarks/bench_cnn.py --bf16 --no-bare --only fednnnn   # bf16 against fp32
 """
 
 from __future__ import annotations
@@ -175,7 +177,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6, help="timed rounds per contestant (+1 warm-up)")
     ap.add_argument("--steps", type=int, default=60, help="local steps per client")
     ap.add_argument("--only", default=",".join(WORKLOADS))
-    ap.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--bf16", action="store_true", help="also time this checkout in bf16")
+    ap.add_argument("--no-bare", action="store_true", help="skip both bare loops and the base")
     ap.add_argument("--batched", action="store_true", help="also time the batched executor")
     ap.add_argument("--no-bare-nchw", action="store_true", help="skip the NCHW bare loop")
     args = ap.parse_args()
@@ -190,15 +193,17 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for wl in args.only.split(","):
         spec = {"workload": wl, "steps": args.steps, "executor": "sequential", "precision": "fp32"}
-        runners = [Contestant("fedhet", here, {**spec, "kind": "engine", "precision": args.precision})]
-        if args.base:
+        runners = [Contestant("fedhet", here, {**spec, "kind": "engine"})]
+        if args.bf16:
+            runners.append(Contestant("fedhet-bf16", here, {**spec, "kind": "engine", "precision": "bf16"}))
+        if args.base and not args.no_bare:
             runners.append(Contestant("base", Path(args.base).resolve() / "src", {**spec, "kind": "engine"}))
-        runners.append(Contestant("bare-cl", here, {**spec, "kind": "bare-cl"}))
-        if not args.no_bare_nchw:
+        if not args.no_bare:
+            runners.append(Contestant("bare-cl", here, {**spec, "kind": "bare-cl"}))
+        if not (args.no_bare_nchw or args.no_bare):
             runners.append(Contestant("bare", here, {**spec, "kind": "bare"}))
         if args.batched:
-            runners.append(Contestant("batched", here, {**spec, "kind": "engine", "executor": "batched",
-                                                         "precision": args.precision}))
+            runners.append(Contestant("batched", here, {**spec, "kind": "engine", "executor": "batched"}))
         for r in runners:
             r.ready()
         for k in range(args.rounds + 1):
@@ -210,8 +215,9 @@ def main() -> None:
         for r in runners:
             m = med[r.name]
             vs_base = f"{med['base'] / m:.2f}×" if "base" in med else "–"
+            vs_bare = f"{med['bare-cl'] / m:.2f}×" if "bare-cl" in med else "–"
             print(f"| {wl} | {WORKLOADS[wl][0]} | {r.name} | {m:.3f} | {samples / m:,.0f} | {vs_base} | "
-                  f"{med['bare-cl'] / m:.2f}× |", flush=True)
+                  f"{vs_bare} |", flush=True)
 
 
 if __name__ == "__main__":
