@@ -269,7 +269,7 @@ def train_flops(model: str, dataset: str = "mnist") -> float:
         import torch
         from torch.utils.flop_counter import FlopCounterMode
 
-        from fedhet.models.registry import MODELS, build_model
+        from fedhet.models.registry import MODELS, build_model  # lazy: it imports torch
 
         shape, classes = INPUT_SHAPES[dataset]
         net = build_model(model, shape, classes, MODELS.get(model).params())

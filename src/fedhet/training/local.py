@@ -142,10 +142,10 @@ class LocalTrainer:
         return w.clone(), steps, loss_sum / max(steps, 1)
 
 
-EVAL_BATCH = {"cpu": 512, "cuda": 8192}
-"""**[choice]** Samples per evaluation forward. On a CPU a batch whose activations stay in
-cache is fastest (the paper CNNs, one core: 512 ran 1.2–2.5× faster than 4,096 or 10,000,
-benchmarks/RESULTS.md); on a GPU the largest batch that keeps memory modest: 8,192 MNIST/CIFAR
+EVAL_BATCH = {"cpu": 256, "cuda": 8192}
+"""**[choice]** Samples per evaluation forward. On a CPU a batch whose activations stay near
+the cache is fastest (the paper CNNs in channels-last, one core: 128–256 ran 1.3–2× faster than
+2,048–10,000, benchmarks/RESULTS.md); on a GPU the largest batch that keeps memory modest: 8,192 MNIST/CIFAR
 images need at most ~3 GB of activations for the paper CNNs, a whole MNIST test set in two
 forwards. Other devices use the CUDA value."""
 
