@@ -69,9 +69,10 @@ GPU_FLOORS: dict[str, tuple[float, int]] = {
 """Measured GPU rounds, `model: (seconds, samples trained)`, each with 100 clients stacked."""
 FLOOR_STACK = 100
 """Clients stacked in the floors' rounds."""
-CPU_SAMPLES_S: dict[str, float] = {"cnn-fednnnn-mnist": 2005.0, "cnn-mnist": 812.0, "cnn-cifar": 910.0}
+CPU_SAMPLES_S: dict[str, float] = {"cnn-fednnnn-mnist": 3303.0, "cnn-mnist": 2174.0, "cnn-cifar": 1769.0}
 """What `benchmarks/bench_cnn.py` measured of each CNN on one CPU core (fedhet, sequential,
-fp32, channels-last; samples trained per second, benchmarks/RESULTS.md). A model without a GPU
+fp32, channels-last; samples trained per second in one run, `--bf16 --no-bare --steps 20`;
+`cnn-cifar` scaled from another run through `cnn-mnist`; benchmarks/RESULTS.md). A model without a GPU
 floor is priced at the floor CNN's GPU FLOP rate scaled by how its FLOP rate on the CPU compares
 with the floor CNN's there **[choice]**: the same relative efficiency on both devices."""
 ALGORITHM_PASSES: dict[str, float] = {"moon": 5 / 3}
