@@ -13,6 +13,7 @@ mantissa products); a CPU has no TF32 units, so asking for it there is an error.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -48,7 +49,7 @@ def passes(precision: str, device: torch.device | str) -> Callable[[], AbstractC
                 f"{device.type}; use precision=fp32 or bf16 there (--set precision=bf16)"
             )
         return _tf32
-    return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return functools.partial(torch.autocast, device.type, dtype=torch.bfloat16)
 
 
 __all__ = ["PRECISIONS", "passes"]
