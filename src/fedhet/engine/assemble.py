@@ -17,7 +17,8 @@ the `Simulation` over them:
 A handed-in part stands exactly where the registered one would: the same seeds are drawn in the
 same order, so a registered component and the same component handed in give the same rows. A
 component's traits (a model's `linear`) are those of its registry entry when it is registered
-under any name, else none.
+under any name, else none; a model's `channels_last` trait and the run's `precision` travel
+with the `FlatModel` (how its passes compute).
 
 `assemble_clients` builds the clients' half alone (data, partition, model, algorithm,
 `ClientWork`, executor): what a process that only runs client updates needs (a Flower
@@ -142,7 +143,8 @@ def assemble_clients(
     if the_plan.workers_note is not None:  # else nothing was weighed: a GPU, batched, one core
         log(f"workers: auto → {the_plan.workers} ({the_plan.workers_note})")
     device = the_plan.device
-    flat = FlatModel(module.to(device))
+    flat = FlatModel(module.to(device), channels_last=_trait(model, cfg, "channels_last"),
+                     precision=cfg.precision)
     if device.type != "cpu":  # the data goes to the device once (after partitioning)
         data = dataclasses.replace(
             data, x_train=data.x_train.to(device), y_train=data.y_train.to(device),
@@ -186,6 +188,13 @@ def _linear(model: ModelFactory | None) -> bool | None:
         return None
     entry = _entry_of(MODELS, model)
     return bool(entry.trait("linear", False)) if entry is not None else False
+
+
+def _trait(model: ModelFactory | None, cfg: RunConfig, key: str) -> bool:
+    """The model's boolean trait `key`: the registered `cfg.model`'s, or a handed-in factory's
+    registry entry's (False when it is not registered)."""
+    entry = _entry_of(MODELS, model) if model is not None else MODELS.get(cfg.model_name)
+    return bool(entry.trait(key, False)) if entry is not None else False
 
 
 def _entry_of(registry: Registry[Any], factory: Any) -> Entry[Any] | None:

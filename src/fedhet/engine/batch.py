@@ -93,8 +93,8 @@ class _Member:
 
 def can_share(sims: Sequence[Simulation]) -> list[int]:
     """Positions of the runs that can step in one cohort with the first batched one: the batched
-    executor, the same model architecture on the same device, and the same training data (a
-    client's batches are indices into it)."""
+    executor, the same model architecture on the same device, computing alike (memory format and
+    `precision`), and the same training data (a client's batches are indices into it)."""
     first = next((s for s in sims if s.executor_name == "batched"), None)
     if first is None:
         return []
@@ -104,6 +104,8 @@ def can_share(sims: Sequence[Simulation]) -> list[int]:
             sim.executor_name == "batched"
             and sim.device == first.device
             and sim.model.layers == first.model.layers
+            and sim.model.precision == first.model.precision
+            and sim.model.channels_last == first.model.channels_last
             and type(sim.model.module) is type(first.model.module)
             and sim.trainer.x.shape == first.trainer.x.shape
             and bool((sim.trainer.x is first.trainer.x) or sim.trainer.x.equal(first.trainer.x))

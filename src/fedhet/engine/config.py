@@ -113,6 +113,10 @@ class RunConfig:
     `auto` = batched on CUDA or for the linear models, else sequential (docs/gpu.md)."""
     cohort_chunk: int = 0
     """Batched executor: clients stacked at a time (0 = as many as fit ~1 GiB of stacked state)."""
+    precision: Literal["fp32", "bf16", "tf32"] = "fp32"
+    """Arithmetic of the local forward and backward passes (`fedhet.training.precision`): `fp32`,
+    `bf16` (autocast; the flat weights, the local step, aggregation and the server stay float32)
+    or `tf32` (CUDA only). docs/gpu.md says where bf16 is safe."""
     workers: int = 0
     """Sequential executor on CPU: processes a round's clients are spread over
     (`fedhet.engine.workers`; bit-identical to 1 with equal threads per process). 0 = `auto`
@@ -176,6 +180,10 @@ class RunConfig:
             (
                 self.executor in ("sequential", "batched", "auto"),
                 f"executor must be sequential, batched or auto, got {self.executor!r}",
+            ),
+            (
+                self.precision in ("fp32", "bf16", "tf32"),
+                f"precision must be fp32, bf16 or tf32, got {self.precision!r}",
             ),
             (self.cohort_chunk >= 0, f"cohort_chunk must be ≥ 0, got {self.cohort_chunk}"),
             (self.workers >= 0, f"--workers must be auto or a whole number ≥ 1, got {self.workers}"),
@@ -479,6 +487,7 @@ FIELD_DOCS: dict[str, str] = {
     "device": "auto (CUDA when present), cpu or cuda",
     "executor": "auto, sequential (one client after another) or batched (stacked)",
     "cohort_chunk": "batched executor: clients stacked at a time (0: fit ~1 GiB)",
+    "precision": "fp32, bf16 (autocast local passes; float32 weights) or tf32 (CUDA only)",
     "workers": "CPU processes a round's clients are spread over (0: auto)",
     "client_state_memory_mb": "MiB of client states (SCAFFOLD's c_i, …) in memory; the rest wait on disk",
 }

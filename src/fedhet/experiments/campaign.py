@@ -4,9 +4,17 @@ One command spends a sitting's device time on the papers' GPU tables in a fixed 
 
 1. `bench`: the cohort benchmark rows (`benchmarks/bench_cohort.py --full`, a subprocess); its
    table goes to `RESULTS/bench/cohort-<device>.md`;
-2. `fednnnn-mnist`: FedNNNN Table 2, MNIST (the Table 3 CNN, 100 clients, 100 rounds);
-3. `fedsr-mnist`: FedSR Tables II–III, MNIST (MLP, 20 devices, 500 rounds);
-4. `fedveca-cnn-mnist`, `bherd-cnn-mnist`: FedVeca's and BHerd's CNN + MNIST cases.
+2. then the tables by published claims per GPU-minute (`value`): `fednnnn-mnist` (FedNNNN
+   Table 2, MNIST: the Table 3 CNN, 100 clients, 100 rounds; in bf16), `fedveca-cnn-mnist`,
+   `bherd-cnn-mnist` (FedVeca's and BHerd's CNN + MNIST cases), `fedsr-mnist` (FedSR Tables
+   II–III, MNIST: MLP, 20 devices, 500 rounds, most of them ring hops).
+
+Each table is priced from its own work (`gpu_minutes`): its model's FLOPs per sample (counted
+by torch's FLOP counter), the samples its clients train per round and those its evaluation
+reads, its rounds and runs, at the GPU FLOP rate of a measured floor (`GPU_FLOORS`) or, for a
+model without one, the floor CNN's scaled by what the CPU benchmark measured of both
+(`CPU_SAMPLES_S`); a round whose steps stack fewer clients than the floor's (rings, 5-client
+cases) is slowed in proportion.
 
 Each table is its paper's preset restricted to MNIST (`reproduce --only mnist`), run into
 `OUT/<table>/runs/<name>` in chunks of `--batch-runs` runs (a preset lists a cell's seeds one
@@ -14,7 +22,7 @@ after another, so a chunk is a cell's seeds stepping as one batch). Before a chu
 time is estimated as (rounds left) × (seconds per run-round); a chunk that cannot finish inside
 what is left of the budget is cut to the runs that can, and when not even one run can, it is
 not started and the sitting ends there. The seconds per
-run-round start from the measured batched floor (`Table.s_per_round`, one H100) and are
+run-round start from the table's price (`gpu_minutes` / run-rounds) and are
 replaced by what this campaign measured once a chunk has run (kept in `OUT/campaign.json`). A
 timer stops the runs at the budget's end whatever the estimate said (the runner's graceful
 stop: each run stops after its next saved round), so a run cut short resumes from its
@@ -50,9 +58,63 @@ from fedhet.experiments import paper_results
 from fedhet.experiments.presets import SCALES, RunSpec
 
 CNN_ROUND_S = 0.68
-"""One FedNNNN CNN round over 100 clients, batched executor, one H100 (the measured floor)."""
+"""One FedNNNN CNN round over 100 clients (E = 5, B = 50, 60,000 MNIST samples: 300,000
+samples trained), batched executor, one H100 (a measured floor, `bench_cohort.py --full`)."""
 MLP_ROUND_S = 0.17
-"""One MLP round (FedSR's MNIST MLP), batched executor, one H100."""
+"""One MLP round (100 clients, E = 1, B = 32, 60,000 samples), batched executor, one H100."""
+GPU_FLOORS: dict[str, tuple[float, int]] = {
+    "cnn-fednnnn-mnist": (CNN_ROUND_S, 300_000),
+    "mlp": (MLP_ROUND_S, 60_000),
+}
+"""Measured GPU rounds, `model: (seconds, samples trained)`, each with 100 clients stacked."""
+FLOOR_STACK = 100
+"""Clients stacked in the floors' rounds."""
+CPU_SAMPLES_S: dict[str, float] = {"cnn-fednnnn-mnist": 3303.0, "cnn-mnist": 2174.0, "cnn-cifar": 1769.0}
+"""What `benchmarks/bench_cnn.py` measured of each CNN on one CPU core (fedhet, sequential,
+fp32, channels-last; samples trained per second in one run, `--bf16 --no-bare --steps 20`;
+`cnn-cifar` scaled from another run through `cnn-mnist`; benchmarks/RESULTS.md). A model without a GPU
+floor is priced at the floor CNN's GPU FLOP rate scaled by how its FLOP rate on the CPU compares
+with the floor CNN's there **[choice]**: the same relative efficiency on both devices."""
+ALGORITHM_PASSES: dict[str, float] = {"moon": 5 / 3}
+"""Training FLOPs of a sample relative to one forward and backward pass: MOON adds two
+forward passes (the global and the previous model, each a third of a step)."""
+CLAIMS: dict[str, int] = {
+    "fednnnn-mnist": 20, "fedsr-mnist": 35, "fedveca-cnn-mnist": 3, "bherd-cnn-mnist": 9,
+}
+"""**[choice]** Published claims a table settles (the paper-scale page's rows): FedNNNN Table 2
+MNIST, 4 settings × 5 methods' accuracies; FedSR Tables II–III MNIST, 5 settings × 7 methods;
+FedVeca Fig. 3 CNN, FedVeca first to the loss target against 3 baselines; BHerd Fig. 2a CNN,
+3 cases × BHerd-{FedAvg, FedNova, SCAFFOLD} against their bases."""
+DATA_SIZES: dict[str, tuple[int, int]] = {
+    "mnist": (60_000, 10_000), "mnist-even-odd": (60_000, 10_000),
+    "fashion-mnist": (60_000, 10_000), "cifar10": (50_000, 10_000), "cifar100": (50_000, 10_000),
+}
+"""`(train, test)` samples of the campaign's datasets."""
+INPUT_SHAPES: dict[str, tuple[tuple[int, ...], int]] = {
+    "mnist": ((28, 28), 10), "mnist-even-odd": ((28, 28), 2), "fashion-mnist": ((28, 28), 10),
+    "cifar10": ((3, 32, 32), 10), "cifar100": ((3, 32, 32), 100),
+}
+STACK_TOPOLOGY = {"ring": lambda clients, p: 1,
+                  "edge-ring": lambda clients, p: _rings(clients, p)}
+"""Clients stacked per step of a ring topology (its hops run in order): one ring, or one per
+edge (`algorithm.clusters`, or the sampled devices / `cluster_size`). Star topologies stack
+every sampled client."""
+BF16_SAFE: frozenset[str] = frozenset({"fednnnn-mnist"})
+"""Tables whose runs use `precision=bf16` on a GPU: those whose model and algorithms
+`benchmarks/bench_precision.py` found to lose no accuracy in bf16 (FedNNNN's MNIST CNN with
+FedAvg, FedNova, SCAFFOLD; benchmarks/RESULTS.md). The others keep fp32 (their CNN or
+algorithms, gradient-norm steps and herding, were not measured in bf16). Their price stays the
+fp32 one (no bf16 speed-up is assumed on the GPU until measured there)."""
+PRICING = (
+    "GPU-minutes: each table priced from its own work (its model's FLOPs per sample, the samples "
+    "its clients train and its evaluation reads per round, its rounds and runs) at the GPU FLOP "
+    f"rate of a measured floor (one FedNNNN CNN round over 100 clients: {CNN_ROUND_S} s on one "
+    f"H100; one MLP round: {MLP_ROUND_S} s) or, for another CNN, the floor CNN's scaled by the "
+    "CPU benchmark's measure of both; rounds whose steps stack fewer clients than the floors' "
+    "100 (ring hops, 5-client cases; 8 runs batched) are slowed in proportion. Estimates, not "
+    "measurements: a sitting replaces them with its own seconds per run-round."
+)
+"""The paper-scale page's sentence on how the GPU-minute column is priced."""
 CPU_FACTOR = 30.0
 """[choice] Prior slow-down of a paper-scale CNN/MLP round on a CPU against one H100 (used only
 until the first chunk has been measured)."""
@@ -76,7 +138,8 @@ class Table:
     title: str
     only: tuple[str, ...]
     """Datasets of the preset's runs at `paper` scale (`reproduce --only`)."""
-    s_per_round: float
+    s_per_round: float = 0.0
+    """Prior GPU seconds per run-round; 0: priced from the table's work (`price`)."""
     keep: Callable[[RunSpec], bool] | None = None
     setting_of: Callable[[paper_results.Run], str] | None = None
     algorithm_of: Callable[[paper_results.Run], str] | None = None
@@ -86,16 +149,16 @@ class Table:
 
 
 TABLES: tuple[Table, ...] = (
-    Table("fednnnn-mnist", "fednnnn", "table2-mnist", "FedNNNN Table 2, MNIST", ("mnist",),
-          CNN_ROUND_S),
-    Table("fedsr-mnist", "fedsr", "table2-mnist", "FedSR Tables II-III, MNIST", ("mnist",),
-          MLP_ROUND_S, extra_columns=("cum_model_transfers",)),
+    Table("fednnnn-mnist", "fednnnn", "table2-mnist", "FedNNNN Table 2, MNIST", ("mnist",)),
     Table("fedveca-cnn-mnist", "fedveca", "cnn-mnist", "FedVeca Fig. 3, CNN + MNIST Case 3",
-          ("mnist",), CNN_ROUND_S, extra_columns=("tau_k",), fan_out=4),
+          ("mnist",), extra_columns=("tau_k",), fan_out=4),
     Table("bherd-cnn-mnist", "bherd", "cnn-mnist", "BHerd Fig. 2, CNN + MNIST Cases 1-3",
-          ("mnist",), CNN_ROUND_S, keep=lambda s: s.name.startswith("main-")),
+          ("mnist",), keep=lambda s: s.name.startswith("main-")),
+    Table("fedsr-mnist", "fedsr", "table2-mnist", "FedSR Tables II-III, MNIST", ("mnist",),
+          extra_columns=("cum_model_transfers",)),
 )
-"""The CNN/MLP tables in the campaign's priority order (after the benchmark). A result row's
+"""The CNN/MLP tables in the campaign's priority order (after the benchmark): most published
+claims per priced GPU-minute first (`value`; a test keeps the order sorted). A result row's
 setting and algorithm are the preset's group and label (`CNN MNIST Case 3`, `FedVeca`;
 `CNN + MNIST case1`, `BHerd-FedAvg`), which docs/paper-scale.md reads."""
 STEPS = ("bench",) + tuple(t.key for t in TABLES)
@@ -150,9 +213,129 @@ def estimate_run_rounds(t: Table, scale: str) -> int:
     return sum(int(s.settings.get("rounds", 1)) for s in first) * t.fan_out
 
 
-def gpu_minutes(t: Table, scale: str = "paper") -> float:
-    """GPU minutes the table needs from the measured batched floor (rounds × runs × s/round)."""
-    return estimate_run_rounds(t, scale) * t.s_per_round / 60.0
+# -- pricing: GPU minutes from each table's own work -----------------------------------------
+@dataclass(frozen=True)
+class RunWork:
+    """What one run of a table computes per round (module `price`)."""
+
+    model: str
+    train_samples: float
+    """Samples through a forward and backward pass per round (× `ALGORITHM_PASSES`)."""
+    eval_samples: float
+    """Samples through a forward pass per round (test set every `eval_every`, the training set
+    with `train_loss`)."""
+    stacked: int
+    """Clients stacked in one step of the batched executor (all sampled ones on a star)."""
+    rounds: int
+
+
+def _rings(clients: int, params: dict[str, Any]) -> int:
+    q = int(params.get("algorithm.cluster_size", 0))
+    return max(1, clients // q) if q else int(params.get("algorithm.clusters", 1))
+
+
+def run_work(settings: dict[str, Any]) -> RunWork:
+    """One run's `RunWork` from its settings (a paper-scale spec's): `E·D·p` samples trained a
+    round (times the ring passes of FedSR, the edge iterations κ₂ of HierFAVG; FedVeca: at most
+    `τ_max` steps per client plus its full local gradient; the centralized baseline: one
+    client holding all `D`), the test set (and with `train_loss` the training set) evaluated."""
+    # lazy: the registries load only when a table is priced
+    from fedhet.algorithms.interface import ALGORITHMS
+
+    algorithm = str(settings.get("algorithm", "fedavg"))
+    train, test = DATA_SIZES[str(settings.get("dataset", "mnist"))]
+    clients = 1 if algorithm == "central" else int(settings.get("clients", 10))
+    sampled = max(1, round(float(settings.get("sample_fraction", 1.0)) * clients))
+    epochs = float(settings.get("local_epochs", 1.0)) * (sampled / clients)
+    epochs *= int(settings.get("algorithm.ring_passes", 1)) if algorithm == "fedsr" else 1
+    epochs *= int(settings.get("algorithm.kappa2", 1)) if algorithm == "hierfavg" else 1
+    samples = epochs * train
+    if algorithm == "fedveca":
+        tau_max = int(settings.get("algorithm.tau_max", 50))
+        samples = min(samples, sampled * tau_max * int(settings.get("batch_size", 32))) + train
+    topology = ALGORITHMS.get(algorithm).factory.topology
+    stack = STACK_TOPOLOGY.get(topology, lambda n, p: n)(sampled, settings)
+    evals = test / int(settings.get("eval_every", 1)) + (train if settings.get("train_loss") else 0)
+    return RunWork(str(settings.get("model", "mlp")), samples * ALGORITHM_PASSES.get(algorithm, 1.0),
+                   evals, stack, int(settings.get("rounds", 1)))
+
+
+_FLOPS: dict[tuple[str, str], float] = {}
+
+
+def train_flops(model: str, dataset: str = "mnist") -> float:
+    """FLOPs of one sample's forward and backward pass through `model` on `dataset`'s inputs,
+    counted by `torch.utils.flop_counter.FlopCounterMode` (matrix products and convolutions;
+    a forward is a third of it)."""
+    key = (model, dataset)
+    if key not in _FLOPS:
+        # lazy: torch and the model registry load only when a table is priced
+        import torch
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from fedhet.models.interface import MODELS, build_model  # lazy: it imports torch
+
+        shape, classes = INPUT_SHAPES[dataset]
+        net = build_model(model, shape, classes, MODELS.get(model).params())
+        x, y = torch.rand(2, *shape), torch.randint(0, classes, (2,))
+        with FlopCounterMode(display=False) as counter:
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+        _FLOPS[key] = counter.get_total_flops() / 2
+    return _FLOPS[key]
+
+
+def gpu_flop_rate(model: str, dataset: str = "mnist") -> float:
+    """Training FLOP/s the batched executor reaches on one H100 with `FLOOR_STACK` clients
+    stacked: a measured floor's (`GPU_FLOORS`), else the floor CNN's scaled by the model's CPU
+    FLOP rate against the floor CNN's (`CPU_SAMPLES_S`); the MOON variants are their base's."""
+    model = {"moon-mlp": "mlp", "moon-cnn": "cnn-cifar"}.get(model, model)
+    if model in GPU_FLOORS:
+        seconds, samples = GPU_FLOORS[model]
+        return samples * train_flops(model) / seconds
+    ref = "cnn-fednnnn-mnist"
+    if model not in CPU_SAMPLES_S:
+        raise FedhetError(f"no CPU measurement of model {model!r} to price it (benchmarks/bench_cnn.py)")
+    cpu = CPU_SAMPLES_S[model] * train_flops(model, dataset)
+    return gpu_flop_rate(ref) * cpu / (CPU_SAMPLES_S[ref] * train_flops(ref))
+
+
+def run_round_seconds(settings: dict[str, Any], runs_stacked: int = 8) -> float:
+    """GPU seconds of one round of a run: its training and evaluation FLOPs at the model's
+    `gpu_flop_rate`, the training slowed by `FLOOR_STACK / stacked` when fewer clients than
+    the floor's (the run's own, times `runs_stacked` runs of a batch) share a step: a small
+    stack leaves the GPU waiting on kernel launches, as an MLP step does **[choice]**."""
+    w = run_work(settings)
+    dataset = str(settings.get("dataset", "mnist"))
+    f_train = train_flops(w.model, dataset)
+    rate = gpu_flop_rate(w.model, dataset)
+    fill = min(1.0, w.stacked * runs_stacked / FLOOR_STACK)
+    return w.train_samples * f_train / (rate * fill) + w.eval_samples * (f_train / 3) / rate
+
+
+def gpu_minutes(t: Table, scale: str = "paper", runs_stacked: int = 8) -> float:
+    """GPU minutes of the whole table: `s_per_round × run-rounds` when the table gives a prior,
+    else the sum over its runs of rounds × `run_round_seconds` (later stages, FedVeca's
+    baselines, priced as `fan_out` times the first stage's)."""
+    if t.s_per_round:
+        return estimate_run_rounds(t, scale) * t.s_per_round / 60.0
+    first = table_specs(t, scale, Path("/nonexistent-campaign-estimate"), 0)
+    seconds = sum(int(s.settings.get("rounds", 1)) * run_round_seconds(s.settings, runs_stacked)
+                  for s in first)
+    return seconds * t.fan_out / 60.0
+
+
+def value(t: Table, scale: str = "paper") -> float:
+    """Published claims per GPU-minute (`CLAIMS` / `gpu_minutes`): the campaign's order."""
+    return CLAIMS.get(t.key, 0) / max(gpu_minutes(t, scale), 1e-9)
+
+
+def overrides_for(t: Table, device: str) -> dict[str, Any]:
+    """Settings the campaign adds to every run of `t`: the device, and `precision=bf16` on a
+    GPU for the tables in `BF16_SAFE`."""
+    out: dict[str, Any] = {"device": device}
+    if device.startswith("cuda") and t.key in BF16_SAFE:
+        out["precision"] = "bf16"
+    return out
 
 
 def command(scale: str = "paper", device: str = "cuda", budget: float = 30, tables: str = "") -> str:
@@ -322,7 +505,11 @@ class Campaign:
         measured = self.step_state(t.key).get("s_per_run_round")
         if measured:
             return float(measured)
-        return t.s_per_round * (CPU_FACTOR if self.device == "cpu" and self.scale == "paper" else 1.0)
+        prior = t.s_per_round
+        if not prior:
+            rr = estimate_run_rounds(t, self.scale)
+            prior = gpu_minutes(t, self.scale, self.batch_runs) * 60 / max(rr, 1)
+        return prior * (CPU_FACTOR if self.device == "cpu" and self.scale == "paper" else 1.0)
 
     def table(self, t: Table) -> bool:
         """Run what is left of table `t` inside the budget; True when all its runs finished."""
@@ -333,7 +520,7 @@ class Campaign:
 
         out = self.out / t.key
         runs_dir = out / "runs"
-        overrides = {"device": self.device}
+        overrides = overrides_for(t, self.device)
         all_specs: list[RunSpec] = []
         for stage in range(stages_of(t, self.scale)):
             specs = with_overrides(table_specs(t, self.scale, out, stage), overrides)

@@ -758,11 +758,7 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
         "",
         "The CNN and 500-round rows need a GPU. One command runs them in priority order (the cohort "
         "benchmark first), stops before its budget ends and continues in the next sitting: "
-        f"`{campaign.command(budget=30)}`. Estimates: rounds × runs × the measured batched floor "
-        f"(one FedNNNN CNN round over 100 clients: {campaign.CNN_ROUND_S} s on one H100; one MLP round: "
-        f"{campaign.MLP_ROUND_S} s), the CNN figure used for every CNN table. These are floors: a "
-        "FedSR MNIST round trains 20 devices × 5 epochs (about 5× the MLP benchmark's samples) and its "
-        "ring methods pass models from device to device, so expect more there. It runs from the "
+        f"`{campaign.command(budget=30)}`. {campaign.PRICING} It runs from the "
         "checkout (`PYTHONPATH=src`, torch + numpy only) and needs MNIST at "
         "`data/mnist/mnist.pkl.gz` (17 MB; `data/` is git-ignored, so a device session carries it). "
         "State and run directories: `runs/campaign/` (`campaign.json` says what is done and the "
@@ -774,7 +770,7 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
     ]
     for t in campaign.TABLES:
         rr = campaign.estimate_run_rounds(t, "paper")
-        lines.append(f"| {t.key} | {t.title} | {rr:,} run-rounds | ≈{rr * t.s_per_round / 60:.0f} | "
+        lines.append(f"| {t.key} | {t.title} | {rr:,} run-rounds | ≈{campaign.gpu_minutes(t):.0f} | "
                      f"`results/{t.paper}/{t.experiment}.csv` |")
     lines.append("")
     current = ""

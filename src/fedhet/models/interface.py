@@ -5,8 +5,9 @@ user's code imports fedhet only from `fedhet/__init__.py`; every other name in
 `fedhet.models` is internal to it (tests/test_architecture.py).
 """
 
-from fedhet.models.registry import MODELS
+from fedhet.models.registry import MODELS, build_model
 
 __all__ = [
     "MODELS",
+    "build_model",
 ]

@@ -239,11 +239,13 @@ class CohortTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Mini-batch gradients `(G, d)`, losses `(G,)` and new buffers for stacked `w`, batches
         `(G, b)` of indices (all of one size). `loss` (with the rows' stacked `frozen` vectors,
-        `(G, d)` each) replaces the model's objective for every row."""
+        `(G, d)` each) replaces the model's objective for every row. The passes run in the model's
+        precision (`FlatModel.passes`); gradients, losses and buffers come back float32."""
         x, y = self.x[batch], self.y[batch]
         if self.linear and loss is None:
-            g, loss_values = self._linear_gradients(w, x, y)
-            return g, loss_values, bufs
+            with self.model.passes():
+                g, loss_values = self._linear_gradients(w, x, y)
+            return g.float(), loss_values.float(), bufs
         fixed = {
             f"inner.{n}": b.clone() for n, b in self.model.module.named_buffers()
             if not b.is_floating_point()
@@ -251,15 +253,18 @@ class CohortTrainer:
         n = w.shape[0]
         ws = tuple(w[:, a:b].view(n, *s) for a, b, s in self.param_slices)
         if loss is None:
-            gs, (loss_values, new_bufs) = self._vgrad(ws, bufs, x, y, fixed)
+            with self.model.passes():
+                gs, (loss_values, new_bufs) = self._vgrad(ws, bufs, x, y, fixed)
         else:
             module = self.model.module
-            with torch.no_grad():
+            with torch.no_grad(), self.model.passes():
                 targets = vmap(lambda xr, *fr: loss.targets(module, xr, *fr))(x, *frozen)
             step = partial(self._loss, wrapper=_WithLoss(module, loss))
             vgrad = vmap(grad(step, has_aux=True), in_dims=(0, 0, 0, 0, None, 0))
-            gs, (loss_values, new_bufs) = vgrad(ws, bufs, x, y, fixed, targets)
-        return torch.cat([g.reshape(n, -1) for g in gs], dim=1), loss_values, new_bufs
+            with self.model.passes():
+                gs, (loss_values, new_bufs) = vgrad(ws, bufs, x, y, fixed, targets)
+        g = torch.cat([g.reshape(n, -1) for g in gs], dim=1)
+        return g, loss_values.float(), new_bufs.to(bufs.dtype)
 
     def _linear_gradients(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor):
         """Closed-form gradients for `fc.weight (k, D)`, `fc.bias (k,)` stacked per client (a

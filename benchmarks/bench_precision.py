@@ -1,0 +1,74 @@
+"""bf16 against fp32: seconds per round and final accuracy of FedAvg, FedNova and SCAFFOLD.
+
+FedNNNN's MNIST CNN (`cnn-fednnnn-mnist`), real MNIST (`DATA_DIR/mnist/mnist.pkl.gz`, see
+benchmarks/bench_fedavg.py for fetching it), 10 clients, Dirichlet(0.5), B = 50, lr 0.05,
+`--steps` local steps, `--rounds` rounds, `--seeds` seeds, one torch thread, the sequential
+executor. For every (algorithm, seed) the fp32 and the bf16 run go back to back (bf16 first
+on odd seeds) so the machine's noise hits both; the table gives the median training seconds
+per round (`round_time_s`, evaluation excluded) and the final test accuracy, mean ± spread
+over the seeds.
+
+    python benchmarks/bench_precision.py [--rounds 20] [--seeds 3] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import torch
+
+from fedhet.engine.assemble import assemble
+from fedhet.engine.config import config_of
+
+
+def one_run(algorithm: str, precision: str, seed: int, args) -> tuple[float, float]:
+    rows: list[dict] = []
+    cfg = config_of({
+        "algorithm": algorithm, "dataset": "mnist", "model": "cnn-fednnnn-mnist",
+        "partition": "dirichlet", "partition.alpha": 0.5, "clients": 10, "rounds": args.rounds,
+        "local_steps": args.steps, "batch_size": 50, "lr": 0.05, "seed": seed,
+        "eval_every": args.rounds, "workers": 1, "executor": "sequential", "device": "cpu",
+        "precision": precision, "data_dir": args.data_dir,
+    })
+    sim = assemble(cfg, log=lambda _: None, callbacks=[lambda row: rows.append(dict(row))])
+    sim.run()
+    return statistics.median(r["round_time_s"] for r in rows), rows[-1]["test_accuracy"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--algorithms", default="fedavg,fednova,scaffold")
+    ap.add_argument("--data-dir", default="data")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    if not (Path(args.data_dir) / "mnist" / "mnist.pkl.gz").exists():
+        raise SystemExit(f"{args.data_dir}/mnist/mnist.pkl.gz missing (see benchmarks/bench_fedavg.py)")
+    print(f"cnn-fednnnn-mnist, MNIST, 10 clients, {args.steps} steps × B = 50, {args.rounds} rounds, "
+          f"{args.seeds} seeds, one thread")
+    print("| algorithm | fp32 s/round | bf16 s/round | speed-up | fp32 final acc | bf16 final acc | "
+          "bf16 − fp32 (per seed) |")
+    print("|---|---|---|---|---|---|---|")
+    for algorithm in args.algorithms.split(","):
+        res: dict[str, list[tuple[float, float]]] = {"fp32": [], "bf16": []}
+        for seed in range(args.seeds):
+            order = ("fp32", "bf16") if seed % 2 == 0 else ("bf16", "fp32")
+            for precision in order:
+                res[precision].append(one_run(algorithm, precision, seed, args))
+                print(f"  {algorithm} seed {seed} {precision}: {res[precision][-1]}", flush=True)
+        t32 = statistics.median(t for t, _ in res["fp32"])
+        t16 = statistics.median(t for t, _ in res["bf16"])
+        a32 = [a for _, a in res["fp32"]]
+        a16 = [a for _, a in res["bf16"]]
+        diffs = ", ".join(f"{b - a:+.4f}" for a, b in zip(a32, a16, strict=True))
+        print(f"| {algorithm} | {t32:.2f} | {t16:.2f} | {t32 / t16:.2f}× | "
+              f"{statistics.mean(a32):.4f} ± {statistics.pstdev(a32):.4f} | "
+              f"{statistics.mean(a16):.4f} ± {statistics.pstdev(a16):.4f} | {diffs} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
