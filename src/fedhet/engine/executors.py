@@ -163,10 +163,9 @@ def failure(client_id: int, round: int, error: BaseException) -> ClientFailure:
     return ClientFailure(client_id, round, f"{type(error).__name__}: {text[0] if text else ''}")
 
 
-class SequentialExecutor:
-    """Today's loop: one client after another, each reply yielded as it is made."""
-
-    name = "sequential"
+class InProcess:
+    """What the executors that run clients in this process share: one client's update on the
+    run's `ClientWork`, no extra metrics columns, nothing to close."""
 
     def __init__(self, work: ClientWork) -> None:
         self.work = work
@@ -179,6 +178,12 @@ class SequentialExecutor:
 
     def close(self) -> None:
         pass
+
+
+class SequentialExecutor(InProcess):
+    """Today's loop: one client after another, each reply yielded as it is made."""
+
+    name = "sequential"
 
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
         for client_id, message in requests:
@@ -257,13 +262,13 @@ class _ParkingTrainer:
         return job.result
 
 
-class BatchedExecutor:
+class BatchedExecutor(InProcess):
     """Stacked local SGD over chunks of the cohort (see the module docstring)."""
 
     name = "batched"
 
     def __init__(self, work: ClientWork, chunk: int = 0) -> None:
-        self.work = work
+        super().__init__(work)
         self.chunk = chunk
         self.cohort = CohortTrainer(work.model, work.trainer.x, work.trainer.y, chunk=0, log=work.log)
         self.cohort.check_stackable()  # a model torch.func cannot run: one line, before any round
@@ -277,15 +282,6 @@ class BatchedExecutor:
         # [choice] keep the stacked (w, g, momentum) state under ~1 GiB
         per_client = 3 * 4 * max(self.work.model.dim, 1)
         return max(1, min(n, (1 << 30) // per_client))
-
-    def update(self, client_id: int, message: Message, round: int) -> Message:
-        return self.work.update(client_id, message, round)
-
-    def columns(self) -> dict[str, float]:
-        return {}
-
-    def close(self) -> None:
-        pass
 
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
         size = self._chunk_size(len(requests))
