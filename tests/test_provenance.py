@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import fedhet
+from fedhet import plugins
 from fedhet import provenance as prov
 from fedhet.engine.config import RECORD_KEYS, canonical_config, config_of, parse
 from fedhet.experiments.single import execute
@@ -23,8 +24,15 @@ SETTINGS = {"dataset": "digits", "clients": 4, "rounds": 2, "device": "cpu"}
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> Path:
+    """A run made with no plugin loaded (another test file's plugins, loaded in this process
+    earlier, are set aside while it runs)."""
     out = tmp_path_factory.mktemp("prov") / "run"
-    execute(SETTINGS, out, log=lambda _: None)
+    loaded = dict(plugins._LOADED)
+    plugins._LOADED.clear()
+    try:
+        execute(SETTINGS, out, log=lambda _: None)
+    finally:
+        plugins._LOADED.update(loaded)
     return out
 
 

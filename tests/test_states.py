@@ -55,7 +55,8 @@ def same_row(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 
 def test_every_registered_algorithm_is_covered():
-    assert set(ALGORITHMS.names()) <= set(NAMES)
+    shipped = {entry.name for entry in ALGORITHMS if entry.source == "fedhet"}
+    assert shipped <= set(NAMES)  # what other tests load as plugins is theirs
 
 
 # -- the typed classes -----------------------------------------------------------------------

@@ -47,7 +47,8 @@ CASES = [
 def test_every_registered_algorithm_is_covered():
     from fedhet.algorithms.base import ALGORITHMS
 
-    assert set(ALGORITHMS.names()) <= {algorithm for algorithm, _ in CASES}
+    shipped = {entry.name for entry in ALGORITHMS if entry.source == "fedhet"}
+    assert shipped <= {algorithm for algorithm, _ in CASES}  # plugins other tests load aside
 
 
 def simulate(workers: int, log=None, patch=None, **settings) -> tuple[Simulation, dict]:
