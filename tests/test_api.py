@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -159,3 +161,17 @@ def test_the_same_in_memory_name_handed_in_again_is_replaced(tmp_path):
     a = fedhet.run(dataset=first, rounds=1, clients=2, out=tmp_path / "a", log=lambda _: None)
     b = fedhet.run(dataset=second, rounds=1, clients=2, out=tmp_path / "b", log=lambda _: None)
     assert not math.isclose(a.metrics[-1]["test_loss"], b.metrics[-1]["test_loss"])
+
+
+def test_a_run_of_in_memory_data_says_how_to_resume_it_in_another_process(tmp_path):
+    rng = np.random.default_rng(0)
+    data = fedhet.from_arrays(rng.normal(size=(120, 4)), np.arange(120) % 2, name="api-mem")
+    r = fedhet.run(dataset=data, rounds=1, clients=2, out=tmp_path / "r", log=lambda _: None)
+    assert r.config["provenance"]["in_process"] == {"dataset": "api-mem"}
+    other = subprocess.run([sys.executable, "-m", "fedhet", "run", "--resume", str(r.dir), "-r", "2"],
+                           capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    (line,) = other.stderr.strip().splitlines()
+    assert "'api-mem' was handed in from Python" in line and "fedhet.resume(" in line
+    again = fedhet.resume(r.dir, rounds=2, dataset=data, log=lambda _: None)  # the same object
+    assert again.metrics[-1]["round"] == 2

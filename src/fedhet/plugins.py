@@ -336,6 +336,22 @@ def _entries_of(config: Mapping[str, Any]) -> list[registry.Entry]:
     return out
 
 
+def in_process(config: Mapping[str, Any]) -> dict[str, str]:
+    """Kind → name of the components of a run's `config` that exist only in this process (handed
+    in from a script or notebook, `in_script`): what no later process can build again."""
+    # lazy: the registries import torch; this module is imported by the command line's parser
+    from fedhet.engine.config import COMPONENTS, REGISTRIES
+
+    out = {}
+    for kind in COMPONENTS:
+        name = config.get(kind)
+        if isinstance(name, str) and name != "auto":
+            with contextlib.suppress(FedhetError):
+                if in_script(REGISTRIES[kind].get(name).source):
+                    out[kind] = name
+    return out
+
+
 def _components_missing(config: Mapping[str, Any]) -> bool:
     """Whether a component a saved run names is not registered in this process."""
     from fedhet.engine.config import COMPONENTS  # lazy, as in `_entries_of`

@@ -197,13 +197,33 @@ def resume_settings(
     record = store.read_config()
     plugins.ensure_recorded(record, out / "config.json")
     saved = canonical_config(record)
-    cfg = build(parse(saved, "config.json"), parse(changes or {}, "--resume"))
+    try:
+        cfg = build(parse(saved, "config.json"), parse(changes or {}, "--resume"))
+    except FedhetError as e:
+        raise _handed_in(out, record, e) from None
     if changes:
         check_resumable(saved, cfg.to_dict())
     ckpt = store.load_checkpoint(warn=log) if checkpoint else None
     if ckpt is not None:
         check_resumable(ckpt.get("config"), cfg.to_dict())
     return store, saved, cfg
+
+
+def _handed_in(out: Path, record: dict[str, Any], error: FedhetError) -> FedhetError:
+    """The resume's error for a run whose component was handed in from a script or notebook
+    (its provenance's `in_process`) and is unknown here; else `error` itself."""
+    prov = record.get("provenance")
+    handed = prov.get("in_process") if isinstance(prov, dict) else None
+    for kind, name in (handed or {}).items():
+        if str(error).startswith(f"unknown {kind} {name!r}"):
+            return FedhetError(
+                f"{out}: its {kind} {name!r} was handed in from Python by the script or notebook "
+                f"that made the run, and exists only there: resume it from Python with "
+                f"fedhet.resume({str(out)!r}, {kind}=<the same object>), or put it in a plugin "
+                "module (--plugin FILE.py)" + (" or save the data as .npz (docs/data.md)"
+                                               if kind == "dataset" else "")
+            )
+    return error
 
 
 @contextlib.contextmanager
