@@ -679,12 +679,15 @@ def test_reap_ends_what_a_dead_drivers_local_ray_left_and_nothing_else(tmp_path,
     """Records of private local Rays (`fhray-*/fedhet-driver.json` under `$RAY_TMPDIR`): the
     processes of one whose driver is gone are ended and its directory removed; one whose driver
     runs, and one still being started (no record yet), are left alone."""
+    from fedhet import procs
     from fedhet.experiments import raylink
 
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
 
     def start_of(pid: int) -> int:
-        return raylink._proc_table()[pid][1]
+        start = procs.start_time(pid)
+        assert start is not None
+        return start
 
     gone = subprocess.Popen(["true"])
     gone.wait()

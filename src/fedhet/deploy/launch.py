@@ -31,6 +31,9 @@ from typing import Any
 
 import fedhet
 from fedhet.errors import FedhetError
+from fedhet.procs import cmdline as _cmdline
+from fedhet.procs import process_table as _process_table
+from fedhet.procs import stat as _stat
 
 HOST = "127.0.0.1"
 CONNECTION = "fedhet-local"
@@ -104,20 +107,6 @@ def _wait_port(port: int, timeout: float, proc: subprocess.Popen, log: Path) -> 
         except OSError:
             time.sleep(0.2)
     raise FedhetError(f"flower-superlink did not listen on {HOST}:{port} within {timeout:.0f} s")
-
-
-def _process_table() -> dict[int, tuple[int, int, int]]:
-    """Every process as PID -> (parent PID, session id, start time in clock ticks), from /proc."""
-    table: dict[int, tuple[int, int, int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            f = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            table[int(entry.name)] = (int(f[1]), int(f[3]), int(f[19]))
-        except (OSError, IndexError, ValueError):
-            continue
-    return table
 
 
 def _children(pid: int) -> list[int]:
@@ -431,25 +420,10 @@ def _config_value(v: Any) -> str:
     return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state first), or None if gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
 def _parent(pid: int) -> int:
     """The parent PID of `pid` (0 once it is gone)."""
     fields = _stat(pid)
     return int(fields[1]) if fields else 0
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def named_descendants(pid: int, name: str) -> list[int]:

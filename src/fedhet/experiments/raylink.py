@@ -40,6 +40,7 @@ from typing import Any
 
 from fedhet.engine.interface import atomic_write_text, host_port, ray_address
 from fedhet.errors import FedhetError
+from fedhet.procs import cmdline, process_table, start_time
 
 GCS_PROBE_S = 5.0
 """How long the TCP connect to a head's port may take before it counts as not answering."""
@@ -246,51 +247,26 @@ def bounded(init: Callable[[], None], timeout: float, requested: threading.Event
 
 
 # -- the private local Ray -------------------------------------------------------------------
-def _proc_table() -> dict[int, tuple[int, int]]:
-    """`pid -> (parent pid, start time in clock ticks)` of every live process this user can
-    see (zombies, which have ended, left out)."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] not in ("Z", "X"):
-            table[int(entry.name)] = (int(fields[1]), int(fields[19]))
-    return table
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _started_by(pid: int, temp_dir: Path) -> dict[int, int]:
     """`pid -> start time` of the processes of the local Ray with `temp_dir` that `pid`
     started: its children that name `temp_dir` on their command line (Ray's GCS, raylet,
     monitors) and everything below them (agents and workers, which rename themselves)."""
-    table = _proc_table()
+    table = process_table(live_only=True)
     kids: dict[int, list[int]] = {}
-    for child, (parent, _) in table.items():
+    for child, (parent, _, _) in table.items():
         kids.setdefault(parent, []).append(child)
     found: dict[int, int] = {}
-    todo = [k for k in kids.get(pid, []) if str(temp_dir) in _cmdline(k)]
+    todo = [k for k in kids.get(pid, []) if str(temp_dir) in cmdline(k)]
     while todo:
         child = todo.pop()
-        found[child] = table[child][1]
+        found[child] = table[child][2]
         todo.extend(kids.get(child, []))
     return found
 
 
 def _same(pid: int, start: int) -> bool:
     """Is `pid` still the process that started at `start` (not a reused PID)?"""
-    entry = _proc_table().get(pid)
-    return entry is not None and entry[1] == start
+    return start_time(pid) == start
 
 
 def end_processes(procs: dict[int, int], grace: float = STOP_GRACE_S) -> list[int]:
@@ -331,7 +307,7 @@ class LocalRay:
             me = os.getpid()
             with contextlib.suppress(OSError):
                 atomic_write_text(self.record, json.dumps({
-                    "driver": [me, _proc_table().get(me, (0, 0))[1]],
+                    "driver": [me, start_time(me) or 0],
                     "processes": {str(p): s for p, s in self.procs.items()}}))
 
     def stop(self) -> None:
