@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,9 +47,9 @@ from fedhet.engine.evaluation import EvalSettings, Evaluator
 from fedhet.engine.executors import Executor
 from fedhet.engine.faults import FaultModel
 from fedhet.engine.federate import federate
-from fedhet.engine.plan import Plan, Work, executor_for, plan
+from fedhet.engine.plan import Work, executor_for, plan
 from fedhet.engine.rounds import ROUND_RUNNERS, RoundRunner
-from fedhet.engine.simulation import LoopSettings, Parts, Simulation, round_half_up
+from fedhet.engine.simulation import ClientSide, LoopSettings, Parts, Simulation, round_half_up
 from fedhet.engine.store import RunStore
 from fedhet.engine.workers import round_work, usable_cores
 from fedhet.errors import FedhetError
@@ -64,27 +63,6 @@ ModelFactory = Callable[[tuple[int, ...], int, Any], nn.Module]
 
 ExecutorFactory = Callable[[ClientWork], Executor]
 """Builds the executor a run's loop hands its client requests to, over the run's `ClientWork`."""
-
-
-@dataclass
-class ClientSide:
-    """The clients' half of a run: what runs client updates, and nothing of the server."""
-
-    data: Dataset
-    """On the plan's device, after the validation hold-out."""
-    partition: list[np.ndarray]
-    client_indices: list[torch.Tensor]
-    model: FlatModel
-    trainer: LocalTrainer
-    run_info: RunInfo
-    algorithm: Algorithm
-    clients: ClientWork
-    plan: Plan
-    executor: Executor
-    round_work: float
-    """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
-    steps: list[int]
-    """Each client's planned `⌊E·D_i/B⌋` in round 0, unclamped (`Algorithm.check_local_steps`)."""
 
 
 def assemble(
@@ -109,12 +87,8 @@ def assemble(
     if runner is None:
         raise FedhetError(f"algorithm {cfg.algorithm} needs topology {topology!r}")
     parts = Parts(
-        loop=LoopSettings.from_config(cfg), config=cfg.to_dict(), data=side.data,
-        partition=side.partition, client_indices=side.client_indices, model=side.model,
-        trainer=side.trainer, run_info=side.run_info, algorithm=side.algorithm,
-        clients=side.clients, evaluator=evaluator, faults=FaultModel.from_config(cfg),
-        comm=CommLedger(side.model.dim), runner=runner, plan=side.plan, executor=side.executor,
-        round_work=side.round_work,
+        loop=LoopSettings.from_config(cfg), config=cfg.to_dict(), side=side, evaluator=evaluator,
+        faults=FaultModel.from_config(cfg), comm=CommLedger(side.model.dim), runner=runner,
     )
     return Simulation(parts, store, log, callbacks)
 

@@ -75,15 +75,11 @@ def round_half_up(x: float) -> int:
 
 
 @dataclass
-class Parts:
-    """A run's built parts: what the loop runs on (`fedhet.engine.assemble.assemble` builds
-    them from settings and whatever was handed in)."""
+class ClientSide:
+    """The clients' half of a run: what runs client updates, and nothing of the server."""
 
-    loop: LoopSettings
-    config: dict[str, Any]
-    """The run's `config.json` (`RunConfig.to_dict`): checkpoints, the resume check, summary."""
     data: Dataset
-    """On the run's device, after the validation hold-out."""
+    """On the plan's device, after the validation hold-out."""
     partition: list[np.ndarray]
     client_indices: list[torch.Tensor]
     model: FlatModel
@@ -91,14 +87,27 @@ class Parts:
     run_info: RunInfo
     algorithm: Algorithm
     clients: ClientWork
-    evaluator: Evaluator
-    faults: FaultModel
-    comm: CommLedger
-    runner: RoundRunner
     plan: Plan
     executor: Executor
     round_work: float
     """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
+    steps: list[int]
+    """Each client's planned `⌊E·D_i/B⌋` in round 0, unclamped (`Algorithm.check_local_steps`)."""
+
+
+@dataclass
+class Parts:
+    """A run's built parts: the clients' half, and the server's (`fedhet.engine.assemble.assemble`
+    builds them from settings and whatever was handed in)."""
+
+    loop: LoopSettings
+    config: dict[str, Any]
+    """The run's `config.json` (`RunConfig.to_dict`): checkpoints, the resume check, summary."""
+    side: ClientSide
+    evaluator: Evaluator
+    faults: FaultModel
+    comm: CommLedger
+    runner: RoundRunner
 
 
 class Simulation:
@@ -112,29 +121,30 @@ class Simulation:
         self.log = log
         self.callbacks: list[CallbackLike] = list(callbacks)
         """Told of the run's start, each saved round's metrics row and its end (`run`)."""
+        side = parts.side
         self.loop = parts.loop
         self.config = parts.config
-        self.data = parts.data
-        self.partition = parts.partition
-        self.client_indices = parts.client_indices
-        self.model = parts.model
-        self.trainer = parts.trainer
-        self.run_info = parts.run_info
-        self.algorithm = parts.algorithm
-        self.clients = parts.clients
+        self.data = side.data
+        self.partition = side.partition
+        self.client_indices = side.client_indices
+        self.model = side.model
+        self.trainer = side.trainer
+        self.run_info = side.run_info
+        self.algorithm = side.algorithm
+        self.clients = side.clients
         self.evaluator = parts.evaluator
         self.faults = parts.faults
         self.comm = parts.comm
         self.runner = parts.runner
-        self.plan = parts.plan
+        self.plan = side.plan
         """Where this run's work runs, and why (`fedhet.engine.plan`): decided once, when built."""
-        self.round_work = parts.round_work
+        self.round_work = side.round_work
         self.device = self.plan.device
         self.w0 = self.model.params.clone()
         self.split = split_digest(self.client_indices)
         """The data split this run trains on, stored in every checkpoint (`check_same_split`)."""
         self.buffers = self.model.buffers.clone()
-        self.executor = parts.executor
+        self.executor = side.executor
         if store is not None:  # the clients' states wait in the run directory, not in /tmp
             self.clients.states.attach(store.out / CLIENT_STATES)
         self.executor_name = self.executor.name
@@ -405,4 +415,4 @@ def check_same_split(saved: str | None, current: str) -> None:
         )
 
 
-__all__ = ["LoopSettings", "Parts", "Simulation", "TIME_COLUMNS", "sample_clients"]
+__all__ = ["ClientSide", "LoopSettings", "Parts", "Simulation", "TIME_COLUMNS", "sample_clients"]
