@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from fedhet.engine.assemble import assemble
 from fedhet.engine.batch import SharedCohort, run_together
@@ -14,6 +15,11 @@ from fedhet.engine.config import config_of
 from fedhet.engine.store import RunStore, read_metric_rows
 from fedhet.experiments.compare import compare
 from fedhet.experiments.runner import Job, batch_units
+from fedhet.models.cnn import cnn_fednnnn_cifar
+from fedhet.registry import NoParams
+from fedhet.training.cohort import CohortTrainer, EvalJob
+from fedhet.training.flat import FlatModel
+from fedhet.training.local import evaluate
 
 BASE = {
     "dataset": "digits", "partition": "dirichlet", "clients": 6, "rounds": 3, "model": "mlp",
@@ -125,3 +131,65 @@ def test_compare_with_batches_writes_what_compare_without_them_writes(tmp_path):
 def test_run_together_of_one_or_two_plain_runs(tmp_path, n):
     sims = [assemble(config_of({**BASE, "seed": s}), store=None, log=lambda _: None) for s in range(n)]
     assert all(o["finished"] for o in run_together(sims))
+
+
+def _bn_cnn_jobs() -> tuple[CohortTrainer, list[EvalJob]]:
+    """Four models of the BatchNorm CIFAR CNN (channels-last) on two datasets, one of them
+    handed in twice as equal copies: random weights and running statistics per model."""
+    torch.manual_seed(0)
+    model = FlatModel(cnn_fednnnn_cifar((3, 32, 32), 10, NoParams()), channels_last=True)
+    data = [(torch.randn(30, 3, 32, 32), torch.randint(0, 10, (30,))) for _ in range(2)]
+    cohort = CohortTrainer(model, data[0][0], data[0][1])
+    jobs = []
+    for i in range(4):
+        bufs = model.buffers.clone()
+        for name, a, b, _shape in cohort.buffer_specs:
+            if name.endswith("running_mean"):
+                bufs[a:b] = 0.2 * torch.randn(b - a)
+            else:
+                bufs[a:b] = torch.rand(b - a) + 0.5
+        x, y = data[i % 2]
+        if i == 2:
+            x, y = x.clone(), y.clone()  # equal data in another tensor: stacked with job 0
+        jobs.append(EvalJob(model.params + 0.05 * torch.randn(model.dim), bufs, x, y))
+    return cohort, jobs
+
+
+def test_stacked_evaluation_scores_every_model_as_alone():
+    cohort, jobs = _bn_cnn_jobs()
+    alone = [evaluate(cohort.model, j.params, j.buffers, j.x, j.y) for j in jobs]
+    assert len({round(loss, 6) for loss, _ in alone}) == 4  # the models really differ
+    stats_only = evaluate(cohort.model, jobs[1].params, jobs[0].buffers, jobs[1].x, jobs[1].y)
+    assert stats_only[0] != pytest.approx(alone[1][0], rel=1e-4)  # and so do their statistics
+    cohort.model.module.train()
+    cohort.evaluate_many(jobs)
+    for job, (loss, acc) in zip(jobs, alone, strict=True):
+        assert job.error is None
+        assert job.result[0] == pytest.approx(loss, rel=1e-5) and job.result[1] == acc
+    assert cohort.model.module.training  # left in training mode, as it was
+
+
+def test_a_batch_evaluates_its_runs_stacked_where_evaluation_stacks(tmp_path, monkeypatch):
+    """Forced on (the CPU evaluates one by one, `stacks_evaluation`): every round's test and
+    training-set evaluations of the three runs go in one stacked call and the curves stay."""
+    import fedhet.engine.batch as batch
+
+    monkeypatch.setattr(batch, "stacks_evaluation", lambda device: True)
+    sizes: list[int] = []
+    many = CohortTrainer.evaluate_many
+
+    def spy(self, jobs):
+        sizes.append(len(jobs))
+        many(self, jobs)
+
+    monkeypatch.setattr(CohortTrainer, "evaluate_many", spy)
+    alone, together, outcomes = _alone_and_together(
+        tmp_path, [{"algorithm": "fedavg", "seed": s, "train_loss": True} for s in (0, 1, 2)])
+    assert same(together, alone) and all(o["finished"] for o in outcomes)
+    assert sizes and max(sizes) == 3 * 2  # three runs × (test split, training set)
+    assert len(sizes) == BASE["rounds"] + 1  # round 0 and every round, one call each
+    for i in range(3):
+        rows = read_metric_rows(tmp_path / f"batch{i}" / "metrics.csv")
+        rows_alone = read_metric_rows(tmp_path / f"alone{i}" / "metrics.csv")
+        assert [r["train_loss"] for r in rows] == pytest.approx(
+            [r["train_loss"] for r in rows_alone], rel=1e-5)

@@ -11,6 +11,9 @@ Python at a time (the `turn` lock, passed on at the barrier), so the runs never 
 their use of the process-wide RNG and each run computes what it computes alone, to float32
 rounding: only the composition of the stack differs, a stacked step treats every row on its
 own, and a batched matrix product may round differently with another number of matrices.
+On a device that `stacks_evaluation` (CUDA), a run's evaluation parks at the same barrier:
+the parked models that score on the same data are evaluated in one stacked forward per slice
+of samples (`CohortTrainer.evaluate_many`).
 
 A run whose executor is not the batched one (a model that cannot be stacked, `--workers`) does
 not join the cohort: `run_together` runs it on its own after the batch.
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fedhet.errors import FedhetError
-from fedhet.training.cohort import CohortTrainer, SGDJob
+from fedhet.training.cohort import CohortTrainer, EvalJob, SGDJob, stacks_evaluation
 
 if TYPE_CHECKING:
     from fedhet.engine.simulation import Simulation
@@ -39,7 +42,7 @@ class SharedCohort:
         """Held by the one run executing Python; released while a run waits at the barrier."""
         self._cond = threading.Condition()
         self._members = 0
-        self._parked: list[list[SGDJob]] = []
+        self._parked: list[list[SGDJob] | list[EvalJob]] = []
         self._generation = 0
         self.steps = 0
         """Stacked calls made (each one holds the parked jobs of every run still going)."""
@@ -58,6 +61,14 @@ class SharedCohort:
     def sgd_many(self, jobs: list[SGDJob]) -> None:
         """Park `jobs` until every run still going has parked, then run them all stacked.
         Results and errors end up on the jobs, as with `CohortTrainer.sgd_many`."""
+        self._park(jobs)
+
+    def evaluate_many(self, jobs: list[EvalJob]) -> None:
+        """Park a run's evaluations like `sgd_many`; at the barrier every parked evaluation
+        runs stacked (`CohortTrainer.evaluate_many`), results and errors on the jobs."""
+        self._park(jobs)
+
+    def _park(self, jobs: list[SGDJob] | list[EvalJob]) -> None:
         with self._cond:
             self._parked.append(jobs)
             if len(self._parked) == self._members:
@@ -71,11 +82,16 @@ class SharedCohort:
 
     def _step(self) -> None:
         jobs = [job for parked in self._parked for job in parked]
-        try:
-            self.cohort.sgd_many(jobs)
-        except Exception as e:  # noqa: BLE001  (the stacked step failed: every job gets the error)
-            for job in jobs:
-                job.error = e
+        sgd = [job for job in jobs if isinstance(job, SGDJob)]
+        evals = [job for job in jobs if isinstance(job, EvalJob)]
+        if sgd:
+            try:
+                self.cohort.sgd_many(sgd)
+            except Exception as e:  # noqa: BLE001  (the stacked step failed: every job gets the error)
+                for job in sgd:
+                    job.error = e
+        if evals:
+            self.cohort.evaluate_many(evals)
         self.steps += 1
         self._parked = []
         self._generation += 1
@@ -137,6 +153,8 @@ def run_together(
         batch = [members[i] for i in shared_ix]
         for m in batch:
             m.sim.executor.shared = shared
+            if stacks_evaluation(first.device):
+                m.sim.evaluator.stacked = shared.evaluate_many
             shared.join()
         for m in batch:
             m.thread = threading.Thread(target=_member_main, args=(m, shared), daemon=True,
@@ -149,6 +167,7 @@ def run_together(
                     on_step()
         for m in batch:
             m.sim.executor.shared = None
+            m.sim.evaluator.stacked = None
     alone = [m for i, m in enumerate(members) if i not in shared_ix or len(shared_ix) == 1]
     for m in alone:
         try:

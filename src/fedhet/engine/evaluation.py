@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from fedhet.algorithms.base import Algorithm
 from fedhet.data.base import Dataset
 from fedhet.engine.clients import LocalWork, learning_rate
 from fedhet.engine.failures import Diverged
+from fedhet.training.cohort import EvalJob
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import evaluate
 
@@ -51,6 +52,9 @@ class Evaluator:
         self.data = data
         self.algorithm = algorithm
         self.local = local
+        self.stacked: Callable[[list[EvalJob]], None] | None = None
+        """Scores a row's models together with other runs' (`SharedCohort.evaluate_many`, set
+        while the run steps in a batch that `stacks_evaluation`); None: one by one here."""
 
     def evaluated(self, round: int) -> bool:
         """Whether round `round` (0 = before training) is evaluated."""
@@ -66,18 +70,33 @@ class Evaluator:
         if self.evaluated(round):
             models = {"": self.algorithm.eval_params(state)}
             models.update({f"_{s}": w for s, w in self.algorithm.extra_eval_params(state).items()})
-            for suffix, w in models.items():
-                loss, acc = evaluate(self.model, w, buffers, data.x_test, data.y_test)
-                row[f"test_loss{suffix}"], row[f"test_accuracy{suffix}"] = loss, acc
+            jobs = {
+                (f"test_loss{s}", f"test_accuracy{s}"): EvalJob(w, buffers, data.x_test, data.y_test)
+                for s, w in models.items()
+            }
             if self.settings.train_loss:
-                row["train_loss"], row["train_accuracy"] = evaluate(
-                    self.model, models[""], buffers, data.x_train, data.y_train
+                jobs["train_loss", "train_accuracy"] = EvalJob(
+                    models[""], buffers, data.x_train, data.y_train
                 )
+            self._score(list(jobs.values()))
+            for (loss, accuracy), job in jobs.items():
+                row[loss], row[accuracy] = job.result
         else:
             row["test_loss"], row["test_accuracy"] = float("nan"), float("nan")
         row["lr"] = learning_rate(self.local, max(round - 1, 0))
         row.update(diag)
         return row
+
+    def _score(self, jobs: list[EvalJob]) -> None:
+        """Each job's `(loss, accuracy)`, stacked with other runs' where `stacked` is set."""
+        if self.stacked is None:
+            for job in jobs:
+                job.result = evaluate(self.model, job.params, job.buffers, job.x, job.y)
+            return
+        self.stacked(jobs)
+        for job in jobs:
+            if job.error is not None:
+                raise job.error
 
     def check_finite(self, state: Any, row: dict[str, Any], round: int) -> None:
         """Raise `Diverged` when the global model or its evaluated loss is not finite."""

@@ -46,10 +46,10 @@ from torch.nn import functional as F
 
 from fedhet.errors import FedhetError
 from fedhet.models.linear import LogisticRegression, SquaredSVM
-from fedhet.models.registry import objective
+from fedhet.models.registry import objective, predictions
 from fedhet.training.flat import FlatModel
 from fedhet.training.hooks import StackableHook, StackedHook
-from fedhet.training.local import SGDConfig, StepHook
+from fedhet.training.local import EVAL_BATCH, SGDConfig, StepHook
 from fedhet.training.losses import StackableLoss
 from fedhet.training.steps import GradTransform, LocalStep, Transform
 
@@ -82,6 +82,19 @@ class GradJob:
     chunk: int = 1024
     max_batches: int = 0
     result: torch.Tensor | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class EvalJob:
+    """One model to score (`fedhet.training.local.evaluate`): `params` with BatchNorm statistics
+    `buffers` on `(x, y)`; `result` is `(mean loss, accuracy)`."""
+
+    params: torch.Tensor
+    buffers: torch.Tensor | None
+    x: torch.Tensor
+    y: torch.Tensor
+    result: tuple[float, float] | None = None
     error: BaseException | None = None
 
 
@@ -121,6 +134,18 @@ class _WithLoss(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, targets: tuple) -> torch.Tensor:
         return self.stackable.loss(self.inner, x, y, targets)
+
+
+class _Scores(nn.Module):
+    """`forward(x, y) = (Σ loss, number correct)` of `inner` on one batch, for stacked evaluation."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.inner(x)
+        return objective(self.inner, out, y) * len(y), (predictions(self.inner, out) == y).sum()
 
 
 class CohortTrainer:
@@ -352,6 +377,63 @@ class CohortTrainer:
         for c, job in enumerate(jobs):
             job.result = total[c].div(max(seen[c], 1))
 
+    def evaluate_many(self, jobs: list[EvalJob]) -> None:
+        """Every job's `evaluate` (mean loss and accuracy, BatchNorm in eval mode, float32
+        under `torch.inference_mode`), the jobs that score on the same `(x, y)` stacked: one
+        `vmap` of the module's forward over their parameters per slice of samples, each slice
+        `EVAL_BATCH // jobs` samples so the stack's activations stay those of one evaluation.
+        Results (or the error) go on the jobs; equal to `evaluate` job by job to float32
+        rounding."""
+        groups: list[list[EvalJob]] = []
+        for job in jobs:
+            group = next((g for g in groups if _same_data(g[0], job)), None)
+            if group is None:
+                groups.append([job])
+            else:
+                group.append(job)
+        module = self.model.module
+        was_training = module.training
+        module.eval()
+        try:
+            for group in groups:
+                try:
+                    self._evaluate_group(group)
+                except Exception as e:  # noqa: BLE001  (reported on every job, as in sgd_many)
+                    for job in group:
+                        job.error = e
+        finally:
+            module.train(was_training)
+
+    def _evaluate_group(self, jobs: list[EvalJob]) -> None:
+        device = self.model.params.device
+        x, y = jobs[0].x, jobs[0].y
+        w = torch.stack([j.params.to(device) for j in jobs])
+        n_bufs = self.model.buffers.numel()
+        bufs = torch.stack([
+            (j.buffers if j.buffers is not None and j.buffers.numel() else self.model.buffers).to(device)
+            for j in jobs
+        ]) if n_bufs else torch.zeros(len(jobs), 0, device=device)
+        scores = _Scores(self.model.module)
+
+        def score(ws, bs, xb, yb):
+            slices = zip(self.param_names, self.param_slices, strict=True)
+            tensors = {n: ws[a:b].view(shape) for n, (a, b, shape) in slices}
+            tensors.update({n: bs[a:b].view(shape) for n, a, b, shape in self.buffer_specs})
+            return functional_call(scores, tensors, (xb, yb))
+
+        stacked = vmap(score, in_dims=(0, 0, None, None))
+        per_call = max(1, EVAL_BATCH.get(x.device.type, EVAL_BATCH["cuda"]) // len(jobs))
+        loss_sum = torch.zeros(len(jobs), dtype=torch.float64, device=y.device)
+        correct = torch.zeros(len(jobs), dtype=torch.int64, device=y.device)
+        with torch.inference_mode():
+            for start in range(0, len(y), per_call):
+                loss, right = stacked(w, bufs, x[start : start + per_call], y[start : start + per_call])
+                loss_sum += loss.double()
+                correct += right
+        n = max(len(y), 1)
+        for j, job in enumerate(jobs):
+            job.result = (float(loss_sum[j]) / n, int(correct[j]) / n)
+
     def _accumulate(self, w, total, seen, chunks, no_bufs) -> None:
         device = w.device
         for pos in range(max(len(c) for c in chunks)):
@@ -573,4 +655,26 @@ class _FirstStepOOMError(Exception):
     pass
 
 
-__all__ = ["CohortTrainer", "GradJob", "SGDJob", "stacks_full_gradients", "unsupported_reason"]
+def _same_data(a: EvalJob, b: EvalJob) -> bool:
+    """Whether two evaluations score on the same samples (the same tensors, or equal ones: runs
+    of a batch may each hold their own copy of a dataset)."""
+    return all(
+        u is v or (u.shape == v.shape and u.dtype == v.dtype and u.device == v.device and bool(u.equal(v)))
+        for u, v in ((a.x, b.x), (a.y, b.y))
+    )
+
+
+def stacks_evaluation(device: torch.device | str) -> bool:
+    """Whether the runs of a batch on `device` evaluate stacked (`CohortTrainer.evaluate_many`)
+    rather than one by one. **[choice]** CUDA only: on a CPU, `vmap` turns a convolution over
+    stacked weights into a grouped convolution that ran 3.7–4.1× slower than the runs'
+    channels-last evaluations one after another (`cnn-mnist`, 4 runs, MNIST test set, one core),
+    and an MLP gained nothing (benchmarks/RESULTS.md); on a GPU one stacked forward replaces
+    `runs` small launch-bound ones, as the stacked training step does."""
+    return torch.device(device).type == "cuda"
+
+
+__all__ = [
+    "CohortTrainer", "EvalJob", "GradJob", "SGDJob", "stacks_evaluation", "stacks_full_gradients",
+    "unsupported_reason",
+]
