@@ -1,7 +1,7 @@
 """bf16 against fp32: seconds per round and final accuracy of FedAvg, FedNova and SCAFFOLD.
 
 FedNNNN's MNIST CNN (`cnn-fednnnn-mnist`), real MNIST (`DATA_DIR/mnist/mnist.pkl.gz`, see
-benchmarks/bench_fedavg.py for fetching it), 10 clients, Dirichlet(0.5), B = 50, lr 0.05,
+benchmarks/bench_fedavg.py for fetching it), 10 clients, Dirichlet(0.5), B = 50, lr `--lr` (0.05),
 `--steps` local steps, `--rounds` rounds, `--seeds` seeds, one torch thread, the sequential
 executor. For every (algorithm, seed) the fp32 and the bf16 run go back to back (bf16 first
 on odd seeds) so the machine's noise hits both; the table gives the median training seconds
@@ -38,7 +38,7 @@ def one_run(algorithm: str, precision: str, seed: int, args) -> tuple[float, flo
     cfg = config_of({
         "algorithm": algorithm, "dataset": "mnist", "model": "cnn-fednnnn-mnist",
         "partition": "dirichlet", "partition.alpha": 0.5, "clients": 10, "rounds": args.rounds,
-        "local_steps": args.steps, "batch_size": 50, "lr": 0.05, "seed": seed,
+        "local_steps": args.steps, "batch_size": 50, "lr": args.lr, "seed": seed,
         "eval_every": args.rounds, "workers": 1, "executor": "sequential", "device": "cpu",
         "precision": precision, "data_dir": args.data_dir,
     })
@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--algorithms", default="fedavg,fednova,scaffold")
     ap.add_argument("--data-dir", default="data")
     ap.add_argument("--control", action="store_true",
@@ -62,8 +63,8 @@ def main() -> None:
     torch.set_num_threads(1)
     if not (Path(args.data_dir) / "mnist" / "mnist.pkl.gz").exists():
         raise SystemExit(f"{args.data_dir}/mnist/mnist.pkl.gz missing (see benchmarks/bench_fedavg.py)")
-    print(f"cnn-fednnnn-mnist, MNIST, 10 clients, {args.steps} steps × B = 50, {args.rounds} rounds, "
-          f"{args.seeds} seeds, one thread")
+    print(f"cnn-fednnnn-mnist, MNIST, 10 clients, {args.steps} steps × B = 50, lr {args.lr}, "
+          f"{args.rounds} rounds, {args.seeds} seeds, one thread")
     control = " | fp32 from a bf16-rounded start − fp32 (per seed)" if args.control else ""
     print("| algorithm | fp32 s/round | bf16 s/round | speed-up | fp32 final acc | bf16 final acc | "
           f"bf16 − fp32 (per seed){control} |")
