@@ -60,6 +60,21 @@ def test_python_and_cli_with_the_same_settings_make_the_same_run(tmp_path):
     assert [row["round"] for row in r.metrics] == [0, 1, 2, 3]
 
 
+def test_precision_is_a_keyword_and_a_flag(tmp_path):
+    """`fedhet.run(precision="bf16")` and `fedhet run --precision bf16` make the same bf16 run."""
+    r = fedhet.run(algorithm="fedavg", dataset="digits", **FAST, precision="bf16",
+                   out=tmp_path / "py", log=lambda _: None)
+    argv = ["run", "-a", "fedavg", "-d", "digits", "-n", "4", "-r", "3", "--seed", "1",
+            "--precision", "bf16", "--out", str(tmp_path / "cli"), "--quiet"]
+    assert main(argv) == 0
+    cli = json.loads((tmp_path / "cli" / "config.json").read_text())
+    assert r.config["precision"] == cli["precision"] == "bf16"
+    assert _metrics(r.dir) == _metrics(tmp_path / "cli")
+    fp32 = fedhet.run(algorithm="fedavg", dataset="digits", **FAST, out=tmp_path / "fp32",
+                      log=lambda _: None)
+    assert _metrics(fp32.dir) != _metrics(r.dir)  # bf16 passes round differently
+
+
 def test_own_arrays_train_and_the_result_reads_into_pandas(tmp_path):
     x, y = make_classification(n_samples=1200, n_features=12, n_informative=8, n_classes=3,
                                random_state=0)

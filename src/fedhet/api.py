@@ -38,7 +38,7 @@ from fedhet.experiments.grid import Changes
 from fedhet.experiments.single import execute
 
 RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
-             "executor", "workers", "data_dir")
+             "executor", "workers", "precision", "data_dir")
 """The keywords of `run` that are settings, in the order their layers apply (the CLI's flags,
 `fedhet.cli.RUN_FLAGS`)."""
 
@@ -72,7 +72,7 @@ def run(
     algorithm: Any = None, dataset: Any = None, partition: str | None = None, model: Any = None,
     *, clients: int | None = None, rounds: int | None = None, seed: int | None = None,
     device: str | None = None, executor: str | None = None, workers: int | str | None = None,
-    data_dir: str | None = None, config: str | Path | None = None,
+    precision: str | None = None, data_dir: str | None = None, config: str | Path | None = None,
     settings: Mapping[str, Any] | None = None, out: str | Path | None = None, force: bool = False,
     progress: bool = False, callbacks: Sequence[Any] = (), log: Callable[[str], None] = print,
 ) -> RunResult:
@@ -86,7 +86,8 @@ def run(
     plugins.startup()
     flags = {"algorithm": algorithm, "dataset": dataset, "partition": partition, "model": model,
              "clients": clients, "rounds": rounds, "seed": seed, "device": device,
-             "executor": executor, "workers": workers, "data_dir": data_dir}
+             "executor": executor, "workers": workers, "precision": precision,
+             "data_dir": data_dir}
     values = settings_of(flags, settings, config)
     target = Path(out) if out is not None else new_run_dir(default_name(values))
     execute(values, target, force=force, progress=progress, log=log, callbacks=list(callbacks))

@@ -54,7 +54,7 @@ def _read_toml(given: str) -> dict[str, Any]:
 
 
 RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
-             "executor", "workers", "data_dir")
+             "executor", "workers", "precision", "data_dir")
 """The setting flags, in the order their layers apply (before `--set`)."""
 
 
@@ -496,6 +496,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     _add_setting_flags(p)
     _add_device_flags(p)
+    _add_precision_flag(p)
 
 
 def _add_setting_flags(p: argparse.ArgumentParser, config_help: str = "TOML run file (a path, or a "
@@ -522,6 +523,14 @@ def _add_device_flags(p: argparse.ArgumentParser) -> None:
                    help="CPU processes a round's clients are spread over (sequential executor; "
                         "the same results as 1; default auto: the usable cores when a round's "
                         "work pays for them, else 1; docs/gpu.md)")
+
+
+def _add_precision_flag(p: argparse.ArgumentParser) -> None:
+    """`--precision` of run and compare: a setting of what runs compute (not a runtime override)."""
+    p.add_argument("--precision", choices=("fp32", "bf16", "tf32"),
+                   help="arithmetic of the local passes: fp32 (default), bf16 autocast (weights "
+                        "and server math stay float32) or tf32 (CUDA only); docs/gpu.md says "
+                        "where bf16 loses no accuracy")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -645,6 +654,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "-d digits --sweep lr=0.01,0.1 --sweep seed=0,1,2 --out g",
     )
     _add_setting_flags(cmp, "grid TOML file, or a shipped grid's name (fedhet list)")
+    _add_precision_flag(cmp)
     cmp.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2,...",
                      help="an axis: one run per value, crossed with the other axes (repeatable)")
     cmp.add_argument("--out", "-o", help="grid directory (runs/, results.csv, summary.md; "

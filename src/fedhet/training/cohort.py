@@ -667,10 +667,10 @@ def _same_data(a: EvalJob, b: EvalJob) -> bool:
 def stacks_evaluation(device: torch.device | str) -> bool:
     """Whether the runs of a batch on `device` evaluate stacked (`CohortTrainer.evaluate_many`)
     rather than one by one. **[choice]** CUDA only: on a CPU, `vmap` turns a convolution over
-    stacked weights into a grouped convolution that ran 3.7–4.1× slower than the runs'
-    channels-last evaluations one after another (`cnn-mnist`, 4 runs, MNIST test set, one core),
-    and an MLP gained nothing (benchmarks/RESULTS.md); on a GPU one stacked forward replaces
-    `runs` small launch-bound ones, as the stacked training step does."""
+    stacked weights into a grouped convolution, and stacking 4 runs took 2.0–2.6× the time of
+    their channels-last evaluations one after another for the paper CNNs and 1.6× for the MLP
+    (`benchmarks/bench_eval_stack.py`, one core, benchmarks/RESULTS.md); on a GPU one stacked
+    forward replaces `runs` small launch-bound ones, as the stacked training step does."""
     return torch.device(device).type == "cuda"
 
 
