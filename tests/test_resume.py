@@ -22,6 +22,7 @@ from fedhet.engine.store import (
     atomic_write_bytes,
     csv_table,
     format_value,
+    read_checkpoint,
 )
 from fedhet.errors import FedhetError
 from fedhet.experiments.single import execute
@@ -106,6 +107,22 @@ def test_garbage_checkpoint_falls_back_and_both_bad_is_a_clear_error(runs, tmp_p
     (work / "checkpoint.prev.pt").write_bytes(b"")
     with pytest.raises(FedhetError, match="no usable checkpoint.*--force"):
         store.load_checkpoint(warn=warnings.append)
+
+
+def test_a_damaged_checkpoint_is_never_rotated_over_the_good_previous_one(tmp_path):
+    store = RunStore(tmp_path)
+    store.save_checkpoint({"round": 1})
+    store.save_checkpoint({"round": 2})
+    ckpt = tmp_path / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:-7])  # torn: the resume falls back to round 1
+    resumed = RunStore(tmp_path)
+    warnings: list[str] = []
+    assert resumed.load_checkpoint(warn=warnings.append)["round"] == 1 and warnings
+    resumed.save_checkpoint({"round": 2})  # the resumed run's next save
+    assert read_checkpoint(tmp_path / "checkpoint.prev.pt")["round"] == 1  # still the fallback
+    assert read_checkpoint(ckpt)["round"] == 2
+    resumed.save_checkpoint({"round": 3})  # whole files rotate as before
+    assert read_checkpoint(tmp_path / "checkpoint.prev.pt")["round"] == 2
 
 
 def test_checkpoints_rotate_and_a_failed_write_leaves_the_old_file(tmp_path, monkeypatch):

@@ -14,7 +14,8 @@ their count, so a resume says when some are missing. Its file is `MAGIC`, the SH
 payload in hex, a newline, then the `torch.save` payload; loading checks the digest and unpickles with
 `weights_only=True`, so a flipped byte is detected and a checkpoint file cannot run code.
 `checkpoint.pt` and the previous good one, `checkpoint.prev.pt`, let a run resume; one that
-fails to load (truncated, corrupt, tampered) is reported and the previous one is used.
+fails to load (truncated, corrupt, tampered) is reported and the previous one is used, and the
+next save replaces the damaged file without moving it over the good previous one.
 """
 
 from __future__ import annotations
@@ -387,8 +388,10 @@ class RunStore:
         torch.save(payload, buf)
         data = buf.getvalue()
         digest = hashlib.sha256(data).hexdigest().encode()
-        if self.ckpt_path.exists():
+        if self.ckpt_path.exists() and intact(self.ckpt_path):
             os.replace(self.ckpt_path, self.prev_ckpt_path)
+        # a damaged checkpoint.pt (the resume fell back to checkpoint.prev.pt) is replaced in
+        # place: the good previous checkpoint stays the fallback
         atomic_write_bytes(self.ckpt_path, MAGIC + digest + b"\n" + data)
 
     def load_checkpoint(self, warn: Any = print) -> dict[str, Any] | None:
@@ -414,14 +417,29 @@ class RunStore:
         return None
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """Verify the SHA-256 of a checkpoint file and unpickle it with `weights_only=True`."""
-    data = Path(path).read_bytes()
+def _verified(data: bytes) -> bytes:
+    """The `torch.save` payload of a checkpoint file's bytes, after checking fedhet's header
+    and the SHA-256 it records; a `ValueError` saying which failed."""
     if not data.startswith(MAGIC):
         raise ValueError("no fedhet checkpoint header")
     digest, _, payload = data[len(MAGIC):].partition(b"\n")
     if hashlib.sha256(payload).hexdigest().encode() != digest:
         raise ValueError("checksum mismatch")
+    return payload
+
+
+def intact(path: Path) -> bool:
+    """Whether a checkpoint file is whole: fedhet's header and the SHA-256 it records."""
+    try:
+        _verified(Path(path).read_bytes())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Verify the SHA-256 of a checkpoint file and unpickle it with `weights_only=True`."""
+    payload = _verified(Path(path).read_bytes())
     with torch.serialization.safe_globals(SAFE_GLOBALS):
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "round" not in state:
