@@ -299,9 +299,11 @@ def test_grid_progress_lines_in_a_log_file(tmp_path, monkeypatch):
 
 
 def test_ctrl_c_names_the_run_directory(tmp_path):
+    # 100,000 rounds: the run's lines fill the pipe long before it could end, so a test process
+    # slowed by a loaded machine still interrupts it (500 rounds once finished first, under load)
     out = tmp_path / "my run"
     p = subprocess.Popen(
-        [sys.executable, "-m", "fedhet", "run", "-n", "3", "-r", "500", "--out", str(out)],
+        [sys.executable, "-m", "fedhet", "run", "-n", "3", "-r", "100000", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "FEDHET_PROGRESS_SECONDS": "0"},
     )
