@@ -300,7 +300,8 @@ def test_grid_progress_lines_in_a_log_file(tmp_path, monkeypatch):
 
 def test_ctrl_c_names_the_run_directory(tmp_path):
     # 100,000 rounds: the run's lines fill the pipe long before it could end, so a test process
-    # slowed by a loaded machine still interrupts it (500 rounds once finished first, under load)
+    # slowed by a loaded machine still interrupts it (with 500 rounds, whose lines fit the pipe,
+    # it once exited 0 on a loaded machine, most likely finished before the Ctrl-C)
     out = tmp_path / "my run"
     p = subprocess.Popen(
         [sys.executable, "-m", "fedhet", "run", "-n", "3", "-r", "100000", "--out", str(out)],
