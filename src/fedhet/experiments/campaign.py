@@ -102,9 +102,10 @@ every sampled client."""
 BF16_SAFE: frozenset[str] = frozenset({"fednnnn-mnist"})
 """Tables whose runs use `precision=bf16` on a GPU: those whose model and algorithms
 `benchmarks/bench_precision.py` found to lose no accuracy in bf16 (FedNNNN's MNIST CNN with
-FedAvg, FedNova, SCAFFOLD; benchmarks/RESULTS.md). The others keep fp32 (their CNN or
-algorithms, gradient-norm steps and herding, were not measured in bf16). Their price stays the
-fp32 one (no bf16 speed-up is assumed on the GPU until measured there)."""
+FedAvg and FedNova, whose local work Table 2's five methods share; benchmarks/RESULTS.md). The
+others keep fp32: their CNN or algorithms (FedVeca's gradient-norm steps, BHerd's herding)
+were not measured in bf16, and SCAFFOLD is safe in bf16 only where it is stable in fp32.
+Every table is priced at fp32 (no bf16 speed-up is assumed on the GPU until measured there)."""
 PRICING = (
     "GPU-minutes: each table priced from its own work (its model's FLOPs per sample, the samples "
     "its clients train and its evaluation reads per round, its rounds and runs) at the GPU FLOP "
