@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 import torch
@@ -21,6 +22,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_left_as_found():
+    """Every test leaves SIGINT as it found it, its handler and the signal mask: child processes
+    inherit an ignored or blocked SIGINT through exec, and a later test's `fedhet run` would then
+    not stop on Ctrl-C. A test that leaks one fails (and the state is put back)."""
+    handler = signal.getsignal(signal.SIGINT)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    leaked = []
+    if signal.getsignal(signal.SIGINT) != handler:
+        leaked.append(f"the SIGINT handler ({signal.getsignal(signal.SIGINT)!r}, was {handler!r})")
+        signal.signal(signal.SIGINT, handler)
+    now = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    if now != mask:
+        leaked.append(f"the signal mask ({sorted(now)}, was {sorted(mask)})")
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    if leaked:
+        pytest.fail("the test changed " + " and ".join(leaked), pytrace=False)
 
 
 @pytest.fixture

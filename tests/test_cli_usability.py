@@ -298,27 +298,50 @@ def test_grid_progress_lines_in_a_log_file(tmp_path, monkeypatch):
     assert any(" s/round, ETA " in ln for ln in status), status
 
 
+def _sigint_state(pid: int) -> str:
+    """How each thread of process `pid` treats SIGINT (`/proc/PID/task/*/status`): blocked,
+    ignored, pending; for the message of a run that did not stop."""
+    out = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        try:
+            fields = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines()
+                          if ":\t" in line)
+        except OSError:
+            continue
+        bit = 1 << (signal.SIGINT - 1)
+        flags = [k for k in ("SigBlk", "SigIgn", "SigPnd", "ShdPnd") if int(fields.get(k, "0"), 16) & bit]
+        out.append(f"{fields.get('Name', '?').strip()}[{task.name}]: {','.join(flags) or 'caught'}")
+    return "; ".join(out)
+
+
 def test_ctrl_c_names_the_run_directory(tmp_path):
     # 100,000 rounds: the run's lines fill the pipe long before it could end, so a test process
     # slowed by a loaded machine still interrupts it (with 500 rounds, whose lines fit the pipe,
-    # it once exited 0 on a loaded machine, most likely finished before the Ctrl-C)
+    # it once exited 0 on a loaded machine: it ran to the end, its Ctrl-C lost; this test now
+    # says how the run's threads treated SIGINT when that happens)
     out = tmp_path / "my run"
     p = subprocess.Popen(
         [sys.executable, "-m", "fedhet", "run", "-n", "3", "-r", "100000", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "FEDHET_PROGRESS_SECONDS": "0"},
     )
+    state = ""
     try:
         assert p.stdout is not None
         for line in p.stdout:
             if line.startswith("round 2/"):
+                before = _sigint_state(p.pid)
                 p.send_signal(signal.SIGINT)
                 break
-        _, err = p.communicate(timeout=60)
+        try:
+            _, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # the run goes on: say why, then stop it below
+            state = f"the run did not stop; before Ctrl-C: {before}; 60 s after: {_sigint_state(p.pid)}"
     finally:
         if p.poll() is None:
             p.kill()
             p.wait(timeout=10)
+    assert not state, state
     assert p.returncode == 130
     assert err.strip() == f"interrupted; continue with `fedhet run --resume '{out}'`"
 
