@@ -315,15 +315,17 @@ def _sigint_state(pid: int) -> str:
 
 
 def test_ctrl_c_names_the_run_directory(tmp_path):
-    # 100,000 rounds: the run's lines fill the pipe long before it could end, so a test process
-    # slowed by a loaded machine still interrupts it (with 500 rounds, whose lines fit the pipe,
-    # it once exited 0 on a loaded machine: it ran to the end, its Ctrl-C lost; this test now
-    # says how the run's threads treated SIGINT when that happens)
+    # The run starts with SIGINT at its default, as a foreground command does: a test suite
+    # started in the background by a non-interactive shell (`pytest … &`) has SIGINT ignored,
+    # and a child inherits that through exec, so its Ctrl-C would be lost (it was: the run went
+    # on, SigIgn in /proc). 100,000 rounds: the run's lines fill the pipe long before it could
+    # end, so should the Ctrl-C be lost the run cannot finish (exit 0) and hide it.
     out = tmp_path / "my run"
     p = subprocess.Popen(
         [sys.executable, "-m", "fedhet", "run", "-n", "3", "-r", "100000", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1", "FEDHET_PROGRESS_SECONDS": "0"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     state = ""
     try:
