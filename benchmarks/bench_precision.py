@@ -29,19 +29,29 @@ from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 
 
+def setting(algorithm: str, precision: str, seed: int, args, eval_every: int) -> dict:
+    """The benchmark's run (module docstring), also `precision_sensitivity.py`'s."""
+    return {
+        "algorithm": algorithm, "dataset": "mnist", "model": "cnn-fednnnn-mnist",
+        "partition": "dirichlet", "partition.alpha": 0.5, "clients": 10, "rounds": args.rounds,
+        "local_steps": args.steps, "batch_size": 50, "lr": args.lr, "seed": seed,
+        "eval_every": eval_every, "workers": 1, "executor": "sequential", "device": "cpu",
+        "precision": precision, "data_dir": args.data_dir,
+    }
+
+
+def need_mnist(data_dir: str) -> None:
+    if not (Path(data_dir) / "mnist" / "mnist.pkl.gz").exists():
+        raise SystemExit(f"{data_dir}/mnist/mnist.pkl.gz missing (see benchmarks/bench_fedavg.py)")
+
+
 def one_run(algorithm: str, precision: str, seed: int, args) -> tuple[float, float]:
     """Median training seconds per round and final test accuracy; `precision` `fp32-rounded`
     is fp32 from the initial weights rounded to bfloat16 (`--control`)."""
     rounded = precision == "fp32-rounded"
     precision = "fp32" if rounded else precision
     rows: list[dict] = []
-    cfg = config_of({
-        "algorithm": algorithm, "dataset": "mnist", "model": "cnn-fednnnn-mnist",
-        "partition": "dirichlet", "partition.alpha": 0.5, "clients": 10, "rounds": args.rounds,
-        "local_steps": args.steps, "batch_size": 50, "lr": args.lr, "seed": seed,
-        "eval_every": args.rounds, "workers": 1, "executor": "sequential", "device": "cpu",
-        "precision": precision, "data_dir": args.data_dir,
-    })
+    cfg = config_of(setting(algorithm, precision, seed, args, eval_every=args.rounds))
     sim = assemble(cfg, log=lambda _: None, callbacks=[lambda row: rows.append(dict(row))])
     if rounded:
         sim.w0 = sim.w0.to(torch.bfloat16).to(torch.float32)
@@ -61,8 +71,7 @@ def main() -> None:
                     help="also fp32 from bf16-rounded initial weights (module docstring)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    if not (Path(args.data_dir) / "mnist" / "mnist.pkl.gz").exists():
-        raise SystemExit(f"{args.data_dir}/mnist/mnist.pkl.gz missing (see benchmarks/bench_fedavg.py)")
+    need_mnist(args.data_dir)
     print(f"cnn-fednnnn-mnist, MNIST, 10 clients, {args.steps} steps × B = 50, lr {args.lr}, "
           f"{args.rounds} rounds, {args.seeds} seeds, one thread")
     control = " | fp32 from a bf16-rounded start − fp32 (per seed)" if args.control else ""

@@ -14,22 +14,16 @@ Dirichlet(0.5), B = 50), one thread, the sequential executor. benchmarks/RESULTS
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
+from bench_precision import need_mnist, setting  # this folder: `python benchmarks/...`
 
 from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 
 
 def one_run(args: argparse.Namespace, precision: str, draw: int | None) -> str:
-    cfg = config_of({
-        "algorithm": args.algorithm, "dataset": "mnist", "model": "cnn-fednnnn-mnist",
-        "partition": "dirichlet", "partition.alpha": 0.5, "clients": 10, "rounds": args.rounds,
-        "local_steps": args.steps, "batch_size": 50, "lr": args.lr, "seed": args.seed,
-        "eval_every": 1, "workers": 1, "executor": "sequential", "device": "cpu",
-        "precision": precision, "data_dir": args.data_dir,
-    })
+    cfg = config_of(setting(args.algorithm, precision, args.seed, args, eval_every=1))
     rows: list[dict] = []
     sim = assemble(cfg, log=lambda _: None, callbacks=[lambda row: rows.append(dict(row))])
     if draw is not None:
@@ -52,8 +46,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default="data")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    if not (Path(args.data_dir) / "mnist" / "mnist.pkl.gz").exists():
-        raise SystemExit(f"{args.data_dir}/mnist/mnist.pkl.gz missing (see benchmarks/bench_fedavg.py)")
+    need_mnist(args.data_dir)
     print(f"{args.algorithm}, seed {args.seed}, lr {args.lr}, {args.rounds} rounds × {args.steps} "
           f"steps; test accuracy per round")
     print(f"fp32           {one_run(args, 'fp32', None)}", flush=True)
