@@ -79,7 +79,7 @@ def _engine_round(model: str, shape: tuple[int, ...], steps: int, executor: str,
 def _bare_round(model: str, shape: tuple[int, ...], steps: int, channels_last: bool):
     """A function running one round of the hand-written loop."""
     import torch
-    from torch import nn
+    from bench_fedavg import bare_round  # this folder (the worker runs this file)
 
     from fedhet.models.registry import build_model
     from fedhet.registry import NoParams
@@ -95,27 +95,12 @@ def _bare_round(model: str, shape: tuple[int, ...], steps: int, channels_last: b
         if image[0] == 1:  # an N1HW tensor keeps NCHW strides under contiguous(): restride it
             x = x.reshape(len(x), image[1], image[2], 1).permute(0, 3, 1, 2)
     w_global = [p.detach().clone() for p in net.parameters()]
-    loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(0)
     per = steps * BATCH
     clients = [torch.arange(c * per, (c + 1) * per) for c in range(CLIENTS)]
 
-    def one() -> None:
-        avg = [torch.zeros_like(p) for p in w_global]
-        for idx in clients:
-            with torch.no_grad():
-                for p, g in zip(net.parameters(), w_global, strict=True):
-                    p.copy_(g)
-            opt = torch.optim.SGD(net.parameters(), lr=LR)
-            perm = idx[torch.randperm(len(idx), generator=gen)]
-            for s in range(steps):
-                b = perm[s * BATCH : (s + 1) * BATCH]
-                opt.zero_grad()
-                loss_fn(net(x[b]), y[b]).backward()
-                opt.step()
-            with torch.no_grad():
-                for a, p in zip(avg, net.parameters(), strict=True):
-                    a.add_(p, alpha=1 / CLIENTS)
+    def one() -> None:  # equal clients of `steps` batches: FedAvg's average is the plain mean
+        avg = bare_round(net, x, y, clients, w_global, LR, BATCH, gen)
         for g, a in zip(w_global, avg, strict=True):
             g.copy_(a)
 
