@@ -49,7 +49,7 @@ from fedhet.models.linear import LogisticRegression, SquaredSVM
 from fedhet.models.registry import objective, predictions
 from fedhet.training.flat import FlatModel
 from fedhet.training.hooks import StackableHook, StackedHook
-from fedhet.training.local import EVAL_BATCH, SGDConfig, StepHook
+from fedhet.training.local import SGDConfig, StepHook, eval_batch
 from fedhet.training.losses import StackableLoss
 from fedhet.training.steps import GradTransform, LocalStep, Transform
 
@@ -422,7 +422,7 @@ class CohortTrainer:
             return functional_call(scores, tensors, (xb, yb))
 
         stacked = vmap(score, in_dims=(0, 0, None, None))
-        per_call = max(1, EVAL_BATCH.get(x.device.type, EVAL_BATCH["cuda"]) // len(jobs))
+        per_call = max(1, eval_batch(x.device) // len(jobs))
         loss_sum = torch.zeros(len(jobs), dtype=torch.float64, device=y.device)
         correct = torch.zeros(len(jobs), dtype=torch.int64, device=y.device)
         with torch.inference_mode():

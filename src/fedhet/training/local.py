@@ -150,6 +150,11 @@ images need at most ~3 GB of activations for the paper CNNs, a whole MNIST test 
 forwards. Other devices use the CUDA value."""
 
 
+def eval_batch(device: torch.device) -> int:
+    """`EVAL_BATCH` for `device` (the CUDA value for any device but a CPU)."""
+    return EVAL_BATCH.get(device.type, EVAL_BATCH["cuda"])
+
+
 def evaluate(
     model: FlatModel, params: torch.Tensor, buffers: torch.Tensor | None,
     x: torch.Tensor, y: torch.Tensor, batch: int | None = None,
@@ -161,7 +166,7 @@ def evaluate(
     its sums on the device (float64 loss, as the per-batch Python sum it replaces) so a GPU
     synchronises once per call, not once per batch. `batch`: samples per forward (None:
     `EVAL_BATCH` for `x`'s device)."""
-    batch = batch or EVAL_BATCH.get(x.device.type, EVAL_BATCH["cuda"])
+    batch = batch or eval_batch(x.device)
     model.load(params, buffers)
     module = model.module
     module.eval()
