@@ -18,11 +18,18 @@ round and the medians are compared (the first round of each is a warm-up and dro
 - `bare-cl`: a hand-written PyTorch loop over the same model in channels-last memory format
   (`model.to(memory_format=torch.channels_last)`, the data converted once), `torch.optim.SGD`,
   the same steps per client and batch size, averaging the clients' weights;
+- `bare-cl-kept`: the channels-last loop in a process whose allocator keeps freed memory as
+  fedhet's runs do (`fedhet.training.allocator.keep_freed_memory`), so that the engine's own
+  cost shows apart from the allocator's (`bare-cl` runs under glibc's own thresholds, as a
+  hand-written script does);
 - `bare`: the same loop in the default (NCHW) memory format.
 - `batched` (`--batched`): this checkout with the batched executor.
 
     python benchmarks/bench_cnn.py --base /tmp/perf-base [--rounds 6] [--only fednnnn]
     python benchmarks/bench_cnn.py --bf16 --no-bare --only fednnnn   # bf16 against fp32
+
+Each row also gives the median minor page faults of a round (the kernel zero-filling fresh
+pages, `getrusage`), the cost `keep_freed_memory` removes.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -114,15 +122,22 @@ def worker(spec: dict) -> None:
     torch.set_num_threads(1)
     model, shape = WORKLOADS[spec["workload"]]
     kind = spec["kind"]
+    if kind == "bare-cl-kept":
+        from fedhet.training.allocator import keep_freed_memory
+
+        keep_freed_memory()
     if kind.startswith("bare"):
-        one = _bare_round(model, shape, spec["steps"], kind == "bare-cl")
+        one = _bare_round(model, shape, spec["steps"], kind.startswith("bare-cl"))
     else:
         one = _engine_round(model, shape, spec["steps"], spec["executor"], spec["precision"])
     print(json.dumps({"ready": True}), flush=True)
     for _ in sys.stdin:
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         t0 = time.perf_counter()
         one()
-        print(json.dumps({"s": time.perf_counter() - t0}), flush=True)
+        s = time.perf_counter() - t0
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        print(json.dumps({"s": s, "faults": faults}), flush=True)
 
 
 class Contestant:
@@ -134,6 +149,7 @@ class Contestant:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
         self.times: list[float] = []
+        self.faults: list[int] = []
 
     def ready(self) -> None:
         line = self.proc.stdout.readline()
@@ -146,9 +162,10 @@ class Contestant:
         line = self.proc.stdout.readline()
         if not line:
             sys.exit(f"{self.name}: the worker died")
-        s = json.loads(line)["s"]
-        self.times.append(s)
-        return s
+        got = json.loads(line)
+        self.times.append(got["s"])
+        self.faults.append(got["faults"])
+        return got["s"]
 
     def close(self) -> None:
         self.proc.stdin.close()
@@ -174,8 +191,9 @@ def main() -> None:
     samples = CLIENTS * args.steps * BATCH
     print(f"one CPU thread per contestant; {CLIENTS} clients × {args.steps} steps × B = {BATCH} "
           f"= {samples} samples per round; medians of {args.rounds} alternating rounds")
-    print("| workload | model | contestant | s/round | samples/s | vs base | vs bare-cl |")
-    print("|---|---|---|---|---|---|---|")
+    print("| workload | model | contestant | s/round | samples/s | faults/round | vs base | vs bare-cl "
+          "| vs bare-cl-kept |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for wl in args.only.split(","):
         spec = {"workload": wl, "steps": args.steps, "executor": "sequential", "precision": "fp32"}
         runners = [Contestant("fedhet", here, {**spec, "kind": "engine"})]
@@ -185,6 +203,7 @@ def main() -> None:
             runners.append(Contestant("base", Path(args.base).resolve() / "src", {**spec, "kind": "engine"}))
         if not args.no_bare:
             runners.append(Contestant("bare-cl", here, {**spec, "kind": "bare-cl"}))
+            runners.append(Contestant("bare-cl-kept", here, {**spec, "kind": "bare-cl-kept"}))
         if not (args.no_bare_nchw or args.no_bare):
             runners.append(Contestant("bare", here, {**spec, "kind": "bare"}))
         if args.batched:
@@ -195,14 +214,16 @@ def main() -> None:
             for r in runners if k % 2 == 0 else reversed(runners):
                 r.round()
         med = {r.name: statistics.median(r.times[1:]) for r in runners}
+        faults = {r.name: statistics.median(r.faults[1:]) for r in runners}
         for r in runners:
             r.close()
         for r in runners:
             m = med[r.name]
             vs_base = f"{med['base'] / m:.2f}×" if "base" in med else "–"
             vs_bare = f"{med['bare-cl'] / m:.2f}×" if "bare-cl" in med else "–"
-            print(f"| {wl} | {WORKLOADS[wl][0]} | {r.name} | {m:.3f} | {samples / m:,.0f} | {vs_base} | "
-                  f"{vs_bare} |", flush=True)
+            vs_kept = f"{med['bare-cl-kept'] / m:.2f}×" if "bare-cl-kept" in med else "–"
+            print(f"| {wl} | {WORKLOADS[wl][0]} | {r.name} | {m:.3f} | {samples / m:,.0f} | "
+                  f"{faults[r.name]:,.0f} | {vs_base} | {vs_bare} | {vs_kept} |", flush=True)
 
 
 if __name__ == "__main__":

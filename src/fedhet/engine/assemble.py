@@ -12,7 +12,9 @@ the `Simulation` over them:
   built with its parameters (`algorithm_params`) and the run's `RunInfo`;
 - the plan (`fedhet.engine.plan`: device, executor, worker processes), the trainer, the
   clients' work (`ClientWork` over `LocalWork`), the executor, the evaluator (`EvalSettings`),
-  the fault model, the communication ledger and the topology's round runner.
+  the fault model, the communication ledger and the topology's round runner;
+- on a CPU, the process's allocator told to keep the memory a step frees for the next step
+  (`fedhet.training.allocator`; `FEDHET_MALLOC=system` leaves it alone).
 
 A handed-in part stands exactly where the registered one would: the same seeds are drawn in the
 same order, so a registered component and the same component handed in give the same rows. A
@@ -55,6 +57,7 @@ from fedhet.engine.workers import round_work, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
 from fedhet.registry import Entry, Registry, build_params, params_dict
+from fedhet.training.allocator import keep_freed_memory
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer
 
@@ -117,6 +120,8 @@ def assemble_clients(
     if the_plan.workers_note is not None:  # else nothing was weighed: a GPU, batched, one core
         log(f"workers: auto → {the_plan.workers} ({the_plan.workers_note})")
     device = the_plan.device
+    if device.type == "cpu":  # a step's activations reuse the last step's pages
+        keep_freed_memory()
     flat = FlatModel(module.to(device), channels_last=_trait(model, cfg, "channels_last"),
                      precision=cfg.precision)
     if device.type != "cpu":  # the data goes to the device once (after partitioning)
