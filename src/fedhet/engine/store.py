@@ -237,6 +237,9 @@ class RunStore:
         self.diag_path = self.out / "diagnostics.jsonl"
         self.ckpt_path = self.out / "checkpoint.pt"
         self.prev_ckpt_path = self.out / "checkpoint.prev.pt"
+        self._ckpt_written = False
+        """Whether `checkpoint.pt` is one this store wrote (whole, atomically): the next save
+        rotates it without reading it back. One it found is checked first (`intact`)."""
 
     # -- plain files ----------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
@@ -388,11 +391,12 @@ class RunStore:
         torch.save(payload, buf)
         data = buf.getvalue()
         digest = hashlib.sha256(data).hexdigest().encode()
-        if self.ckpt_path.exists() and intact(self.ckpt_path):
+        if self.ckpt_path.exists() and (self._ckpt_written or intact(self.ckpt_path)):
             os.replace(self.ckpt_path, self.prev_ckpt_path)
         # a damaged checkpoint.pt (the resume fell back to checkpoint.prev.pt) is replaced in
         # place: the good previous checkpoint stays the fallback
         atomic_write_bytes(self.ckpt_path, MAGIC + digest + b"\n" + data)
+        self._ckpt_written = True
 
     def load_checkpoint(self, warn: Any = print) -> dict[str, Any] | None:
         """The newest checkpoint that loads, or None when there is none at all."""
