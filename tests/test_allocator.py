@@ -41,7 +41,7 @@ for k in range(4):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     state, _ = sim.runner(sim, state, k, sample_clients(sim.loop, 4, k))
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-print(json.dumps({"faults": faults, "kept": allocator._done}))
+print(json.dumps({"faults": faults, "kept": allocator.keep_freed_memory()}))
 """
 
 

@@ -60,19 +60,19 @@ def keep_freed_memory() -> bool:
     Returns whether they are fixed now: False under `FEDHET_MALLOC=system`, on a C library
     other than glibc, or when glibc refuses both values. A forked child inherits the settings."""
     global _done
-    if _done is not None:
-        return _done
+    if _done is None:
+        _done = _fix_thresholds()
+    return _done
+
+
+def _fix_thresholds() -> bool:
     if malloc_setting() == "system" or platform.system() != "Linux" or \
             platform.libc_ver()[0] != "glibc":
-        _done = False
-        return _done
+        return False
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
-        _done = False
-        return _done
-    mmap_ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) or \
-        bool(libc.mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_THRESHOLD))
-    trim_ok = bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
-    _done = mmap_ok and trim_ok
-    return _done
+        return False
+    mmap_ok = libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) or \
+        libc.mallopt(_M_MMAP_THRESHOLD, FALLBACK_MMAP_THRESHOLD)
+    return bool(mmap_ok) and bool(libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
