@@ -204,10 +204,15 @@ SETTING_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "round
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
-    if args.paper == "all":
+    if args.paper in ("all", "plan"):
         return _reproduce_all(args)
-    if args.budget is not None or args.tables is not None or args.results is not None:
-        raise FedhetError("--budget, --tables and --results go with `fedhet reproduce all` (the campaign)")
+    given = [f for f, v in (("--budget", args.budget), ("--tables", args.tables),
+                            ("--results", args.results), ("--cores", args.cores),
+                            ("--cache", args.cache), ("--nice", args.nice if args.nice != 10 else None))
+             if v is not None]
+    if given:
+        raise FedhetError(f"{', '.join(given)} go with `fedhet reproduce all` (the campaign) and "
+                          "`fedhet reproduce plan`")
     if args.setup and args.protocol:
         raise FedhetError("--setup chooses a preset's setup; --protocol runs on your settings "
                           "(give them with --set, e.g. --set dataset.normalize=false)")
@@ -235,36 +240,52 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _reproduce_all(args: argparse.Namespace) -> int:
-    """`fedhet reproduce all --budget MINUTES`: one sitting of the GPU campaign (campaign.py)."""
-    if args.budget is None:
-        raise FedhetError("reproduce all needs --budget MINUTES (the device time of this sitting)")
+    """`fedhet reproduce all --budget MINUTES`: one sitting of the campaign (experiments/campaign)."""
+    plan = args.paper == "plan"
+    if args.budget is None and not plan:
+        raise FedhetError("reproduce all needs --budget MINUTES (the time of this sitting; "
+                          "`fedhet reproduce plan` shows what is left)")
     if args.setup:
         raise FedhetError("--setup goes with one paper's preset (fedveca, bherd); the campaign runs "
-                          "the CNN tables, which have one setup")
+                          "the papers' tables, which have one setup")
     ignored = [flag for flag, dest in CAMPAIGN_IGNORES if getattr(args, dest) not in (None, False, [])]
+    if plan and args.budget is not None:
+        ignored.append("--budget")
     if ignored:
         raise FedhetError(
             f"{', '.join(ignored)}: {'not an option' if len(ignored) == 1 else 'not options'} of "
-            "`reproduce all`, whose steps run the papers' "
-            "tables with fixed settings (it takes --budget, --tables, --scale, --device, "
-            "--batch-runs, --out and --results); give them to one paper's preset (`fedhet "
-            "reproduce fedsr ...`) or to `fedhet compare`"
+            f"`reproduce {args.paper}`, whose runs are the papers' tables with fixed settings (it "
+            "takes --budget, --cores, --tables, --scale, --device, --batch-runs, --cache, "
+            "--data-dir and --results); give them to one paper's preset (`fedhet reproduce fedsr "
+            "...`) or to `fedhet compare`"
         )
+    if args.out is not None:
+        raise FedhetError("--out: the campaign's run directories live in its cache (--cache, default "
+                          "~/.cache/fedhet/campaign) and its records in --results (default results)")
+    tables = (_names(args.tables, "--tables", "fednnnn-mnist,fedsr-mnist")
+              if args.tables is not None else None)
+    cache = Path(args.cache) if args.cache else None
+    if plan:
+        # lazy: a command imports torch only when it runs (fast --help and flag errors)
+        from fedhet.experiments.campaign.plan import print_plan
+
+        print_plan(args.scale or "paper", args.device or "cpu", Path(args.results or "results"), cache,
+                   tables, args.batch_runs or 8, sys.stdout)
+        return 0
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.campaign import run_campaign
 
-    tables = _names(args.tables, "--tables", "bench,fedsr-mnist") if args.tables is not None else None
-    run_campaign(args.scale or "paper", args.device or "cuda", args.budget,
-                 Path(args.out or "runs/campaign"), Path(args.results or "results"),
-                 args.batch_runs or 8, tables)
+    run_campaign(args.scale or "paper", args.device or "cpu", args.budget,
+                 Path(args.results or "results"), cache, args.cores or 1, tables,
+                 args.batch_runs or 8, args.data_dir, args.nice)
     return 0
 
 
 CAMPAIGN_IGNORES = (
     ("--algorithm", "algorithm"), ("--dataset", "dataset"), ("--partition", "partition"),
     ("--model", "model"), ("--clients", "clients"), ("--rounds", "rounds"), ("--seed", "seed"),
-    ("--data-dir", "data_dir"), ("--config", "config"), ("--set", "set"),
-    ("--executor", "executor"), ("--workers", "workers"), ("--jobs", "jobs"), ("--only", "only"),
+    ("--config", "config"), ("--set", "set"), ("--executor", "executor"),
+    ("--workers", "workers"), ("--jobs", "jobs"), ("--only", "only"),
     ("--protocol", "protocol"), ("--baselines", "baselines"), ("--quiet", "quiet"),
     ("--force", "force"), ("--tensorboard", "tensorboard"), ("--cluster", "cluster"),
     ("--ray-address", "ray_address"), ("--cpus-per-run", "cpus_per_run"),
@@ -664,14 +685,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pool_flags(cmp)
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="re-run a seed paper's experiment (a preset)")
-    rep.add_argument("paper", help="fedveca, fednnnn, bherd, fedsr or fednova; `all`: the GPU "
-                     "campaign (benchmark, then the CNN tables; docs/paper-scale.md)")
+    rep.add_argument("paper", help="fedveca, fednnnn, bherd, fedsr or fednova; `all`: a sitting of "
+                     "the campaign (the papers' tables at their own scale, headline cells first, "
+                     "recorded under results/campaign; docs/paper-scale.md); `plan`: what the "
+                     "campaign has done and has left")
     rep.add_argument("--budget", type=float, metavar="MINUTES",
-                     help="all: device minutes of this sitting (it stops before they end; run again "
+                     help="all: minutes of this sitting (it stops before they end; run again "
                           "to continue)")
-    rep.add_argument("--tables", metavar="STEPS", help="all: only these steps (comma-separated: "
-                     "bench, fednnnn-mnist, fedsr-mnist, fedveca-cnn-mnist, bherd-cnn-mnist)")
-    rep.add_argument("--results", metavar="DIR", help="all: where the result CSVs go (default results)")
+    rep.add_argument("--cores", type=int, metavar="N",
+                     help="all: runs at once on the CPU, one thread each (default 1)")
+    rep.add_argument("--nice", type=int, default=10, metavar="N",
+                     help="all: the runs' scheduling priority (default 10: low)")
+    rep.add_argument("--cache", metavar="DIR", help="all, plan: the run directories and their "
+                     "checkpoints (default $FEDHET_CAMPAIGN_CACHE or ~/.cache/fedhet/campaign)")
+    rep.add_argument("--tables", metavar="TABLES", help="all, plan: only these tables (comma-separated: "
+                     "fednnnn-mnist, fedsr-mnist, fedveca-cnn-mnist, bherd-cnn-mnist, fedsr-fashion-mnist)")
+    rep.add_argument("--results", metavar="DIR", help="all, plan: where the records and the result "
+                     "CSVs go (default results)")
     rep.add_argument("--scale", choices=("smoke", "small", "paper"), help="preset size (default smoke)")
     rep.add_argument("--out", "-o", help="output directory (default runs/PAPER-SCALE, or "
                      "runs/PAPER-PROTOCOL)")

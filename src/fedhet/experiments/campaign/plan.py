@@ -1,0 +1,109 @@
+"""`fedhet reproduce plan`: every cell of the campaign, what is done, what is left, where and how long.
+
+One line per table cell in the order the campaign runs them (the cell of its first run left):
+runs done / in progress / left, rounds, the device kind it is cheapest on, the minutes left
+there (`measured` from its own runs, `bench` from the kind's bench record, `?` unpriced), and
+the dates its runs were recorded. In progress: a run with saved rounds in the cache or a
+travelling checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from fedhet.experiments.campaign import records
+from fedhet.experiments.campaign.pricing import Pricer, where
+from fedhet.experiments.campaign.records import Store
+from fedhet.experiments.campaign.sitting import default_tables
+from fedhet.experiments.campaign.tables import NO_DATA, CampaignRun, plan_runs, table
+
+
+@dataclass
+class Cell:
+    table: str
+    setting: str
+    headline: bool
+    first: int
+    labels: list[str] = field(default_factory=list)
+    done: int = 0
+    running: int = 0
+    left: int = 0
+    rounds: set[int] = field(default_factory=set)
+    minutes: dict[str, float] = field(default_factory=dict)
+    unpriced: int = 0
+    source: set[str] = field(default_factory=set)
+    dates: list[str] = field(default_factory=list)
+    seeds: set[int] = field(default_factory=set)
+
+
+def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) -> list[Cell]:
+    """The plan's runs gathered into cells, with their state and price (module doc)."""
+    out: dict[tuple[str, str], Cell] = {}
+    travelling = store.inflight_runs()
+    for r in plan:
+        cell = out.setdefault((r.table, r.spec.group), Cell(r.table, r.spec.group, r.headline, r.order))
+        if r.spec.label not in cell.labels:
+            cell.labels.append(r.spec.label)
+        cell.rounds.add(r.rounds)
+        cell.seeds.add(r.seed)
+        if store.is_recorded(r):
+            cell.done += 1
+            cell.dates.append(str(store.read_record(r.table, r.name).get("finished", "")))
+            continue
+        done = max(records.rounds_done(store.run_dir(r.table, r.name)),
+                   travelling.get(f"{r.table}/{r.name}", 0))
+        cell.first = min(cell.first, r.order) if cell.left + cell.running else r.order
+        if done:
+            cell.running += 1
+        else:
+            cell.left += 1
+        kind = where(pricer, r, device)
+        price = pricer.price(r, kind)
+        if price is None:
+            cell.unpriced += 1
+            continue
+        cell.minutes[kind] = cell.minutes.get(kind, 0.0) + price.seconds_per_round * (r.rounds - done) / 60
+        cell.source.add(price.source)
+    return sorted(out.values(), key=lambda c: (c.done and not (c.left + c.running), c.first))
+
+
+def _minutes(c: Cell) -> str:
+    if not (c.left + c.running):
+        return "—"
+    parts = [f"{m:,.0f} {'core-' if k == 'cpu' else 'GPU-'}min" for k, m in sorted(c.minutes.items())]
+    if c.unpriced:
+        parts.append(f"{c.unpriced} run(s) unpriced")
+    return ", ".join(parts) + (f" ({'/'.join(sorted(c.source))})" if c.source else "")
+
+
+def print_plan(scale: str, device: str, results: Path, cache: Path | None, tables: tuple[str, ...] | None,
+               batch_runs: int, stream: TextIO) -> None:
+    chosen = tuple(table(k) for k in tables) if tables else default_tables(scale)
+    store = Store(results, cache or records.default_cache(), scale)
+    plan = plan_runs(scale, chosen, store.records)
+    pricer = Pricer(store, plan, batch_runs if device.startswith("cuda") else 1)
+    rows = cells(store, plan, device, pricer)
+    stream.write(f"campaign plan ({scale} scale; records in {store.root}, cache {store.cache}):\n")
+    stream.write("| # | table | cell | methods | seeds | done | in progress | left | rounds | "
+                 "device | left to run | recorded |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    for i, c in enumerate(rows, 1):
+        kinds = "/".join(sorted(c.minutes)) or "—"
+        dates = sorted(d for d in c.dates if d)
+        when = (dates[0][:10] + (f" – {dates[-1][:10]}" if dates[-1][:10] != dates[0][:10] else "")) \
+            if dates else "—"
+        stream.write(f"| {i} | {c.table} | {c.setting}{' (headline)' if c.headline else ''} | "
+                     f"{', '.join(c.labels)} | {len(c.seeds)} | {c.done} | {c.running} | {c.left} | "
+                     f"{'/'.join(str(k) for k in sorted(c.rounds))} | {kinds} | {_minutes(c)} | {when} |\n")
+    total = {k: sum(c.minutes.get(k, 0.0) for c in rows) for k in ("cpu", "cuda")}
+    done = sum(c.done for c in rows)
+    runs = sum(c.done + c.running + c.left for c in rows)
+    stream.write(f"\n{done} of {runs} runs recorded; left: "
+                 + ", ".join(f"{m / 60:,.1f} {'core-hours' if k == 'cpu' else 'GPU-hours'}"
+                             for k, m in total.items() if m)
+                 + (f"; {sum(c.unpriced for c in rows)} run(s) unpriced (no bench record for the "
+                    "kind: the first sitting measures it)" if any(c.unpriced for c in rows) else "")
+                 + ". FedVeca's baselines join a group once its FedVeca run is recorded.\n")
+    for why in NO_DATA.values():
+        stream.write(f"not planned: {why}\n")
