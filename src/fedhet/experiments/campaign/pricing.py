@@ -75,8 +75,9 @@ def run_work(settings: dict[str, Any]) -> Work:
 
     algorithm = str(settings.get("algorithm", "fedavg"))
     train, test = DATA_SIZES.get(str(settings.get("dataset", "mnist")), DATA_SIZES["mnist"])
-    limit = int(settings.get("dataset.limit_train", 0) or 0)
+    limit, limit_test = (int(settings.get(f"dataset.limit_{k}", 0) or 0) for k in ("train", "test"))
     train = min(train, limit) if limit else train
+    test = min(test, limit_test) if limit_test else test
     clients = 1 if algorithm == "central" else int(settings.get("clients", 10))
     sampled = max(1, round(float(settings.get("sample_fraction", 1.0)) * clients))
     epochs = float(settings.get("local_epochs", 1.0)) * (sampled / clients)
