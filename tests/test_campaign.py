@@ -1,162 +1,337 @@
-"""`fedhet reproduce all` (experiments/campaign.py): budgeted sittings that stop before the budget
-ends and continue where they stopped, at smoke scale on the CPU (FedNova's 3-run smoke preset)."""
+"""The campaign (experiments/campaign): the papers' tables at their own scale, headline cells
+first, accumulated across machines through records and travelling checkpoints."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from fedhet.experiments import campaign as cp
 from fedhet.experiments import paper_results as pr
+from fedhet.experiments.campaign import bench, records, tables
+from fedhet.experiments.campaign.plan import status
+from fedhet.experiments.campaign.pricing import Pricer, run_work
+from fedhet.experiments.campaign.records import Store
+from fedhet.experiments.campaign.sitting import Sitting
+from fedhet.experiments.campaign.tables import TABLES, Table, plan_runs
 
-TINY = cp.Table("fednova-smoke", "fednova", "synthetic", "FedNova smoke", ("synthetic",), 1.0,
-                algorithm_of=lambda r: str(r.config["algorithm"]))
-"""3 runs × 15 rounds; prior 1 s per run-round, so one run is estimated at 15 s."""
+ROOT = Path(__file__).resolve().parents[1]
 
-
-class FakeClock(cp.Campaign):
-    """A campaign whose clock moves only when a chunk runs (`chunk_s` per chunk)."""
-
-    chunk_s = 20.0
-
-    def _run_chunk(self, chunk, runs_dir):  # noqa: ANN001, ANN202
-        errors = super()._run_chunk(chunk, runs_dir)
-        self.now[0] += self.chunk_s
-        return errors
+TINY = Table("fednova-smoke", "fednova", "synthetic", "FedNova smoke", ("synthetic",),
+             headline=lambda s: s.label == "FedNova", paper_seeds=1)
+"""FedNova's smoke preset: 3 runs (FedAvg, FedNova, FedProx) × 15 rounds on Synthetic(1,1)."""
 
 
-def _sitting(tmp: Path, budget: float, steps=("fednova-smoke",), cls=FakeClock, **kw) -> cp.Campaign:  # noqa: ANN001
-    now = [0.0]
-    c = cls("smoke", "cpu", budget, tmp / "runs", tmp / "results", batch_runs=1, steps=steps,
-            tables=(TINY,), stream=io.StringIO(), clock=lambda: now[0], **kw)
-    c.now = now
-    return c
+def _plan(tmp: Path, scale: str = "paper") -> list[tables.CampaignRun]:
+    store = Store(tmp / "results", tmp / "cache", scale)
+    return plan_runs(scale, TABLES, store.records)
 
 
-def test_stops_before_the_budget_and_continues_next_sitting(tmp_path: Path) -> None:
-    # budget 1 min, 10 s margin: 50 s. Run 1 (est. 15 s) runs and takes 20 s; run 2 (est. 20 s,
-    # measured) fits in the 30 s left; run 3 (20 s) does not fit in 10 s: not started
-    first = _sitting(tmp_path, 1.0)
-    state = first.run()
-    assert state["steps"]["fednova-smoke"]["status"] == "pending"
-    assert state["steps"]["fednova-smoke"]["s_per_run_round"] == pytest.approx(20 / 15)
-    assert "stopping here" in first.stream.getvalue()
-    runs = tmp_path / "runs" / "fednova-smoke" / "runs"
-    finished = sorted(d.name for d in runs.iterdir() if pr.is_finished(d))
-    assert len(finished) == 2 and len(list(runs.iterdir())) == 2  # the third never started
-    csv_path = tmp_path / "results" / "fednova" / "synthetic.csv"
-    meta = pr.read_meta(csv_path.with_suffix(".json"))
-    assert meta["complete"] is False and meta["runs"] == 2 and meta["scale"] == "smoke"
-    assert len(pr.read_results(csv_path)) == 2
+# -- the order ----------------------------------------------------------------------------------
+def test_headline_cells_first_then_their_seeds_then_the_rest(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    head = [(r.table, r.spec.group, r.spec.label, r.seed) for r in plan if r.tier == 0]
+    # the issue's order: each paper's headline pair, seed 0, before anything else
+    assert head == [
+        ("fednnnn-mnist", "MNIST NonIID-UB", "FedAvg", 0), ("fednnnn-mnist", "MNIST NonIID-UB", "FedNNNN", 0),
+        ("fedsr-mnist", "MNIST xi=2", "FedAvg", 0), ("fedsr-mnist", "MNIST xi=2", "FedSR", 0),
+        ("fedveca-cnn-mnist", "CNN MNIST Case 3", "FedVeca", 0),
+        ("bherd-cnn-mnist", "CNN + MNIST case3", "FedAvg", 0),
+        ("bherd-cnn-mnist", "CNN + MNIST case3", "BHerd-FedAvg", 0),
+        ("fedsr-fashion-mnist", "Fashion-MNIST xi=2", "FedAvg", 0),
+        ("fedsr-fashion-mnist", "Fashion-MNIST xi=2", "FedSR", 0),
+    ]
+    assert plan[:len(head)] == [r for r in plan if r.tier == 0]
+    assert [r.tier for r in plan] == sorted(r.tier for r in plan)
+    # the paper's own seed count first: FedNNNN and FedSR ran once, so their seeds 1-2 are extras
+    # (tier 3); FedVeca and BHerd averaged 10 runs, so seeds 1-9 of their headline cells are tier 1
+    for r in plan:
+        if r.table in ("fednnnn-mnist", "fedsr-mnist") and r.seed > 0:
+            assert r.tier == 3
+    tier1 = {(r.table, r.seed) for r in plan if r.tier == 1}
+    assert tier1 == {(t, s) for t in ("fedveca-cnn-mnist", "bherd-cnn-mnist") for s in range(1, 10)}
+    # every table's runs are the preset's at paper scale, on the table's datasets only
+    fednnnn = [r for r in plan if r.table == "fednnnn-mnist"]
+    assert len(fednnnn) == 4 * 5 * 3 and all(r.rounds == 100 for r in fednnnn)
+    assert all(r.spec.settings["precision"] == "bf16" for r in fednnnn)
+    assert all(r.spec.settings["dataset"] == "mnist" for r in plan if r.table.endswith("-mnist")
+               and "fashion" not in r.table)
 
-    second = _sitting(tmp_path, 1.0)
-    state = second.run()
-    assert state["steps"]["fednova-smoke"]["status"] == "done" and len(state["sittings"]) == 2
-    curves = pr.read_results(csv_path)
-    assert {a for _, a in curves} == {"fedavg", "fednova", "fedprox"}
-    for by_seed in curves.values():
-        assert by_seed[0]["round"] == [float(r) for r in range(16)]
-    meta = pr.read_meta(csv_path.with_suffix(".json"))
-    assert meta["complete"] is True and meta["runs"] == 3
-    assert "reproduce all --scale smoke --device cpu" in meta["command"]
 
-    third = _sitting(tmp_path, 1.0)  # nothing left: nothing runs
+def test_the_centralized_reference_runs_once_per_seed_and_serves_every_cell(tmp_path: Path) -> None:
+    plan = _plan(tmp_path)
+    for key, cells in (("bherd-cnn-mnist", 3), ("fedsr-mnist", 5)):
+        central = [r for r in plan if r.table == key and r.spec.settings["algorithm"] == "central"]
+        seeds = sorted(r.seed for r in central)
+        assert seeds == sorted(set(seeds)), "one centralized run per seed"
+        assert all(len(r.serves) == cells and r.spec.settings["partition"] == "iid" for r in central)
+
+
+def test_fedveca_evaluates_on_the_test_set_only(tmp_path: Path) -> None:
+    fv = [r for r in _plan(tmp_path) if r.table == "fedveca-cnn-mnist"]
+    assert len(fv) == 10 and all(r.spec.settings["train_loss"] is False for r in fv)
+    assert "test set only" in tables.table("fedveca-cnn-mnist").deviations
+
+
+# -- work and prices ----------------------------------------------------------------------------
+def test_work_by_hand() -> None:
+    """FedNNNN: 100 clients × E = 5 over 60,000 samples, the 10,000 test samples a third each."""
+    w = run_work({"algorithm": "fedavg", "dataset": "mnist", "model": "cnn-fednnnn-mnist",
+                  "clients": 100, "local_epochs": 5, "rounds": 100})
+    assert (w.passes, w.stacked, w.rounds) == (pytest.approx(300_000 + 10_000 / 3), 100, 100)
+    base = {"dataset": "mnist", "model": "mlp", "clients": 20, "local_epochs": 1, "rounds": 500,
+            "eval_every": 10**9}
+    fedsr = run_work({**base, "algorithm": "fedsr", "algorithm.clusters": 5, "algorithm.ring_passes": 5})
+    assert fedsr.passes == pytest.approx(5 * 60_000) and fedsr.stacked == 5
+    assert run_work({**base, "algorithm": "ring"}).stacked == 1
+    assert run_work({**base, "algorithm": "moon"}).passes == pytest.approx(60_000 * 5 / 3)
+    assert run_work({**base, "algorithm": "central"}).stacked == 1
+    fv = run_work({**base, "algorithm": "fedveca", "clients": 5, "batch_size": 32, "eval_every": 1,
+                   "train_loss": True})
+    assert fv.passes == pytest.approx(5 * 50 * 32 + 60_000 + 70_000 / 3)
+    cut = run_work({**base, "algorithm": "fedavg", "dataset.limit_train": 6000, "dataset.limit_test": 2000,
+                    "eval_every": 1})
+    assert cut.passes == pytest.approx(6000 + 2000 / 3)
+
+
+def _bench(store: Store, kind: str, rows: list[dict]) -> None:
+    store.bench_dir.mkdir(parents=True, exist_ok=True)
+    (store.bench_dir / f"{kind}.json").write_text(json.dumps({"kind": kind, "measurements": rows}))
+
+
+def test_prices_come_from_measurements_only(tmp_path: Path) -> None:
+    store = Store(tmp_path / "results", tmp_path / "cache")
+    plan = plan_runs("paper", (tables.table("fednnnn-mnist"),), store.records)
+    run = plan[0]
+    assert Pricer(store, plan).price(run, "cpu") is None  # nothing measured: not priced
+    # the bench record: 2 s for 10,000 sample-passes of the same model and precision
+    _bench(store, "cpu", [{"model": "cnn-fednnnn-mnist", "precision": "bf16", "stacked": 100, "runs": 1,
+                           "passes": 10_000, "s_per_round": 2.0},
+                          {"model": "cnn-fednnnn-mnist", "precision": "fp32", "stacked": 100, "runs": 1,
+                           "passes": 10_000, "s_per_round": 50.0}])
+    p = Pricer(store, plan).price(run, "cpu")
+    assert p is not None and p.source == "bench"
+    assert p.seconds_per_round == pytest.approx(2.0 / 10_000 * (300_000 + 10_000 / 3))
+    # on a GPU, runs batched share a round: 8 runs in 4 s cost each 0.5 s of it
+    _bench(store, "cuda", [{"model": "cnn-fednnnn-mnist", "precision": "bf16", "stacked": 100,
+                            "runs": 8, "passes": 10_000, "s_per_round": 4.0}])
+    g = Pricer(store, plan, runs_batched=8).price(run, "cuda")
+    assert g is not None and g.seconds_per_round == pytest.approx(0.5 / 10_000 * (300_000 + 10_000 / 3))
+    # a run's own measurement wins over the bench: the same method's runs on the same kind
+    pricer = Pricer(store, plan)
+    pricer.note(run, [{"kind": "cpu", "rounds": 10, "seconds": 420.0}])
+    same = next(r for r in plan if r.spec.label == run.spec.label and r is not run)
+    assert pricer.price(same, "cpu").seconds_per_round == pytest.approx(42.0)
+    assert pricer.price(same, "cpu").source == "measured"
+
+
+# -- sittings -----------------------------------------------------------------------------------
+class Stepped(Sitting):
+    """A sitting whose clock jumps past the budget's grace once its first run starts: the run
+    stops after its first saved round (the stop is set before the worker trains anything)."""
+
+    jump = 0.0
+
+    def _launch(self, unit, stop, ctx, pricer):  # noqa: ANN001, ANN202
+        a = super()._launch(unit, stop, ctx, pricer)
+        self.offset[0] += self.jump
+        return a
+
+
+def _sitting(tmp: Path, cache: str, cls: type[Sitting] = Sitting, results: str = "results",
+             budget: float = 10.0, **kw) -> Sitting:  # noqa: ANN003
+    offset = [0.0]
+    s = cls("smoke", "cpu", budget, Store(tmp / results, tmp / cache, "smoke"), tables=(TINY,),
+            stream=io.StringIO(), clock=lambda: time.monotonic() + offset[0], commit="test", **kw)
+    s.offset = offset
+    return s
+
+
+def _csv(tmp: Path, results: str = "results") -> Path:
+    return tmp / results / "campaign-smoke" / "tables" / "fednova" / "synthetic.csv"
+
+
+def test_a_run_counts_wherever_it_finished(tmp_path: Path) -> None:
+    first = _sitting(tmp_path, "cache-a", cores=2)
+    first.run()
+    assert len(first.finished) == 3
+    store = first.store
+    for name, rec in store.recorded(TINY.key).items():
+        files = sorted(p.name for p in (store.records(TINY) / name).iterdir())
+        assert files == ["config.json", "metrics.csv", "record.json", "summary.json"]  # no checkpoint
+        assert rec["commits"] == ["test"] and rec["s_per_round"]["cpu"] > 0
+        assert rec["segments"][0]["rounds"] == 15
+    rows = pr.read_rows(_csv(tmp_path))
+    assert len(rows) == 3 * 16
+    # another machine (an empty cache), the same repository: nothing is run again
+    second = _sitting(tmp_path, "cache-b")
+    second.run()
+    assert second.finished == [] and second.started == set()
+    assert "0 of 3 left" in second.stream.getvalue()
+    assert pr.read_rows(_csv(tmp_path)) == rows
+    # a record removed: only that run is made again, and the table keeps every other row
+    victim = sorted(store.recorded(TINY.key))[0]
+    import shutil
+
+    shutil.rmtree(store.records(TINY) / victim)
+    third = _sitting(tmp_path, "cache-b")
     third.run()
-    assert "every step finished" in third.stream.getvalue()
-    assert "runs 1-1" not in third.stream.getvalue()
+    assert third.started == {victim}
+    assert pr.read_rows(_csv(tmp_path)) == rows  # the same run again: the same numbers
 
 
-def test_a_batch_is_cut_to_the_runs_that_fit(tmp_path: Path) -> None:
-    # 3 runs in one batch: 45 s estimated, 35 s left (budget 45 s, 10 s margin): the first two
-    # (30 s) run as one batch; they take 30 s, so the last (15 s) does not fit in the 5 s left
-    class Slower(FakeClock):
-        chunk_s = 30.0
-
-    c = _sitting(tmp_path, 0.75, cls=Slower)
-    c.batch_runs = 3
-    state = c.run()
-    assert "runs 1-2 of 3" in c.stream.getvalue()
-    assert state["steps"]["fednova-smoke"]["status"] == "pending"
-    runs = tmp_path / "runs" / "fednova-smoke" / "runs"
-    assert sum(pr.is_finished(d) for d in runs.iterdir()) == 2 and len(list(runs.iterdir())) == 2
+def test_a_result_never_shrinks(tmp_path: Path) -> None:
+    _sitting(tmp_path, "cache").run()
+    csv_path = _csv(tmp_path)
+    extra = "\n".join(f"other,fedavg,0,{k},0.5,1.0," for k in range(3))
+    csv_path.write_text(csv_path.read_text() + extra + "\n")
+    before = pr.read_rows(csv_path)
+    store = Store(tmp_path / "results", tmp_path / "cache", "smoke")
+    store.export_table(TINY, plan_runs("smoke", (TINY,), store.records), "cmd")
+    after = pr.read_rows(csv_path)
+    assert len(after) == len(before)
+    assert {r["setting"] for r in after} == {"other", *{r["setting"] for r in before}}
 
 
-def test_a_step_that_cannot_finish_is_not_started(tmp_path: Path) -> None:
-    # the benchmark comes first and is estimated at a minute: with 50 s it is not started, and
-    # the tables after it wait (the order is fixed)
-    c = _sitting(tmp_path, 1.0, steps=("bench", "fednova-smoke"))
-    state = c.run()
-    assert state["steps"]["bench"]["status"] == "pending"
-    assert state["steps"]["fednova-smoke"] == {"status": "pending", "minutes": 0.0}
-    assert not (tmp_path / "runs" / "fednova-smoke").exists()
-    assert not (tmp_path / "results" / "bench").exists()
+def test_a_run_cut_short_travels_and_continues_on_another_machine(tmp_path: Path) -> None:
+    # the reference: the three runs uninterrupted
+    _sitting(tmp_path, "cache-ref", results="ref").run()
+    ref = pr.read_rows(_csv(tmp_path, "ref"))
+    # machine A: the budget's grace reached as soon as the first run starts: it stops after
+    # round 1 and nothing else starts
+    a = _sitting(tmp_path, "cache-a", Stepped, budget=1.0)
+    a.jump = 45.0
+    a.run()
+    assert a.finished == [] and len(a.started) == 1
+    name = next(iter(a.started))
+    travelling = a.store.inflight(TINY) / name
+    assert (travelling / "checkpoint.pt").exists() and not (travelling / "checkpoint.prev.pt").exists()
+    assert 1 <= records.rounds_done(travelling) < 15
+    line = json.loads(a.store.sittings.read_text().splitlines()[-1])
+    assert line["travelling"] == [name] and line["recorded"] == []
+    # machine B (a new cache): the checkpoint is restored, the run resumes there and the three
+    # runs end exactly as the uninterrupted ones
+    b = _sitting(tmp_path, "cache-b")
+    b.run()
+    assert "resumed after round" in b.stream.getvalue()
+    assert not (b.store.inflight(TINY) / name).exists()  # removed once recorded
+    rec = b.store.read_record(TINY.key, name)
+    assert [s["rounds"] for s in rec["segments"]][0] >= 1 and sum(s["rounds"] for s in rec["segments"]) == 15
+    cols = [c for c in pr.BASE_COLUMNS if c not in ("train_loss",)]
+    assert [{c: r[c] for c in cols} for r in pr.read_rows(_csv(tmp_path))] == \
+        [{c: r[c] for c in cols} for r in ref]
 
 
-def test_a_run_cut_short_by_the_budget_resumes(tmp_path: Path) -> None:
-    # a measured speed that says the run fits (15 rounds × 1e-4 s), but only 0.01 s (real) left:
-    # the alarm stops it (the fake clock stands still, so each run gets 0.01 s: far less than
-    # 15 rounds take, however idle the machine)
-    now = [0.0]
-    c = cp.Campaign("smoke", "cpu", 10 / 60 + 0.01 / 60, tmp_path / "runs", tmp_path / "results",
-             batch_runs=1, steps=("fednova-smoke",), tables=(TINY,), stream=io.StringIO(),
-             clock=lambda: now[0])
-    (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "campaign.json").write_text(json.dumps(
-        {"steps": {"fednova-smoke": {"status": "pending", "minutes": 0.0, "s_per_run_round": 1e-4}},
-         "sittings": []}))
-    state = c.run()
-    assert state["steps"]["fednova-smoke"]["status"] == "pending"
-    # the alarm stopped the first run (after a saved round, or before its first one when it
-    # came that early): nothing finished
-    runs = tmp_path / "runs" / "fednova-smoke" / "runs"
-    assert not any(pr.is_finished(d) for d in runs.iterdir()) if runs.exists() else True
-    assert "stopped at the budget" in c.stream.getvalue()
-    state = _sitting(tmp_path, 5.0, cls=cp.Campaign).run()
-    assert state["steps"]["fednova-smoke"]["status"] == "done"
-    curves = pr.read_results(tmp_path / "results" / "fednova" / "synthetic.csv")
-    assert len(curves) == 3
-    for by_seed in curves.values():
-        assert by_seed[0]["round"] == [float(r) for r in range(16)]
+def test_sigterm_stops_a_sitting_after_a_saved_round(tmp_path: Path) -> None:
+    """`reproduce all` in the background: SIGTERM stops it cleanly, its records and travelling
+    checkpoints ready to commit, exit 0."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "FEDHET_CAMPAIGN_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedhet", "reproduce", "all", "--scale", "smoke", "--device", "cpu",
+         "--budget", "30", "--tables", "fedsr-mnist", "--results", str(tmp_path / "results")],
+        stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        assert proc.stderr is not None
+        seen = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            seen.append(line)
+            if "recorded " in line:  # one run done: stop the sitting while the next one runs
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = "".join(seen) + rest
+    assert proc.returncode == 0, text
+    assert "campaign: stopping" in text and "run the same command again to continue" in text
+    root = tmp_path / "results" / "campaign-smoke"
+    assert json.loads((root / "sittings.jsonl").read_text().splitlines()[-1])["recorded"]
+    assert list((root / "fedsr-mnist").rglob("record.json"))
 
 
-def test_cli_reproduce_all_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_reproduce_all_runs_the_real_tables_at_smoke_scale(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """`fedhet reproduce all --scale smoke --device cpu`: the real FedNNNN table (20 runs on
+    digits), recorded and exported; `reproduce plan` then shows the table done."""
     from fedhet.cli import main
 
-    assert main(["reproduce", "all", "--scale", "smoke", "--device", "cpu", "--budget", "0.1",
-                 "--out", str(tmp_path / "c"), "--results", str(tmp_path / "r")]) == 0
+    results = tmp_path / "results"
+    argv = ["--scale", "smoke", "--device", "cpu", "--tables", "fednnnn-mnist", "--results", str(results),
+            "--cache", str(tmp_path / "cache")]
+    assert main(["reproduce", "all", "--budget", "20", "--cores", "2", *argv]) == 0
+    assert "every run recorded" in capsys.readouterr().err
+    curves = pr.read_results(results / "campaign-smoke" / "tables" / "fednnnn" / "table2-mnist.csv")
+    assert len(curves) == 4 * 5  # 4 scenarios × 5 methods
+    assert all(len(by_seed[0]["round"]) == 11 for by_seed in curves.values())
+    assert main(["reproduce", "plan", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "| fednnnn-mnist | digits NonIID-UB (headline) |" in out and "20 of 20 runs recorded" in out
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["reproduce", "all"], "needs --budget"),
+    (["reproduce", "all", "--budget", "5", "--cores", "0"], "--cores must be at least 1"),
+    (["reproduce", "all", "--budget", "5", "--tables", "nope"], "unknown campaign table 'nope'"),
+    (["reproduce", "all", "--budget", "5", "--out", "x"], "--out: the campaign's run directories"),
+    (["reproduce", "plan", "--budget", "5"], "--budget"),
+    (["reproduce", "fednova", "--cores", "2"], "--cores go with `fedhet reproduce all`"),
+])
+def test_campaign_flags(argv, said, capsys, tmp_path) -> None:  # noqa: ANN001
+    from fedhet.cli import main
+
+    where = ["--results", str(tmp_path / "r"), "--cache", str(tmp_path / "c")]
+    assert main([*argv, *where] if argv[1] != "fednova" else argv) == 2
     err = capsys.readouterr().err
-    assert "bench: needs about" in err and "run the same command again" in err
-    assert main(["reproduce", "all", "--tables", "nope", "--budget", "1",
-                 "--out", str(tmp_path / "c")]) == 2
-    assert "unknown campaign step 'nope'" in capsys.readouterr().err
-    assert main(["reproduce", "fednova", "--budget", "1"]) == 2
-    if not __import__("torch").cuda.is_available():
-        assert main(["reproduce", "all", "--budget", "1", "--out", str(tmp_path / "c")]) == 2
-        assert "torch sees no CUDA device" in capsys.readouterr().err
-    assert main(["reproduce", "all", "--out", str(tmp_path / "c")]) == 2
-    assert "needs --budget" in capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists() and not (tmp_path / "c").exists()
+
+
+def test_a_damaged_record_is_one_error_naming_it(tmp_path: Path) -> None:
+    from fedhet.errors import FedhetError
+
+    _sitting(tmp_path, "cache").run()
+    rec = next((tmp_path / "results" / "campaign-smoke").rglob("record.json"))
+    rec.write_text("{torn")
+    before = rec.read_bytes()
+    with pytest.raises(FedhetError, match="record.json") as e:
+        _sitting(tmp_path, "cache").run()
+    assert "\n" not in str(e.value) and rec.read_bytes() == before
+
+
+def test_the_committed_bench_and_records_read(tmp_path: Path) -> None:
+    """The repository's own campaign files parse, and the page's table status reads them."""
+    for st in status(ROOT / "results"):
+        assert st.recorded <= st.planned
+    cpu = ROOT / "results" / "campaign" / "bench" / "cpu.json"
+    if cpu.exists():
+        rows = json.loads(cpu.read_text())["measurements"]
+        assert {r["workload"] for r in rows} <= {w.name for w in bench.CPU_WORKLOADS}
 
 
 def test_the_campaign_imports_no_optional_package() -> None:
-    """The GPU machine has torch, numpy, sklearn and matplotlib only: building the campaign's
-    tables (every preset, the runner, the page's estimates) imports no flwr, ray or tensorboard."""
-    import os
-    import subprocess
-    import sys
-
+    """The GPU machine has torch, numpy, sklearn and matplotlib only: planning and pricing the
+    campaign, the page's status and a sitting's modules import no flwr, ray or tensorboard."""
     code = (
         "import sys\n"
-        "from fedhet.experiments import campaign, paper_scale\n"
-        "[campaign.estimate_run_rounds(t, 'paper') for t in campaign.TABLES]\n"
-        "import fedhet.experiments.runner, fedhet.experiments.reproduce\n"
+        "from pathlib import Path\n"
+        "from fedhet.experiments.campaign import plan, sitting, bench\n"
+        "plan.status(Path('results'))\n"
+        "import fedhet.experiments.single\n"
         "top = {m.split('.')[0] for m in sys.modules}\n"
-        "bad = sorted(top & {'flwr', 'ray', 'tensorboard', 'matplotlib'})\n"
-        "print(bad)\n"
+        "print(sorted(top & {'flwr', 'ray', 'tensorboard', 'matplotlib', 'tqdm'}))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() in ("[]", "['tqdm']")

@@ -98,18 +98,22 @@ def test_published_numbers_and_missing_rows(page: str) -> None:
     row = _line(page, "MNIST IID-B, FedAvg |")
     assert "99.00%" in row and "98.60 ± 0.14 (n=2)" in row and "-0.40 pts" in row and "| **yes** |" in row
     assert "| **no** |" in _line(page, "MNIST NonIID-UB, FedAvg |")
-    # a Table 2 MNIST row with no result needs the GPU campaign; CIFAR is not run
-    assert "needs a GPU (`--tables fednnnn-mnist`" in _line(page, "MNIST IID-B, FedProx |")
-    assert "not run: CIFAR-10" in _line(page, "CIFAR10 IID-B, FedAvg |")
+    # a Table 2 MNIST row with no result: what the campaign has left of it (3 seeds, 1 the
+    # paper's); CIFAR is not run, and the page says why in one line
+    assert ("not run yet: 3 run(s) left in the campaign (1 at the paper's seed count; "
+            "`--tables fednnnn-mnist`") in _line(page, "MNIST IID-B, FedProx |")
+    assert "not run: CIFAR-10 ships in no package" in _line(page, "CIFAR10 IID-B, FedAvg |")
     # FedProx's quadratic row has no run: the command to make it
     assert "not run: `PYTHONPATH=src python -m fedhet.experiments.papers.fednova.inconsistency" in _line(
         page, "FedProx is biased too")
-    # the FedVeca CNN row: the campaign's command and a GPU-minute estimate
+    # the FedVeca CNN row: the campaign's command and what is left (40 runs: 10 FedVeca runs
+    # and their 3 baselines each; no GPU measured in this results directory)
     cnn = _line(page, "| CNN | FedVeca is the first to reach the centralized loss")
-    assert "--tables fedveca-cnn-mnist" in cnn and "GPU-min" in cnn
-    # the smoke-scale file is left out, so FedSR's MNIST rows still need the GPU
+    assert "--tables fedveca-cnn-mnist" in cnn and "40 of 40 runs left" in cnn
+    assert "GPU unmeasured" in cnn
+    # the smoke-scale file is left out, so FedSR's MNIST rows are still to run
     assert "fedsr/table2-mnist (smoke)" in page
-    assert "needs a GPU" in _line(page, "MNIST IID, FedAvg | 97.64%")
+    assert "not run yet" in _line(page, "MNIST IID, FedAvg | 97.64%")
 
 
 def test_label_reading() -> None:

@@ -276,7 +276,7 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     from fedhet.experiments.campaign import run_campaign
 
     run_campaign(args.scale or "paper", args.device or "cpu", args.budget,
-                 Path(args.results or "results"), cache, args.cores or 1, tables,
+                 Path(args.results or "results"), cache, 1 if args.cores is None else args.cores, tables,
                  args.batch_runs or 8, args.data_dir, args.nice)
     return 0
 

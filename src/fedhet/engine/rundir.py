@@ -144,8 +144,9 @@ def _holder(lock_path: Path) -> str:
 
 
 @contextmanager
-def exclusive(path: Path, what: str = "run") -> Iterator[None]:
-    """Hold an exclusive lock on directory `path` (created if missing) while the body runs."""
+def exclusive(path: Path, what: str = "run", flag: str = "--out") -> Iterator[None]:
+    """Hold an exclusive lock on directory `path` (created if missing) while the body runs;
+    `flag`: the option that chooses another directory, named when the lock is held."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     lock_path = path / LOCK
@@ -156,7 +157,7 @@ def exclusive(path: Path, what: str = "run") -> Iterator[None]:
         except BlockingIOError:
             raise FedhetError(
                 f"{path} is in use by {_holder(lock_path)} (another fedhet {what}); wait for it "
-                "to finish or choose another --out"
+                f"to finish or choose another {flag}"
             ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())

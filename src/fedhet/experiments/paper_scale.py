@@ -75,20 +75,27 @@ class Results:
     experiments: list[Experiment] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     """Files left out (not paper scale), as `paper/name (scale)`."""
+    root: Path = Path("results")
+    """The directory read (the campaign's records and prices come from it too)."""
 
     def of(self, paper: str) -> list[Experiment]:
         return [e for e in self.experiments if e.paper == paper]
 
 
+def _paper_dir(path: Path) -> bool:
+    """A paper's result file, not the campaign's own files (`results/campaign*/`)."""
+    return not path.parent.name.startswith("campaign")
+
+
 def load(results: Path) -> Results:
     """Every `results/<paper>/<experiment>.csv` at paper scale."""
-    out = Results()
-    for meta_path in sorted(Path(results).glob("*/*.json")):
+    out = Results(root=Path(results))
+    for meta_path in sorted(p for p in Path(results).glob("*/*.json") if _paper_dir(p)):
         if not meta_path.with_suffix(".csv").exists():
             raise FedhetError(f"{meta_path} has no {meta_path.stem}.csv beside it (the results it "
                               "describes); restore the CSV (`git checkout results/` in a checkout) "
                               "or remove the json")
-    for csv_path in sorted(Path(results).glob("*/*.csv")):
+    for csv_path in sorted(p for p in Path(results).glob("*/*.csv") if _paper_dir(p)):
         meta = pr.read_meta(csv_path.with_suffix(".json"))
         scale = meta.get("scale", "paper")
         if scale != "paper":
@@ -276,7 +283,8 @@ class Section:
 
 
 # -- published numbers (FedNNNN Table 2, FedSR Tables II and III) --------------------------
-def number_rows(res: Results, paper: str, published: list[dict[str, Any]], missing: Callable[[str], str],
+def number_rows(res: Results, paper: str, published: list[dict[str, Any]],
+                missing: Callable[[str, str], str],
                 targets: dict[str, float] | None = None) -> list[Row]:
     """One row per published number: ours is the final test accuracy (or the model transfers up
     to the target accuracy) over seeds, found by the preset's group and label."""
@@ -291,7 +299,7 @@ def number_rows(res: Results, paper: str, published: list[dict[str, Any]], missi
         row = Row(f"{p['group']}, {p['label']}", f"{text} ({p.get('source', '')})")
         found = [c for c in cs if c.setting == p["group"] and c.algorithm == p["label"]]
         if not found:
-            row.ours = missing(p["group"])
+            row.ours = missing(p["group"], p["label"])
             rows.append(row)
             continue
         c = found[0]
@@ -593,13 +601,23 @@ def synthetic_lower_loss(cs: list[Cell]) -> list[tuple[str, Verdict]]:
 
 
 # -- the page --------------------------------------------------------------------------------
-def _gpu(key: str) -> str:
-    # lazy: the campaign (its steps and estimates) loads only for the rows that need a GPU
-    from fedhet.experiments import campaign
+def _campaign(key: str) -> str:
+    """A row the campaign has not measured yet: its table, the command, and what is left."""
+    # lazy: the campaign (its plan and prices) loads only for the rows it has not measured
+    from fedhet.experiments.campaign import command
+    from fedhet.experiments.campaign.plan import status
 
-    t = campaign.table(key)
-    return (f"needs a GPU: `{campaign.command(tables=key, budget=30)}` "
-            f"(≈{campaign.gpu_minutes(t):.0f} GPU-min over sittings)")
+    st = next(s for s in status(RESULTS) if s.key == key)
+    left = []
+    if st.core_hours is not None:
+        left.append(f"≈{st.core_hours:,.0f} core-hours")
+    left.append(f"≈{st.gpu_minutes:,.0f} GPU-min" if st.gpu_minutes is not None else "GPU unmeasured")
+    return (f"not run yet: campaign table `{key}`, {st.planned - st.recorded} of {st.planned} runs left "
+            f"({', '.join(left)}): `{command(budget=60, tables=key)}`")
+
+
+RESULTS = Path("results")
+"""The results directory the page is being written from (set by `write_page`)."""
 
 
 def _not_run(cmd: str, then: str = "") -> str:
@@ -637,19 +655,27 @@ def _cnn(e: Experiment) -> bool:
 
 def sections() -> list[Section]:
     # lazy: the presets (torch) load only for the published tables
+    # lazy: the campaign's tables (what each can run, and why not)
+    from fedhet.experiments.campaign.plan import cell_left
+    from fedhet.experiments.campaign.tables import NO_DATA
     from fedhet.experiments.papers.fednnnn.preset import published_rows as fednnnn_published
     from fedhet.experiments.papers.fedsr.preset import TARGETS
     from fedhet.experiments.papers.fedsr.preset import published as fedsr_published
 
+    def missing(paper: str, group: str, label: str) -> str:
+        if group.startswith("CIFAR-100"):
+            return "not run: " + NO_DATA["cifar100"]
+        if group.startswith("CIFAR"):
+            return "not run: " + NO_DATA["cifar10"]
+        key = f"{paper}-{'fashion-mnist' if group.startswith('Fashion') else 'mnist'}"
+        return cell_left(RESULTS, key, group, label)
+
     def fednnnn(res: Results) -> list[Row]:
-        return number_rows(res, "fednnnn", fednnnn_published(), lambda g: (
-            "needs a GPU (`--tables fednnnn-mnist`: command and estimate above)" if g.startswith("MNIST")
-            else "not run: CIFAR-10 is not on the CPU machine nor in the campaign"))
+        return number_rows(res, "fednnnn", fednnnn_published(), lambda g, a: missing("fednnnn", g, a))
 
     def fedsr(res: Results) -> list[Row]:
-        return number_rows(res, "fedsr", fedsr_published(), lambda g: (
-            "needs a GPU (`--tables fedsr-mnist`: command and estimate above)" if g.startswith("MNIST")
-            else "not run: its dataset is not on the machines (MNIST only)"), TARGETS)
+        return number_rows(res, "fedsr", fedsr_published(), lambda g, a: missing("fedsr", g, a),
+                           TARGETS)
 
     fv_first = "FedVeca is the first to reach the centralized"
     return [
@@ -670,7 +696,8 @@ def sections() -> list[Section]:
             + claim_rows(r, "fedveca", "SVM", "even at 50 clients FedVeca converges faster than FedAvg "
                          "and FedNova", fedveca_n50, _svm, FV_TODO))),
         Section("FedVeca", "Fig. 3: CNN + MNIST, Case 3", lambda r: claim_rows(
-            r, "fedveca", "CNN", fv_first + " loss", fedveca_first(False), _cnn, _gpu("fedveca-cnn-mnist"))),
+            r, "fedveca", "CNN", fv_first + " loss", fedveca_first(False), _cnn,
+            _campaign("fedveca-cnn-mnist"))),
         Section("BHerd", "Fig. 2a–b: SVM + MNIST even/odd, Cases 1–3 (and item 2's variants)", lambda r: (
             claim_rows(r, "bherd", "SVM", "BHerd-FedAvg converges faster than FedAvg",
                        bherd_vs("bherd", "fedavg"), _svm_main, BH_TODO)
@@ -686,7 +713,7 @@ def sections() -> list[Section]:
             BH_TODO)),
         Section("BHerd", "Fig. 2a: CNN + MNIST, Cases 1–3", lambda r: claim_rows(
             r, "bherd", "CNN", "BHerd-FedAvg converges faster than FedAvg", bherd_vs("bherd", "fedavg"),
-            _cnn, _gpu("bherd-cnn-mnist"))),
+            _cnn, _campaign("bherd-cnn-mnist"))),
         Section("FedNova", "Eq. 3: the quadratic with heterogeneous τ_i (objective inconsistency)",
                 lambda r: (
             claim_rows(r, "fednova", "quadratic", "FedAvg converges to x̃* = Σ τ_i e_i / Σ τ_j, not to "
@@ -699,9 +726,15 @@ def sections() -> list[Section]:
             r, "fednova", "synthetic", "FedNova reaches a lower training loss than FedAvg",
             synthetic_lower_loss, lambda e: e.name == "synthetic", _not_run(FEDNOVA_SYN))),
         Section("FedNNNN", "Table 2: test accuracy (%), 100 clients", fednnnn,
-                lambda: "MNIST rows: " + _gpu("fednnnn-mnist") + "."),
+                lambda: "Protocol: Table 1 (100 clients, C = 1, B = 50, E = 5, η = 0.05, 100 rounds, "
+                "the Table 3 CNN), Table 5's parameters; one run per cell as the paper (seed 0), "
+                "in bf16. MNIST rows: " + _campaign("fednnnn-mnist") + "."),
         Section("FedSR", "Tables II–III: test accuracy (%) and model transfers to the target", fedsr,
-                lambda: "MNIST rows (500 rounds): " + _gpu("fedsr-mnist") + ". Table III: ours is "
+                lambda: "Protocol: §IV (20 devices, 5 rings of 4, B = 32, η = 0.01 cosine to 1e-5, "
+                "momentum 0.5, 500 rounds, MLP on MNIST, the FedSR CNN on Fashion-MNIST); one run "
+                "per cell (seed 0: Table II gives one value per cell, no spread). MNIST rows: "
+                + _campaign("fedsr-mnist") + "; Fashion-MNIST rows: " + _campaign("fedsr-fashion-mnist")
+                + ". Table III: ours is "
                 "`cum_model_transfers` at the first round reaching the target; our ledger counts every "
                 "message (FedSR 115, HierFAVG 210 per round where the paper's figures imply 110; see "
                 "the FedSR preset), so the difference is relative and not held to 2 points."),
@@ -721,9 +754,13 @@ HEAD = ("| setting | published value or claim | ours (mean ± std over runs) | d
 
 def render(res: Results, secs: list[Section] | None = None, command: str = "") -> str:
     """The page's markdown."""
-    # lazy: the campaign (its steps and estimates) loads only for the rows that need a GPU
+    # lazy: the campaign (its plan and prices) loads only for the page
     from fedhet.experiments import campaign
+    from fedhet.experiments.campaign.plan import status
+    from fedhet.experiments.campaign.tables import FASHION_MNIST, NO_DATA
 
+    global RESULTS
+    RESULTS = res.root
     secs = sections() if secs is None else secs
     lines = [
         "# The five papers at their own scale",
@@ -754,24 +791,29 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
         "choices (the summary gives none): m = 30 clients, d = 10, e_i ~ N(0, I), τ_i ~ U{1..10} per "
         "seed, η = 0.01, 500 rounds (`src/fedhet/experiments/papers/fednova/inconsistency.py`).",
         "",
-        "## GPU campaign",
+        "## The campaign",
         "",
-        "The CNN and 500-round rows need a GPU. One command runs them in priority order (the cohort "
-        "benchmark first), stops before its budget ends and continues in the next sitting: "
-        f"`{campaign.command(budget=30)}`. {campaign.PRICING} It runs from the "
-        "checkout (`PYTHONPATH=src`, torch + numpy only) and needs MNIST at "
-        "`data/mnist/mnist.pkl.gz` (17 MB; `data/` is git-ignored, so a device session carries it). "
-        "State and run directories: `runs/campaign/` (`campaign.json` says what is done and the "
-        "measured seconds per run-round); result files appear as each table finishes.",
+        "The CNN and 500-round rows come from the campaign (`src/fedhet/experiments/campaign/`), "
+        "which every session adds to, on CPUs and on any GPU: each finished run is recorded under "
+        "`results/campaign/<table>/<run>/` (its config, summary and metrics, and per sitting the "
+        "device, seconds per round and commit), a run cut short continues from its cache or from "
+        "its checkpoint travelling in `results/campaign/inflight/`, and each table's result file "
+        "is rebuilt from the records. Headline cells first, seed 0 of each before any second seed, "
+        "the paper's own seed count before extras. `fedhet reproduce plan` lists every cell; "
+        f"`{campaign.command(budget=60, cores=2)}` runs a sitting (docs/gpu.md for a GPU). Prices "
+        "come from measured seconds per round on the kind of device that runs them (the runs' "
+        "own, else the kind's bench record in `results/campaign/bench/`).",
         "",
-        "| step | table | runs × rounds | GPU-minutes | result file |",
-        "|---|---|---|---|---|",
-        "| bench | `benchmarks/bench_cohort.py --full` | — | ≈6 | `results/bench/cohort-cuda.md` |",
+        "| table | recorded / planned runs | in progress | left on one CPU core | left on one GPU "
+        "| result file |",
+        "|---|---|---|---|---|---|",
     ]
-    for t in campaign.TABLES:
-        rr = campaign.estimate_run_rounds(t, "paper")
-        lines.append(f"| {t.key} | {t.title} | {rr:,} run-rounds | ≈{campaign.gpu_minutes(t):.0f} | "
-                     f"`results/{t.paper}/{t.experiment}.csv` |")
+    for st in status(RESULTS):
+        cpu = f"≈{st.core_hours:,.1f} core-hours" if st.core_hours is not None else "unpriced"
+        gpu = f"≈{st.gpu_minutes:,.0f} GPU-min" if st.gpu_minutes is not None else "unmeasured"
+        lines.append(f"| {st.key}: {st.title} | {st.recorded} / {st.planned} | {st.in_progress} | "
+                     f"{cpu} | {gpu} | `{st.result}` |")
+    lines += ["", "Not in the campaign: " + "; ".join(NO_DATA.values()) + ". " + FASHION_MNIST + ".", ""]
     lines.append("")
     current = ""
     for s in secs:
@@ -805,7 +847,12 @@ def check_results(results: Path) -> None:
 def write_page(results: Path, out: Path, command: str = "") -> Path:
     """Render the page from the result files in `results` into `out`."""
     check_results(results)
-    text = render(load(results), command=command)
+    res = load(results)
+    if not res.experiments and not res.skipped:
+        raise FedhetError(f"--results {results} holds no result files (`<paper>/<experiment>.csv` "
+                          "with its json); give the directory that has them (a checkout's results/), "
+                          "or make some with `fedhet reproduce all` (docs/paper-scale.md)")
+    text = render(res, command=command)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)

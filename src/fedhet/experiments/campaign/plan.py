@@ -107,3 +107,71 @@ def print_plan(scale: str, device: str, results: Path, cache: Path | None, table
                  + ". FedVeca's baselines join a group once its FedVeca run is recorded.\n")
     for why in NO_DATA.values():
         stream.write(f"not planned: {why}\n")
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    """One table's progress for the paper-scale page."""
+
+    key: str
+    title: str
+    result: str
+    recorded: int
+    in_progress: int
+    planned: int
+    core_hours: float | None
+    """Left on one CPU core, from measured prices; None when some run is unpriced there."""
+    gpu_minutes: float | None
+    """Left on one GPU; None when the GPU is unmeasured (no bench record)."""
+
+
+def status(results: Path, scale: str = "paper") -> list[TableStatus]:
+    """Every default table's progress from the repository alone (records, travelling
+    checkpoints, bench records; no cache), for the page (`paper_scale`)."""
+    store = Store(results, Path("/nonexistent-campaign-cache"), scale)
+    chosen = default_tables(scale)
+    plan = plan_runs(scale, chosen, store.records)
+    pricer = Pricer(store, plan, 8)
+    travelling = store.inflight_runs()
+    out = []
+    for t in chosen:
+        runs = [r for r in plan if r.table == t.key]
+        left = [r for r in runs if not store.is_recorded(r)]
+        # FedVeca's baselines join once its run is recorded: until then three per run, each
+        # priced as that run [choice] (they train its τ_all steps)
+        waiting = [r for r in left if r.spec.settings.get("algorithm") == "fedveca"
+                   and not any(x.after == r.name for x in runs)]
+        runs += waiting * 3
+        left += waiting * 3
+        cost: dict[str, float | None] = {}
+        for kind in ("cpu", "cuda"):
+            total: float | None = 0.0
+            for r in left:
+                p = pricer.price(r, kind)
+                done = travelling.get(f"{r.table}/{r.name}", 0)
+                total = (None if p is None or total is None
+                         else total + p.seconds_per_round * (r.rounds - done))
+            cost[kind] = total
+        cpu, gpu = cost["cpu"], cost["cuda"]
+        out.append(TableStatus(t.key, t.title, f"results/{t.paper}/{t.experiment}.csv",
+                               len(runs) - len(left),
+                               sum(1 for r in left if f"{t.key}/{r.name}" in travelling),
+                               len(runs), None if cpu is None else cpu / 3600,
+                               None if gpu is None else gpu / 60))
+    return out
+
+
+def cell_left(results: Path, table_key: str, setting: str, label: str) -> str:
+    """What is left of one cell's method, for a page row not yet measured: runs and priced time."""
+    store = Store(results, Path("/nonexistent-campaign-cache"))
+    t = table(table_key)
+    plan = [r for r in plan_runs("paper", (t,), store.records)
+            if setting in r.serves and r.spec.label == label]
+    pricer = Pricer(store, plan, 8)
+    left = [r for r in plan if not store.is_recorded(r)]
+    cpu = [pricer.price(r, "cpu") for r in left]
+    hours = (f", ≈{sum(p.seconds_per_round * r.rounds for p, r in zip(cpu, left, strict=True)) / 3600:.1f} "
+             "core-hours" if cpu and all(cpu) else "")
+    first = sum(1 for r in left if r.tier < 3)
+    return (f"not run yet: {len(left)} run(s) left in the campaign ({first} at the paper's seed "
+            f"count; `--tables {table_key}`{hours})")

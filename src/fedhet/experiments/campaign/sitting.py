@@ -178,7 +178,7 @@ class Sitting:
         self.commit = self.commit or git_commit()
         cache = self.store.cache / self.scale
         cache.mkdir(parents=True, exist_ok=True)
-        with rundir.exclusive(cache, "campaign"), self._signals():
+        with rundir.exclusive(cache, "campaign", "--cache"), self._signals():
             plan = self._check_data(self.plan())
             self._recover(plan)
             if self.bench and self.scale == "paper" and \
