@@ -40,10 +40,11 @@ class Cell:
 
 def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) -> list[Cell]:
     """The plan's runs gathered into cells, with their state and price (module doc)."""
-    out: dict[tuple[str, str], Cell] = {}
+    out: dict[tuple[str, str, bool], Cell] = {}
     travelling = store.inflight_runs()
     for r in plan:
-        cell = out.setdefault((r.table, r.spec.group), Cell(r.table, r.spec.group, r.headline, r.order))
+        cell = out.setdefault((r.table, r.spec.group, r.headline),
+                              Cell(r.table, r.spec.group, r.headline, r.order))
         if r.spec.label not in cell.labels:
             cell.labels.append(r.spec.label)
         cell.rounds.add(r.rounds)

@@ -30,9 +30,9 @@ from typing import Any, TextIO
 
 from fedhet.errors import FedhetError
 from fedhet.experiments.campaign import bench, records
-from fedhet.experiments.campaign.pricing import Pricer, kind_of
+from fedhet.experiments.campaign.pricing import Pricer, kind_of, where
 from fedhet.experiments.campaign.records import Store
-from fedhet.experiments.campaign.tables import TABLES, CampaignRun, Table, plan_runs
+from fedhet.experiments.campaign.tables import FASHION_MNIST, TABLES, CampaignRun, Table, plan_runs
 
 MAX_BUDGET_MIN = 7 * 24 * 60
 """The longest sitting: a week (longer timers overflow; run again to continue)."""
@@ -164,9 +164,11 @@ class Sitting:
                 continue
             try:
                 check_data(t.paper, self.scale, specs)
-            except FedhetError as e:
+            except FedhetError:
                 missing.add(t.key)
-                self.say(f"{t.key}: skipped, its data is not here ({e})")
+                datasets = sorted({str(s.settings.get("dataset")) for s in specs})
+                hint = f" ({FASHION_MNIST})" if "fashion-mnist" in datasets else ""
+                self.say(f"{t.key}: skipped, its data ({', '.join(datasets)}) is not here{hint}")
         return [r for r in plan if r.table not in missing]
 
     # a sitting ------------------------------------------------------------------------------
@@ -233,6 +235,8 @@ class Sitting:
 
         todo = [r for r in plan if r.name not in busy and r.name not in self.failed
                 and not self.store.is_recorded(r)]
+        if self.kind == "cuda":  # a GPU leaves to the CPUs what they run cheaper (FedSR's rings)
+            todo = [r for r in todo if where(pricer, r, self.device) == "cuda"]
         if not todo:
             return []
         first = todo[0]
