@@ -17,6 +17,7 @@ batched, sample-passes per run-round (`pricing.run_work`) and seconds per (batch
 from __future__ import annotations
 
 import json
+import platform
 import statistics
 import tempfile
 import time
@@ -123,8 +124,6 @@ def measure(device: str, workloads: tuple[Workload, ...], data_dir: str | None =
 
 def device_name(device: str) -> str:
     # lazy: torch loads only when the device is named
-    import platform
-
     import torch
 
     if device.startswith("cuda") and torch.cuda.is_available():

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from fedhet.experiments.campaign import records
 from fedhet.experiments.campaign.pricing import Pricer, where
-from fedhet.experiments.campaign.records import Store
+from fedhet.experiments.campaign.records import Store, default_cache, rounds_done
 from fedhet.experiments.campaign.sitting import default_tables
 from fedhet.experiments.campaign.tables import NO_DATA, CampaignRun, plan_runs, table
 
@@ -53,7 +52,7 @@ def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) ->
             cell.done += 1
             cell.dates.append(str(store.read_record(r.table, r.name).get("finished", "")))
             continue
-        done = max(records.rounds_done(store.run_dir(r.table, r.name)),
+        done = max(rounds_done(store.run_dir(r.table, r.name)),
                    travelling.get(f"{r.table}/{r.name}", 0))
         cell.first = min(cell.first, r.order) if cell.left + cell.running else r.order
         if done:
@@ -82,7 +81,7 @@ def _minutes(c: Cell) -> str:
 def print_plan(scale: str, device: str, results: Path, cache: Path | None, tables: tuple[str, ...] | None,
                batch_runs: int, stream: TextIO) -> None:
     chosen = tuple(table(k) for k in tables) if tables else default_tables(scale)
-    store = Store(results, cache or records.default_cache(), scale)
+    store = Store(results, cache or default_cache(), scale)
     plan = plan_runs(scale, chosen, store.records)
     pricer = Pricer(store, plan, batch_runs if device.startswith("cuda") else 1)
     rows = cells(store, plan, device, pricer)

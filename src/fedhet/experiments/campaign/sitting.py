@@ -29,9 +29,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedhet.errors import FedhetError
-from fedhet.experiments.campaign import bench, records
+from fedhet.experiments.campaign.bench import CPU_WORKLOADS, GPU_WORKLOADS, device_name, measure
+from fedhet.experiments.campaign.bench import record as record_bench
 from fedhet.experiments.campaign.pricing import Pricer, kind_of, where
-from fedhet.experiments.campaign.records import Store
+from fedhet.experiments.campaign.records import (
+    Store,
+    add_segment,
+    default_cache,
+    now,
+    round_seconds,
+    rounds_done,
+)
 from fedhet.experiments.campaign.tables import FASHION_MNIST, TABLES, CampaignRun, Table, plan_runs
 
 MAX_BUDGET_MIN = 7 * 24 * 60
@@ -60,7 +68,7 @@ def _worker(items: list[tuple[dict[str, Any], str, bool]], stop: Any, nice: int,
     # lazy: the engine (torch) loads in the worker only
     import torch
 
-    from fedhet.experiments.single import execute, execute_together
+    from fedhet.experiments.single import execute, execute_together  # lazy, as torch above
 
     torch.set_num_threads(1)
     outcomes: list[dict[str, Any]] = []
@@ -193,7 +201,7 @@ class Sitting:
                 if any(r.table == t.key for r in plan):
                     self.store.export_table(t, plan, command(self.scale, self.device, self.budget_min,
                                                              self.cores))
-            line = {"date": records.now(), "commit": self.commit, "device": bench.device_name(self.device),
+            line = {"date": now(), "commit": self.commit, "device": device_name(self.device),
                     "kind": self.kind, "cores": self.cores, "budget_min": self.budget_min,
                     "minutes": round((self.clock() - self.start) / 60, 2), "recorded": self.finished,
                     "travelling": travelled, "failed": sorted(self.failed)}
@@ -218,16 +226,16 @@ class Sitting:
         for r in plan:
             if not self.store.is_recorded(r) and \
                     paper_results.is_finished(self.store.run_dir(r.table, r.name)):
-                self.store.record(r, bench.device_name(self.device))
+                self.store.record(r, device_name(self.device))
                 self.finished.append(r.name)
                 self.say(f"{r.table}: recorded {r.name} (it had finished in the cache)")
 
     def _bench(self) -> None:
-        workloads = bench.GPU_WORKLOADS if self.kind == "cuda" else bench.CPU_WORKLOADS
+        workloads = GPU_WORKLOADS if self.kind == "cuda" else CPU_WORKLOADS
         self.say(f"bench: no {self.kind} record yet; measuring {len(workloads)} workloads first "
                  f"(once per kind of device; {self.store.bench_dir / (self.kind + '.json')})")
-        rows = bench.measure(self.device, workloads, self.data_dir, self.say)
-        bench.record(self.store, self.device, rows, self.commit)
+        rows = measure(self.device, workloads, self.data_dir, self.say)
+        record_bench(self.store, self.device, rows, self.commit)
 
     def _next_unit(self, plan: list[CampaignRun], busy: set[str], pricer: Pricer) -> list[CampaignRun]:
         # lazy: the runner's batching rule
@@ -277,7 +285,7 @@ class Sitting:
         queue = ctx.SimpleQueue()
         proc = ctx.Process(target=_worker, args=(items, stop, self.nice, queue), daemon=True)
         proc.start()
-        before = {r.name: records.rounds_done(self.store.run_dir(r.table, r.name)) for r in unit}
+        before = {r.name: rounds_done(self.store.run_dir(r.table, r.name)) for r in unit}
         prices = [pricer.price(r, self.kind) for r in unit]
         s_round = max((p.seconds_per_round for p in prices if p), default=0.0)
         for r, p in zip(unit, prices, strict=True):
@@ -336,7 +344,7 @@ class Sitting:
             return
         a.shown = self.clock()
         for r in a.runs:
-            done = records.rounds_done(self.store.run_dir(r.table, r.name))
+            done = rounds_done(self.store.run_dir(r.table, r.name))
             self.say(f"{r.table}: {r.name} at round {done}/{r.rounds}")
 
     def _done(self, a: Active, pricer: Pricer) -> bool:
@@ -350,18 +358,18 @@ class Sitting:
         recorded = False
         for r, outcome in zip(a.runs, outcomes, strict=True):
             out = self.store.run_dir(r.table, r.name)
-            after = records.rounds_done(out)
-            seconds = sum(records.round_seconds(out, a.before[r.name] + 1))
+            after = rounds_done(out)
+            seconds = sum(round_seconds(out, a.before[r.name] + 1))
             if (out / "config.json").exists() and after > a.before[r.name]:
-                segment = {"kind": self.kind, "device": bench.device_name(self.device),
-                           "commit": self.commit, "date": records.now(),
+                segment = {"kind": self.kind, "device": device_name(self.device),
+                           "commit": self.commit, "date": now(),
                            "rounds_from": a.before[r.name], "rounds": after - a.before[r.name],
                            "seconds": round(seconds, 2), "wall_s": round(self.clock() - a.start, 1),
                            "runs_batched": len(a.runs)}
-                records.add_segment(out, segment)
+                add_segment(out, segment)
                 pricer.note(r, [segment])
             if paper_results.is_finished(out):
-                self.store.record(r, bench.device_name(self.device))
+                self.store.record(r, device_name(self.device))
                 self.finished.append(r.name)
                 recorded = True
                 t = next(t for t in self.tables if t.key == r.table)
@@ -401,7 +409,7 @@ def run_campaign(scale: str, device: str, budget: float, results: Path, cache: P
     from fedhet.experiments.campaign.tables import table
 
     chosen = tuple(table(k) for k in tables) if tables else default_tables(scale)
-    store = Store(results, cache or records.default_cache(), scale)
+    store = Store(results, cache or default_cache(), scale)
     return Sitting(scale, device, budget, store, cores, chosen, batch_runs, nice, data_dir,
                    stream=stream or sys.stderr).run()
 
