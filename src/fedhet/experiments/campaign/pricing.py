@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.experiments.campaign.records import Store, read_segments
+from fedhet.experiments.campaign.records import Store, read_segments, segment_s_per_round
 from fedhet.experiments.campaign.tables import CampaignRun
 
 DATA_SIZES: dict[str, tuple[int, int]] = {
@@ -139,9 +139,9 @@ class Pricer:
     def note(self, run: CampaignRun, segments: list[dict[str, Any]]) -> None:
         """Add a run's measured segments (a sitting's own measurement)."""
         for s in segments:
-            if s.get("rounds", 0) > 0 and s.get("seconds", 0) > 0:
-                self.measured.setdefault((run.table, run.spec.label, s["kind"]), []).append(
-                    s["seconds"] / s["rounds"])
+            v = segment_s_per_round(s)
+            if v is not None:
+                self.measured.setdefault((run.table, run.spec.label, s["kind"]), []).append(v)
 
     def price(self, run: CampaignRun, kind: str) -> Price | None:
         m = self.measured.get((run.table, run.spec.label, kind))

@@ -251,10 +251,22 @@ def add_segment(run_dir: Path, segment: dict[str, Any]) -> None:
     tmp.replace(run_dir / SEGMENTS)
 
 
+def segment_s_per_round(segment: dict[str, Any]) -> float | None:
+    """A segment's seconds per round: the median round (robust to a round the machine paused
+    or shared), else its mean."""
+    median = segment.get("median_round_s")
+    if isinstance(median, int | float) and median > 0:
+        return float(median)
+    if segment.get("rounds", 0) > 0 and segment.get("seconds", 0) > 0:
+        return float(segment["seconds"]) / float(segment["rounds"])
+    return None
+
+
 def s_per_round_by_kind(segments: list[dict[str, Any]]) -> dict[str, float]:
     """Seconds per round on each device kind (`cpu`, `cuda`) over the segments that ran rounds."""
     out: dict[str, list[float]] = {}
     for s in segments:
-        if s.get("rounds", 0) > 0 and s.get("seconds", 0) > 0:
-            out.setdefault(s["kind"], []).append(s["seconds"] / s["rounds"])
+        v = segment_s_per_round(s)
+        if v is not None:
+            out.setdefault(s["kind"], []).append(v)
     return {k: round(statistics.median(v), 4) for k, v in out.items()}

@@ -20,6 +20,7 @@ import math
 import multiprocessing
 import os
 import signal
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -359,12 +360,15 @@ class Sitting:
         for r, outcome in zip(a.runs, outcomes, strict=True):
             out = self.store.run_dir(r.table, r.name)
             after = rounds_done(out)
-            seconds = sum(round_seconds(out, a.before[r.name] + 1))
+            each = round_seconds(out, a.before[r.name] + 1)
+            seconds = sum(each)
             if (out / "config.json").exists() and after > a.before[r.name]:
                 segment = {"kind": self.kind, "device": device_name(self.device),
                            "commit": self.commit, "date": now(),
                            "rounds_from": a.before[r.name], "rounds": after - a.before[r.name],
-                           "seconds": round(seconds, 2), "wall_s": round(self.clock() - a.start, 1),
+                           "seconds": round(seconds, 2),
+                           "median_round_s": round(statistics.median(each), 3) if each else None,
+                           "wall_s": round(self.clock() - a.start, 1),
                            "runs_batched": len(a.runs)}
                 add_segment(out, segment)
                 pricer.note(r, [segment])
