@@ -310,8 +310,10 @@ class Sitting:
                 grace = max(GRACE_MIN_S, 1.2 * max((a.s_round for a in active), default=0.0))
                 if (self.stopping or self.left() <= grace) and not stop.is_set():
                     stop.set()
-                    if active:
-                        self.say("campaign: stopping; each running run stops after its next saved round")
+                    why = "asked to stop" if self.stopping else "the budget's end is near"
+                    then = ("each running run stops after its next saved round" if active
+                            else "no run is running")
+                    self.say(f"campaign: stopping ({why}); {then}")
                 if not stop.is_set():
                     while len(active) < slots:
                         unit = self._next_unit(plan, {r.name for a in active for r in a.runs}, pricer)
