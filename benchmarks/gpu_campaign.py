@@ -12,8 +12,8 @@ On a lent GPU machine (a copy of the checkout, MNIST carried in the git-ignored 
 2. **Run cells** in the plan's order for what is left of `--minutes`: a campaign sitting on
    `cuda` (runs that share data and model stepped as one batch), records and travelling
    checkpoints written under `results/campaign/`.
-3. **Bring back**: `results/` is copied into `--out` (the tool's `$OUT`); copy it over the
-   checkout's `results/` and commit.
+3. **Bring back**: `results/` and the regenerated `paper-scale.md` are copied into `--out`
+   (the tool's `$OUT`); copy them over the checkout's `results/` and `docs/` and commit.
 
 Only torch, NumPy and the standard library are needed (no tqdm, Flower, Ray, TensorBoard).
 """
@@ -63,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", flush=True)
         return 2
     finally:
+        from fedhet.experiments.paper_scale import write_page
+
+        page = ROOT / "docs" / "paper-scale.md"
+        try:
+            write_page(a.results, page)
+            a.out.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(page, a.out / "paper-scale.md")
+        except FedhetError as e:
+            print(f"page not regenerated: {e}", flush=True)
         a.out.mkdir(parents=True, exist_ok=True)
         shutil.copytree(a.results, a.out / "results", dirs_exist_ok=True)
         print(f"results copied to {a.out / 'results'} ({records.now()})", flush=True)

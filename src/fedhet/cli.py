@@ -275,10 +275,25 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.experiments.campaign import run_campaign
 
-    run_campaign(args.scale or "paper", args.device or "cpu", args.budget,
-                 Path(args.results or "results"), cache, 1 if args.cores is None else args.cores, tables,
-                 args.batch_runs or 8, args.data_dir, args.nice)
+    results = Path(args.results or "results")
+    try:
+        run_campaign(args.scale or "paper", args.device or "cpu", args.budget, results, cache,
+                     1 if args.cores is None else args.cores, tables, args.batch_runs or 8,
+                     args.data_dir, args.nice)
+    finally:
+        _follow_page(results, args.scale or "paper")
     return 0
+
+
+def _follow_page(results: Path, scale: str) -> None:
+    """The paper-scale page follows the records: a sitting in a checkout regenerates it."""
+    page = results.resolve().parent / "docs" / "paper-scale.md"
+    if scale != "paper" or not page.is_file() or not (results / "campaign").is_dir():
+        return
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet.experiments.paper_scale import write_page
+
+    print(f"page: {write_page(results, page)} (regenerated from the records)", file=sys.stderr)
 
 
 CAMPAIGN_IGNORES = (
