@@ -371,3 +371,95 @@ def test_a_run_file_that_is_a_pipe_is_one_line_not_a_hang(capsys, copy):
     (run / "summary.json").unlink()
     os.mkfifo(run / "summary.json")
     assert "not a regular file" in one_error_line(capsys, ["report", str(run)])
+
+
+# -- a user's model or algorithm that is wrong: one line before anything is written ----------------
+NETS = '''
+from torch import nn
+
+
+def narrow(input_shape, num_classes, **kw):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 3))
+
+
+def wide(input_shape, num_classes, **kw):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes + 2))
+
+
+def wide_on_purpose(input_shape, num_classes, **kw):
+    net = nn.Sequential(nn.Flatten(), nn.Linear(64, num_classes + 2))
+    net.extra_outputs = True
+    return net
+
+
+def images_only(input_shape, num_classes, **kw):
+    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.Flatten(), nn.LazyLinear(num_classes))
+
+
+def not_a_module(input_shape, num_classes, **kw):
+    return 3
+'''
+
+
+@pytest.mark.parametrize("factory,said", [
+    ("narrow", "returns 3 scores per sample but dataset 'digits' has 10 classes"),
+    ("wide", "returns 12 scores per sample but dataset 'digits' has 10 classes"),
+    ("images_only", "fails on the inputs of dataset 'digits' (a batch of shape (2, 64)): RuntimeError"),
+    ("not_a_module", "returned an object of type int, not a torch.nn.Module"),
+])
+def test_a_wrong_model_is_one_line_and_force_keeps_the_good_run(capsys, tmp_path, monkeypatch,
+                                                                 own_registrations, factory, said):
+    (tmp_path / "nets_dry.py").write_text(NETS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    common = ["-d", "digits", "-r", "2", "-n", "3", "--out", str(out), "-q"]
+    assert main(["run", *common]) == 0
+    capsys.readouterr()
+    # the new run's model is wrong: refused before the good run in --out is touched
+    line = refused(capsys, ["run", *common, "--force", "-m", f"nets_dry:{factory}"], tmp_path)
+    assert said in line and f"nets_dry:{factory}" in line
+    assert pr_finished(out)
+
+
+def pr_finished(run: Path) -> bool:
+    return json.loads((run / "summary.json").read_text())["finished"] is True
+
+
+def test_a_model_may_say_its_extra_outputs_are_meant(capsys, tmp_path, monkeypatch, own_registrations):
+    (tmp_path / "nets_dry.py").write_text(NETS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    assert main(["run", "-d", "digits", "-r", "2", "-n", "3", "--out", str(out), "-q",
+                 "-m", "nets_dry:wide_on_purpose"]) == 0
+    assert pr_finished(out)
+
+
+def test_the_dry_start_changes_no_result(tmp_path):
+    """The check's forward pass (eval mode, no gradients) leaves a BatchNorm model's run as it
+    was: the same metrics with and without it."""
+    import fedhet.engine.assemble as assemble_module
+
+    common = ["-d", "digits", "-m", "cnn-fednnnn-cifar", "-r", "2", "-n", "3", "-q"]
+    assert main(["run", *common, "--out", str(tmp_path / "a")]) == 0
+    real = assemble_module.dry_start
+    try:
+        assemble_module.dry_start = lambda module, *a: module
+        assert main(["run", *common, "--out", str(tmp_path / "b")]) == 0
+    finally:
+        assemble_module.dry_start = real
+
+    def rows(d: Path) -> list[str]:
+        return [",".join(line.split(",")[:3]) for line in (d / "metrics.csv").read_text().splitlines()]
+
+    assert rows(tmp_path / "a") == rows(tmp_path / "b")
+
+
+def test_an_algorithm_registered_with_no_params_class_is_one_line_at_registration(
+        capsys, tmp_path, own_registrations):
+    plugin = tmp_path / "alg_none.py"
+    plugin.write_text("import fedhet\nfrom fedhet.algorithms.fedavg import FedAvg\n\n"
+                      "@fedhet.register_algorithm('alg-none', None, 'doc')\nclass Mine(FedAvg):\n    pass\n")
+    line = refused(capsys, ["--plugin", str(plugin), "run", "-a", "alg-none", "-d", "digits",
+                            "--out", str(tmp_path / "x")], tmp_path)
+    assert "register algorithm 'alg-none': its parameters must be a dataclass class" in line
+    assert "got None" in line

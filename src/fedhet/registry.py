@@ -292,6 +292,13 @@ class Registry(Generic[T]):
         """Decorator: register `factory` as `name`, with its parameter dataclass, doc and
         `traits` (`Entry`). Registering a name twice is refused, unless it is the same factory
         again (a plugin module imported a second time)."""
+        if not (isinstance(params, type) and dataclasses.is_dataclass(params)):
+            raise FedhetError(
+                f"register {self.kind} {name!r}: its parameters must be a dataclass class (its "
+                f"fields are the settings `{self.kind}.NAME`; leave it out when there are none), got "
+                f"{params!r}"
+            )
+
         def deco(factory: T) -> T:
             old = self._entries.get(name)
             if old is not None and not _same_factory(old.factory, factory):

@@ -45,6 +45,7 @@ from fedhet.engine.client_store import ClientStateStore
 from fedhet.engine.clients import ClientWork, LocalWork, local_steps
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RunConfig
+from fedhet.engine.dry import dry_start
 from fedhet.engine.evaluation import EvalSettings, Evaluator
 from fedhet.engine.executors import Executor
 from fedhet.engine.faults import FaultModel
@@ -108,7 +109,8 @@ def assemble_clients(
     data, parts = fed.data, fed.parts
     torch.manual_seed(cfg.seed)
     factory = model if model is not None else MODELS.get(cfg.model_name).factory
-    module = factory(tuple(data.input_shape), data.num_classes, cfg.model_params)
+    module = dry_start(factory(tuple(data.input_shape), data.num_classes, cfg.model_params),
+                       data.x_train[:2], data.num_classes, cfg.model_name, cfg.dataset)
     local = LocalWork.from_config(cfg)
     steps = [local_steps(local, len(p), i, 0, clamp=False) for i, p in enumerate(parts)]
     per_round = min(len(parts), max(1, round_half_up(cfg.sample_fraction * len(parts))))
