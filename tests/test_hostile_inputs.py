@@ -463,3 +463,20 @@ def test_an_algorithm_registered_with_no_params_class_is_one_line_at_registratio
                             "--out", str(tmp_path / "x")], tmp_path)
     assert "register algorithm 'alg-none': its parameters must be a dataclass class" in line
     assert "got None" in line
+
+
+def test_a_resume_keeps_the_report_of_the_run(capsys, tmp_path):
+    """`fedhet report` leaves its record (`.fedhet-report.json`) in the run directory; a resume
+    keeps it and says nothing of temporary files, while a killed writer's temporary is removed."""
+    run = tmp_path / "run"
+    common = ["-d", "digits", "-n", "3", "-q"]
+    assert main(["run", *common, "-r", "2", "--out", str(run)]) == 0
+    assert main(["report", str(run)]) == 0
+    record = run / ".fedhet-report.json"
+    assert record.is_file()
+    (run / ".summary.json.x1y2").write_text("{")  # half an atomic write a killed run left
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run), "-r", "3", "-q"]) == 0
+    said = "".join(capsys.readouterr())
+    assert record.is_file() and "removed 1 temporary file(s)" in said
+    assert not (run / ".summary.json.x1y2").exists()

@@ -119,7 +119,8 @@ def remove_temporaries(path: Path) -> list[str]:
     if not Path(path).is_dir():
         return removed
     for entry in Path(path).iterdir():
-        if entry.name.startswith(".") and entry.name not in (MARKER, LOCK) and _owned(entry) \
+        # fedhet's own dot-files (the marker, the lock, a report's record) are no temporaries
+        if entry.name.startswith(".") and entry.name not in OWNED_NAMES and _owned(entry) \
                 and entry.is_file():
             entry.unlink(missing_ok=True)
             removed.append(entry.name)
