@@ -146,9 +146,9 @@ class Stepped(Sitting):
 
 
 def _sitting(tmp: Path, cache: str, cls: type[Sitting] = Sitting, results: str = "results",
-             budget: float = 10.0, **kw) -> Sitting:  # noqa: ANN003
+             budget: float = 10.0, tables: tuple[Table, ...] = (TINY,), **kw) -> Sitting:  # noqa: ANN003
     offset = [0.0]
-    s = cls("smoke", "cpu", budget, Store(tmp / results, tmp / cache, "smoke"), tables=(TINY,),
+    s = cls("smoke", "cpu", budget, Store(tmp / results, tmp / cache, "smoke"), tables=tables,
             stream=io.StringIO(), clock=lambda: time.monotonic() + offset[0], commit="test", **kw)
     s.offset = offset
     return s
@@ -335,3 +335,28 @@ def test_the_campaign_imports_no_optional_package() -> None:
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() in ("[]", "['tqdm']")
+
+
+def test_a_table_whose_data_is_missing_is_left_out_of_the_whole_sitting(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """One line names the table and its data; none of its runs starts, the others run."""
+    import fedhet.experiments.reproduce as reproduce
+    from fedhet.errors import FedhetError
+
+    other = Table("fednova-smoke-2", "fednova", "synthetic-2", "FedNova smoke again", ("synthetic",),
+                  headline=lambda s: True, paper_seeds=1)
+    real = reproduce.check_data
+
+    calls = []
+
+    def check(paper, scale, specs):  # noqa: ANN001, ANN202
+        calls.append(paper)
+        if len(calls) > 1:  # the second table's data
+            raise FedhetError("the data is not here")
+        return real(paper, scale, specs)
+
+    monkeypatch.setattr(reproduce, "check_data", check)
+    s = _sitting(tmp_path, "cache", tables=(TINY, other))
+    s.run()
+    assert s.no_data == {"fednova-smoke-2"}
+    assert "fednova-smoke-2: skipped, its data (synthetic) is not here" in s.stream.getvalue()
+    assert len(s.finished) == 3 and not (tmp_path / "cache" / "smoke" / "fednova-smoke-2").exists()

@@ -132,6 +132,8 @@ class Sitting:
     failed: dict[str, str] = field(default_factory=dict)
     finished: list[str] = field(default_factory=list)
     started: set[str] = field(default_factory=set)
+    no_data: set[str] = field(default_factory=set)
+    """Tables whose data is not on this machine (left out of this sitting's plan)."""
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.budget_min) and 0 < self.budget_min <= MAX_BUDGET_MIN):
@@ -159,14 +161,15 @@ class Sitting:
 
     # the plan -------------------------------------------------------------------------------
     def plan(self) -> list[CampaignRun]:
-        return plan_runs(self.scale, self.tables, self.store.records, self.data_dir)
+        """The plan's runs of the tables whose data is here."""
+        tables = tuple(t for t in self.tables if t.key not in self.no_data)
+        return plan_runs(self.scale, tables, self.store.records, self.data_dir)
 
     def _check_data(self, plan: list[CampaignRun]) -> list[CampaignRun]:
-        """Drop the runs of tables whose data is not here (one line per table)."""
+        """Leave out the tables whose data is not here (`no_data`, one line each)."""
         # lazy: the loaders (torch) load only when a sitting starts
         from fedhet.experiments.reproduce import check_data
 
-        missing = set()
         for t in self.tables:
             specs = [r.spec for r in plan if r.table == t.key]
             if not specs:
@@ -174,11 +177,11 @@ class Sitting:
             try:
                 check_data(t.paper, self.scale, specs)
             except FedhetError:
-                missing.add(t.key)
+                self.no_data.add(t.key)
                 datasets = sorted({str(s.settings.get("dataset")) for s in specs})
                 hint = f" ({FASHION_MNIST})" if "fashion-mnist" in datasets else ""
                 self.say(f"{t.key}: skipped, its data ({', '.join(datasets)}) is not here{hint}")
-        return [r for r in plan if r.table not in missing]
+        return [r for r in plan if r.table not in self.no_data]
 
     # a sitting ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
