@@ -480,3 +480,20 @@ def test_a_resume_keeps_the_report_of_the_run(capsys, tmp_path):
     said = "".join(capsys.readouterr())
     assert record.is_file() and "removed 1 temporary file(s)" in said
     assert not (run / ".summary.json.x1y2").exists()
+
+
+def test_a_csv_with_pandas_row_index_is_one_line(capsys, tmp_path):
+    """pandas' default `to_csv` writes the row index as a first column with no name; read as a
+    feature it makes the run diverge (the message said "lower lr"): it is refused instead."""
+    pd = pytest.importorskip("pandas")
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    frame = pd.DataFrame(x[:300], columns=[f"p{i}" for i in range(64)]).assign(label=y[:300])
+    frame.to_csv(tmp_path / "indexed.csv")  # pandas' default: index=True
+    frame.to_csv(tmp_path / "plain.csv", index=False)
+    line = refused(capsys, ["run", "-d", str(tmp_path / "indexed.csv"), "-r", "1", "-n", "3",
+                            "--out", str(tmp_path / "a")], tmp_path)
+    assert "its first column '' has no name and counts 0, 1, 2" in line and "index=False" in line
+    assert main(["run", "-d", str(tmp_path / "plain.csv"), "-r", "1", "-n", "3", "-q",
+                 "--out", str(tmp_path / "b")]) == 0

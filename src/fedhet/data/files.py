@@ -265,6 +265,7 @@ def read_csv(path: Path, label: str, client: str = "", client_needed: bool = Tru
                 f"{path} line {line} has {len(fields)} fields but the header has {len(header)}; "
                 f"give every line {len(header)} comma-separated values"
             )
+    _refuse_row_index(path, header, rows)
     cols = [j for j in range(len(header)) if j not in (y_col, c_col)]
     if not cols:
         raise FedhetError(f"{path} has no feature columns besides {label!r}; add numeric columns")
@@ -280,6 +281,25 @@ def read_csv(path: Path, label: str, client: str = "", client_needed: bool = Tru
     labels = [fields[y_col].strip() for _, fields in rows]
     clients = None if c_col is None else [fields[c_col].strip() for _, fields in rows]
     return Table([header[j] for j in cols], x, labels, clients, [line for line, _ in rows])
+
+
+def _refuse_row_index(path: Path, header: list[str], rows: list[tuple[int, list[str]]]) -> None:
+    """A first column with no name (or pandas' `Unnamed: 0`) that counts 0, 1, 2, … is the row
+    index `DataFrame.to_csv` writes by default, not a feature: read as one, it makes every
+    sample unlike every other and the run diverges; it is refused in one line."""
+    name = header[0].strip()
+    if name and not name.startswith("Unnamed:"):
+        return
+    try:
+        counts = all(float(fields[0]) == i for i, (_, fields) in enumerate(rows))
+    except (ValueError, IndexError):
+        return
+    if counts and len(rows) > 1:
+        raise FedhetError(
+            f"{path}: its first column {header[0]!r} has no name and counts 0, 1, 2, …: a row "
+            "index (pandas writes one unless to_csv(..., index=False)), not a feature; save the "
+            "file with index=False or remove that column"
+        )
 
 
 def _ids(values: list[str]) -> np.ndarray:
