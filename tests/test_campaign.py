@@ -360,3 +360,18 @@ def test_a_table_whose_data_is_missing_is_left_out_of_the_whole_sitting(tmp_path
     assert s.no_data == {"fednova-smoke-2"}
     assert "fednova-smoke-2: skipped, its data (synthetic) is not here" in s.stream.getvalue()
     assert len(s.finished) == 3 and not (tmp_path / "cache" / "smoke" / "fednova-smoke-2").exists()
+
+
+def test_fedveca_baselines_join_once_their_fedveca_run_is_recorded(tmp_path: Path) -> None:
+    """FedVeca's fair baselines take their budget (τ_all) from the recorded FedVeca run: the plan
+    holds them only after it, and planning writes nothing into the records."""
+    fv = tables.table("fedveca-cnn-mnist")
+    store = Store(tmp_path / "results", tmp_path / "cache", "smoke")
+    before = plan_runs("smoke", (fv,), store.records)
+    assert [r.spec.label for r in before] == ["FedVeca"]
+    s = _sitting(tmp_path, "cache", tables=(fv,))
+    s.run()
+    after = plan_runs("smoke", (fv,), store.records)
+    assert sorted(r.spec.settings["algorithm"] for r in after) == ["central", "fedavg", "fednova", "fedveca"]
+    assert {r.after for r in after if r.spec.label != "FedVeca"} == {before[0].name}
+    assert len(s.finished) == 4 and not list(store.records(fv).rglob("protocol.json"))

@@ -169,7 +169,8 @@ def _settings(t: Table, spec: RunSpec, scale: str, data_dir: str | None) -> RunS
     return RunSpec(spec.name, spec.group, spec.label, settings)
 
 
-PARTITION_KEYS = ("partition", "partition.")
+def _no_partition(settings: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in settings.items() if not (k == "partition" or k.startswith("partition."))}
 
 
 def central_runs(specs: list[RunSpec]) -> tuple[list[RunSpec], dict[str, tuple[str, ...]]]:
@@ -183,13 +184,11 @@ def central_runs(specs: list[RunSpec]) -> tuple[list[RunSpec], dict[str, tuple[s
             out.append(s)
             serves[s.name] = [s.group]
             continue
-        key = json.dumps({k: v for k, v in s.settings.items()
-                          if not (k == "partition" or k.startswith("partition."))}, sort_keys=True)
+        settings = _no_partition(s.settings)
+        key = json.dumps(settings, sort_keys=True)
         if key in first:
             serves[first[key]].append(s.group)
             continue
-        settings = {k: v for k, v in s.settings.items()
-                    if not (k == "partition" or k.startswith("partition."))}
         name = f"central__{s.name}"
         first[key] = name
         out.append(RunSpec(name, s.group, s.label, {**settings, "partition": "iid"}))
@@ -220,7 +219,7 @@ def fedveca_baselines(t: Table, scale: str, records: Path, data_dir: str | None 
         if not specs or not (records / specs[0].name / "summary.json").exists():
             continue
         out[specs[0].name] = [_settings(t, s, scale, data_dir)
-                              for s in _select(fv.baseline_specs(g, records), t, scale)]
+                              for s in _select(fv.baseline_specs(g, records, write=False), t, scale)]
     return out
 
 
@@ -233,9 +232,7 @@ def plan_runs(scale: str, tables: tuple[Table, ...], records: Callable[[Table], 
     staged: list[tuple[int, Table, RunSpec, tuple[str, ...], str]] = []
     for ti, t in enumerate(tables):
         specs, serves = central_runs(first_stage(t, scale, data_dir))
-        by_name = {}
         for s in specs:
-            by_name[s.name] = s
             staged.append((ti, t, s, serves[s.name], ""))
         if t.paper == "fedveca":
             for parent, baselines in fedveca_baselines(t, scale, records(t), data_dir).items():

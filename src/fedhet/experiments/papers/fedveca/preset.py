@@ -190,16 +190,18 @@ def fedveca_specs(group: Group) -> list[RunSpec]:
     ]
 
 
-def baseline_specs(group: Group, out: Path) -> list[RunSpec]:
-    """Stage 2 for one group: the budget from its FedVeca run, then the fair baselines."""
+def baseline_specs(group: Group, out: Path, write: bool = True) -> list[RunSpec]:
+    """Stage 2 for one group: the budget from its FedVeca run, then the fair baselines (the
+    budget also written to `out/<group>/protocol.json` unless not `write`: a plan only reads)."""
     if not group.baselines:
         return []
     settings = group.settings_of(group.fair_from)
     budget = budget_from_run(Path(out) / group.key / group.fair_from, settings)
-    atomic_write_text(
-        Path(out) / group.key / "protocol.json",
-        json.dumps({"fedveca_run": group.fair_from, **budget.to_dict()}, indent=2),
-    )
+    if write:
+        atomic_write_text(
+            Path(out) / group.key / "protocol.json",
+            json.dumps({"fedveca_run": group.fair_from, **budget.to_dict()}, indent=2),
+        )
     return [
         RunSpec(f"{group.key}/{method}{group.suffix}", group.title,
                 LABELS.get(method, method) + (f" (N={settings['clients']})" if group.suffix else ""),
