@@ -1,7 +1,7 @@
 """Evaluation's share of a paper-scale round, before and after the fast path, on one CPU core.
 
 For each campaign table (`fedhet.experiments.campaign.TABLES`) its first paper-scale run says
-what a round computes (`campaign.run_work`: samples trained, samples evaluated: the test set
+what a round computes (`campaign.pricing.run_work`: samples trained, samples evaluated: the test set
 every round, the whole training set with `train_loss`, FedVeca's and BHerd's). This script
 measures, on one core, the training and the evaluation throughput of the table's model in
 two checkouts (this one, and `--base`, e.g. a worktree of `main`), each in its own worker
@@ -26,6 +26,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+INPUT_SHAPES = {"mnist": ((28, 28), 10), "fashion-mnist": ((28, 28), 10)}
+"""Input shape and classes of the campaign's datasets."""
 
 
 def _measure(model: str, shape: list[int], classes: int, batch: int) -> dict[str, float]:
@@ -75,7 +78,9 @@ def main() -> None:
     if args.worker:
         worker()
         return
-    from fedhet.experiments import campaign as cp
+    from fedhet.experiments.campaign import TABLES
+    from fedhet.experiments.campaign.pricing import run_work
+    from fedhet.experiments.campaign.tables import first_stage
 
     here = Path(__file__).resolve().parents[1] / "src"
     sides = {"after": here}
@@ -90,10 +95,10 @@ def main() -> None:
     print("| table | model | samples trained / evaluated per round | side | train samples/s | "
           "eval samples/s | eval share of a round |")
     print("|---|---|---|---|---|---|---|")
-    for t in cp.TABLES:
-        spec = cp.table_specs(t, "paper", Path("/nonexistent"), 0)[0].settings
-        w = cp.run_work(spec)
-        shape, classes = cp.INPUT_SHAPES[str(spec.get("dataset", "mnist"))]
+    for t in TABLES:
+        spec = first_stage(t, "paper")[0].settings
+        w = run_work(spec)
+        shape, classes = INPUT_SHAPES[str(spec.get("dataset", "mnist"))]
         job = {"model": w.model, "shape": list(shape), "classes": classes,
                "batch": int(spec.get("batch_size", 32))}
         got: dict[str, list[dict[str, float]]] = {k: [] for k in procs}
@@ -107,8 +112,8 @@ def main() -> None:
                 continue
             train = statistics.median(m["train"] for m in got[k])
             ev = statistics.median(m["eval"] for m in got[k])
-            t_train, t_eval = w.train_samples / train, w.eval_samples / ev
-            print(f"| {t.key} | {w.model} | {w.train_samples:,.0f} / {w.eval_samples:,.0f} | {k} | "
+            t_train, t_eval = w.trained / train, w.evaluated / ev
+            print(f"| {t.key} | {w.model} | {w.trained:,.0f} / {w.evaluated:,.0f} | {k} | "
                   f"{train:,.0f} | {ev:,.0f} | {t_eval / (t_train + t_eval):.1%} |", flush=True)
     for p in procs.values():
         p.stdin.close()

@@ -52,12 +52,19 @@ class Work:
     """What one run computes per round."""
 
     model: str
-    passes: float
-    """Sample-passes per round: samples trained plus a third of the samples evaluated."""
+    trained: float
+    """Samples through a forward and backward pass per round (× `ALGORITHM_PASSES`)."""
+    evaluated: float
+    """Samples through a forward pass per round."""
     stacked: int
     """Clients that step at once on the batched executor (every sampled one on a star; one per
     ring on a ring topology)."""
     rounds: int
+
+    @property
+    def passes(self) -> float:
+        """Sample-passes per round: samples trained plus a third of the samples evaluated."""
+        return self.trained + self.evaluated / 3
 
 
 def _rings(clients: int, settings: dict[str, Any]) -> int:
@@ -91,8 +98,8 @@ def run_work(settings: dict[str, Any]) -> Work:
     stacked = _rings(sampled, settings) if topology == "edge-ring" else 1 if topology == "ring" \
         else sampled
     evals = test / int(settings.get("eval_every", 1)) + (train if settings.get("train_loss") else 0)
-    return Work(str(settings.get("model", "mlp")), samples * ALGORITHM_PASSES.get(algorithm, 1.0)
-                + evals / 3, stacked, int(settings.get("rounds", 1)))
+    return Work(str(settings.get("model", "mlp")), samples * ALGORITHM_PASSES.get(algorithm, 1.0),
+                evals, stacked, int(settings.get("rounds", 1)))
 
 
 def read_bench(store: Store, kind: str) -> dict[str, Any]:
