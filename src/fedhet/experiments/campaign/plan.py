@@ -169,9 +169,11 @@ def cell_left(results: Path, table_key: str, setting: str, label: str) -> str:
             if setting in r.serves and r.spec.label == label]
     pricer = Pricer(store, plan, 8)
     left = [r for r in plan if not store.is_recorded(r)]
+    travelling = store.inflight_runs()
     cpu = [pricer.price(r, "cpu") for r in left]
-    hours = (f", ≈{sum(p.seconds_per_round * r.rounds for p, r in zip(cpu, left, strict=True)) / 3600:.1f} "
-             "core-hours" if cpu and all(cpu) else "")
+    seconds = sum(p.seconds_per_round * (r.rounds - travelling.get(f"{r.table}/{r.name}", 0))
+                  for p, r in zip(cpu, left, strict=True) if p is not None)
+    hours = f", ≈{seconds / 3600:.1f} core-hours" if cpu and all(cpu) else ""
     first = sum(1 for r in left if r.tier < 3)
     return (f"not run yet: {len(left)} run(s) left in the campaign ({first} at the paper's seed "
             f"count; `--tables {table_key}`{hours})")
