@@ -37,6 +37,12 @@ class Cell:
     seeds: set[int] = field(default_factory=set)
 
 
+def rounds_saved(store: Store, travelling: dict[str, int], r: CampaignRun) -> int:
+    """Rounds a run already holds: in this machine's cache or in its travelling checkpoint
+    (`travelling`: `Store.inflight_runs()`)."""
+    return max(rounds_done(store.run_dir(r.table, r.name)), travelling.get(f"{r.table}/{r.name}", 0))
+
+
 def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) -> list[Cell]:
     """The plan's runs gathered into cells, with their state and price (module doc)."""
     out: dict[tuple[str, str, bool], Cell] = {}
@@ -52,8 +58,7 @@ def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) ->
             cell.done += 1
             cell.dates.append(str(store.read_record(r.table, r.name).get("finished", "")))
             continue
-        done = max(rounds_done(store.run_dir(r.table, r.name)),
-                   travelling.get(f"{r.table}/{r.name}", 0))
+        done = rounds_saved(store, travelling, r)
         cell.first = min(cell.first, r.order) if cell.left + cell.running else r.order
         if done:
             cell.running += 1
@@ -148,7 +153,7 @@ def status(results: Path, scale: str = "paper") -> list[TableStatus]:
             total: float | None = 0.0
             for r in left:
                 p = pricer.price(r, kind)
-                done = travelling.get(f"{r.table}/{r.name}", 0)
+                done = rounds_saved(store, travelling, r)
                 total = (None if p is None or total is None
                          else total + p.seconds_per_round * (r.rounds - done))
             cost[kind] = total
@@ -171,7 +176,7 @@ def cell_left(results: Path, table_key: str, setting: str, label: str) -> str:
     left = [r for r in plan if not store.is_recorded(r)]
     travelling = store.inflight_runs()
     cpu = [pricer.price(r, "cpu") for r in left]
-    seconds = sum(p.seconds_per_round * (r.rounds - travelling.get(f"{r.table}/{r.name}", 0))
+    seconds = sum(p.seconds_per_round * (r.rounds - rounds_saved(store, travelling, r))
                   for p, r in zip(cpu, left, strict=True) if p is not None)
     hours = f", ≈{seconds / 3600:.1f} core-hours" if cpu and all(cpu) else ""
     first = sum(1 for r in left if r.tier < 3)
