@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import signal
 import subprocess
@@ -16,6 +18,7 @@ import pytest
 
 from fedhet.experiments import paper_results as pr
 from fedhet.experiments.campaign import bench, records, tables
+from fedhet.experiments.campaign import sitting as sitting_module
 from fedhet.experiments.campaign.plan import status
 from fedhet.experiments.campaign.pricing import Pricer, run_work
 from fedhet.experiments.campaign.records import Store
@@ -27,6 +30,23 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = Table("fednova-smoke", "fednova", "synthetic", "FedNova smoke", ("synthetic",),
              headline=lambda s: s.label == "FedNova", paper_seeds=1)
 """FedNova's smoke preset: 3 runs (FedAvg, FedNova, FedProx) × 15 rounds on Synthetic(1,1)."""
+
+
+@pytest.fixture(scope="module")
+def _forkserver():
+    """A fork server that has imported the engine once: a sitting's workers here are forked from
+    it, each run still in a process of its own (its budget, stop, nice and exit code as with
+    "spawn"), without each importing torch again (seconds a run on a loaded machine). Started
+    here, before any test changes the environment it would inherit. `reproduce all` from the
+    command line keeps "spawn" (test_sigterm_stops_a_sitting_after_a_saved_round)."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["torch", "fedhet.experiments.single"])
+    multiprocessing.forkserver.ensure_running()
+
+
+@pytest.fixture(autouse=True)
+def _workers_from_the_forkserver(_forkserver, monkeypatch):
+    monkeypatch.setattr(sitting_module, "START_METHOD", "forkserver")
 
 
 def _plan(tmp: Path, scale: str = "paper") -> list[tables.CampaignRun]:
@@ -200,15 +220,19 @@ def test_a_result_never_shrinks(tmp_path: Path) -> None:
     assert {r["setting"] for r in after} == {"other", *{r["setting"] for r in before}}
 
 
-def test_a_run_cut_short_travels_and_continues_on_another_machine(tmp_path: Path) -> None:
+def test_a_run_cut_short_travels_and_continues_on_another_machine(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     # the reference: the three runs uninterrupted
     _sitting(tmp_path, "cache-ref", results="ref").run()
     ref = pr.read_rows(_csv(tmp_path, "ref"))
     # machine A: the budget's grace reached as soon as the first run starts: it stops after
-    # round 1 and nothing else starts
+    # round 1 and nothing else starts. Its worker is spawned, as `reproduce all` does: a fresh
+    # interpreter takes seconds to import torch, so the stop is set before it trains (forked
+    # from the preloaded server, it could finish the 15 rounds before the sitting's next look)
+    monkeypatch.setattr(sitting_module, "START_METHOD", "spawn")
     a = _sitting(tmp_path, "cache-a", Stepped, budget=1.0)
     a.jump = 45.0
     a.run()
+    monkeypatch.setattr(sitting_module, "START_METHOD", "forkserver")
     assert a.finished == [] and len(a.started) == 1
     name = next(iter(a.started))
     travelling = a.store.inflight(TINY) / name

@@ -49,6 +49,10 @@ GRACE_MIN_S = 30.0
 POLL_S = 1.0
 PROGRESS_S = 300.0
 """A progress line per running run every five minutes."""
+START_METHOD = "spawn"
+"""How a worker process starts (`multiprocessing`): each run (or batch) in a fresh interpreter.
+The tests use "forkserver" with the engine preloaded, each run still a process of its own but
+without importing torch again (tests/test_campaign.py)."""
 
 
 def command(scale: str = "paper", device: str = "cpu", budget: float = 60, cores: int = 1,
@@ -302,7 +306,7 @@ class Sitting:
         return Active(unit, proc, queue, self.clock(), before, s_round, self.clock())
 
     def _loop(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = multiprocessing.get_context(START_METHOD)
         stop = ctx.Event()
         active: list[Active] = []
         plan = self.plan()
