@@ -8,6 +8,8 @@ fails in the middle of a ring the same way under both executors.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from faulty import make_client_fail
@@ -198,8 +200,10 @@ def test_failure_mid_ring_same_under_both_executors():
         runs[executor] = (sim, lines, rows)
     (seq, seq_lines, seq_rows), (bat, bat_lines, bat_rows) = runs["sequential"], runs["batched"]
     assert seq_lines == bat_lines
-    assert seq_lines[0] == f"round 1: client {culprit} failed and is dropped for the round: " \
+    said, where = seq_lines[0].split(" (")  # the line names the code that raised
+    assert said == f"round 1: client {culprit} failed and is dropped for the round: " \
         "RuntimeError: disk on fire"
+    assert re.fullmatch(r"(tests/)?faulty\.py:\d+ in faulty\)", where)
     assert seq.comm.state() == bat.comm.state()
     first = seq_rows[0]
     assert first["clients_failed"] == 1 and first["clients_returned"] == 7

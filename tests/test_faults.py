@@ -7,6 +7,7 @@ cases run tiny digits simulations.
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -176,7 +177,11 @@ def test_a_client_that_raises_is_dropped_and_logged():
     assert torch.allclose(new.w, sum(SIZES[i] / total * delta(i) for i in kept))
     assert diag["clients_failed"] == 1 and diag["clients_returned"] == 3
     assert rc.calls == [0, 1, 2, 3]
-    assert rc.lines == ["round 5: client 2 failed and is dropped for the round: RuntimeError: disk full on 2"]
+    # the line names the code that raised: here this file's fake client half
+    [line] = rc.lines
+    said, where = line.split(" (")
+    assert said == "round 5: client 2 failed and is dropped for the round: RuntimeError: disk full on 2"
+    assert re.fullmatch(r"(tests/)?test_faults\.py:\d+ in client_update\)", where)
 
 
 def test_executor_failures_are_accepted_from_any_executor():
@@ -345,7 +350,9 @@ def test_a_raising_client_is_dropped_and_the_run_finishes():
     sim.callbacks.append(rows.append)
     summary = sim.run()
     assert summary["finished"] and summary["rounds_done"] == 2
-    assert lines == ["round 2: client 4 failed and is dropped for the round: ValueError: simulated crash"]
+    [line] = lines  # naming the code that raised: `flaky`, above
+    assert re.fullmatch(r"round 2: client 4 failed and is dropped for the round: ValueError: "
+                        r"simulated crash \((tests/)?test_faults\.py:\d+ in flaky\)", line)
     assert [r["clients_failed"] for r in rows] == [0.0, 1.0]
     assert [r["clients_returned"] for r in rows] == [6.0, 5.0]
 

@@ -16,6 +16,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from cli_errors import one_error_line
 from fedhet.cli import main
 
 RESULTS = Path(__file__).resolve().parents[1] / "results"
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 # -- damage ------------------------------------------------------------------------------------
@@ -421,6 +424,23 @@ def test_a_wrong_model_is_one_line_and_force_keeps_the_good_run(capsys, tmp_path
     assert pr_finished(out)
 
 
+def test_a_grid_with_a_wrong_model_is_one_line_before_it_writes_anything(
+        capsys, tmp_path, monkeypatch, own_registrations):
+    (tmp_path / "nets_dry.py").write_text(NETS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    grid = tmp_path / "grid"
+    common = ["compare", "-a", "fedavg,fedprox", "-d", "digits", "-n", "3", "-r", "1",
+              "--out", str(grid)]
+    line = refused(capsys, [*common, "-m", "nets_dry:narrow"], tmp_path)
+    assert "returns 3 scores per sample but dataset 'digits' has 10 classes" in line
+    assert not grid.exists()
+    assert main(common) == 0
+    capsys.readouterr()
+    before = digest(grid)
+    refused(capsys, [*common, "-m", "nets_dry:wide", "--force"], tmp_path)
+    assert digest(grid) == before  # --force removed nothing: the new grid failed its dry start
+
+
 def pr_finished(run: Path) -> bool:
     return json.loads((run / "summary.json").read_text())["finished"] is True
 
@@ -497,3 +517,280 @@ def test_a_csv_with_pandas_row_index_is_one_line(capsys, tmp_path):
     assert "its first column '' has no name and counts 0, 1, 2" in line and "index=False" in line
     assert main(["run", "-d", str(tmp_path / "plain.csv"), "-r", "1", "-n", "3", "-q",
                  "--out", str(tmp_path / "b")]) == 0
+
+
+# -- user code that raises mid-run (issue 40, item 2) ---------------------------------------------
+BAD_ALGORITHMS = '''\
+from pathlib import Path
+from dataclasses import dataclass, replace
+
+import fedhet
+from fedhet.algorithms.base import Algorithm
+from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update, mean_delta
+
+
+@dataclass(frozen=True)
+class BadParams:
+    boom_round: int = 1
+
+
+def broken():
+    return not Path(__file__).with_name("fixed").exists()  # a file: grid workers see it too
+
+
+@fedhet.register_algorithm("bad-aggregate", BadParams, "aggregate raises from round 2")
+class BadAggregate(Algorithm):
+    def client_update(self, message, ctx, state):
+        _, _, reply = local_sgd_update(message, ctx)
+        return reply, state
+
+    def aggregate(self, state, round, replies):
+        if round >= self.params.boom_round and broken():
+            raise ValueError("my aggregate is broken")
+        acc, delta = mean_delta(replies, "samples")
+        return replace(state, w=state.w + delta), client_diagnostics(acc)
+
+
+@fedhet.register_algorithm("bad-client", BadParams, "client_update raises")
+class BadClient(Algorithm):
+    def client_update(self, message, ctx, state):
+        if broken():
+            raise KeyError("missing thing")
+        _, _, reply = local_sgd_update(message, ctx)
+        return reply, state
+
+    def aggregate(self, state, round, replies):
+        acc, delta = mean_delta(replies, "samples")
+        return replace(state, w=state.w + delta), client_diagnostics(acc)
+'''
+RAISES_AT = {"bad-aggregate": ("bad_user.py:26 in aggregate", "ValueError: my aggregate is broken", 2),
+             "bad-client": ("bad_user.py:35 in client_update", "KeyError: 'missing thing'", 1)}
+
+
+@pytest.fixture
+def bad_plugin(tmp_path, own_registrations, monkeypatch):
+    monkeypatch.setenv("FEDHET_DEBUG", "0")  # restored after the test: --debug sets it
+    monkeypatch.chdir(tmp_path)
+    plugin = tmp_path / "bad_user.py"
+    plugin.write_text(BAD_ALGORITHMS)
+    return plugin
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("executor", [[], ["--executor", "batched"], ["--workers", "2"]],
+                         ids=["sequential", "batched", "processes"])
+@pytest.mark.parametrize("algorithm", ["bad-aggregate", "bad-client"])
+def test_user_code_that_raises_mid_run_is_one_line_and_the_run_resumes_after_the_fix(
+        capsys, bad_plugin, monkeypatch, tmp_path, algorithm, executor):
+    """Server half or client half, on every executor: exit 2, one line naming the user's file,
+    line and exception, `summary.json` marked failed with the round, the rounds before it kept;
+    after the fix the resume finishes the run."""
+    run = tmp_path / "run"
+    where, error, round = RAISES_AT[algorithm]
+    line = one_error_line(capsys, ["--plugin", str(bad_plugin), "run", "-a", algorithm,
+                                   "-d", "digits", "-n", "3", "-r", "3", "--out", str(run), "-q",
+                                   *executor])
+    assert where in line and error in line and f"round {round}:" in line
+    assert f"fedhet run --resume {run}" in line
+    summary = summary_of(run)
+    assert summary["status"] == "failed" and summary["finished"] is False
+    assert summary["failed"]["round"] == round and summary["failed"]["where"] == where
+    assert summary["failed"]["user_code"] is True
+    assert len((run / "metrics.csv").read_text().splitlines()) == 1 + round  # header, rounds 0…
+    (tmp_path / "fixed").write_text("")
+    assert main(["run", "--resume", str(run), "-q"]) == 0
+    summary = summary_of(run)
+    assert summary["status"] == "finished" and summary["rounds_done"] == 3 and "failed" not in summary
+
+
+def test_debug_shows_the_traceback_of_user_code(capsys, bad_plugin, tmp_path):
+    assert main(["--plugin", str(bad_plugin), "run", "-a", "bad-aggregate", "-d", "digits",
+                 "-n", "3", "-r", "2", "--out", str(tmp_path / "run"), "-q", "--debug"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and 'bad_user.py", line 26, in aggregate' in err
+    assert err.strip().splitlines()[-1].startswith("error: round 2: bad_user.py:26 in aggregate")
+
+
+def test_user_code_that_raises_through_the_library_keeps_its_cause(bad_plugin, tmp_path):
+    import fedhet
+
+    fedhet.load_plugins(str(bad_plugin))
+    with pytest.raises(fedhet.FedhetError, match="bad_user.py:26 in aggregate") as caught:
+        fedhet.run("bad-aggregate", "digits", clients=3, rounds=2, out=tmp_path / "run",
+                   log=lambda line: None)
+    assert isinstance(caught.value.__cause__, ValueError)  # a notebook shows the user's traceback
+    assert summary_of(tmp_path / "run")["status"] == "failed"
+
+
+def test_a_grid_with_user_code_that_raises_marks_those_runs_failed_and_resumes(
+        capsys, bad_plugin, monkeypatch, tmp_path):
+    grid = tmp_path / "grid"
+    argv = ["--plugin", str(bad_plugin), "compare", "-a", "fedavg,bad-aggregate,bad-client",
+            "-d", "digits", "-n", "3", "-r", "2", "--jobs", "2", "--out", str(grid)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # compare's progress goes to stderr
+    assert any("bad-aggregate__seed0 failed: round 2: bad_user.py:26 in aggregate: ValueError"
+               in line for line in err)
+    assert any("bad-client__seed0 failed: round 1: client 0: bad_user.py:35 in client_update"
+               in line for line in err)
+    assert err[-1].startswith("error: 2 of 3 runs failed") and "Traceback" not in "".join(err)
+    status = {d.name: summary_of(d)["status"] for d in (grid / "runs").iterdir()}
+    assert status == {"fedavg__seed0": "finished", "bad-aggregate__seed0": "failed",
+                      "bad-client__seed0": "failed"}
+    (tmp_path / "fixed").write_text("")
+    capsys.readouterr()
+    assert main(argv) == 0, capsys.readouterr().err
+    assert {summary_of(d)["status"] for d in (grid / "runs").iterdir()} == {"finished"}
+
+
+def test_an_unregistered_class_reading_a_setting_it_was_not_given_says_how(tmp_path):
+    """A class handed in without a `Params` dataclass gets none; reading a setting names the fix
+    (it failed in a worker as `'NoParams' object has no attribute 'gamma'`)."""
+    from dataclasses import replace
+
+    import fedhet
+    from fedhet.algorithms.base import Algorithm
+    from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update, mean_delta
+
+    class NoParamsAvgM(Algorithm):
+        def client_update(self, message, ctx, state):
+            return local_sgd_update(message, ctx)[2], state
+
+        def aggregate(self, state, round, replies):
+            acc, delta = mean_delta(replies, "samples")
+            return replace(state, w=state.w + self.params.gamma * delta), client_diagnostics(acc)
+
+    with pytest.raises(fedhet.FedhetError, match="no setting 'gamma'.*`Params` dataclass"):
+        fedhet.run(NoParamsAvgM, "digits", clients=3, rounds=1, out=tmp_path / "a", log=lambda s: None)
+
+    class BadParamsAvgM(NoParamsAvgM):
+        Params = {"gamma": 0.9}
+
+    with pytest.raises(fedhet.FedhetError, match="BadParamsAvgM.Params is .* not a dataclass"):
+        fedhet.run(BadParamsAvgM, "digits", clients=3, rounds=1, out=tmp_path / "b")
+    assert not (tmp_path / "b").exists()
+
+
+# -- imports where a user expects them, paths that travel (items 3 and 4) -------------------------
+def _fedhet_here(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
+    """The `fedhet` command as a console script runs it: the working directory is not on the
+    module path by itself (`python -P`), as it is not for the installed `fedhet`."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FEDHET_PLUGINS")}
+    env.update(OMP_NUM_THREADS="1", FEDHET_CORES="1", PYTHONPATH=str(SRC))
+    return subprocess.run([sys.executable, "-P", "-c", "import sys; from fedhet.cli import main; "
+                           "sys.exit(main())", *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_model_module_in_the_working_directory_runs_and_resumes_from_anywhere(tmp_path):
+    home, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    (home / "mymodels").mkdir(parents=True)
+    elsewhere.mkdir()
+    (home / "mymodels" / "__init__.py").write_text("")
+    (home / "mymodels" / "nets.py").write_text(
+        "from torch import nn\n\n\ndef tiny(input_shape, num_classes, hidden=16):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.ReLU(),\n"
+        "                         nn.Linear(hidden, num_classes))\n")
+    made = _fedhet_here(home, "run", "-m", "mymodels.nets:tiny", "-d", "digits", "-n", "3",
+                        "-r", "1", "--out", "run", "-q")
+    assert made.returncode == 0, made.stderr
+    config = json.loads((home / "run" / "config.json").read_text())
+    assert config["provenance"]["plugins"]["mymodels.nets"] == str(home / "mymodels" / "nets.py")
+    resumed = _fedhet_here(elsewhere, "run", "--resume", str(home / "run"), "-r", "2", "-q")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr == "" and resumed.stdout == ""  # no false "registered no ..." warning
+    assert summary_of(home / "run")["rounds_done"] == 2
+    (home / "mymodels").rename(home / "moved")
+    gone = _fedhet_here(elsewhere, "run", "--resume", str(home / "run"), "-r", "3", "-q")
+    assert gone.returncode == 2 and gone.stderr.count("\n") == 1
+    assert "no module named 'mymodels'" in gone.stderr
+    assert "run from the folder that holds 'mymodels', or put that folder on PYTHONPATH" in gone.stderr
+
+
+def test_a_grid_with_a_relative_data_file_runs_again_from_another_directory(capsys, tmp_path,
+                                                                            monkeypatch):
+    pd = pytest.importorskip("pandas")
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    home, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    home.mkdir()
+    elsewhere.mkdir()
+    pd.DataFrame(x[:300], columns=[f"p{i}" for i in range(64)]).assign(label=y[:300]).to_csv(
+        home / "mine.csv", index=False)
+    monkeypatch.chdir(home)
+    assert main(["compare", "-d", "mine.csv", "-a", "fedavg,fedprox", "-n", "3", "-r", "1",
+                 "--out", "grid"]) == 0
+    saved = (home / "grid" / "grid.toml").read_text()
+    assert f'dataset = "{home / "mine.csv"}"' in saved and "data paths made absolute" in saved
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["compare", "--config", str(home / "grid" / "grid.toml"),
+                 "--out", str(home / "grid")]) == 0
+    assert "2 runs; results in" in capsys.readouterr().out
+
+
+# -- small truths (items 5 and 6) ---------------------------------------------------------------
+def test_quiet_prints_nothing_but_errors(capsys, tmp_path):
+    assert main(["run", "-d", "digits", "-n", "4", "-r", "2", "-q", "--out", str(tmp_path / "a")]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert summary_of(tmp_path / "a")["finished"] is True
+
+
+def test_an_algorithm_defined_in_a_script_records_its_file_and_class(tmp_path):
+    script = tmp_path / "my_script.py"
+    script.write_text(
+        "from dataclasses import replace\n\nimport fedhet\nfrom fedhet.algorithms.base import Algorithm\n"
+        "from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update, mean_delta\n\n\n"
+        "class ScriptAvg(Algorithm):\n"
+        "    def client_update(self, message, ctx, state):\n"
+        "        return local_sgd_update(message, ctx)[2], state\n\n"
+        "    def aggregate(self, state, round, replies):\n"
+        "        acc, delta = mean_delta(replies, 'samples')\n"
+        "        return replace(state, w=state.w + delta), client_diagnostics(acc)\n\n\n"
+        "fedhet.run(ScriptAvg, 'digits', clients=3, rounds=1, out='run', log=lambda s: None)\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FEDHET_CORES": "1", "PYTHONPATH": str(SRC)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    provenance = json.loads((tmp_path / "run" / "config.json").read_text())["provenance"]
+    assert provenance["scripts"]["algorithm"] == {
+        "name": "scriptavg", "object": "__main__.ScriptAvg", "file": str(script), "line": 8}
+
+
+def test_fedveca_says_once_when_tau_settles_at_the_bottom_of_its_range(tmp_path):
+    import fedhet
+
+    said: list[str] = []
+    result = fedhet.run("fedveca", "digits", "iid", clients=5, rounds=6, out=tmp_path / "fv",
+                        log=said.append)
+    notes = [line for line in said if line.startswith("note: FedVeca's τ settled")]
+    assert len(notes) == 1 and "by round 5" in notes[0]
+    assert result.summary["notes"] == [notes[0].removeprefix("note: ")]
+    for row in result.metrics[3:6]:  # what the note says is so: rounds 3–5 (1-based)
+        assert sorted(float(row[f"tau_{i}"]) for i in range(5))[2] == 2
+
+
+def test_fedavg_makes_no_note(tmp_path):
+    import fedhet
+
+    result = fedhet.run("fedavg", "digits", "iid", clients=5, rounds=4, out=tmp_path / "fa",
+                        log=lambda line: None)
+    assert "notes" not in result.summary
+
+
+def test_a_csv_run_that_diverges_in_round_1_says_to_check_the_data(capsys, tmp_path):
+    pd = pytest.importorskip("pandas")
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    pd.DataFrame(x[:300], columns=[f"p{i}" for i in range(64)]).assign(label=y[:300]).to_csv(
+        tmp_path / "mine.csv", index=False)
+    assert main(["run", "-d", str(tmp_path / "mine.csv"), "-n", "3", "-r", "2", "--set", "lr=1e6",
+                 "-q", "--out", str(tmp_path / "a")]) == 3
+    line = capsys.readouterr().err.strip()
+    assert "diverged in round 1" in line and "lower lr" in line
+    assert "check the data too" in line and "row-index column" in line

@@ -163,13 +163,15 @@ def test_open_params_keep_undeclared_names_beside_the_declared_ones():
 
 @pytest.mark.parametrize(("spec", "settings", "message"), [
     ("no_such_module_xyz:mlp", {}, "model 'no_such_module_xyz:mlp': no module named "
-     "'no_such_module_xyz'; put the folder that holds it on PYTHONPATH (or install its package)"),
+     "'no_such_module_xyz'; run from the folder that holds it, put that folder on PYTHONPATH, "
+     "or install its package"),
     (f"{MODULE}:mpl", {}, f"model '{MODULE}:mpl': {MODULE} ("),
     (f"{MODULE}:NUMBER", {}, f"model '{MODULE}:NUMBER': {MODULE}.NUMBER is not callable (an "
      "object of type int)"),
     (f"{MODULE}:", {}, f"model '{MODULE}:': write package.module:factory"),
     (f"{MODULE}:one_argument", {}, f"model '{MODULE}:one_argument': the factory takes "
-     "(input_shape); a model factory is called factory(input_shape, num_classes, **kwargs)"),
+     "(input_shape); a model factory is called factory(input_shape, num_classes, params), or "
+     "with its settings as keywords"),
     (f"{MODULE}:mlp", {"model.hiden": 3}, "unknown parameter model.hiden (did you mean 'hidden'?)"),
     (f"{MODULE}:mlp", {"model.hidden": "wide"}, "model.hidden must be an integer, got 'wide'"),
     (f"{MODULE}:open_ended", {}, f"model '{MODULE}:open_ended' needs model.width (the factory's "

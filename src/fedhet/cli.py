@@ -10,13 +10,14 @@ import os
 import re
 import shlex
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from fedhet import plugins
 from fedhet.configs import is_grid, shipped
 from fedhet.configs import resolve as resolve_config
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, debugging, quiet
 from fedhet.registry import did_you_mean
 
 EXIT_ERROR = 2
@@ -108,6 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """`fedhet run`: `fedhet.run` (or `fedhet.resume`) with the command line's settings."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet import api
+    from fedhet.engine.interface import UserCodeFailed
     from fedhet.experiments.single import resume_target
 
     if args.resume:
@@ -122,7 +124,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
             build(values)  # bad settings fail before a directory is named
             out = api.new_run_dir(api.default_name(values))
-            print(f"run directory: {out}", file=sys.stderr, flush=True)
+            if not args.quiet:
+                print(f"run directory: {out}", file=sys.stderr, flush=True)
     args.resume_hint = f"fedhet run --resume {shlex.quote(str(out))}"
     args.run_dir = out
     show = sys.stderr.isatty() and not args.quiet
@@ -142,11 +145,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             from fedhet.experiments.progress import RoundLines
 
             callbacks.append(RoundLines(_total_rounds(values, out, bool(args.resume)), sys.stdout))
-        if args.resume:
-            result = api.resume(out, settings=values, progress=show, callbacks=callbacks)
-        else:
-            result = api.run(settings=values, out=out, force=args.force, progress=show,
-                             callbacks=callbacks)
+        try:
+            log = quiet if args.quiet else print  # -q: nothing but errors and warnings
+            if args.resume:
+                result = api.resume(out, settings=values, progress=show, callbacks=callbacks,
+                                    log=log)
+            else:
+                result = api.run(settings=values, out=out, force=args.force, progress=show,
+                                 callbacks=callbacks, log=log)
+        except UserCodeFailed as e:
+            raise FedhetError(
+                f"{e}; the run is marked failed in {out / 'summary.json'} and the rounds before "
+                f"it are kept: fix it, then `{args.resume_hint}` continues (--debug shows the "
+                "traceback)"
+            ) from e
         summary = result.summary
     finally:
         if logger is not None:
@@ -156,14 +168,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         client = f", client {d['client']}" if d.get("client") is not None else ""
         raise DivergedRunError(
             f"the run diverged in round {d['round']}{client} (non-finite {d['what']}); it is "
-            f"marked diverged in {out / 'summary.json'}: lower lr or check the settings"
+            f"marked diverged in {out / 'summary.json'}: {_divergence_advice(d['round'], values)}"
         )
+    if args.quiet:
+        return 0
     print(
         f"{summary['algorithm']} on {summary['dataset']}/{summary['partition']}: final accuracy "
         f"{summary['final_accuracy']:.4f}, best {summary['best_accuracy']:.4f} "
         f"(round {summary['best_round']}), {summary['total_time_s']:.1f} s; results in {out}"
     )
     return 0
+
+
+def _divergence_advice(round: int, values: dict[str, Any]) -> str:
+    """What to check after a divergence: the learning rate, and in round 1 on the user's own
+    file, the data as well (unscaled features, an id or index column, the wrong label column)."""
+    advice = "lower lr or check the settings"
+    if round <= 1 and Path(str((values or {}).get("dataset", ""))).suffix in (".csv", ".npz", ".npy"):
+        advice += (
+            "; in round 1 on your own file, check the data too: features on very different "
+            "scales (standardise them), an id or row-index column read as a feature, or the "
+            "label column (fedhet docs data)"
+        )
+    return advice
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -645,6 +672,9 @@ def _add_plugin_flag(p: argparse.ArgumentParser, top: bool = False) -> None:
     # two destinations, as a subcommand's defaults would overwrite the top level's value
     p.add_argument("--plugin", action="append", default=[], metavar="MODULE|FILE.py",
                    dest="plugins_first" if top else "plugins", help=PLUGIN_HELP)
+    # the top level's False, a command's left unset unless given (so it cannot overwrite it)
+    p.add_argument("--debug", action="store_true", default=False if top else argparse.SUPPRESS,
+                   help="show the full traceback of an error (also $FEDHET_DEBUG=1)")
 
 
 def _leaf_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
@@ -657,7 +687,9 @@ def _leaf_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentPars
 
 
 def _load_plugins(args: argparse.Namespace) -> None:
-    """The installed packages' entry points, `$FEDHET_PLUGINS`, then each `--plugin`."""
+    """The installed packages' entry points, `$FEDHET_PLUGINS`, then each `--plugin`, with the
+    working directory importable (`-m mymodels.nets:tiny` from the folder that holds it)."""
+    plugins.working_directory_importable()
     plugins.startup([*args.plugins_first, *getattr(args, "plugins", [])])
 
 
@@ -677,7 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--resume", nargs="?", const=True, metavar="DIR",
                      help="continue the run in DIR (or --out) from its last checkpoint")
     run.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    run.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", "-q", action="store_true",
+                     help="print nothing but errors and warnings (the results are in --out)")
     run.add_argument("--tensorboard", action="store_true",
                      help="also log metrics for TensorBoard into DIR/tensorboard (needs tensorboard)")
     run.set_defaults(func=cmd_run)
@@ -840,6 +873,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         args.argv = argv
+        if args.debug:  # grid workers and deploy nodes inherit it
+            os.environ["FEDHET_DEBUG"] = "1"
         _set_threads(args.threads)
         with plugins.command_line():
             _load_plugins(args)
@@ -848,6 +883,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_DIVERGED
     except FedhetError as e:
+        if debugging():
+            traceback.print_exception(e, file=sys.stderr)
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # `fedhet list | head`: the reader left; say nothing more

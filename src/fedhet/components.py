@@ -135,8 +135,13 @@ def params_of(cls: type[Algorithm]) -> type:
     """An algorithm class's parameter dataclass: its `Params` attribute, else that of the nearest
     registered base class (a FedAvg subclass takes FedAvg's settings), else none."""
     own = getattr(cls, "Params", None)
-    if own is not None and dataclasses.is_dataclass(own):
+    if own is not None and dataclasses.is_dataclass(own) and isinstance(own, type):
         return own
+    if own is not None:
+        raise FedhetError(
+            f"{cls.__name__}.Params is {own!r}, not a dataclass class: define its settings as "
+            "@dataclass(frozen=True) class MyParams: gamma: float = 0.9, and set Params = MyParams"
+        )
     for base in cls.__mro__[1:]:
         for entry in ALGORITHMS:
             if entry.factory is base:

@@ -28,6 +28,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -107,10 +108,12 @@ def canonical(spec: str) -> str:
     return str(Path(spec).expanduser().resolve()) if is_file_spec(spec) else spec
 
 
-def load(spec: str, origin: str = "--plugin") -> str:
+def load(spec: str, origin: str = "--plugin", recorded: bool = False) -> str:
     """Import plugin `spec` (a file or a module name) once in this process; returns its recorded
     spec. `origin` says where it was named (`--plugin`, `$FEDHET_PLUGINS`, a config.json),
-    for the error line of a plugin that fails to import."""
+    for the error line of a plugin that fails to import. A plugin the user named that registers
+    nothing is warned about; a `recorded` one (a saved run's) may hold only a `-m` factory or
+    an algorithm class handed in by name, and is not."""
     spec = canonical(spec)
     if not spec:
         raise FedhetError(f"{origin}: an empty plugin name; give a module (mypkg.algos) or a "
@@ -121,7 +124,7 @@ def load(spec: str, origin: str = "--plugin") -> str:
         module = _import_file(Path(spec), origin) if is_file_spec(spec) \
             else _import_module(spec, origin)
     _LOADED[spec] = str(getattr(module, "__file__", None) or spec)
-    if not _registered_by(f"plugin {spec}"):  # an empty file, or the wrong one: say so
+    if not recorded and not _registered_by(f"plugin {spec}"):  # the wrong file: say so
         print(f"warning: plugin {spec} (from {origin}) registered no algorithm, model, dataset "
               "or partition; check that it is the right file", file=sys.stderr)
     return spec
@@ -170,18 +173,52 @@ def ensure(specs: Iterable[str], where: str, recorded_files: Mapping[str, str] |
     for spec in specs:
         if spec in _LOADED:
             continue
+        was = (recorded_files or {}).get(spec)
         try:
-            load(spec, where)
+            try:
+                load(spec, where, recorded=True)
+            except PluginError:
+                root = _root_of(spec, was)
+                if root is None:
+                    raise
+                sys.path.append(root)  # the folder it was imported from, wherever we stand now
+                importlib.invalidate_caches()
+                load(spec, where, recorded=True)
         except PluginError as e:
             if still_needed is not None and not still_needed():
                 continue
-            was = (recorded_files or {}).get(spec)
             loaded_from = f" (loaded from {was})" if was and was != spec else ""
+            fix = ("give the file that now defines its components with --plugin"
+                   if is_file_spec(spec) else
+                   f"run from the folder that holds {spec.split('.')[0]!r}, or put that folder on "
+                   "PYTHONPATH")
             raise FedhetError(
                 f"plugin {spec}{loaded_from}, recorded in {where}, can no longer be imported: "
-                f"{e.cause}; restore it, or give the file that now defines its components with "
-                "--plugin"
+                f"{e.cause}; restore it, or {fix}"
             ) from None
+
+
+def _root_of(spec: str, file: str | None) -> str | None:
+    """The folder module `spec` was imported from, given the `file` it was loaded from
+    (`/r/a/b.py` or `/r/a/b/__init__.py` for `a.b`: `/r`), when that file is still there."""
+    if not file or is_file_spec(spec) or not Path(file).is_file():
+        return None
+    path = Path(file)
+    if path.name == "__init__.py":
+        path = path.parent
+    parts = spec.split(".")
+    if path.with_suffix("").parts[-len(parts):] != tuple(parts):
+        return None
+    root = str(path.parents[len(parts) - 1])
+    return None if root in sys.path else root
+
+
+def working_directory_importable() -> None:
+    """Put the working directory first on the module path, as `python -m` does, so that
+    `-m mymodels.nets:tiny` and `--plugin mypkg.algos` find the user's own folders."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
 
 
 def ensure_recorded(config: Mapping[str, Any], where: str | Path) -> None:
@@ -352,6 +389,26 @@ def in_process(config: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def script_sources(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Kind → where the code of each component of `config` that a script or notebook handed in
+    (`in_process`) came from: its `name`, the `object` (`module.qualname`), and the `file` and
+    `line` that define it (None where Python cannot say, as for a class typed at a prompt)."""
+    from fedhet.engine.config import REGISTRIES  # lazy, as in `in_process`
+
+    out: dict[str, dict[str, Any]] = {}
+    for kind, name in in_process(config).items():
+        obj = REGISTRIES[kind].get(name).factory
+        try:
+            file: str | None = inspect.getsourcefile(obj)
+            line: int | None = inspect.getsourcelines(obj)[1]
+        except (OSError, TypeError):
+            file, line = None, None
+        qualname = getattr(obj, "__qualname__", type(obj).__qualname__)
+        out[kind] = {"name": name, "object": f"{getattr(obj, '__module__', '?')}.{qualname}",
+                     "file": str(Path(file).resolve()) if file else None, "line": line}
+    return out
+
+
 def _components_missing(config: Mapping[str, Any]) -> bool:
     """Whether a component a saved run names is not registered in this process."""
     from fedhet.engine.config import COMPONENTS  # lazy, as in `_entries_of`
@@ -362,4 +419,4 @@ def _components_missing(config: Mapping[str, Any]) -> bool:
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV", "command_line", "ensure", "ensure_recorded", "files",
            "for_run", "from_command_line", "load", "load_all", "load_plugins", "loaded",
-           "startup"]
+           "script_sources", "startup", "working_directory_importable"]

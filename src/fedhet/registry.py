@@ -29,7 +29,17 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class NoParams:
-    """For components without parameters."""
+    """For components without parameters. Reading a setting from it names the fix: a class
+    handed in unregistered that reads `self.params.gamma` needs a `Params` dataclass."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise AttributeError(
+            f"no setting {name!r}: this component was given no parameters class; give its class "
+            "a `Params` dataclass attribute (class MyAlgo(Algorithm): Params = MyParams) or "
+            "register it with its dataclass (register_algorithm(name, MyParams))"
+        )
 
 
 @dataclass(frozen=True)

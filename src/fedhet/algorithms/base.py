@@ -13,7 +13,7 @@ States are typed (`fedhet.algorithms.state`): the server's is a frozen `ServerSt
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -149,6 +149,12 @@ class Algorithm:
     def check_local_steps(self, steps: Sequence[int]) -> None:
         """Reject the run before training when the planned `⌊E·D_i/B⌋` (unclamped, one per
         client) does not suit the algorithm (BHerd needs ≥ 1 gradient). Default: accept."""
+
+    def note(self, round: int, diagnostics: Mapping[str, Any]) -> str | None:
+        """A remark on how the run is going, from round `round`'s diagnostics (an adaptive
+        quantity stuck at the edge of its range): the engine says each one once, in the log and
+        in the summary's `notes`. Default: none."""
+        return None
 
     def extra_eval_params(self, state: ServerState) -> dict[str, torch.Tensor]:
         """Further models to evaluate each round, by metric suffix (FedNNNN's plain average)."""

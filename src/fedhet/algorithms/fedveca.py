@@ -49,7 +49,7 @@ ratios of gradient and model differences and do not involve `η`.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -76,6 +76,8 @@ from fedhet.training.hooks import StackableHook, StackedHook, keep_rows
 TAU_RESET = 2
 """`τ ≤ 1` is reset to 2 (Algorithm 1 lines 19–21): the analysis needs `τ > 1`."""
 FLOOR_SLACK = 1e-9
+SETTLED_ROUNDS = 3
+"""Rounds in a row with `τ_k ≤ TAU_RESET` before `FedVeca.note` says τ settled at the bottom."""
 GRAD_STREAM = 11
 """Random-stream purpose for the `grad_batches` subsample (SGD batches use purpose 0)."""
 
@@ -286,6 +288,11 @@ class FedVeca(Algorithm):
 
     def __init__(self, params: FedVecaParams, run: RunInfo) -> None:
         super().__init__(params, run)
+        self._low_rounds = 0
+        """Rounds in a row whose median client `τ_(k,i)` sat at `TAU_RESET` (`note`)."""
+        self._median_tau = math.inf
+        self._noted = False
+        """The median `τ_(k,i)` the clients of the last aggregated round ran (`note`)."""
         if params.alpha_schedule and len(params.alpha_schedule) < run.rounds:
             raise FedhetError(
                 f"algorithm.alpha_schedule has {len(params.alpha_schedule)} values but the run has "
@@ -320,6 +327,7 @@ class FedVeca(Algorithm):
         require_replies(acc.count)
         eta = round_lr(seen, self.run.lr)
         taus = [int(r.message.scalars["steps"]) for r in seen]
+        self._median_tau = float(np.median(taus))  # advisory only (`note`), not in the state
         tau_k = float(acc.scalar("steps"))
         d_k = acc.mean("G")
         grad_k = acc.mean("grad")  # eq. 8
@@ -348,6 +356,22 @@ class FedVeca(Algorithm):
             eta_tau_L=eta * tau_k * new.L,
         )
         return new, diag
+
+    def note(self, round: int, diagnostics: Mapping[str, Any]) -> str | None:
+        """Said once when the round's median client `τ_(k,i)` has sat at the bottom of its range
+        (`≤ 2`, the reset of §IV-A4) for `SETTLED_ROUNDS` rounds in a row: eq. 15 then gives
+        most clients two local steps, and the run learns slowly."""
+        self._low_rounds = self._low_rounds + 1 if self._median_tau <= TAU_RESET else 0
+        if self._low_rounds != SETTLED_ROUNDS or self._noted:
+            return None
+        self._noted = True
+        return (
+            f"FedVeca's τ settled at the bottom of its range (the median client's τ ≤ {TAU_RESET} "
+            f"for {SETTLED_ROUNDS} rounds by round {round + 1}): eq. 15 gives a client "
+            f"{TAU_RESET} local steps whenever its A = ηβ²δ is about twice the round's smallest "
+            "or more (A/(A − α·min A) < 2), so the run takes few steps a round and may learn "
+            "slowly; the tau_i and A_i diagnostics show it (docs/fedveca.md)"
+        )
 
     def _diagnostics(
         self, replies: Sequence[Reply], taus: list[int], A: list[float], acc: WeightedMean

@@ -6,10 +6,13 @@ user's code imports fedhet only from `fedhet/__init__.py`; every other name in
 """
 
 from fedhet.data.base import Dataset
+from fedhet.data.files import absolute, is_data_path
 from fedhet.data.partition import label_counts, write_index_map
 
 __all__ = [
     "Dataset",
+    "absolute",
+    "is_data_path",
     "label_counts",
     "write_index_map",
 ]

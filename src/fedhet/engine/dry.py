@@ -17,10 +17,15 @@ into one line naming the model:
 
 A model with its own `loss` (the squared SVM, a user's) decides what its outputs mean, and a
 forward that returns no tensor (MOON's encoders with their projections) is not checked.
+
+A grid checks every distinct dataset and model of its runs the same way (`dry_check`) before it
+writes anything, so a wrong model is one line, not a grid of failed runs.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -74,3 +79,25 @@ def dry_start(module: Any, x: torch.Tensor, classes: int, model: str, dataset: s
             "`extra_outputs = True` on the module if the extra scores are meant"
         )
     return module
+
+
+def dry_check(configs: Iterable[Any]) -> None:
+    """The dry start of runs not built yet (a grid's `RunConfig`s, before it writes anything):
+    each distinct dataset is loaded once and each distinct model on it built and checked."""
+    # lazy: the loaders and the model registry import what a run needs, not what this module does
+    from fedhet.engine.federate import load
+    from fedhet.models.registry import MODELS
+    from fedhet.registry import params_dict
+
+    seen: set[str] = set()
+    for cfg in configs:
+        key = json.dumps([cfg.dataset, params_dict(cfg.dataset_params), str(cfg.data_dir),
+                          cfg.model_name, params_dict(cfg.model_params)], sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        data = load(cfg, cache=True)
+        torch.manual_seed(cfg.seed)
+        factory = MODELS.get(cfg.model_name).factory
+        dry_start(factory(tuple(data.input_shape), data.num_classes, cfg.model_params),
+                  data.x_train[:2], data.num_classes, cfg.model_name, cfg.dataset)

@@ -159,8 +159,7 @@ class Executor(Protocol):
 
 
 def failure(client_id: int, round: int, error: BaseException) -> ClientFailure:
-    text = str(error).strip().splitlines()
-    return ClientFailure(client_id, round, f"{type(error).__name__}: {text[0] if text else ''}")
+    return ClientFailure.of(client_id, round, error)
 
 
 class InProcess:

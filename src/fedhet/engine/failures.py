@@ -4,11 +4,63 @@ An executor never lets one client's exception end the run: it yields `(client_id
 ClientFailure)` in place of the reply, and the round runner drops that client for the round
 (partial participation, as FedAvg, FedNova and SCAFFOLD define it). Non-finite numbers are not
 a client fault but a diverged run: `Diverged` stops the run, which is then marked `diverged`.
+
+Code that raises is named by the frame that raised it in the user's own files (`blame`): a
+failure line and a failed run's one error line say `file:line in function`, not a traceback.
 """
 
 from __future__ import annotations
 
+import sys
+import sysconfig
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
+
+from fedhet.errors import FedhetError
+
+_FEDHET = str(Path(__file__).resolve().parents[1])
+_LIBRARIES = tuple(
+    {str(Path(p).resolve()) for k in ("stdlib", "platstdlib", "purelib", "platlib")
+     if (p := sysconfig.get_paths().get(k))} | {str(Path(sys.prefix).resolve())}
+)
+
+
+def _library(filename: str) -> bool:
+    """A frame of fedhet, of Python or of an installed package (torch, numpy), not the user's."""
+    if filename.startswith("<"):  # <frozen ...>, <string>
+        return True
+    path = str(Path(filename).resolve())
+    return path.startswith(_FEDHET) or path.startswith(_LIBRARIES)
+
+
+def _shown(filename: str) -> str:
+    """`filename` relative to the working directory when it lies below it, else absolute."""
+    path = Path(filename).resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def blame(error: BaseException) -> tuple[str, bool]:
+    """Where `error` was raised, as `file:line in function`, and whether that is the user's code.
+
+    The deepest frame outside fedhet, Python and installed packages is the user's (their
+    algorithm, model or plugin); an error with no such frame is named by its deepest frame,
+    fedhet's own or a library's, and reported as not the user's."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "", False
+    mine = [f for f in frames if not _library(f.filename)]
+    frame, user = (mine[-1], True) if mine else (frames[-1], False)
+    return f"{_shown(frame.filename)}:{frame.lineno} in {frame.name}", user
+
+
+def one_line(error: BaseException) -> str:
+    """`Type: message`, on one line."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 @dataclass(frozen=True)
@@ -19,6 +71,13 @@ class ClientFailure:
     round: int
     error: str
     """One line: the exception's type and message."""
+    where: str = ""
+    """`file:line in function` of the frame that raised it (`blame`), when known."""
+
+    @classmethod
+    def of(cls, client_id: int, round: int, error: BaseException) -> ClientFailure:
+        """The failure of a client half that raised `error` (in this process or a worker)."""
+        return cls(client_id, round, one_line(error), blame(error)[0])
 
 
 class Diverged(Exception):  # noqa: N818  (a run state, not an error in the program)
@@ -33,3 +92,23 @@ class Diverged(Exception):  # noqa: N818  (a run state, not an error in the prog
 
     def __reduce__(self):  # picklable, so a worker process can report it (engine/workers.py)
         return (type(self), (self.round, self.what, self.client_id))
+
+
+class UserCodeFailed(FedhetError):  # noqa: N818  (a run state, as Diverged)
+    """Code called by the run raised (the algorithm's server half, a model's forward, a
+    callback), or every client of a round failed: the run stops, is marked `failed` with the
+    round, and resumes after the fix. `line` is the one error line the CLI prints."""
+
+    def __init__(self, round: int, error: str, where: str, user: bool, client: int | None = None):
+        self.round, self.error, self.where, self.user, self.client = round, error, where, user, client
+        who = f"client {client}: " if client is not None else ""
+        at = f"{where}: " if where else ""
+        super().__init__(f"round {round + 1}: {who}{at}{error}")
+
+    def __reduce__(self):  # picklable, so a grid worker can report it
+        return (type(self), (self.round, self.error, self.where, self.user, self.client))
+
+    def record(self) -> dict[str, object]:
+        """The summary's `failed` entry."""
+        return {"round": self.round + 1, "error": self.error, "where": self.where,
+                "client": self.client, "user_code": self.user}

@@ -111,15 +111,10 @@ class RoundTally:
         }
 
 
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 def failure_line(failure: ClientFailure) -> str:
     return (
         f"round {failure.round + 1}: client {failure.client_id} failed and is dropped for the "
-        f"round: {failure.error}"
+        f"round: {failure.error}" + (f" ({failure.where})" if failure.where else "")
     )
 
 
@@ -145,7 +140,7 @@ def isolate(
         except Exception as exc:  # noqa: BLE001  (any other client error is isolated)
             rest = [(c, m) for c, m in pending if c not in answered]
             culprit = rest[0][0]
-            yield culprit, ClientFailure(culprit, round, one_line(exc))
+            yield culprit, ClientFailure.of(culprit, round, exc)
             pending = rest[1:]
             continue
         for client_id, _ in pending:

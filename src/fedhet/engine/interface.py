@@ -32,7 +32,8 @@ from fedhet.engine.config import (
     path_of,
     read_toml_file,
 )
-from fedhet.engine.failures import ClientFailure
+from fedhet.engine.dry import dry_check
+from fedhet.engine.failures import ClientFailure, UserCodeFailed
 from fedhet.engine.federate import federate, load
 from fedhet.engine.plan import ClusterOptions, batchable, describe_plan, host_port, ray_address
 from fedhet.engine.reading import DamagedFileError, damaged, read_csv, read_json, read_json_lines
@@ -58,6 +59,7 @@ __all__ = [
     "CORES_ENV",
     "CallbackLike",
     "ClientFailure",
+    "UserCodeFailed",
     "ClientSide",
     "ClientWork",
     "ClusterOptions",
@@ -84,6 +86,7 @@ __all__ = [
     "check_resumable",
     "config_of",
     "config_sources",
+    "dry_check",
     "csv_table",
     "damaged",
     "describe_plan",

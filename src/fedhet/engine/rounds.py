@@ -69,6 +69,8 @@ class RoundContext(Protocol):
     """Optional (`NO_FAULTS` when absent): which sampled clients drop out of a round."""
     log: Callable[[str], None]
     """Optional (`print` when absent): one line per failed client or empty round."""
+    round_failures: list[ClientFailure]
+    """Optional: the round's client failures are appended here, first one first."""
 
     def configure(self, state: ServerState, client_id: int, round: int) -> Message:
         """`algorithm.configure` plus what the engine adds to every downlink (BN statistics)."""
@@ -101,6 +103,9 @@ def _log(rc: RoundContext, line: str) -> None:
 
 def _fail(rc: RoundContext, tally: RoundTally, failure: ClientFailure) -> None:
     tally.failed.add(failure.client_id)
+    kept = getattr(rc, "round_failures", None)
+    if kept is not None:
+        kept.append(failure)
     _log(rc, failure_line(failure))
 
 

@@ -36,7 +36,7 @@ from fedhet.engine.config import RESUMABLE, canonical_config
 from fedhet.engine.evaluation import Evaluator
 from fedhet.engine.evaluation import summary as run_summary
 from fedhet.engine.executors import Executor
-from fedhet.engine.failures import ClientFailure, Diverged
+from fedhet.engine.failures import ClientFailure, Diverged, UserCodeFailed, blame, one_line
 from fedhet.engine.faults import FaultModel
 from fedhet.engine.plan import Plan
 from fedhet.engine.rounds import RoundRunner
@@ -119,6 +119,10 @@ class Simulation:
     ) -> None:
         self.store = store
         self.log = log
+        self.notes: list[str] = []
+        """The algorithm's remarks so far (`Algorithm.note`), each said once."""
+        self.round_failures: list[ClientFailure] = []
+        """The clients that failed in the round under way (`rounds._fail`), first one first."""
         self.callbacks: list[CallbackLike] = list(callbacks)
         """Told of the run's start, each saved round's metrics row and its end (`run`)."""
         side = parts.side
@@ -243,13 +247,11 @@ class Simulation:
             for k in range(start, loop.rounds):
                 t0 = time.perf_counter()
                 clients = sample_clients(loop, self.run_info.num_clients, k)
+                self.round_failures = []
                 state, diag = self.runner(self, state, k, clients)
                 if diag.get("clients_failed") and not diag.get("clients_returned"):
-                    raise FedhetError(
-                        f"every client that ran in round {k + 1} failed (the first error is logged "
-                        "above); when no client survives, it is a bug or a bad setting, not a "
-                        "simulated fault"
-                    )
+                    raise self._all_failed(k)
+                self._note(self.algorithm.note(k, diag))
                 state = self._average_buffers(state)
                 train_time = time.perf_counter() - t0
                 scalars = {
@@ -269,6 +271,16 @@ class Simulation:
                     return self._stopped(k + 1, state, rows)
         except (Diverged, OverflowError, FloatingPointError) as e:
             return self._diverged(e, rows, k)
+        except UserCodeFailed as e:
+            self._failed(e, rows)
+            raise
+        except FedhetError:
+            raise
+        except Exception as e:  # code the run called raised: the user's, a library's or ours
+            where, user = blame(e)
+            failed = UserCodeFailed(k, one_line(e), where, user)
+            self._failed(failed, rows)
+            raise failed from e
         finally:
             self.executor.close()
         self.final_state = state
@@ -289,6 +301,23 @@ class Simulation:
                 self._checkpoint(done, state, rows[-1]["wall_time_s"])
             self.store.write_summary(summary)
         return summary
+
+    def _all_failed(self, round: int) -> UserCodeFailed:
+        """Every client that ran in `round` failed: not a simulated fault but a bug or a bad
+        setting, named by the first failure (the others were logged)."""
+        first = self.round_failures[0] if self.round_failures else None
+        if first is None:
+            return UserCodeFailed(round, "every client of the round failed", "", False)
+        return UserCodeFailed(round, f"{first.error}; every client of the round failed",
+                              first.where, True, client=first.client_id)
+
+    def _failed(self, error: UserCodeFailed, rows: list[dict[str, Any]]) -> None:
+        """Mark the run `failed` with the round and the error; every round already saved stays,
+        so a resume after the fix continues from the last checkpoint."""
+        summary = self.summary(rows, finished=False)
+        summary.update(status="failed", failed=error.record())
+        if self.store is not None:
+            self.store.write_summary(summary)
 
     def _diverged(self, error: Exception, rows: list[dict[str, Any]], round: int) -> dict[str, Any]:
         """Mark the run `diverged` (strict JSON summary) and keep the last good checkpoint."""
@@ -370,8 +399,19 @@ class Simulation:
         kept.restore(ckpt["client_store"], others)
 
     def summary(self, rows: list[dict[str, Any]], finished: bool) -> dict[str, Any]:
-        """The run's `summary.json` from its metrics rows (`evaluation.summary`)."""
-        return run_summary(self.config, self.run_info.num_clients, rows, finished)
+        """The run's `summary.json` from its metrics rows (`evaluation.summary`), with the
+        algorithm's `notes` when it made any."""
+        out = run_summary(self.config, self.run_info.num_clients, rows, finished)
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+    def _note(self, note: str | None) -> None:
+        """Say an algorithm's remark (`Algorithm.note`) once in the log and keep it for the
+        summary."""
+        if note and note not in self.notes:
+            self.notes.append(note)
+            self.log(f"note: {note}")
 
 
 def check_resumable(saved: dict[str, Any] | None, current: dict[str, Any]) -> None:

@@ -105,10 +105,13 @@ def _finite(obj: Any) -> Any:
 def _provenance_of(config: dict[str, Any]) -> dict[str, Any]:
     """The provenance of the run whose settings are `config`, in this process; `in_process`
     (only when there are any) names its components that were handed in from a script or
-    notebook, which a later process cannot build again (`fedhet.plugins.in_process`)."""
+    notebook, which a later process cannot build again (`fedhet.plugins.in_process`), and
+    `scripts` where their code came from (file, line, object: `fedhet.plugins.script_sources`)."""
     record = provenance(str(config.get("device", "auto")), plugins.for_run(config))
     handed_in = plugins.in_process(config)
-    return {**record, "in_process": handed_in} if handed_in else record
+    if not handed_in:
+        return record
+    return {**record, "in_process": handed_in, "scripts": plugins.script_sources(config)}
 
 
 def append_line(path: Path, line: str) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedhet import plugins
-from fedhet.engine.interface import atomic_write_text, rundir
+from fedhet.engine.interface import atomic_write_text, config_of, dry_check, rundir
 from fedhet.errors import FedhetError
 from fedhet.experiments.cluster import run_units
 from fedhet.experiments.grid import Changes, load_grid, write_manifest
@@ -50,6 +50,7 @@ def compare(
         require_tensorboard()
 
     hint = hint or f"fedhet compare --config {shlex.quote(str(config))} --out {shlex.quote(str(out))}"
+    dry_check(config_of(spec.settings) for spec in grid.specs)  # a wrong model: nothing written
     with rundir.exclusive(out, "compare"):
         rundir.mark(out, "grid")
         plan_jobs(grid.specs, out / "runs", force)  # settings clashes fail before anything runs

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.algorithms.interface import ALGORITHMS
+from fedhet.data.interface import absolute, is_data_path
 from fedhet.engine.interface import (
     ENGINE_FIELDS,
     REGISTRIES,
@@ -220,13 +221,59 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
         doc = {"title": changes.title, **doc}
     loc = _Locator(path, key_lines(text), changes.sources)
     grid = _grid(doc, path, loc)
-    if not changes:
+    travelling = absolute_paths(doc)
+    moved = ", its data paths made absolute" if travelling != doc else ""
+    if not changes and not moved:
         grid.text = text
     elif text:
-        grid.text = to_toml(doc, f"the grid {path} with {', '.join(changes.sources.values())}")
+        made = f" with {', '.join(changes.sources.values())}" if changes else ""
+        grid.text = to_toml(travelling, f"the grid {path}{made}{moved}")
     else:
-        grid.text = to_toml(doc, "a grid made on the command line")
+        grid.text = to_toml(travelling, f"a grid made on the command line{moved}")
     return grid
+
+
+PATH_SETTINGS = ("dataset", "dataset.test")
+"""Settings whose value may be a file, relative to the directory a grid is run from."""
+
+
+def absolute_paths(doc: dict[str, Any]) -> dict[str, Any]:
+    """The grid document with each data file in `PATH_SETTINGS` (in `[base]`, `[axes]` and
+    every variant) made absolute, as the saved `grid.toml` records it: the grid then runs again
+    from any directory, as its runs' `config.json` do."""
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, list):
+            return [fix(v) for v in value]
+        if isinstance(value, str) and value not in REGISTRIES["dataset"] and is_data_path(value):
+            return absolute(value)
+        return value
+
+    def table(section: Any) -> Any:
+        if not isinstance(section, dict):
+            return section
+        flat = flatten(section)
+        return {k: fix(v) if path_of(k) in PATH_SETTINGS else v for k, v in flat.items()}
+
+    out = dict(doc)
+    for name in ("base", "axes"):
+        if name in out:
+            out[name] = table(out[name])
+    if isinstance(out.get("variant"), list):
+        out["variant"] = [table(v) for v in out["variant"]]
+    return doc if _flat_equal(out, doc) else out
+
+
+def _flat_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two grid documents set the same values (nesting aside)."""
+    sections = ("base", "axes")
+    same = all(flatten(a.get(n) or {}) == flatten(b.get(n) or {}) for n in sections
+               if isinstance(a.get(n, {}), dict) and isinstance(b.get(n, {}), dict))
+    va, vb = a.get("variant"), b.get("variant")
+    if isinstance(va, list) and isinstance(vb, list):
+        same = same and [flatten(v) if isinstance(v, dict) else v for v in va] == \
+            [flatten(v) if isinstance(v, dict) else v for v in vb]
+    return same
 
 
 def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:

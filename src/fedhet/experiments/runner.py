@@ -44,7 +44,7 @@ from fedhet.engine.interface import (
     to_json,
     usable_cores,
 )
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, quiet
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.progress import every_s
 from fedhet.experiments.single import execute, execute_together, is_finished, metrics_intact
@@ -128,11 +128,9 @@ def _init_worker(stop: Any, cores: int, plugin_files: Mapping[str, str] | None =
         _BROKEN = str(e)
 
 
-def _quiet(line: str) -> None:
-    """A grid run's log: the grid prints its own line per run, so only what the user must know
-    (a warning, a file rebuilt from the checkpoint) reaches stderr."""
-    if line.startswith(("warning:", "rebuilt ")):
-        print(line, file=sys.stderr, flush=True)
+_quiet = quiet
+"""A grid run's log: the grid prints its own line per run, so only what the user must know
+(a warning, a file rebuilt from the checkpoint) reaches stderr."""
 
 
 def _stopper(job: Job, then: Callable[[dict[str, Any]], None] | None) -> Callable[[dict], None]:

@@ -67,8 +67,8 @@ def import_factory(spec: str, module_name: str, attr: str) -> Callable[..., Any]
     except ModuleNotFoundError as e:
         if e.name and (module_name == e.name or module_name.startswith(e.name + ".")):
             raise FedhetError(
-                f"model {spec!r}: no module named {module_name!r}; put the folder that holds it "
-                "on PYTHONPATH (or install its package)"
+                f"model {spec!r}: no module named {module_name!r}; run from the folder that "
+                "holds it, put that folder on PYTHONPATH, or install its package"
             ) from None
         raise FedhetError(f"model {spec!r}: importing {module_name} failed: {_line(e)}") from None
     except Exception as e:  # noqa: BLE001  (the user's module failed as it was imported)
@@ -140,7 +140,8 @@ def params_class(spec: str, fn: Callable[..., Any]) -> type:
     if len(leading) < 2 and not takes_star_args:
         raise FedhetError(
             f"model {spec!r}: the factory takes {sig}; a model factory is called "
-            "factory(input_shape, num_classes, **kwargs)"
+            "factory(input_shape, num_classes, params), or with its settings as keywords "
+            "(fedhet docs plugins)"
         )
     if _takes_params(params):
         return dataclasses.make_dataclass("ModelParams", [], bases=(OpenParams,), frozen=True)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, quiet
 from fedhet.experiments.campaign.bench import CPU_WORKLOADS, GPU_WORKLOADS, device_name, measure
 from fedhet.experiments.campaign.bench import record as record_bench
 from fedhet.experiments.campaign.pricing import Pricer, kind_of, where
@@ -80,10 +80,6 @@ def _worker(items: list[tuple[dict[str, Any], str, bool]], stop: Any, nice: int,
 
     def stopper(row: dict[str, Any]) -> bool:
         return bool(stop.is_set())
-
-    def quiet(line: str) -> None:
-        if line.startswith(("warning:", "rebuilt ")):
-            print(line, file=sys.stderr, flush=True)
 
     try:
         if len(items) == 1:
