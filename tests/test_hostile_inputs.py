@@ -794,3 +794,58 @@ def test_a_csv_run_that_diverges_in_round_1_says_to_check_the_data(capsys, tmp_p
     line = capsys.readouterr().err.strip()
     assert "diverged in round 1" in line and "lower lr" in line
     assert "check the data too" in line and "row-index column" in line
+
+
+# -- the same mistakes from Python: fedhet.run, fedhet.compare with jobs=2, the batched executor --
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_a_wrong_model_through_the_library_is_one_error_before_anything_is_written(
+        tmp_path, executor):
+    from torch import nn
+
+    import fedhet
+
+    def narrow(input_shape, num_classes, params):
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 3))
+
+    with pytest.raises(fedhet.FedhetError, match="returns 3 scores per sample but dataset "
+                       "'digits' has 10 classes"):
+        fedhet.run("fedavg", "digits", model=narrow, clients=3, rounds=1, executor=executor,
+                   out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_raising_aggregate_through_compare_with_jobs_marks_its_run_failed(bad_plugin, tmp_path):
+    import fedhet
+
+    fedhet.load_plugins(str(bad_plugin))
+    with pytest.raises(fedhet.FedhetError, match=r"1 of 2 runs failed .*bad_user\.py:26 in "
+                       "aggregate: ValueError: my aggregate is broken"):
+        fedhet.compare({"dataset": "digits", "clients": 3, "rounds": 2},
+                       {"algorithm": ["fedavg", "bad-aggregate"]}, out=tmp_path / "grid", jobs=2,
+                       stream=None)
+    assert summary_of(tmp_path / "grid" / "runs" / "bad-aggregate__seed0")["status"] == "failed"
+
+
+def test_a_parameters_class_of_none_through_the_library_is_one_error_at_registration(
+        own_registrations):
+    import fedhet
+    from fedhet.algorithms.fedavg import FedAvg
+
+    with pytest.raises(fedhet.FedhetError, match="register algorithm 'none-params': its "
+                       "parameters must be a dataclass class.*got None"):
+        fedhet.register_algorithm("none-params", None, "doc")(type("Mine", (FedAvg,), {}))
+
+
+def test_a_csv_with_pandas_row_index_through_the_library_is_one_error(tmp_path):
+    pd = pytest.importorskip("pandas")
+    from sklearn.datasets import load_digits
+
+    import fedhet
+
+    x, y = load_digits(return_X_y=True)
+    pd.DataFrame(x[:200], columns=[f"p{i}" for i in range(64)]).assign(label=y[:200]).to_csv(
+        tmp_path / "indexed.csv")
+    with pytest.raises(fedhet.FedhetError, match="has no name and counts 0, 1, 2"):
+        fedhet.run("fedavg", str(tmp_path / "indexed.csv"), clients=3, rounds=1,
+                   out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
