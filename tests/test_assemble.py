@@ -26,6 +26,7 @@ from fedhet.engine.store import TIME_COLUMNS
 from fedhet.errors import FedhetError
 from fedhet.experiments.single import execute
 from fedhet.models.registry import MODELS
+from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 4, "rounds": 2, "lr": 0.1,
@@ -107,6 +108,46 @@ class Recorder:
 
     def on_end(self, summary: dict[str, Any] | None) -> None:
         self.events.append(("end", summary["status"] if summary else None))
+
+
+class ModelCheck:
+    """A callback that loads the run's global model (`RunView.state_dict`) into a model of its
+    own each round and evaluates it on the test set."""
+
+    def __init__(self, cfg) -> None:
+        self.data = load(cfg)
+        self.model = MODELS.get(cfg.model_name).factory(
+            tuple(self.data.input_shape), self.data.num_classes, cfg.model_params)
+        self.seen: list[tuple[float, float]] = []
+
+    def on_start(self, run) -> None:
+        self.run = run
+        assert (run.rounds, run.start_round, run.round, run.row) == (3, 0, 0, None)
+        with pytest.raises(TypeError):
+            run.settings["lr"] = 1.0  # read-only: the run is the engine's
+        with pytest.raises(AttributeError):
+            run.rounds = 5
+
+    def on_round(self, row: dict[str, Any]) -> None:
+        assert self.run.round == row["round"] and self.run.row["test_accuracy"] == row["test_accuracy"]
+        self.model.load_state_dict(self.run.state_dict())  # strict: every name and shape
+        self.model.eval()
+        with torch.no_grad():
+            guess = self.model(torch.as_tensor(self.data.x_test)).argmax(1)
+        acc = (guess == torch.as_tensor(self.data.y_test)).double().mean().item()
+        self.seen.append((acc, row["test_accuracy"]))
+        flat = torch.cat([p.detach().flatten() for p in self.model.parameters()])
+        assert torch.equal(flat, self.run.weights())
+
+
+def test_a_callback_sees_a_read_only_view_with_the_global_model(tmp_path):
+    settings = {**BASE, "rounds": 3}
+    check = ModelCheck(config_of(settings, "test"))
+    execute(settings, tmp_path / "run", log=lambda _: None, callbacks=[check])
+    assert check.run.dir == tmp_path / "run" and check.run.settings["rounds"] == 3
+    assert len(check.seen) == 3
+    for mine, the_runs in check.seen:  # the model a callback gets is the one the row evaluated
+        assert mine == pytest.approx(the_runs, abs=1e-9)
 
 
 def read_rows(out: Path) -> list[dict[str, str]]:

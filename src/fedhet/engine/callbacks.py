@@ -3,8 +3,10 @@
 A callback is either a plain function of a round's metrics row, `f(row) -> bool | None`, or an
 object with any of these methods (`Callback`; the others are simply not called):
 
-- `on_start(run)`: once, before the first round this call trains; `run` is the `Simulation`
-  (`run.start_round` is the round it starts after: 0, or a resumed checkpoint's round).
+- `on_start(run)`: once, before the first round this call trains; `run` is a read-only
+  `RunView` of the run: its directory, settings, rounds, `start_round` (0, or a resumed
+  checkpoint's round), the last `round` and metrics `row`, and on request its current global
+  model (`weights()`, `state_dict()`). Keep it to look again in `on_round`.
 - `on_round(row) -> bool | None`: after each trained round, once its row, diagnostics and
   (when due) checkpoint are saved. A truthy return stops the run after that round: the loop
   checkpoints it and the summary says `status: "stopped"`, `finished: false`, so a resume
@@ -19,8 +21,12 @@ The progress bar of `fedhet run` (`ProgressBar`), TensorBoard
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
+
+import torch
 
 from fedhet.errors import FedhetError
 
@@ -30,9 +36,71 @@ except ImportError:
     tqdm = None
 
 Row = dict[str, Any]
-Run = Any
-"""The `fedhet.engine.simulation.Simulation` being run (not imported: it imports this module)."""
 METHODS = ("on_start", "on_round", "on_end")
+
+
+class RunView:
+    """What a callback sees of a run, read-only: the engine keeps the run itself.
+
+    `dir` (None for a run that writes nowhere), `settings` (the resolved config, as
+    `config.json` holds it), `rounds` (the rounds it runs to), `start_round` (the round this
+    call started after), `round` and `row` (the last saved round and its metrics row; 0 and None
+    before the first), and the current global model on request: `weights()` (a flat float32
+    copy, the model the round's row evaluated) and `state_dict()` (the same, by parameter name,
+    with the model's buffers)."""
+
+    def __init__(
+        self, dir: Path | None, settings: Mapping[str, Any], rounds: int, start_round: int,
+        weights: Callable[[], torch.Tensor], state_dict: Callable[[], dict[str, torch.Tensor]],
+    ) -> None:
+        self._dir, self._settings = dir, MappingProxyType(dict(settings))
+        self._rounds, self._start_round = rounds, start_round
+        self._weights, self._state_dict = weights, state_dict
+        self._row: Row | None = None
+
+    @property
+    def dir(self) -> Path | None:
+        return self._dir
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        return self._settings
+
+    @property
+    def rounds(self) -> int:
+        return self._rounds
+
+    @property
+    def start_round(self) -> int:
+        return self._start_round
+
+    @property
+    def round(self) -> int:
+        return int(self._row["round"]) if self._row is not None else self._start_round
+
+    @property
+    def row(self) -> Mapping[str, Any] | None:
+        return MappingProxyType(self._row) if self._row is not None else None
+
+    def weights(self) -> torch.Tensor:
+        """The current global model as one flat float32 vector (a copy)."""
+        return self._weights().detach().clone()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The current global model by parameter and buffer name (copies), for `load_state_dict`
+        into a model built by the run's factory."""
+        return self._state_dict()
+
+    def saw(self, row: Row) -> None:
+        """The engine's: the round `row` is saved (callbacks see it next)."""
+        self._row = row
+
+    def __repr__(self) -> str:
+        return f"RunView(dir={self._dir}, round={self.round}/{self._rounds})"
+
+
+Run = RunView
+"""What `on_start` is given."""
 
 
 @runtime_checkable
@@ -55,8 +123,10 @@ class Callbacks:
 
     def __init__(self, callbacks: Iterable[Any]) -> None:
         self.items = [_checked(c) for c in callbacks]
+        self.view: RunView | None = None
 
-    def start(self, run: Run) -> None:
+    def start(self, run: RunView) -> None:
+        self.view = run
         for c in self.items:
             hook = getattr(c, "on_start", None)
             if hook is not None:
@@ -64,6 +134,8 @@ class Callbacks:
 
     def round(self, row: Row) -> bool:
         """Call every callback with `row`; whether any of them asked to stop."""
+        if self.view is not None:
+            self.view.saw(row)
         stop = False
         for c in self.items:
             hook = getattr(c, "on_round", None) if _has_methods(c) else c
@@ -98,8 +170,8 @@ class ProgressBar:
     def __init__(self) -> None:
         self.bar: Any = None
 
-    def on_start(self, run: Run) -> None:
-        total, initial = run.loop.rounds, run.start_round
+    def on_start(self, run: RunView) -> None:
+        total, initial = run.rounds, run.start_round
         if tqdm is None:
             self.bar = _PlainProgress(total, initial)
         else:
@@ -133,4 +205,4 @@ class _PlainProgress:
         pass
 
 
-__all__ = ["Callback", "CallbackLike", "Callbacks", "ProgressBar"]
+__all__ = ["Callback", "CallbackLike", "Callbacks", "ProgressBar", "RunView"]

@@ -28,7 +28,7 @@ import torch
 from fedhet.algorithms import state as states
 from fedhet.algorithms.base import BUFFERS, Algorithm, Message, RunInfo
 from fedhet.data.base import Dataset
-from fedhet.engine.callbacks import CallbackLike, Callbacks, ProgressBar
+from fedhet.engine.callbacks import CallbackLike, Callbacks, ProgressBar, RunView
 from fedhet.engine.client_store import CLIENT_STATES
 from fedhet.engine.clients import ClientWork
 from fedhet.engine.comm import CommLedger
@@ -227,8 +227,12 @@ class Simulation:
             if self.store is not None:
                 self.store.write_metrics(rows)
         self.start_round = start
+        self.state = state
         callbacks = Callbacks([*self.callbacks, *([ProgressBar()] if progress else [])])
-        callbacks.start(self)
+        callbacks.start(RunView(
+            self.store.out if self.store is not None else None, self.config, self.loop.rounds,
+            start, lambda: self.algorithm.eval_params(self.state), self.global_state_dict,
+        ))
         summary = None
         try:
             summary = self._rounds(state, rows, start, elapsed, callbacks)
@@ -265,6 +269,7 @@ class Simulation:
                 row["eval_time_s"] = time.perf_counter() - t0 - train_time
                 row["wall_time_s"] = time.perf_counter() - t_start
                 rows.append(row)
+                self.state = state
                 self._save(k + 1, state, rows, {"round": k + 1, **structured} if structured else None,
                            row["wall_time_s"])
                 if callbacks.round(row) and k + 1 < loop.rounds:
@@ -404,6 +409,22 @@ class Simulation:
         out = run_summary(self.config, self.run_info.num_clients, rows, finished)
         if self.notes:
             out["notes"] = list(self.notes)
+        return out
+
+    def global_state_dict(self) -> dict[str, torch.Tensor]:
+        """The global model (`algorithm.eval_params` of the current state, and the server's
+        BatchNorm statistics) by parameter and buffer name, as CPU copies (`RunView`)."""
+        w = self.algorithm.eval_params(self.state).detach().to("cpu", torch.float32)
+        out = {layer.name: w[layer.start : layer.stop].view(layer.shape).clone()
+               for layer in self.model.layers}
+        offset = 0
+        for name, b in self.model.module.named_buffers():
+            if b.is_floating_point():
+                n = b.numel()
+                out[name] = self.buffers[offset : offset + n].view_as(b).detach().cpu().clone()
+                offset += n
+            else:
+                out[name] = b.detach().cpu().clone()
         return out
 
     def _note(self, note: str | None) -> None:
