@@ -26,7 +26,6 @@ from fedhet.engine.store import TIME_COLUMNS
 from fedhet.errors import FedhetError
 from fedhet.experiments.single import execute
 from fedhet.models.registry import MODELS
-from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 4, "rounds": 2, "lr": 0.1,

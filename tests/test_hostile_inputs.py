@@ -646,7 +646,8 @@ def test_a_grid_with_user_code_that_raises_marks_those_runs_failed_and_resumes(
     assert {summary_of(d)["status"] for d in (grid / "runs").iterdir()} == {"finished"}
 
 
-def test_an_unregistered_class_reading_a_setting_it_was_not_given_says_how(tmp_path):
+def test_an_unregistered_class_reading_a_setting_it_was_not_given_says_how(tmp_path,
+                                                                         own_registrations):
     """A class handed in without a `Params` dataclass gets none; reading a setting names the fix
     (it failed in a worker as `'NoParams' object has no attribute 'gamma'`)."""
     from dataclasses import replace
@@ -799,7 +800,7 @@ def test_a_csv_run_that_diverges_in_round_1_says_to_check_the_data(capsys, tmp_p
 # -- the same mistakes from Python: fedhet.run, fedhet.compare with jobs=2, the batched executor --
 @pytest.mark.parametrize("executor", ["sequential", "batched"])
 def test_a_wrong_model_through_the_library_is_one_error_before_anything_is_written(
-        tmp_path, executor):
+        tmp_path, executor, own_registrations):
     from torch import nn
 
     import fedhet
@@ -849,3 +850,35 @@ def test_a_csv_with_pandas_row_index_through_the_library_is_one_error(tmp_path):
         fedhet.run("fedavg", str(tmp_path / "indexed.csv"), clients=3, rounds=1,
                    out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_disk_that_fills_while_a_checkpoint_is_written_is_one_line_and_the_run_resumes(
+        capsys, tmp_path, monkeypatch):
+    """ENOSPC while round 2's checkpoint is written: one line naming the directory and the
+    resume; nothing saved is lost, and the resume ends where an uninterrupted run ends."""
+    import errno
+
+    import fedhet.engine.store as store
+
+    common = ["run", "-d", "digits", "-n", "3", "-q"]
+    assert main([*common, "-r", "3", "--out", str(tmp_path / "whole")]) == 0
+    real, calls = store.atomic_write_bytes, []
+
+    def full(path, data):
+        calls.append(path.name)
+        if calls.count("checkpoint.pt") == 2 and path.name == "checkpoint.pt":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, data)
+
+    monkeypatch.setattr(store, "atomic_write_bytes", full)
+    run = tmp_path / "run"
+    line = one_error_line(capsys, [*common, "-r", "3", "--out", str(run)])
+    assert f"no room left on the disk to save round 2 in {run} (No space left on device)" in line
+    assert f"`fedhet run --resume {run}`" in line and "Traceback" not in line
+    monkeypatch.setattr(store, "atomic_write_bytes", real)
+    assert main(["run", "--resume", str(run), "-q"]) == 0
+
+    def rows(d: Path) -> list[str]:
+        return [",".join(r.split(",")[:3]) for r in (d / "metrics.csv").read_text().splitlines()]
+
+    assert rows(run) == rows(tmp_path / "whole")

@@ -20,7 +20,6 @@ points) are loaded before the first run, as the CLI loads them.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import time
@@ -32,6 +31,7 @@ from typing import Any
 from fedhet import plugins
 from fedhet.components import name_of
 from fedhet.engine.config import RunConfig, parse, read_toml_file
+from fedhet.engine.store import read_metric_rows
 from fedhet.errors import FedhetError
 from fedhet.experiments.compare import compare as run_grid
 from fedhet.experiments.grid import Changes
@@ -39,8 +39,8 @@ from fedhet.experiments.single import execute
 
 RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
              "executor", "workers", "precision", "data_dir")
-"""The keywords of `run` that are settings, in the order their layers apply (the CLI's flags,
-`fedhet.cli.RUN_FLAGS`)."""
+"""The keywords of `run` that are settings, in the order their layers apply; the command line's
+setting flags are the same (`--data-dir` for `data_dir`)."""
 
 
 @dataclass
@@ -128,7 +128,7 @@ def open_run(dir: str | Path) -> RunResult:
     if not (path / "config.json").is_file():
         raise FedhetError(f"{path} has no config.json: it is not a fedhet run directory")
     return RunResult(path, _read_json(path / "config.json"), _read_json(path / "summary.json"),
-                     read_metrics(path / "metrics.csv"))
+                     read_metric_rows(path, missing_ok=True))
 
 
 def compare(
@@ -170,21 +170,40 @@ def compare(
                     **extra)
 
 
-def settings_of(
-    flags: Mapping[str, Any], settings: Mapping[str, Any] | None, config: str | Path | None,
-) -> dict[str, Any]:
-    """The run's settings as config paths: the `config` file, then each flag given (in
-    `RUN_FLAGS` order), then `settings`, each read by `fedhet.engine.config.parse` (later wins):
-    the CLI's `_run_layers` with Python values."""
-    values: dict[str, Any] = {}
+def setting_layers(
+    flags: Mapping[str, Any], settings: Mapping[str, Any] | Sequence[str] | None = None,
+    config: tuple[str, Mapping[str, Any]] | None = None, *,
+    flag_source: Callable[[str], str] = "keyword {}".format, where: str = "keyword arguments",
+) -> list[tuple[str, dict[str, Any]]]:
+    """A run's settings as `(source, {path: value})` layers, later wins: the `config` file
+    (`(name, document)`), then each flag given in `RUN_FLAGS` order, then `settings` (a mapping,
+    or the command line's `key=value` pairs, one layer each); each read by the one parser,
+    `fedhet.engine.config.parse`. `flag_source` names a flag's layer (`fedhet config show`
+    prints it), `where` names the flags in error lines. The API and the CLI both build runs so."""
+    layers: list[tuple[str, dict[str, Any]]] = []
     if config is not None:
-        values.update(parse(read_toml_file(Path(config), "config file")[1], str(config)))
+        name, doc = config
+        layers.append((f"file {name}", parse(doc, name)))
     for k in RUN_FLAGS:
         v = flags.get(k)
         if v is not None and v != "":
-            values.update(parse({k: _named(k, v)}, "keyword arguments"))
-    if settings:
-        values.update(parse({k: _named(k, v) for k, v in settings.items()}, "settings"))
+            layers.append((flag_source(k), parse({k: _named(k, v)}, where)))
+    if isinstance(settings, Mapping):
+        layers.append(("settings", parse({k: _named(k, v) for k, v in settings.items()},
+                                         "settings")))
+    else:
+        layers += [("flag --set", parse([pair], "--set")) for pair in settings or ()]
+    return layers
+
+
+def settings_of(
+    flags: Mapping[str, Any], settings: Mapping[str, Any] | None, config: str | Path | None,
+) -> dict[str, Any]:
+    """The run's settings as config paths: `setting_layers` merged (later wins)."""
+    doc = None if config is None else (str(config), read_toml_file(Path(config), "config file")[1])
+    values: dict[str, Any] = {}
+    for _, layer in setting_layers(flags, settings, doc):
+        values.update(layer)
     return values
 
 
@@ -229,22 +248,6 @@ def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
         n += 1
         out = Path(f"{base}-{n}")
     return out
-
-
-def read_metrics(path: Path) -> list[dict[str, float]]:
-    """`metrics.csv` as one dict per row, every cell a float (an empty cell NaN); `[]` when the
-    file is missing."""
-    if not path.is_file():
-        return []
-    with path.open(newline="", encoding="utf-8", errors="replace") as f:
-        return [{k: _float(v) for k, v in row.items() if k is not None} for row in csv.DictReader(f)]
-
-
-def _float(text: str | None) -> float:
-    try:
-        return float(text) if text not in (None, "") else math.nan
-    except ValueError:
-        return math.nan
 
 
 def _read_json(path: Path) -> dict[str, Any]:

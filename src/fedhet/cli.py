@@ -54,28 +54,17 @@ def _read_toml(given: str) -> dict[str, Any]:
     return doc
 
 
-RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
-             "executor", "workers", "precision", "data_dir")
-"""The setting flags, in the order their layers apply (before `--set`)."""
-
-
 def _run_layers(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """The run's settings as `(source, {path: value})` layers, later wins: the `--config` file,
-    then each flag, then each `--set`; each read by the one parser
-    (`fedhet.engine.config.parse`). The source is what `fedhet config show` prints."""
+    then each flag, then each `--set` (`fedhet.api.setting_layers`, as a Python caller's). The
+    source is what `fedhet config show` prints."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.interface import parse
+    from fedhet.api import RUN_FLAGS, setting_layers
 
-    layers: list[tuple[str, dict[str, Any]]] = []
-    if args.config:
-        layers.append((f"file {args.config}", parse(_read_toml(args.config), args.config)))
-    for k in RUN_FLAGS:
-        value = getattr(args, k, None)
-        if value is not None and value != "":
-            layers.append((f"flag --{k.replace('_', '-')}", parse({k: value}, "command line")))
-    for pair in args.set:
-        layers.append(("flag --set", parse([pair], "--set")))
-    return layers
+    config = (args.config, _read_toml(args.config)) if args.config else None
+    flags = {k: getattr(args, k, None) for k in RUN_FLAGS}
+    return setting_layers(flags, list(args.set), config, where="command line",
+                          flag_source=lambda k: f"flag --{k.replace('_', '-')}")
 
 
 def _run_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -199,7 +188,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from fedhet.experiments import sweep
     from fedhet.experiments.grid import load_grid
 
-    flags = {k: getattr(args, k) for k in RUN_FLAGS
+    flags = {k: getattr(args, k) for k in api.RUN_FLAGS
              if k not in ("device", "executor", "workers")  # where runs compute: `_overrides`
              and getattr(args, k, None) not in (None, "")}
     changes = sweep.changes(flags, args.set, args.sweep, title=not args.config)

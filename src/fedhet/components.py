@@ -24,12 +24,22 @@ from typing import Any
 
 from fedhet.algorithms.base import ALGORITHMS, Algorithm
 from fedhet.data.base import Dataset
+from fedhet.data.partition import PARTITIONS
 from fedhet.data.registry import DATASETS
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
 from fedhet.registry import PLUGIN_SOURCE, Entry, NoParams, Registry
 
-REGISTRIES: dict[str, Registry] = {"algorithm": ALGORITHMS, "dataset": DATASETS, "model": MODELS}
+COMPONENTS = ("algorithm", "dataset", "partition", "model")
+"""The kinds of component a run names, in the order its settings list them."""
+
+REGISTRIES: dict[str, Registry] = {
+    "algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONS, "model": MODELS,
+}
+"""The one table of registries, by kind (the engine's settings, plugins and `name_of` read it)."""
+
+HANDED_IN = ("algorithm", "dataset", "model")
+"""The kinds a user may hand in as Python objects (`name_of`); a partition is named."""
 
 _LIVE: dict[tuple[str, str], Any] = {}
 """(kind, name) → the object an in-process registration stands for (replaced when a notebook
@@ -39,6 +49,8 @@ cell hands in a new object under the same name)."""
 def name_of(kind: str, obj: Any) -> str:
     """The name `obj` (a `Dataset`, a model factory, an `Algorithm` subclass) runs under as
     the `kind` component (`dataset`, `model`, `algorithm`); see the module docstring."""
+    if kind not in HANDED_IN:
+        raise FedhetError(f"a {kind} is named, not handed in as an object: give its name")
     registry = REGISTRIES[kind]
     check = {"dataset": _check_dataset, "model": _check_model, "algorithm": _check_algorithm}[kind]
     check(obj)

@@ -132,7 +132,7 @@ def load(spec: str, origin: str = "--plugin", recorded: bool = False) -> str:
 
 def _registered_by(source: str) -> bool:
     """Whether any registered component records `source` (`plugin SPEC`)."""
-    from fedhet.engine.config import REGISTRIES  # lazy: the built-ins' registries import torch
+    from fedhet.components import REGISTRIES  # lazy: the built-ins' registries import torch
 
     return any(entry.source == source for reg in REGISTRIES.values() for entry in reg)
 
@@ -362,7 +362,7 @@ def _line_in(e: BaseException, file: str | None) -> int | None:
 def _entries_of(config: Mapping[str, Any]) -> list[registry.Entry]:
     """The registered entries of the components a run's `config` names (those known here)."""
     # lazy: the registries import torch; this module is imported by the command line's parser
-    from fedhet.engine.config import COMPONENTS, REGISTRIES
+    from fedhet.components import COMPONENTS, REGISTRIES
 
     out = []
     for kind in COMPONENTS:
@@ -377,7 +377,7 @@ def in_process(config: Mapping[str, Any]) -> dict[str, str]:
     """Kind → name of the components of a run's `config` that exist only in this process (handed
     in from a script or notebook, `in_script`): what no later process can build again."""
     # lazy: the registries import torch; this module is imported by the command line's parser
-    from fedhet.engine.config import COMPONENTS, REGISTRIES
+    from fedhet.components import COMPONENTS, REGISTRIES
 
     out = {}
     for kind in COMPONENTS:
@@ -393,7 +393,7 @@ def script_sources(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Kind → where the code of each component of `config` that a script or notebook handed in
     (`in_process`) came from: its `name`, the `object` (`module.qualname`), and the `file` and
     `line` that define it (None where Python cannot say, as for a class typed at a prompt)."""
-    from fedhet.engine.config import REGISTRIES  # lazy, as in `in_process`
+    from fedhet.components import REGISTRIES  # lazy, as in `in_process`
 
     out: dict[str, dict[str, Any]] = {}
     for kind, name in in_process(config).items():
@@ -411,7 +411,7 @@ def script_sources(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _components_missing(config: Mapping[str, Any]) -> bool:
     """Whether a component a saved run names is not registered in this process."""
-    from fedhet.engine.config import COMPONENTS  # lazy, as in `_entries_of`
+    from fedhet.components import COMPONENTS  # lazy, as in `_entries_of`
 
     named = [k for k in COMPONENTS if isinstance(config.get(k), str) and config.get(k) != "auto"]
     return len(_entries_of(config)) < len(named)

@@ -95,3 +95,16 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 __all__ = ["describe_device", "git_state", "provenance"]
+
+
+def of_run(config: dict[str, Any]) -> dict[str, Any]:
+    """The provenance of the run whose settings are `config`, in this process (what its
+    `RunStore` records): `provenance` with the plugins the run needs (`plugins.for_run`), and
+    where components were handed in from a script or notebook, `in_process` (which a later
+    process cannot build again: `plugins.in_process`) and `scripts` (the file, line and object
+    of their code: `plugins.script_sources`)."""
+    record = provenance(str(config.get("device", "auto")), plugins.for_run(config))
+    handed_in = plugins.in_process(config)
+    if not handed_in:
+        return record
+    return {**record, "in_process": handed_in, "scripts": plugins.script_sources(config)}

@@ -572,11 +572,12 @@ class Watchdog:
 
     def _round(self) -> str:
         """The round in flight, from the rows of OUT/metrics.csv (row 0 is the initial model)."""
-        try:
-            rows = len((self.out / "metrics.csv").read_text().splitlines()) - 1  # type: ignore[operator]
-        except (OSError, TypeError):
+        # lazy: the launcher imports torch only when it has a run to watch
+        from fedhet.engine.interface import rows_saved
+
+        if self.out is None:
             return "?"
-        return str(max(rows, 1))
+        return str(max(rows_saved(self.out) + 1, 1))
 
 
 def _log_mentions(log: Path, needles: tuple[str, ...]) -> bool:

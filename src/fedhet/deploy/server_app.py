@@ -33,7 +33,7 @@ from flwr.app import Message as FlowerMessage
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
-from fedhet import plugins
+from fedhet import plugins, provenance
 from fedhet.algorithms.interface import Message, Reply, ServerState
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.node import shorten_pull_backoff
@@ -396,7 +396,7 @@ def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
     plugins.ensure_recorded(settings, "the Flower run config")
     cfg = config_of(settings, "run config")
     prepare_out(out, bool(context.run_config.get(FORCE_KEY, False)))
-    store = RunStore(out)
+    store = RunStore(out, provenance.of_run)
     store.write_config(cfg.to_dict())
     rc = server_run(cfg, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)))
     flower: FlowerExecutor = rc.executor

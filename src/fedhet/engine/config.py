@@ -26,15 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from fedhet.algorithms.base import ALGORITHMS
+from fedhet.components import COMPONENTS, REGISTRIES
 from fedhet.data.files import absolute, is_data_path
-from fedhet.data.partition import PARTITIONS
-from fedhet.data.registry import DATASETS
+from fedhet.engine.store import RECORD_KEYS
 from fedhet.errors import FedhetError
-from fedhet.models.registry import MODELS
-from fedhet.registry import Registry, _coerce, build_params, did_you_mean, params_dict
-
-COMPONENTS = ("algorithm", "dataset", "partition", "model")
+from fedhet.registry import _coerce, build_params, did_you_mean, params_dict
 
 RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpoint_every",
            "client_state_memory_mb"}
@@ -45,10 +41,6 @@ RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "
              "cohort_chunk", "workers", "client_state_memory_mb"}
 """Settings a resumed run may change: they do not alter the rounds already done."""
 
-
-RECORD_KEYS = ("plugins", "provenance")
-"""The keys of a run's `config.json` that record how it was made (`fedhet.plugins`,
-`fedhet.provenance`), not settings: `RunStore.write_config` writes them, `parse` ignores them."""
 
 MAX_ROUNDS = 1_000_000
 """The most rounds a run may ask for. The papers' longest studies take a few hundred; each
@@ -218,7 +210,7 @@ class RunConfig:
         if self.model != "auto":
             return self.model
         try:
-            entry = DATASETS.get(self.dataset)
+            entry = REGISTRIES["dataset"].get(self.dataset)
         except FedhetError:
             return "mlp"
         return entry.trait("default_model", "mlp")
@@ -298,7 +290,7 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
         elif key in COMPONENTS and isinstance(value, str):
             # `FedAvg` is `fedavg`, `Auto` is `auto`
             out[key] = "auto" if value.lower() == "auto" else REGISTRIES[key].canonical(value)
-            if key == "dataset" and out[key] not in DATASETS and is_data_path(value):
+            if key == "dataset" and out[key] not in REGISTRIES["dataset"] and is_data_path(value):
                 out[key] = absolute(value)  # a data file: found again by --resume from anywhere
         elif key in ENGINE_FIELDS:
             out[key] = _engine_value(key, value, f"{where}: {key}")
@@ -351,11 +343,6 @@ def _engine_value(key: str, value: Any, where: str) -> Any:
         return _coerce(value, _HINTS[key], where)
     except FedhetError:
         raise FedhetError(f"{where} must be auto or a whole number ≥ 1, got {value!r}") from None
-
-
-REGISTRIES: dict[str, Registry] = {
-    "algorithm": ALGORITHMS, "dataset": DATASETS, "partition": PARTITIONS, "model": MODELS,
-}
 
 
 def build(*layers: Mapping[str, Any], only: Sequence[str] = COMPONENTS) -> RunConfig:

@@ -49,6 +49,8 @@ from fedhet.engine.store import (
     format_value,
     read_metric_columns,
     read_metric_rows,
+    read_metric_text,
+    rows_saved,
     to_json,
 )
 from fedhet.engine.workers import CORES_ENV, usable_cores
@@ -104,8 +106,10 @@ __all__ = [
     "read_json_lines",
     "read_metric_columns",
     "read_metric_rows",
+    "read_metric_text",
     "read_toml_file",
     "run_together",
+    "rows_saved",
     "rundir",
     "to_json",
     "usable_cores",

@@ -15,11 +15,13 @@ into checkpoints, the resume check and the summary.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -282,6 +284,8 @@ class Simulation:
         except FedhetError:
             raise
         except Exception as e:  # code the run called raised: the user's, a library's or ours
+            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise self._disk_full(e, k) from e
             where, user = blame(e)
             failed = UserCodeFailed(k, one_line(e), where, user)
             self._failed(failed, rows)
@@ -306,6 +310,17 @@ class Simulation:
                 self._checkpoint(done, state, rows[-1]["wall_time_s"])
             self.store.write_summary(summary)
         return summary
+
+    def _disk_full(self, error: OSError, round: int) -> FedhetError:
+        """The disk filled while round `round` was saved: one line naming the directory; the
+        files are written atomically, so every round saved before is intact and a resume
+        continues from the last checkpoint once there is room."""
+        where = self.store.out if self.store is not None else Path(error.filename or ".")
+        return FedhetError(
+            f"no room left on the disk to save round {round + 1} in {where} ({error.strerror}); "
+            "every round saved before is kept: free some space, then resume the run "
+            f"(`fedhet run --resume {where}`) to continue from its last checkpoint"
+        )
 
     def _all_failed(self, round: int) -> UserCodeFailed:
         """Every client that ran in `round` failed: not a simulated fault but a bug or a bad

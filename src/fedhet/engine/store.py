@@ -33,14 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
-from fedhet import plugins
-from fedhet.engine.config import RECORD_KEYS
 from fedhet.engine.reading import read_csv, read_json
 from fedhet.engine.rundir import fsync_dir
 from fedhet.errors import FedhetError
-from fedhet.provenance import provenance
 
 MAGIC = b"FEDHET-CHECKPOINT-1\n"
 try:  # NumPy ≥ 2 (1.26 has it too, as an alias of numpy.core's, but only once imported)
@@ -80,9 +76,7 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def _json_default(o: Any) -> Any:
-    if isinstance(o, torch.Tensor):
-        return o.tolist()
-    if hasattr(o, "tolist"):
+    if hasattr(o, "tolist"):  # a tensor, a NumPy array or scalar
         return o.tolist()
     raise TypeError(f"not JSON serialisable: {type(o)}")
 
@@ -100,18 +94,6 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
     return obj
-
-
-def _provenance_of(config: dict[str, Any]) -> dict[str, Any]:
-    """The provenance of the run whose settings are `config`, in this process; `in_process`
-    (only when there are any) names its components that were handed in from a script or
-    notebook, which a later process cannot build again (`fedhet.plugins.in_process`), and
-    `scripts` where their code came from (file, line, object: `fedhet.plugins.script_sources`)."""
-    record = provenance(str(config.get("device", "auto")), plugins.for_run(config))
-    handed_in = plugins.in_process(config)
-    if not handed_in:
-        return record
-    return {**record, "in_process": handed_in, "scripts": plugins.script_sources(config)}
 
 
 def append_line(path: Path, line: str) -> None:
@@ -153,10 +135,11 @@ METRICS_FIX = ("fedhet writes it with a header and a line per round; `fedhet run
                "rebuilds it from the run's checkpoint, or run it again with --force")
 
 
-def read_metric_rows(path: Path | str) -> list[dict[str, float]]:
-    """`metrics.csv` (or the run directory holding it) as rows of floats; blank cells are NaN.
-    A damaged file (not text, a torn row, no `round` column: `reading.read_csv`) or one
-    without a row is one `FedhetError`."""
+def read_metric_text(path: Path | str) -> list[dict[str, str]]:
+    """The one reader of `metrics.csv` (or the run directory holding it): its rows, cells as
+    the text fedhet wrote (the result files copy them digit for digit). A damaged file (not
+    text, a torn row, no `round` column: `reading.read_csv`) or one without a row is one
+    `FedhetError`."""
     path = Path(path)
     if path.is_dir():
         path = path / "metrics.csv"
@@ -164,7 +147,26 @@ def read_metric_rows(path: Path | str) -> list[dict[str, float]]:
     if not rows:
         raise FedhetError(f"{path} holds no round (only its header): the run saved none yet, or "
                           f"the file was cut; {METRICS_FIX}")
-    return [{k: _cell(v) for k, v in row.items()} for row in rows]
+    return rows
+
+
+def read_metric_rows(path: Path | str, missing_ok: bool = False) -> list[dict[str, float]]:
+    """`metrics.csv` (or the run directory holding it) as rows of floats; blank cells are NaN
+    (`read_metric_text`). With `missing_ok`, a run that wrote none yet has no rows."""
+    path = Path(path)
+    if missing_ok and not (path / "metrics.csv" if path.is_dir() else path).exists():
+        return []
+    return [{k: _cell(v) for k, v in row.items()} for row in read_metric_text(path)]
+
+
+def rows_saved(run_dir: Path | str) -> int:
+    """Rounds a run directory's `metrics.csv` holds after round 0, by its lines (0 when it has
+    none): cheap enough for a status line refreshed every second, never an error."""
+    try:
+        with open(Path(run_dir) / "metrics.csv", "rb") as f:
+            return max(0, sum(1 for _ in f) - 2)
+    except OSError:
+        return 0
 
 
 def read_metric_columns(path: Path | str) -> dict[str, list[float]]:
@@ -229,9 +231,22 @@ SUMMARY_FIX = ("fedhet writes it as a JSON object after every round: `fedhet run
                "writes it again from the checkpoint")
 
 
+RECORD_KEYS = ("plugins", "provenance")
+"""The keys of `config.json` that record what made the run, beside its settings."""
+
+Provenance = Callable[[dict[str, Any]], dict[str, Any]]
+"""What made a run with these settings (`fedhet.provenance.of_run`): versions, commit, device,
+and `plugins` (each module its components need imported again → the file it came from)."""
+
+
 class RunStore:
-    def __init__(self, out: Path) -> None:
+    """The one writer of a run directory (module docstring). `provenance` (given by whoever
+    starts or resumes the run) records what made it in `config.json` and `summary.json`; a
+    store only reading a run needs none."""
+
+    def __init__(self, out: Path, provenance: Provenance | None = None) -> None:
         self.out = Path(out)
+        self._provenance_of: Provenance = provenance or (lambda settings: {"plugins": {}})
         self.history = MetricsHistory()
         """The metrics rows written so far, for the checkpoints (`MetricsHistory`)."""
         self.diag_records = 0
@@ -247,10 +262,9 @@ class RunStore:
     # -- plain files ----------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
         """`config.json`: the run's settings, and the record of what made it: `plugins` (the
-        specs its components need imported again, `fedhet.plugins.for_run`) and `provenance`
-        (`fedhet.provenance.provenance`)."""
+        specs its components need imported again) and `provenance` (the store's `provenance`)."""
         settings = {k: v for k, v in config.items() if k not in RECORD_KEYS}
-        self._provenance = _provenance_of(settings)
+        self._provenance = self._provenance_of(settings)
         record = {"plugins": list(self._provenance["plugins"]), "provenance": self._provenance}
         atomic_write_text(self.out / "config.json", to_json({**settings, **record}))
 
@@ -378,7 +392,7 @@ class RunStore:
                 saved = json.loads((self.out / "config.json").read_text())
             except (OSError, ValueError):
                 saved = {}
-            self._provenance = _provenance_of(saved if isinstance(saved, dict) else {})
+            self._provenance = self._provenance_of(saved if isinstance(saved, dict) else {})
         atomic_write_text(self.out / "summary.json",
                           to_json({**summary, "provenance": self._provenance}))
 
@@ -390,6 +404,8 @@ class RunStore:
 
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, payload: dict[str, Any]) -> None:
+        import torch  # lazy: reading a run directory needs no torch
+
         buf = io.BytesIO()
         torch.save(payload, buf)
         data = buf.getvalue()
@@ -447,6 +463,8 @@ def intact(path: Path) -> bool:
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """Verify the SHA-256 of a checkpoint file and unpickle it with `weights_only=True`."""
     payload = _verified(Path(path).read_bytes())
+    import torch  # lazy: reading a run directory's other files needs no torch
+
     with torch.serialization.safe_globals(SAFE_GLOBALS):
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     if not isinstance(state, dict) or "round" not in state:

@@ -27,10 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.interface import damaged, read_csv, read_json
+from fedhet.engine.interface import damaged, read_csv, read_json, read_metric_text
 from fedhet.errors import FedhetError
-
-METRICS_FIX = "fedhet writes it with a header and a line per round: restore it, or run the run again"
 
 BASE_COLUMNS = ("setting", "algorithm", "seed", "round", "test_accuracy", "test_loss", "train_loss")
 """The contract's leading columns, in order."""
@@ -98,10 +96,6 @@ def is_finished(run_dir: Path) -> bool:
     return bool(summary.get("finished")) or summary.get("status") == "diverged"
 
 
-def _metric_rows(path: Path) -> list[dict[str, str]]:
-    return read_csv(path, METRICS_FIX, required=("round",))[1]
-
-
 def run_rows(run: Run, setting: str, algorithm: str,
              extra_columns: Sequence[ExtraColumn] = ()) -> list[dict[str, str]]:
     """The contract's rows of one run: one per round in its metrics.csv (cells as text)."""
@@ -110,7 +104,7 @@ def run_rows(run: Run, setting: str, algorithm: str,
         raise FedhetError(f"{run.dir} has no metrics.csv")
     pairs = [(c, c) if isinstance(c, str) else c for c in extra_columns]
     out = []
-    for m in _metric_rows(path):
+    for m in read_metric_text(path):
         row = {"setting": setting, "algorithm": algorithm, "seed": str(run.seed),
                "round": str(int(float(m["round"])))}
         for col in BASE_COLUMNS[4:]:

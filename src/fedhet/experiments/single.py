@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet import plugins
+from fedhet import plugins, provenance
 from fedhet.engine.interface import (
     RESUMABLE,
     SUMMARY_FIX,
@@ -172,7 +172,7 @@ def opened(
         return
     check_out(out, force)
     cfg = config_of(settings or {})
-    store = RunStore(out)
+    store = RunStore(out, provenance.of_run)
     data = load(cfg, cache=True) if data_cache else None
     sim = assemble(cfg, store=store, data=data, log=log, callbacks=callbacks)
     with rundir.exclusive(out, "run"):
@@ -191,7 +191,7 @@ def resume_settings(
     `RESUMABLE` settings, rounds only upwards) and a config.json edited since the newest
     checkpoint (with `checkpoint`; the resume itself checks it as it loads the checkpoint).
     Nothing is written (`fedhet config show --resume` says the same)."""
-    store = RunStore(out)
+    store = RunStore(out, provenance.of_run)
     if not (out / "config.json").is_file():
         raise FedhetError(f"{out} has no config.json: it is not a fedhet run directory")
     record = store.read_config()

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedhet.engine.interface import read_metric_text, rows_saved
 from fedhet.errors import FedhetError
 from fedhet.experiments import paper_results
 from fedhet.experiments.campaign.tables import CampaignRun, Table
@@ -54,13 +55,8 @@ def now() -> str:
 
 
 def rounds_done(run_dir: Path) -> int:
-    """Rounds a run directory holds (its metrics.csv's rows after round 0)."""
-    path = run_dir / "metrics.csv"
-    try:
-        with path.open() as f:
-            return max(0, sum(1 for _ in f) - 2)
-    except OSError:
-        return 0
+    """Rounds a run directory holds (its metrics.csv's rows after round 0; `rows_saved`)."""
+    return rows_saved(run_dir)
 
 
 def round_seconds(run_dir: Path, first: int = 1) -> list[float]:
@@ -69,7 +65,7 @@ def round_seconds(run_dir: Path, first: int = 1) -> list[float]:
     if not path.exists():
         return []
     out = []
-    for row in paper_results._metric_rows(path):
+    for row in read_metric_text(path):
         try:
             k = int(float(row["round"]))
             s = float(row.get("round_time_s") or "nan") + float(row.get("eval_time_s") or 0.0)

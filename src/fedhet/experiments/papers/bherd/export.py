@@ -13,11 +13,12 @@ summed over the clients; BHerd only). Floats are written with 6 significant digi
 from __future__ import annotations
 
 import argparse
-import csv
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fedhet.engine.interface import read_metric_rows
 from fedhet.experiments.paper_results import is_finished, run_of, run_rows, write_meta, write_rows
 from fedhet.experiments.papers.bherd.preset import BEST_BATCH, CASES, common
 from fedhet.experiments.papers.bherd.readings import methods, parse_seeds, run_dir
@@ -71,13 +72,11 @@ def study_rows(root: Path, study: str, reading: str, seeds: Sequence[int],
 
 def _kept(run: Path, clients: int) -> list[str]:
     """Per round, `Σ_i kept_i` (BHerd's kept local steps) or empty."""
-    with (run / "metrics.csv").open(newline="") as f:
-        out = []
-        for m in csv.DictReader(f):
-            cells = [m.get(f"kept_{i}", "") for i in range(clients)]
-            vals = [float(c) for c in cells if c not in ("", "nan")]
-            out.append(str(int(sum(vals))) if vals else "")
-        return out
+    out = []
+    for m in read_metric_rows(run):
+        vals = [v for i in range(clients) if not math.isnan(v := m.get(f"kept_{i}", math.nan))]
+        out.append(str(int(sum(vals))) if vals else "")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> None:

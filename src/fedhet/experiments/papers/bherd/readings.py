@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from fedhet import provenance
 from fedhet.engine.interface import RunStore, assemble, config_of, load
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.bherd.plots import read_metrics, rounds_to_reach
@@ -200,9 +201,10 @@ def run_one(spec: dict[str, Any], out: Path, data_cache: dict[str, Any], log: Ca
     key = cfg.dataset
     if key not in data_cache:
         data_cache[key] = load(cfg)
-    sim = assemble(cfg, store=RunStore(out), data=data_cache[key], log=log)
+    store = RunStore(out, provenance.of_run)
+    sim = assemble(cfg, store=store, data=data_cache[key], log=log)
     prepare_out(out, force=True, warn=log)
-    RunStore(out).write_config(cfg.to_dict())
+    store.write_config(cfg.to_dict())
     sim.run()
 
 

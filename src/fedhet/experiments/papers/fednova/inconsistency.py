@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fedhet import provenance
 from fedhet.data.interface import Dataset
 from fedhet.engine.interface import RunStore, assemble, config_of, read_metric_rows
 from fedhet.experiments import paper_results
@@ -96,7 +97,7 @@ def run_one(algorithm: str, extra: dict, seed: int, rounds: int, lr: float, out:
               "clients": clients, "rounds": rounds, "lr": lr, "batch_size": 1,
               "client_steps": tau, "seed": seed, "train_loss": True, "device": "cpu",
               "executor": "sequential", "workers": 1, **extra}
-    store = RunStore(out)
+    store = RunStore(out, provenance.of_run)
     out.mkdir(parents=True, exist_ok=True)
     with MODELS.added(MODEL, lambda shape, classes, params: HalfSquare(shape[0]), NoParams,
                       "FedNova eq. 3: ½‖x − e‖²"):
