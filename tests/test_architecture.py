@@ -181,3 +181,40 @@ def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below
                         and parts[2:] != ["interface"]:
                     reached.append(f"{rel}:{node.lineno} {name}")
     assert reached == [], f"modules of lower layers imported directly: {reached}"
+
+
+LAYERS = (
+    ("fedhet", "errors", "procs"),
+    ("registry",),
+    ("data", "models", "training", "configs", "userdocs"),
+    ("algorithms",),
+    ("components",),
+    ("plugins",),
+    ("engine",),
+    ("provenance",),
+    ("experiments", "testing"),
+    ("api",),
+    ("deploy",),
+    ("cli",),
+    ("__main__",),
+)
+"""Every part of `src/fedhet`, bottom up: a module imports only from its own part or the parts
+below it. `fedhet` itself is the bottom: its `__init__` imports nothing until a public name is
+first used (and `from fedhet import plugins` names a module, not the package's surface)."""
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_module_imports_only_from_its_own_layer_or_below():
+    """No arrow runs back up the house, in any module of src/fedhet (the api, components,
+    testing, plugins and provenance included), counting the imports inside functions."""
+    level = {name: i for i, names in enumerate(LAYERS) for name in names}
+    graph = import_graph()
+    unknown = sorted({_part(m) for m in graph} - set(level))
+    assert unknown == [], f"parts of src/fedhet with no place in LAYERS: {unknown}"
+    upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
+                    if level[_part(d)] > level[_part(m)])
+    assert upward == [], f"imports that run back up the layers: {upward}"

@@ -257,7 +257,7 @@ def from_command_line() -> bool:
 def _source(text: str) -> Iterator[None]:
     """Components registered in the body record `text` as their source; fedhet's own are
     registered before (a plugin's `import fedhet...` must not claim the built-ins)."""
-    import fedhet.engine.config  # noqa: F401  (lazy: the built-ins' registries import torch)
+    import fedhet.components  # noqa: F401  (lazy: the built-ins' registries import torch)
 
     registry.PLUGIN_SOURCE.append(text)
     try:
