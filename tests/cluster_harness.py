@@ -1,6 +1,8 @@
 """A real two-node Ray cluster on this machine, and fedhet grids driven against it.
 
-Run by tests/test_cluster.py as `unshare -n python tests/cluster_harness.py WORK`: everything
+Run as `unshare -n python tests/cluster_harness.py WORK` (`Background`, below, started by
+tests/conftest.py as soon as the session's tests are collected, so the harness runs while
+the other tests do; tests/test_cluster.py's `cluster` fixture waits for its report): everything
 here (both nodes, every driver) lives in one private network namespace, where 127.0.0.1 is the
 only address, so no traffic leaves loopback. Ray's files go to a private temp directory
 (`--temp-dir`, and `RAY_TMPDIR` for every process), so an address file another Ray left in
@@ -39,6 +41,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -341,10 +344,11 @@ def scenario_late(work: Path, address: str, temp: Path, report: dict) -> None:
     """Nodes that join a running grid: the driver probes each; one that cannot see the grid
     directory gets no run, one that can takes runs. The grid starts on the head node alone."""
     grid = work / "late.toml"
-    rounds = report["late_rounds"] = 2 * LOST_ROUNDS  # ~12 s a run: runs are left when the
-    # two nodes have joined (~5 s each here, one after the other)
-    grid.write_text(GRID.format(clients=6, rounds=rounds).replace(
-        "seed = [0, 1, 2, 3]", "seed = [0, 1, 2, 3, 4, 5]"))
+    rounds = report["late_rounds"] = 2 * LOST_ROUNDS  # ~12 s a run on an idle core: the head
+    # alone is on its second run at most when the two nodes have joined (~5 s each here, one
+    # after the other), and two runs at least are left for them
+    report["late_seeds"] = 4
+    grid.write_text(GRID.format(clients=6, rounds=rounds))
     out = work / "hidden" / "late"
     report["late_alive_before"] = len(nodes(address, 1))
     proc = driver(work, "late", grid, out, "--cluster", "ray", "--ray-address", address)
@@ -480,6 +484,129 @@ def main(work: Path) -> None:
         report["total_s"] = time.monotonic() - T0
         (work / "report.json").write_text(json.dumps(report, indent=1))
         say("harness: done " + json.dumps({k: v for k, v in report.items() if k != "pids"}))
+
+
+# -- the test process's side: start the harness, watch it, stop it ----------------------------
+STALL_S = 480.0
+"""The harness is stopped when it has printed nothing for this long: each of its waits is
+bounded on its own (the longest, a driver finishing a grid, at 400 s) and it says what it waits
+for, so silence this long means it hangs where its last line says."""
+
+
+def _die_with_parent() -> None:  # in the child, before exec: SIGTERM when the test process dies
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _netns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def _in_namespace(ns: str) -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir()
+            if p.name.isdigit() and _netns(int(p.name)) == ns and _alive(int(p.name))]
+
+
+def _end_namespace(ns: str) -> list[int]:
+    """SIGKILL by PID whatever still runs in the harness's network namespace (only what the
+    harness started lives there); returns what was found."""
+    left = _in_namespace(ns)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while _in_namespace(ns) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+def harness_output(work: Path, lines: int = 60) -> str:
+    """The harness's last `lines` lines of progress, for a failing test's message."""
+    try:
+        text = (work / "harness.log").read_text()
+    except OSError:
+        return "(no harness output)"
+    return "harness output (last lines):\n" + "\n".join(text.splitlines()[-lines:])
+
+
+class Background:
+    """The harness in its own network namespace, started from the test process (in the thread
+    that lives as long as that process: the harness gets SIGTERM when the process dies) and
+    watched by a thread of its own: it streams its progress to WORK/harness.log and is stopped
+    (SIGTERM, then what is left in its namespace SIGKILLed by PID) when it stalls for
+    `STALL_S` or when `stop` is called (the session ends before a test asked for its report)."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.own = _netns(os.getpid())
+        self.ns: str | None = None
+        self.stalled = False
+        self.leftovers: list[int] = []
+        self.stopping = threading.Event()
+        with (work / "harness.log").open("w") as out:
+            self.proc = subprocess.Popen(["unshare", "-n", PY, str(Path(__file__).resolve()),
+                                          str(work)], stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True, preexec_fn=_die_with_parent)
+        self.thread = threading.Thread(target=self._watch, name="cluster-harness", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        log = self.work / "harness.log"
+        try:
+            size, quiet_since = -1, time.monotonic()
+            while self.proc.poll() is None and not self.stopping.is_set():
+                if self.ns in (None, self.own):
+                    self.ns = _netns(self.proc.pid)
+                now = log.stat().st_size
+                if now != size:
+                    size, quiet_since = now, time.monotonic()
+                elif time.monotonic() - quiet_since > STALL_S:
+                    self.stalled = True
+                    break
+                self.stopping.wait(0.5)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.terminate()  # the harness stops what it started
+                try:
+                    self.proc.wait(90)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(10)
+            self.leftovers = _end_namespace(self.ns) if self.ns not in (None, self.own) else []
+
+    def stop(self) -> None:
+        """Stop the harness now if it still runs (bounded: SIGTERM, 90 s, then SIGKILL)."""
+        self.stopping.set()
+        self.thread.join(120)
+
+    def result(self) -> tuple[Path, dict]:
+        """Once the harness has ended: its work directory and report (`AssertionError` if it
+        stalled, reported nothing or left processes running)."""
+        self.thread.join()
+        work = self.work
+        assert not self.stalled, (f"the harness printed nothing for {STALL_S:.0f} s\n"
+                                  f"{harness_output(work)}")
+        assert not self.stopping.is_set(), "the harness was stopped before it finished"
+        report_path = work / "report.json"
+        assert report_path.exists(), (f"the harness reported nothing ({self.proc.returncode})\n"
+                                      f"{harness_output(work)}")
+        report = json.loads(report_path.read_text())
+        assert report["left_running"] == [] and self.leftovers == [], (
+            f"the harness left processes running: {report['left_running']}, {self.leftovers}\n"
+            f"{harness_output(work)}")
+        return work, report
 
 
 if __name__ == "__main__":

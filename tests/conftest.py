@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,12 +19,50 @@ os.environ["FEDHET_CORES"] = "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # the tests that read the cluster harness's report run last: the harness (minutes of Ray
+    # nodes and grids, tests/cluster_harness.py) runs meanwhile, beside the other tests
+    items.sort(key=lambda item: "cluster" in getattr(item, "fixturenames", ()))
     if os.environ.get("FEDHET_SLOW") == "1":
         return
     skip = pytest.mark.skip(reason="slow test: set FEDHET_SLOW=1 to run it")
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+_HARNESS: list = []
+"""The cluster harness (`cluster_harness.Background`) once started: at most one a session."""
+
+
+def _start_harness(config: pytest.Config):  # noqa: ANN202
+    from cluster_harness import Background
+
+    factory = getattr(config, "_tmp_path_factory", None)
+    work = factory.mktemp("cluster") if factory else Path(tempfile.mkdtemp(prefix="fedhet-cluster-"))
+    _HARNESS.append(Background(work))
+    return _HARNESS[-1]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the cluster harness now, in the background, when a test to run reads its report
+    and Ray is installed (those tests are skipped without it)."""
+    wanted = any("cluster" in getattr(item, "fixturenames", ()) for item in session.items)
+    if wanted and not _HARNESS and importlib.util.find_spec("ray") is not None \
+            and not session.config.option.collectonly:
+        _start_harness(session.config)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for harness in _HARNESS:  # a session that ends first (-x, Ctrl-C) stops it
+        harness.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(pytestconfig: pytest.Config) -> tuple[Path, dict]:
+    """The cluster harness's work directory and report, once it has run (it is started when the
+    tests are collected; tests/cluster_harness.py and tests/test_cluster.py)."""
+    harness = _HARNESS[0] if _HARNESS else _start_harness(pytestconfig)
+    return harness.result()
 
 
 @pytest.fixture(autouse=True)
