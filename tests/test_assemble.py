@@ -210,3 +210,20 @@ def test_the_client_half_holds_no_server():
     assert [ix.tolist() for ix in side.client_indices] == [ix.tolist() for ix in sim.client_indices]
     assert torch.equal(side.model.params, sim.model.params)
     assert isinstance(side.run_info, RunInfo) and not hasattr(side, "evaluator")
+
+
+def test_a_callback_that_raises_stoprun_ends_the_run_as_it_was_raised_not_as_a_failure(tmp_path):
+    """A stopping grid's callback raises `StopRun` after a saved round: the engine lets it through
+    (the grid reports the run as stopped, not as failed user code), and the run resumes."""
+    from fedhet.engine.interface import StopRun
+
+    def stop_after_2(row: dict[str, Any]) -> None:
+        if row["round"] == 2:
+            raise StopRun(2)
+
+    out = tmp_path / "run"
+    with pytest.raises(StopRun):
+        execute({**BASE, "rounds": 4}, out, log=lambda _: None, callbacks=[stop_after_2])
+    assert json.loads((out / "summary.json").read_text())["status"] == "running"
+    summary = execute({**BASE, "rounds": 4}, out, resume=True, log=lambda _: None)
+    assert summary["finished"] and summary["rounds_done"] == 4

@@ -39,6 +39,12 @@ Row = dict[str, Any]
 METHODS = ("on_start", "on_round", "on_end")
 
 
+class StopRun(Exception):  # noqa: N818  (a signal, not an error)
+    """Raised from a callback, after a saved round, to end the run at once (a grid that is
+    stopping): it passes through the engine as it was raised, never reported as the run's
+    failure; the run resumes from its last checkpoint."""
+
+
 class RunView:
     """What a callback sees of a run, read-only: the engine keeps the run itself.
 
@@ -205,4 +211,4 @@ class _PlainProgress:
         pass
 
 
-__all__ = ["Callback", "CallbackLike", "Callbacks", "ProgressBar", "RunView"]
+__all__ = ["Callback", "CallbackLike", "Callbacks", "ProgressBar", "RunView", "StopRun"]

@@ -10,7 +10,7 @@ user's code imports fedhet only from `fedhet/__init__.py`; every other name in
 from fedhet.engine import rundir
 from fedhet.engine.assemble import ClientSide, assemble, assemble_clients
 from fedhet.engine.batch import run_together
-from fedhet.engine.callbacks import CallbackLike
+from fedhet.engine.callbacks import CallbackLike, StopRun
 from fedhet.engine.clients import ClientWork
 from fedhet.engine.comm import LINKS
 from fedhet.engine.config import (
@@ -77,6 +77,7 @@ __all__ = [
     "RunStore",
     "SAFE_GLOBALS",
     "SUMMARY_FIX",
+    "StopRun",
     "Simulation",
     "TIME_COLUMNS",
     "assemble",

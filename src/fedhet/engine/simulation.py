@@ -30,7 +30,7 @@ import torch
 from fedhet.algorithms import state as states
 from fedhet.algorithms.base import BUFFERS, Algorithm, Message, RunInfo
 from fedhet.data.base import Dataset
-from fedhet.engine.callbacks import CallbackLike, Callbacks, ProgressBar, RunView
+from fedhet.engine.callbacks import CallbackLike, Callbacks, ProgressBar, RunView, StopRun
 from fedhet.engine.client_store import CLIENT_STATES
 from fedhet.engine.clients import ClientWork
 from fedhet.engine.comm import CommLedger
@@ -281,7 +281,7 @@ class Simulation:
         except UserCodeFailed as e:
             self._failed(e, rows)
             raise
-        except FedhetError:
+        except (FedhetError, StopRun):
             raise
         except Exception as e:  # code the run called raised: the user's, a library's or ours
             if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):

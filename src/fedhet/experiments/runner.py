@@ -35,6 +35,7 @@ from fedhet.engine.interface import (
     REGISTRIES,
     RUNTIME,
     RunStore,
+    StopRun,
     batchable,
     build,
     canonical_config,
@@ -72,10 +73,6 @@ def default_jobs() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
-
-
-class StopRun(Exception):  # noqa: N818  (a signal, not an error)
-    """Raised from a run's callback, after a saved round, when the grid is stopping."""
 
 
 class Interrupted(KeyboardInterrupt):
