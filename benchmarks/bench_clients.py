@@ -46,7 +46,7 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
     from fedhet.engine.assemble import assemble
     from fedhet.engine.client_store import CLIENT_STATES
     from fedhet.engine.config import config_of
-    from fedhet.engine.store import RunStore
+    from fedhet.rundir.store import RunStore
 
     settings: dict[str, Any] = {
         "algorithm": "scaffold", "dataset": "mnist", "model": "mlp", "partition": "iid",

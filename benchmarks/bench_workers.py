@@ -37,10 +37,10 @@ import torch
 from fedhet.data.base import Dataset
 from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.store import RunStore
 from fedhet.engine.workers import AUTO_MIN_RUN_WORK, AUTO_MIN_WORK, usable_cores
 from fedhet.experiments.demo import DEMO_ALGORITHMS, DEMO_SETTINGS
 from fedhet.experiments.results import git_commit
+from fedhet.rundir.store import RunStore
 
 POINTS = "4x32:200,10x150:200,20x150:200,100x60:200,20x300:200,20x600:16,40x300:200,20x600:200,"\
          "400x60:200,100x600:16,100x600:200"

@@ -16,7 +16,7 @@ from sklearn.datasets import make_classification
 
 import fedhet
 from fedhet.cli import main
-from fedhet.engine.store import TIME_COLUMNS
+from fedhet.rundir.store import TIME_COLUMNS
 
 FAST = {"clients": 4, "rounds": 3, "seed": 1}
 

@@ -154,7 +154,7 @@ def test_imports_inside_functions_say_why():
     assert missing == [], f"in-function imports without a reason: {missing}"
 
 
-LOWER = ("engine", "data", "models", "algorithms", "training")
+LOWER = ("engine", "data", "models", "algorithms", "training", "rundir")
 UPPER = ("experiments", "deploy", "cli")
 
 
@@ -178,14 +178,14 @@ def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below
             for name in names:
                 parts = name.split(".")
                 if len(parts) > 1 and parts[0] == "fedhet" and parts[1] in LOWER \
-                        and parts[2:] != ["interface"]:
+                        and parts[2:] not in ([], ["interface"]):
                     reached.append(f"{rel}:{node.lineno} {name}")
     assert reached == [], f"modules of lower layers imported directly: {reached}"
 
 
 LAYERS = (
     ("fedhet", "errors", "procs"),
-    ("registry",),
+    ("registry", "rundir"),
     ("data", "models", "training", "configs", "userdocs"),
     ("algorithms",),
     ("components",),
@@ -218,3 +218,20 @@ def test_every_module_imports_only_from_its_own_layer_or_below():
     upward = sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps
                     if level[_part(d)] > level[_part(m)])
     assert upward == [], f"imports that run back up the layers: {upward}"
+
+
+def test_the_run_directory_package_stands_on_errors_alone_and_reads_without_torch():
+    """`fedhet.rundir` (the run directory's writer and readers) imports nothing of fedhet but
+    `errors`, and a process that only reads runs never imports torch."""
+    import subprocess
+    import sys
+
+    graph = import_graph()
+    outside = sorted(f"{m} -> {d}" for m, deps in graph.items() if m.startswith("fedhet.rundir")
+                     for d in deps if not d.startswith("fedhet.rundir") and d != "fedhet.errors")
+    assert outside == [], f"fedhet.rundir imports other parts of fedhet: {outside}"
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, fedhet.rundir; print('torch' in sys.modules)"],
+        capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(SRC)},
+    )
+    assert probe.stdout.strip() == "False", probe.stderr

@@ -22,11 +22,11 @@ from fedhet.data.registry import DATASETS
 from fedhet.engine.assemble import algorithm_params, assemble, assemble_clients
 from fedhet.engine.config import config_of
 from fedhet.engine.federate import load
-from fedhet.engine.store import TIME_COLUMNS
 from fedhet.errors import FedhetError
 from fedhet.experiments.single import execute
 from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
+from fedhet.rundir.store import TIME_COLUMNS
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 4, "rounds": 2, "lr": 0.1,
         "local_steps": 3, "seed": 5, "device": "cpu"}

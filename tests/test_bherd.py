@@ -19,8 +19,8 @@ from fedhet.algorithms.bherd import (
 from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
-from fedhet.engine.store import RunStore, read_checkpoint
 from fedhet.errors import FedhetError
+from fedhet.rundir.store import RunStore, read_checkpoint
 
 
 def prefix_norms(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:

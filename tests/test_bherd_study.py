@@ -67,7 +67,7 @@ def test_plots_from_a_bherd_run(tmp_path):
 
 
 def fake_run(path: Path, acc: list[float], kept: list[list[int]]) -> None:
-    from fedhet.engine.store import RunStore
+    from fedhet.rundir.store import RunStore
 
     store = RunStore(path)
     rows = [{"round": k, "test_loss": 1.0 - a, "test_accuracy": a,
@@ -164,8 +164,8 @@ def test_scaffold_study_runs_and_reports_the_guard(tmp_path, br):
 def test_guard_report_counts_fallbacks(tmp_path):
     import json
 
-    from fedhet.engine.store import RunStore
     from fedhet.experiments.papers.bherd import readings as br
+    from fedhet.rundir.store import RunStore
 
     method = br.methods("scaffold", "mean-tau")["BHerd-SCAFFOLD mean-tau ρ=1.0"]
     for seed, fallbacks in ((0, [0, 2, 0, 1, 0]), (1, [0, 0, 0, 0, 0])):

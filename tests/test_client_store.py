@@ -20,8 +20,8 @@ from fedhet.engine.assemble import assemble
 from fedhet.engine.client_store import CLIENT_STATES, ClientStateStore, state_nbytes
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import sample_clients
-from fedhet.engine.store import TIME_COLUMNS, RunStore, read_checkpoint
 from fedhet.errors import FedhetError
+from fedhet.rundir.store import TIME_COLUMNS, RunStore, read_checkpoint
 
 STATEFUL = ["scaffold", "moon", "grab-fedavg", "bherd", "bherd-fednova", "bherd-scaffold", "fedsr"]
 """The algorithms whose clients keep a state between rounds."""

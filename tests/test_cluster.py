@@ -28,9 +28,9 @@ from cli_errors import one_error_line
 from cluster_harness import harness_output
 
 from fedhet.cli import main
-from fedhet.engine.store import TIME_COLUMNS
 from fedhet.errors import FedhetError
 from fedhet.experiments.cluster import check_resources
+from fedhet.rundir.store import TIME_COLUMNS
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray is not installed (pip install 'fedhet[cluster]')")

@@ -7,8 +7,8 @@ import pytest
 from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
-from fedhet.engine.store import RunStore
 from fedhet.experiments.commcost import transfers_to_target
+from fedhet.rundir.store import RunStore
 
 BASE = {"dataset": "digits", "partition": "iid", "lr": 0.05, "seed": 1, "clients": 4, "rounds": 2}
 

@@ -12,7 +12,7 @@ pytest.importorskip("flwr", reason="Flower is not installed (pip install fedhet[
 from fedhet.deploy.command import LOGS_DIR, Echo  # noqa: E402
 from fedhet.deploy.launch import LocalFederation  # noqa: E402
 from fedhet.deploy.server_app import progress_line  # noqa: E402
-from fedhet.engine import rundir  # noqa: E402
+from fedhet.rundir import ownership as rundir  # noqa: E402
 
 
 def test_progress_line_has_round_accuracy_loss_pace_and_eta():

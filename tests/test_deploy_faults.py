@@ -32,7 +32,7 @@ from fedhet.deploy.project import write_app  # noqa: E402
 from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.engine.faults import DROPPED, OK, FaultModel  # noqa: E402
-from fedhet.engine.store import read_checkpoint  # noqa: E402
+from fedhet.rundir.store import read_checkpoint  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 SETTINGS = {"algorithm": "fedavg", "dataset": "digits", "partition": "dirichlet", "clients": 2,

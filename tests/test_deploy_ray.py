@@ -34,8 +34,8 @@ from fedhet.deploy.command import _ray_options  # noqa: E402
 from fedhet.deploy.launch import LocalFederation  # noqa: E402
 from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of  # noqa: E402
-from fedhet.engine.store import read_checkpoint  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
+from fedhet.rundir.store import read_checkpoint  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 BIN = str(Path(sys.executable).parent)

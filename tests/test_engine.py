@@ -13,8 +13,8 @@ from fedhet.engine.assemble import assemble
 from fedhet.engine.clients import LocalWork, learning_rate, local_steps
 from fedhet.engine.config import RunConfig, config_of
 from fedhet.engine.simulation import LoopSettings, sample_clients
-from fedhet.engine.store import TIME_COLUMNS
 from fedhet.experiments.single import execute
+from fedhet.rundir.store import TIME_COLUMNS
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 10, "lr": 0.1}
 

@@ -358,7 +358,7 @@ def test_a_raising_client_is_dropped_and_the_run_finishes():
 
 
 def test_a_resumed_run_drops_the_same_clients(tmp_path):
-    from fedhet.engine.store import RunStore
+    from fedhet.rundir.store import RunStore
 
     settings = {"algorithm": "scaffold", "client_dropout": 0.4, "straggler_fraction": 0.2, "seed": 2}
     cfg = config_of({**BASE, "rounds": 4, **settings}, "test")

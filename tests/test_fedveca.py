@@ -451,7 +451,7 @@ def test_fair_protocol_cli(tmp_path, capsys):
 
 def test_resumed_run_matches_uninterrupted(tmp_path):
     from fedhet.engine.assemble import assemble
-    from fedhet.engine.store import RunStore
+    from fedhet.rundir.store import RunStore
 
     settings = {**DIGITS, "algorithm": "fedveca", "rounds": 6}
     execute(settings, tmp_path / "full", log=lambda *_: None)

@@ -35,9 +35,9 @@ from fedhet.engine.assemble import assemble  # noqa: E402
 from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.engine.executors import BatchedExecutor  # noqa: E402
 from fedhet.engine.rounds import ROUND_RUNNERS  # noqa: E402
-from fedhet.engine.store import read_checkpoint  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.registry import NoParams  # noqa: E402
+from fedhet.rundir.store import read_checkpoint  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 3, "rounds": 2, "lr": 0.1,

@@ -858,7 +858,7 @@ def test_a_disk_that_fills_while_a_checkpoint_is_written_is_one_line_and_the_run
     resume; nothing saved is lost, and the resume ends where an uninterrupted run ends."""
     import errno
 
-    import fedhet.engine.store as store
+    import fedhet.rundir.store as store
 
     common = ["run", "-d", "digits", "-n", "3", "-q"]
     assert main([*common, "-r", "3", "--out", str(tmp_path / "whole")]) == 0

@@ -21,9 +21,9 @@ from fedhet import plugins
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg, FedAvgParams
 from fedhet.cli import main
-from fedhet.engine.store import read_metric_rows
 from fedhet.experiments import cluster, runner
 from fedhet.experiments.runner import Job
+from fedhet.rundir.store import read_metric_rows
 
 SRC = Path(__file__).parent.parent / "src"
 

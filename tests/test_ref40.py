@@ -11,9 +11,9 @@ import torch
 
 from fedhet.engine.assemble import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.store import RunStore, read_metric_rows
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS, build_model
+from fedhet.rundir.store import RunStore, read_metric_rows
 from fedhet.training.flat import FlatModel
 
 

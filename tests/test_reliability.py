@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from fedhet.cli import EXIT_DIVERGED, main
-from fedhet.engine import rundir
-from fedhet.engine.store import MAGIC, TIME_COLUMNS, RunStore
 from fedhet.experiments.single import execute
+from fedhet.rundir import ownership as rundir
+from fedhet.rundir.store import MAGIC, TIME_COLUMNS, RunStore
 
 QUICK = ["run", "-r", "2", "-n", "4"]
 
@@ -109,7 +109,7 @@ def test_full_disk_is_one_line_and_the_last_checkpoint_survives(tmp_path, capsys
     out = tmp_path / "run"
     assert main([*QUICK, "--out", str(out)]) == 0
     before = (out / "checkpoint.pt").read_bytes()
-    import fedhet.engine.store as store
+    import fedhet.rundir.store as store
 
     def full(*_a, **_k):
         raise OSError(errno.ENOSPC, "No space left on device", str(out / "checkpoint.pt"))
@@ -344,7 +344,7 @@ def test_checkpoint_holds_state_and_compact_metrics_not_diagnostics(finished):
 
 
 def test_metrics_are_appended_not_rewritten(tmp_path, monkeypatch):
-    import fedhet.engine.store as store
+    import fedhet.rundir.store as store
 
     rewrites: list[str] = []
     real = store.atomic_write_text
@@ -361,7 +361,7 @@ SETTINGS = {"algorithm": "scaffold", "clients": 5, "rounds": 5, "lr": 0.1}
 
 
 def _die_during_third_checkpoint(out: str) -> None:
-    import fedhet.engine.store as store
+    import fedhet.rundir.store as store
 
     real, calls = store.atomic_write_bytes, []
 

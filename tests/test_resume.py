@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from fedhet.cli import main
-from fedhet.engine.store import (
+from fedhet.errors import FedhetError
+from fedhet.experiments.single import execute
+from fedhet.rundir.store import (
     TIME_COLUMNS,
     MetricsHistory,
     RunStore,
@@ -24,8 +26,6 @@ from fedhet.engine.store import (
     format_value,
     read_checkpoint,
 )
-from fedhet.errors import FedhetError
-from fedhet.experiments.single import execute
 
 SETTINGS = {
     "algorithm": "fedavgm", "dataset": "digits", "partition": "dirichlet", "clients": 8,

@@ -27,8 +27,8 @@ from fedhet.algorithms.state import (
 from fedhet.engine.assemble import assemble
 from fedhet.engine.client_store import CLIENT_STATES, read_records
 from fedhet.engine.config import config_of
-from fedhet.engine.store import TIME_COLUMNS, RunStore, read_checkpoint
 from fedhet.errors import FedhetError
+from fedhet.rundir.store import TIME_COLUMNS, RunStore, read_checkpoint
 
 NAMES = sorted({CASES[c].get("algorithm", c) for c in CASES} & set(ALGORITHMS.names()))
 

@@ -25,9 +25,9 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     # running and reading runs
     "run": ("fedhet.api", "run"),
     "resume": ("fedhet.api", "resume"),
-    "open_run": ("fedhet.api", "open_run"),
+    "open_run": ("fedhet.rundir", "open_run"),
     "compare": ("fedhet.api", "compare"),
-    "RunResult": ("fedhet.api", "RunResult"),
+    "RunResult": ("fedhet.rundir", "RunResult"),
     "assemble": ("fedhet.engine.assemble", "assemble"),
     "Callback": ("fedhet.engine.callbacks", "Callback"),
     "config_of": ("fedhet.engine.config", "config_of"),

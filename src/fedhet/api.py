@@ -20,52 +20,24 @@ points) are loaded before the first run, as the CLI loads them.
 
 from __future__ import annotations
 
-import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedhet import plugins
 from fedhet.components import name_of
 from fedhet.engine.config import RunConfig, parse, read_toml_file
-from fedhet.engine.store import read_metric_rows
 from fedhet.errors import FedhetError
 from fedhet.experiments.compare import compare as run_grid
 from fedhet.experiments.grid import Changes
 from fedhet.experiments.single import execute
+from fedhet.rundir import RunResult, open_run
 
 RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
              "executor", "workers", "precision", "data_dir")
 """The keywords of `run` that are settings, in the order their layers apply; the command line's
 setting flags are the same (`--data-dir` for `data_dir`)."""
-
-
-@dataclass
-class RunResult:
-    """A run directory as Python values: `dir`, `config` (`config.json`), `summary`
-    (`summary.json`) and `metrics` (`metrics.csv` as one dict per evaluated round, numbers as
-    floats, a missing cell as NaN)."""
-
-    dir: Path
-    config: dict[str, Any]
-    summary: dict[str, Any]
-    metrics: list[dict[str, float]] = field(repr=False)
-
-    @property
-    def final_accuracy(self) -> float:
-        """The last evaluated round's test accuracy (`summary["final_accuracy"]`)."""
-        return float(self.summary.get("final_accuracy", math.nan))
-
-    def to_pandas(self) -> Any:
-        """The metrics as a `pandas.DataFrame`, one row per evaluated round (needs pandas)."""
-        try:
-            import pandas as pd  # optional: not a dependency of fedhet
-        except ImportError:
-            raise FedhetError("to_pandas needs pandas: pip install pandas") from None
-        return pd.DataFrame(self.metrics)
 
 
 def run(
@@ -120,15 +92,6 @@ def resume(
 
 def _kind(obj: Any, dataset: Any, model: Any) -> str:
     return "dataset" if obj is dataset else "model" if obj is model else "algorithm"
-
-
-def open_run(dir: str | Path) -> RunResult:
-    """The run in `dir` as a `RunResult` (nothing is run or imported)."""
-    path = Path(dir)
-    if not (path / "config.json").is_file():
-        raise FedhetError(f"{path} has no config.json: it is not a fedhet run directory")
-    return RunResult(path, _read_json(path / "config.json"), _read_json(path / "summary.json"),
-                     read_metric_rows(path, missing_ok=True))
 
 
 def compare(
@@ -250,13 +213,3 @@ def new_run_dir(name: str, root: Path = Path("runs")) -> Path:
     return out
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError):
-        raise FedhetError(f"{path} is not valid JSON; the run's files are damaged") from None
-    if not isinstance(value, dict):
-        raise FedhetError(f"{path} does not hold a JSON object; the run's files are damaged")
-    return value

@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet import api
     from fedhet.engine.interface import UserCodeFailed
-    from fedhet.experiments.single import resume_target
+    from fedhet.rundir import resume_target
 
     if args.resume:
         out, values = resume_target(args.resume, args.out, args.force), _run_values(args) or None
@@ -477,7 +477,8 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine.interface import parse
     from fedhet.experiments.show import as_json, render, sections
-    from fedhet.experiments.single import resume_settings, resume_target
+    from fedhet.experiments.single import resume_settings
+    from fedhet.rundir import resume_target
 
     layers = _run_layers(args)
     if args.resume:

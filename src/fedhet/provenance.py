@@ -1,7 +1,7 @@
 """What produced a run: fedhet's version and commit, torch, NumPy, Python, the device, the plugins.
 
 `provenance(device)` is written as `"provenance"` into every run's `config.json` and
-`summary.json` (`fedhet.engine.store.RunStore`), and report pages show it. The git commit and
+`summary.json` (`fedhet.rundir.store.RunStore`), and report pages show it. The git commit and
 whether the tree was dirty are known only when fedhet runs from a checkout; asking git is
 bounded by a timeout and never fails a run (None when it cannot say).
 """

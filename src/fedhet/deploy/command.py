@@ -17,7 +17,7 @@ from typing import Any
 from fedhet.deploy.project import write_app
 from fedhet.engine.interface import config_of
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import prepare_out
+from fedhet.rundir import prepare_out
 
 
 def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: float,

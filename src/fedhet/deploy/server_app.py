@@ -51,7 +51,7 @@ from fedhet.engine.interface import (
     to_json,
 )
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import prepare_out
+from fedhet.rundir import prepare_out
 
 OUT_KEY = "out"
 ROUND_TIMEOUT_KEY = "round-timeout"

@@ -53,11 +53,11 @@ from fedhet.engine.federate import federate
 from fedhet.engine.plan import Work, executor_for, plan
 from fedhet.engine.rounds import ROUND_RUNNERS, RoundRunner
 from fedhet.engine.simulation import ClientSide, LoopSettings, Parts, Simulation, round_half_up
-from fedhet.engine.store import RunStore
 from fedhet.engine.workers import round_work, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
 from fedhet.registry import Entry, Registry, build_params, params_dict
+from fedhet.rundir.store import RunStore
 from fedhet.training.allocator import keep_freed_memory
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer

@@ -43,9 +43,9 @@ import numpy as np
 import torch
 
 from fedhet.algorithms import state as states
-from fedhet.engine.rundir import fsync_dir
-from fedhet.engine.store import SAFE_GLOBALS
 from fedhet.errors import FedhetError
+from fedhet.rundir.ownership import fsync_dir
+from fedhet.rundir.store import SAFE_GLOBALS
 
 CLIENT_STATES = "client_states"
 """The run directory's subdirectory of client state files."""

@@ -28,9 +28,9 @@ from typing import Any, Literal
 
 from fedhet.components import COMPONENTS, REGISTRIES
 from fedhet.data.files import absolute, is_data_path
-from fedhet.engine.store import RECORD_KEYS
 from fedhet.errors import FedhetError
 from fedhet.registry import _coerce, build_params, did_you_mean, params_dict
+from fedhet.rundir.store import RECORD_KEYS
 
 RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpoint_every",
            "client_state_memory_mb"}

@@ -7,7 +7,6 @@ user's code imports fedhet only from `fedhet/__init__.py`; every other name in
 `fedhet.engine` is internal to it (tests/test_architecture.py).
 """
 
-from fedhet.engine import rundir
 from fedhet.engine.assemble import ClientSide, assemble, assemble_clients
 from fedhet.engine.batch import run_together
 from fedhet.engine.callbacks import CallbackLike, StopRun
@@ -36,9 +35,11 @@ from fedhet.engine.dry import dry_check
 from fedhet.engine.failures import ClientFailure, UserCodeFailed
 from fedhet.engine.federate import federate, load
 from fedhet.engine.plan import ClusterOptions, batchable, describe_plan, host_port, ray_address
-from fedhet.engine.reading import DamagedFileError, damaged, read_csv, read_json, read_json_lines
 from fedhet.engine.simulation import Simulation, check_resumable
-from fedhet.engine.store import (
+from fedhet.engine.workers import CORES_ENV, usable_cores
+from fedhet.rundir import ownership as rundir
+from fedhet.rundir.reading import DamagedFileError, damaged, read_csv, read_json, read_json_lines
+from fedhet.rundir.store import (
     CONFIG_FIX,
     SAFE_GLOBALS,
     SUMMARY_FIX,
@@ -53,7 +54,6 @@ from fedhet.engine.store import (
     rows_saved,
     to_json,
 )
-from fedhet.engine.workers import CORES_ENV, usable_cores
 
 __all__ = [
     "COMPONENTS",

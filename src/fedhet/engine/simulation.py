@@ -42,8 +42,8 @@ from fedhet.engine.failures import ClientFailure, Diverged, UserCodeFailed, blam
 from fedhet.engine.faults import FaultModel
 from fedhet.engine.plan import Plan
 from fedhet.engine.rounds import RoundRunner
-from fedhet.engine.store import TIME_COLUMNS, RunStore, read_checkpoint
 from fedhet.errors import FedhetError
+from fedhet.rundir.store import TIME_COLUMNS, RunStore, read_checkpoint
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, stream_seed
 
@@ -326,10 +326,11 @@ class Simulation:
         """Every client that ran in `round` failed: not a simulated fault but a bug or a bad
         setting, named by the first failure (the others were logged)."""
         first = self.round_failures[0] if self.round_failures else None
+        every = f"every client that ran in round {round + 1} failed"
         if first is None:
-            return UserCodeFailed(round, "every client of the round failed", "", False)
-        return UserCodeFailed(round, f"{first.error}; every client of the round failed",
-                              first.where, True, client=first.client_id)
+            return UserCodeFailed(round, every, "", False)
+        return UserCodeFailed(round, f"{first.error}; {every}", first.where, True,
+                              client=first.client_id)
 
     def _failed(self, error: UserCodeFailed, rows: list[dict[str, Any]]) -> None:
         """Mark the run `failed` with the round and the error; every round already saved stays,

@@ -10,7 +10,7 @@ run, or a batch of runs stepped as one cohort — executes: each is one Ray task
 node mounts at the same path (NFS, Lustre, CephFS, GPFS, or one machine's disk). Nothing is
 streamed back: a run directory written by a task is byte-for-byte what `--jobs` writes, its
 checkpoint outlives the node that wrote it, and the one-writer `flock` of each run directory
-(`fedhet.engine.rundir`) keeps a straggler of a lost node and its replacement apart. At start,
+(`fedhet.rundir.ownership`) keeps a straggler of a lost node and its replacement apart. At start,
 a probe task on every node must read a marker the driver wrote into the grid directory and
 write beside it; a node that cannot is refused with one line (`check_nodes`). A node that joins
 later is probed the same way when the driver first sees it (`Members`); until its answer comes

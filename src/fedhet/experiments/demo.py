@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 
 from fedhet.engine.interface import read_metric_columns
-from fedhet.experiments.single import check_out, execute
+from fedhet.experiments.single import execute
+from fedhet.rundir import check_out
 
 DEMO_ALGORITHMS = ("fedavg", "fednova")
 DEMO_SETTINGS = {

@@ -120,7 +120,7 @@ def _not_ours(path: Path, why: str) -> FedhetError:
 
 
 def _load_run(path: Path, name: str, group: str, label: str) -> RunData:
-    """The run in `path`, its files read whole (`fedhet.engine.reading`): a missing or damaged
+    """The run in `path`, its files read whole (`fedhet.rundir.reading`): a missing or damaged
     config.json or metrics.csv, a damaged summary.json, or a directory that is no fedhet run
     is one `FedhetError`. summary.json may be missing (a run before its first round)."""
     try:

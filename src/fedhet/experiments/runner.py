@@ -48,7 +48,8 @@ from fedhet.engine.interface import (
 from fedhet.errors import FedhetError, quiet
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.progress import every_s
-from fedhet.experiments.single import execute, execute_together, is_finished, metrics_intact
+from fedhet.experiments.single import execute, execute_together
+from fedhet.rundir import is_finished, metrics_intact
 
 if TYPE_CHECKING:
     from fedhet.engine.interface import ClusterOptions

@@ -1,6 +1,6 @@
 """One run from settings to a finished run directory (used by `run`, `compare`, `reproduce`).
 
-The run directory is fedhet's (`fedhet.engine.rundir`): created with a marker, locked for as
+The run directory is fedhet's (`fedhet.rundir.ownership`): created with a marker, locked for as
 long as the run writes it, and cleared by `force` only when it carries the marker.
 """
 
@@ -28,76 +28,11 @@ from fedhet.engine.interface import (
     load,
     parse,
     read_json,
-    read_metric_rows,
     run_together,
     rundir,
 )
 from fedhet.errors import FedhetError
-
-
-def check_out(out: Path, force: bool) -> None:
-    """Refuse a non-empty run directory unless `force` and fedhet made it (nothing is touched)."""
-    if out.exists() and not out.is_dir():
-        raise FedhetError(f"--out {out} is a file; choose a directory")
-    entries = [e for e in out.iterdir() if e.name not in (rundir.LOCK, rundir.MARKER)] \
-        if out.is_dir() else []
-    if entries and not force:
-        raise FedhetError(
-            f"--out {out} is not empty; use --resume to continue that run, --force to "
-            "replace it, or another --out"
-        )
-    if entries:
-        rundir.check_removable(out)
-        if not rundir.is_ours(out):
-            raise FedhetError(
-                f"refusing to replace {out}: it was not created by fedhet (no {rundir.MARKER} "
-                "marker); remove it yourself or choose another --out"
-            )
-
-
-def prepare_out(out: Path, force: bool, warn: Callable[[str], None] = print) -> None:
-    """Clear (with `force`, only what fedhet wrote) and create `out` with fedhet's marker; call
-    once the run is known to be valid, while holding the directory's lock."""
-    check_out(out, force)
-    if rundir.is_ours(out):
-        rundir.clear(out, warn)
-    rundir.mark(out, "run")
-
-
-def resume_target(resume: str | bool | None, out: str | None, force: bool) -> Path:
-    """The run directory of `fedhet run --resume [DIR]` (DIR, or `--out` when DIR is left out).
-
-    `--force` (which starts a run afresh) and an `--out` other than DIR contradict a resume: each
-    is one line, instead of being ignored."""
-    if force:
-        raise FedhetError("--resume continues a run and --force starts it again: use one of them "
-                          "(fedhet run --force --out DIR ... to start again)")
-    if isinstance(resume, str) and out and Path(out).resolve() != Path(resume).resolve():
-        raise FedhetError(f"--resume {resume} --out {out}: a resumed run writes into its own "
-                          "directory; leave out --out (copy the directory first to branch a run)")
-    target = resume if isinstance(resume, str) else out
-    if not target:
-        raise FedhetError("--resume needs the run directory: --resume DIR")
-    return Path(target)
-
-
-def is_finished(out: Path) -> bool:
-    """Whether the run's summary.json says it ran all its rounds (a missing or damaged one:
-    not finished, so that a resume writes it again from the checkpoint)."""
-    try:
-        return read_json(out / "summary.json", SUMMARY_FIX).get("finished") is True
-    except FedhetError:
-        return False
-
-
-def metrics_intact(out: Path) -> bool:
-    """Whether the run's metrics.csv reads whole (`fedhet.engine.reading.read_csv`); a resume
-    rebuilds one that does not from the checkpoint."""
-    try:
-        read_metric_rows(out / "metrics.csv")
-    except FedhetError:
-        return False
-    return True
+from fedhet.rundir import check_out, is_finished, metrics_intact, prepare_out
 
 
 @dataclass

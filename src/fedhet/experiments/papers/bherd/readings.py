@@ -65,7 +65,8 @@ from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.results import git_commit
 from fedhet.experiments.runner import run_specs
 from fedhet.experiments.seeds import mean_std, paired
-from fedhet.experiments.single import execute, prepare_out
+from fedhet.experiments.single import execute
+from fedhet.rundir import prepare_out
 
 SVM = {"dataset": "mnist-even-odd", "model": "svm"}
 FIXED_POINT_LR = 0.005

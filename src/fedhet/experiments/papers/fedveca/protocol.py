@@ -36,7 +36,8 @@ from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import Protocol, register_protocol
 from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
 from fedhet.experiments.progress import RoundLines
-from fedhet.experiments.single import execute, is_finished
+from fedhet.experiments.single import execute
+from fedhet.rundir import is_finished
 
 DEFAULT_BASELINES = ("fedavg", "fednova")
 PAPER_DEFAULTS: dict[str, Any] = {"clients": 5, "rounds": 100, "lr": 0.01}

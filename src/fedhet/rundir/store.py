@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.engine.reading import read_csv, read_json
-from fedhet.engine.rundir import fsync_dir
 from fedhet.errors import FedhetError
+from fedhet.rundir.ownership import fsync_dir
+from fedhet.rundir.reading import read_csv, read_json
 
 MAGIC = b"FEDHET-CHECKPOINT-1\n"
 try:  # NumPy ≥ 2 (1.26 has it too, as an alias of numpy.core's, but only once imported)

@@ -1,0 +1,52 @@
+"""The run directory: the files fedhet writes for a run or a grid, their one writer, their one
+reader each, and who may touch the directory (docs/design.md, "The run directory as a format").
+It imports nothing of fedhet but `errors`, and reads without torch (only checkpoints need it).
+
+- who owns a directory: `ownership` (`mark`, `is_ours`, `exclusive`, `clear`, the marker and lock);
+- the one writer: `RunStore` (config, metrics, diagnostics, summary, plan, checkpoints);
+- the readers: `read_json`, `read_json_lines`, `read_csv` (any file fedhet writes, damage as one
+  line), `read_metric_text`, `read_metric_rows`, `read_metric_columns`, `rows_saved`,
+  `read_checkpoint`;
+- a directory's life: `check_out`, `prepare_out`, `resume_target`, `is_finished`,
+  `metrics_intact`;
+- a run as Python values: `open_run`, `RunResult`.
+"""
+
+from fedhet.rundir import ownership
+from fedhet.rundir.lifecycle import check_out, is_finished, metrics_intact, prepare_out, resume_target
+from fedhet.rundir.reading import DamagedFileError, damaged, read_csv, read_json, read_json_lines
+from fedhet.rundir.result import RunResult, open_run
+from fedhet.rundir.store import (
+    RunStore,
+    atomic_write_text,
+    read_checkpoint,
+    read_metric_columns,
+    read_metric_rows,
+    read_metric_text,
+    rows_saved,
+    to_json,
+)
+
+__all__ = [
+    "DamagedFileError",
+    "RunResult",
+    "RunStore",
+    "atomic_write_text",
+    "check_out",
+    "damaged",
+    "is_finished",
+    "metrics_intact",
+    "open_run",
+    "ownership",
+    "prepare_out",
+    "read_checkpoint",
+    "read_csv",
+    "read_json",
+    "read_json_lines",
+    "read_metric_columns",
+    "read_metric_rows",
+    "read_metric_text",
+    "resume_target",
+    "rows_saved",
+    "to_json",
+]
