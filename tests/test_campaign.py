@@ -168,6 +168,8 @@ class Stepped(Sitting):
 def _sitting(tmp: Path, cache: str, cls: type[Sitting] = Sitting, results: str = "results",
              budget: float = 10.0, tables: tuple[Table, ...] = (TINY,), **kw) -> Sitting:  # noqa: ANN003
     offset = [0.0]
+    kw.setdefault("nice", 0)  # a test's runs at the test's own priority: a loaded machine
+    # (niced neighbours, a busy CI) must not starve them
     s = cls("smoke", "cpu", budget, Store(tmp / results, tmp / cache, "smoke"), tables=tables,
             stream=io.StringIO(), clock=lambda: time.monotonic() + offset[0], commit="test", **kw)
     s.offset = offset
@@ -259,7 +261,8 @@ def test_sigterm_stops_a_sitting_after_a_saved_round(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "FEDHET_CAMPAIGN_CACHE": str(tmp_path / "cache")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedhet", "reproduce", "all", "--scale", "smoke", "--device", "cpu",
-         "--budget", "30", "--tables", "fedsr-mnist", "--results", str(tmp_path / "results")],
+         "--budget", "30", "--tables", "fedsr-mnist", "--results", str(tmp_path / "results"),
+         "--nice", "0"],
         stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         assert proc.stderr is not None
@@ -292,7 +295,7 @@ def test_reproduce_all_runs_the_real_tables_at_smoke_scale(tmp_path: Path, capsy
     results = tmp_path / "results"
     argv = ["--scale", "smoke", "--device", "cpu", "--tables", "fednnnn-mnist", "--results", str(results),
             "--cache", str(tmp_path / "cache")]
-    assert main(["reproduce", "all", "--budget", "20", "--cores", "2", *argv]) == 0
+    assert main(["reproduce", "all", "--budget", "20", "--cores", "2", "--nice", "0", *argv]) == 0
     assert "every run recorded" in capsys.readouterr().err
     curves = pr.read_results(results / "campaign-smoke" / "tables" / "fednnnn" / "table2-mnist.csv")
     assert len(curves) == 4 * 5  # 4 scenarios × 5 methods

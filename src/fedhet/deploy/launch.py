@@ -34,6 +34,7 @@ from fedhet.errors import FedhetError
 from fedhet.procs import cmdline as _cmdline
 from fedhet.procs import process_table as _process_table
 from fedhet.procs import stat as _stat
+from fedhet.rundir import rows_saved
 
 HOST = "127.0.0.1"
 CONNECTION = "fedhet-local"
@@ -572,9 +573,6 @@ class Watchdog:
 
     def _round(self) -> str:
         """The round in flight, from the rows of OUT/metrics.csv (row 0 is the initial model)."""
-        # lazy: the launcher imports torch only when it has a run to watch
-        from fedhet.engine.interface import rows_saved
-
         if self.out is None:
             return "?"
         return str(max(rows_saved(self.out) + 1, 1))

@@ -18,8 +18,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from fedhet.algorithms.interface import Algorithm, ClientState, Message, client_record, restore_client
-from fedhet.engine.interface import SAFE_GLOBALS
 from fedhet.errors import FedhetError
+from fedhet.rundir import SAFE_GLOBALS
 
 TENSORS = "fedhet.tensors"
 SCALARS = "fedhet.scalars"

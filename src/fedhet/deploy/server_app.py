@@ -38,20 +38,10 @@ from fedhet.algorithms.interface import Message, Reply, ServerState
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.node import shorten_pull_backoff
 from fedhet.deploy.records import from_record, to_record, wire_bytes
-from fedhet.engine.interface import (
-    CallbackLike,
-    ClientWork,
-    RunConfig,
-    RunStore,
-    Simulation,
-    assemble,
-    atomic_write_text,
-    config_of,
-    rundir,
-    to_json,
-)
+from fedhet.engine.interface import CallbackLike, ClientWork, RunConfig, Simulation, assemble, config_of
 from fedhet.errors import FedhetError
-from fedhet.rundir import prepare_out
+from fedhet.rundir import RunStore, atomic_write_text, prepare_out, to_json
+from fedhet.rundir import ownership as rundir
 
 OUT_KEY = "out"
 ROUND_TIMEOUT_KEY = "round-timeout"

@@ -54,11 +54,13 @@ from typing import TYPE_CHECKING, Any
 
 import fedhet
 from fedhet import plugins
-from fedhet.engine.interface import CORES_ENV, ClusterOptions, atomic_write_text, rundir
+from fedhet.engine.interface import CORES_ENV, ClusterOptions
 from fedhet.errors import FedhetError
 from fedhet.experiments import raylink, runner
 from fedhet.experiments.raylink import first_line
 from fedhet.experiments.runner import Job, Progress, _checkpoint_every, _status_of, _Tally
+from fedhet.rundir import atomic_write_text
+from fedhet.rundir import ownership as rundir
 
 if TYPE_CHECKING:
     import threading

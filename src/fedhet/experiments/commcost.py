@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.interface import LINKS, read_metric_rows
+from fedhet.engine.interface import LINKS
+from fedhet.rundir import read_metric_rows
 
 LINK_KEYS = tuple(link.replace("-", "_") for link in LINKS)
 

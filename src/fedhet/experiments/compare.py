@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from fedhet import plugins
-from fedhet.engine.interface import atomic_write_text, config_of, dry_check, rundir
+from fedhet.engine.interface import config_of, dry_check
 from fedhet.errors import FedhetError
 from fedhet.experiments.cluster import run_units
 from fedhet.experiments.grid import Changes, load_grid, write_manifest
 from fedhet.experiments.results import collect
 from fedhet.experiments.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
+from fedhet.rundir import atomic_write_text
+from fedhet.rundir import ownership as rundir
 
 
 def compare(

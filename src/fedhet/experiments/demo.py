@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedhet.engine.interface import read_metric_columns
 from fedhet.experiments.single import execute
-from fedhet.rundir import check_out
+from fedhet.rundir import check_out, read_metric_columns
 
 DEMO_ALGORITHMS = ("fedavg", "fednova")
 DEMO_SETTINGS = {

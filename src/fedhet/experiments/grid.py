@@ -26,19 +26,16 @@ from fedhet.engine.interface import (
     ENGINE_FIELDS,
     REGISTRIES,
     RUNTIME,
-    atomic_write_text,
     config_of,
-    damaged,
     flatten,
     parse,
     path_of,
-    read_json,
     read_toml_file,
-    rundir,
-    to_json,
 )
 from fedhet.errors import FedhetError
 from fedhet.experiments.presets import RunSpec
+from fedhet.rundir import atomic_write_text, damaged, read_json, to_json
+from fedhet.rundir import ownership as rundir
 
 TOP_KEYS = ("title", "target_accuracy", "columns", "base", "axes", "variant")
 METHOD_PREFIX = "algorithm"

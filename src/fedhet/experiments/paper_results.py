@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.interface import damaged, read_csv, read_json, read_metric_text
 from fedhet.errors import FedhetError
+from fedhet.rundir import damaged, read_csv, read_json, read_metric_text
 
 BASE_COLUMNS = ("setting", "algorithm", "seed", "round", "test_accuracy", "test_loss", "train_loss")
 """The contract's leading columns, in order."""

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.interface import atomic_write_text, host_port, ray_address
+from fedhet.engine.interface import host_port, ray_address
 from fedhet.errors import FedhetError
 from fedhet.procs import cmdline, process_table, start_time
+from fedhet.rundir import atomic_write_text
 
 GCS_PROBE_S = 5.0
 """How long the TCP connect to a head's port may take before it counts as not answering."""

@@ -38,18 +38,7 @@ import numpy as np
 from fedhet import plugins
 from fedhet.algorithms.interface import ALGORITHMS
 from fedhet.data.interface import label_counts
-from fedhet.engine.interface import (
-    CONFIG_FIX,
-    RECORD_KEYS,
-    SUMMARY_FIX,
-    DamagedFileError,
-    atomic_write_text,
-    config_of,
-    federate,
-    read_json,
-    read_metric_columns,
-    rundir,
-)
+from fedhet.engine.interface import RECORD_KEYS, config_of, federate
 from fedhet.errors import FedhetError
 from fedhet.experiments import papers  # noqa: F401  (registers the papers' figures)
 from fedhet.experiments.figures import EXTRA_PLOTTERS, slug
@@ -89,6 +78,15 @@ from fedhet.experiments.results import (
     uncovered_published,
 )
 from fedhet.registry import params_dict
+from fedhet.rundir import (
+    CONFIG_FIX,
+    SUMMARY_FIX,
+    DamagedFileError,
+    atomic_write_text,
+    read_json,
+    read_metric_columns,
+)
+from fedhet.rundir import ownership as rundir
 from fedhet.userdocs import topics
 
 MAX_HEATMAPS = 12

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.interface import TIME_COLUMNS
 from fedhet.experiments.report_plots import (
     ACCURACY_SCALE,
     RunData,
@@ -28,6 +27,7 @@ from fedhet.experiments.report_plots import (
     fit_suptitle,
     fit_title,
 )
+from fedhet.rundir import TIME_COLUMNS
 
 STANDARD = {
     "round", "test_loss", "test_accuracy", "lr", "uplink_bytes", "downlink_bytes", "peer_bytes",

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, TextIO
 
-from fedhet.engine.interface import RunConfig, atomic_write_text, config_of, load, rundir
+from fedhet.engine.interface import RunConfig, config_of, load
 from fedhet.errors import FedhetError
 from fedhet.experiments.cluster import run_units
 from fedhet.experiments.cluster import session as cluster_session
@@ -31,6 +31,8 @@ from fedhet.experiments.results import (
 )
 from fedhet.experiments.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
 from fedhet.registry import did_you_mean
+from fedhet.rundir import atomic_write_text
+from fedhet.rundir import ownership as rundir
 
 
 def load_preset(paper: str, scale: str, setup: str | None = None) -> Preset:

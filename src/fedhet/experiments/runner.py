@@ -34,22 +34,20 @@ from fedhet.engine.interface import (
     CORES_ENV,
     REGISTRIES,
     RUNTIME,
-    RunStore,
     StopRun,
     batchable,
     build,
     canonical_config,
     config_of,
     parse,
-    rundir,
-    to_json,
     usable_cores,
 )
 from fedhet.errors import FedhetError, quiet
 from fedhet.experiments.presets import RunSpec
 from fedhet.experiments.progress import every_s
 from fedhet.experiments.single import execute, execute_together
-from fedhet.rundir import is_finished, metrics_intact
+from fedhet.rundir import RunStore, is_finished, metrics_intact, to_json
+from fedhet.rundir import ownership as rundir
 
 if TYPE_CHECKING:
     from fedhet.engine.interface import ClusterOptions

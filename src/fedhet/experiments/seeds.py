@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhet.engine.interface import read_csv
+from fedhet.rundir import read_csv
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,8 @@ from typing import Any
 from fedhet import plugins, provenance
 from fedhet.engine.interface import (
     RESUMABLE,
-    SUMMARY_FIX,
     CallbackLike,
     RunConfig,
-    RunStore,
     Simulation,
     assemble,
     build,
@@ -27,12 +25,19 @@ from fedhet.engine.interface import (
     config_of,
     load,
     parse,
-    read_json,
     run_together,
-    rundir,
 )
 from fedhet.errors import FedhetError
-from fedhet.rundir import check_out, is_finished, metrics_intact, prepare_out
+from fedhet.rundir import (
+    SUMMARY_FIX,
+    RunStore,
+    check_out,
+    is_finished,
+    metrics_intact,
+    prepare_out,
+    read_json,
+)
+from fedhet.rundir import ownership as rundir
 
 
 @dataclass

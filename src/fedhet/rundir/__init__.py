@@ -5,8 +5,9 @@ It imports nothing of fedhet but `errors`, and reads without torch (only checkpo
 - who owns a directory: `ownership` (`mark`, `is_ours`, `exclusive`, `clear`, the marker and lock);
 - the one writer: `RunStore` (config, metrics, diagnostics, summary, plan, checkpoints);
 - the readers: `read_json`, `read_json_lines`, `read_csv` (any file fedhet writes, damage as one
-  line), `read_metric_text`, `read_metric_rows`, `read_metric_columns`, `rows_saved`,
-  `read_checkpoint`;
+  line, with the `*_FIX` advice), `read_metric_text`, `read_metric_rows`, `read_metric_columns`,
+  `rows_saved`, `read_checkpoint` (`SAFE_GLOBALS`: what its states may hold); `TIME_COLUMNS`
+  (the metrics that vary run to run), `csv_table` and `format_value` (how fedhet writes CSV);
 - a directory's life: `check_out`, `prepare_out`, `resume_target`, `is_finished`,
   `metrics_intact`;
 - a run as Python values: `open_run`, `RunResult`.
@@ -17,8 +18,14 @@ from fedhet.rundir.lifecycle import check_out, is_finished, metrics_intact, prep
 from fedhet.rundir.reading import DamagedFileError, damaged, read_csv, read_json, read_json_lines
 from fedhet.rundir.result import RunResult, open_run
 from fedhet.rundir.store import (
+    CONFIG_FIX,
+    SAFE_GLOBALS,
+    SUMMARY_FIX,
+    TIME_COLUMNS,
     RunStore,
     atomic_write_text,
+    csv_table,
+    format_value,
     read_checkpoint,
     read_metric_columns,
     read_metric_rows,
@@ -28,12 +35,18 @@ from fedhet.rundir.store import (
 )
 
 __all__ = [
+    "CONFIG_FIX",
     "DamagedFileError",
     "RunResult",
     "RunStore",
+    "SAFE_GLOBALS",
+    "SUMMARY_FIX",
+    "TIME_COLUMNS",
     "atomic_write_text",
     "check_out",
+    "csv_table",
     "damaged",
+    "format_value",
     "is_finished",
     "metrics_intact",
     "open_run",

@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.interface import read_metric_text, rows_saved
 from fedhet.errors import FedhetError
 from fedhet.experiments import paper_results
 from fedhet.experiments.campaign.tables import CampaignRun, Table
+from fedhet.rundir import read_metric_text, rows_saved
 
 CACHE_ENV = "FEDHET_CAMPAIGN_CACHE"
 RECORD = "record.json"

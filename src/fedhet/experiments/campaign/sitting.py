@@ -186,8 +186,8 @@ class Sitting:
     # a sitting ------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
         # lazy: results imports the engine's store (torch)
-        from fedhet.engine.interface import rundir
         from fedhet.experiments.results import git_commit
+        from fedhet.rundir import ownership as rundir
 
         self.commit = self.commit or git_commit()
         cache = self.store.cache / self.scale

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.interface import read_metric_rows
 from fedhet.experiments.paper_results import is_finished, run_of, run_rows, write_meta, write_rows
 from fedhet.experiments.papers.bherd.preset import BEST_BATCH, CASES, common
 from fedhet.experiments.papers.bherd.readings import methods, parse_seeds, run_dir
+from fedhet.rundir import read_metric_rows
 
 DEFAULTS = {"alpha": 0.5, "reading": "mean-tau"}
 """BHerd's option values left out of the bracket."""

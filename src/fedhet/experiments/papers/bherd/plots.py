@@ -18,14 +18,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedhet.engine.interface import (  # noqa: E402
-    damaged,
-    read_json_lines,
-    read_metric_columns,  # noqa: E402
-)
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.experiments.papers.bherd.preset import CASES, main_runs
 from fedhet.experiments.report_plots import fit_suptitle, fit_title
+from fedhet.rundir import damaged, read_json_lines, read_metric_columns
 
 
 def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from fedhet import provenance
-from fedhet.engine.interface import RunStore, assemble, config_of, load
+from fedhet.engine.interface import assemble, config_of, load
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.bherd.plots import read_metrics, rounds_to_reach
 from fedhet.experiments.papers.bherd.preset import BEST_BATCH, CASES, SETUPS, common
@@ -66,7 +66,7 @@ from fedhet.experiments.results import git_commit
 from fedhet.experiments.runner import run_specs
 from fedhet.experiments.seeds import mean_std, paired
 from fedhet.experiments.single import execute
-from fedhet.rundir import prepare_out
+from fedhet.rundir import RunStore, prepare_out
 
 SVM = {"dataset": "mnist-even-odd", "model": "svm"}
 FIXED_POINT_LR = 0.005

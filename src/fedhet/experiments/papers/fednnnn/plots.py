@@ -25,8 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedhet.engine.interface import read_metric_columns  # noqa: E402
 from fedhet.experiments.report_plots import fit_suptitle  # noqa: E402
+from fedhet.rundir import read_metric_columns
 
 LABELS = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "norm-norm": "Norm-Norm", "fedavgm": "Momentum",

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.interface import atomic_write_text
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import PRESETS, register_setups, svm_setup
 from fedhet.experiments.papers.bherd.preset import REF40
@@ -45,6 +44,7 @@ from fedhet.experiments.papers.fedveca.protocol import (
     fedveca_settings,
 )
 from fedhet.experiments.presets import SCALES, Preset, RunSpec
+from fedhet.rundir import atomic_write_text
 
 CASES = {1: "iid", 2: "label-per-client", 3: "half-iid"}
 BASELINES = (CENTRAL, "fedavg", "fednova")

@@ -23,21 +23,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine.interface import (
-    RECORD_KEYS,
-    RunStore,
-    atomic_write_text,
-    config_of,
-    csv_table,
-    federate,
-    to_json,
-)
+from fedhet.engine.interface import RECORD_KEYS, config_of, federate
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import Protocol, register_protocol
 from fedhet.experiments.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
 from fedhet.experiments.progress import RoundLines
 from fedhet.experiments.single import execute
-from fedhet.rundir import is_finished
+from fedhet.rundir import RunStore, atomic_write_text, csv_table, is_finished, to_json
 
 DEFAULT_BASELINES = ("fedavg", "fednova")
 PAPER_DEFAULTS: dict[str, Any] = {"clients": 5, "rounds": 100, "lr": 0.01}

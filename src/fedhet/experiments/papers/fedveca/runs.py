@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedhet.engine.interface import read_metric_rows
 from fedhet.errors import FedhetError
+from fedhet.rundir import read_metric_rows
 
 FEDVECA = "fedveca"
 CENTRAL = "central"
