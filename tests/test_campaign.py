@@ -402,3 +402,21 @@ def test_fedveca_baselines_join_once_their_fedveca_run_is_recorded(tmp_path: Pat
     assert sorted(r.spec.settings["algorithm"] for r in after) == ["central", "fedavg", "fednova", "fedveca"]
     assert {r.after for r in after if r.spec.label != "FedVeca"} == {before[0].name}
     assert len(s.finished) == 4 and not list(store.records(fv).rglob("protocol.json"))
+
+
+def test_a_sitting_in_a_session_of_its_own_lowers_the_whole_session(tmp_path: Path) -> None:
+    """Where Linux shares CPU between sessions (autogroup), a niced process still takes its
+    session's full share: a sitting that leads its own session (setsid) lowers the session's
+    priority; one in the caller's session leaves it alone."""
+    if not Path("/proc/self/autogroup").exists():
+        pytest.skip("no autogroup here: a process's nice is all there is")
+    probe = ("import sys; from fedhet.experiments.campaign.sitting import lower_session_priority; "
+             "print(lower_session_priority(7)); print(open('/proc/self/autogroup').read().split()[-1])")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    own = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                         timeout=120, start_new_session=True)
+    assert own.stdout.split() == ["True", "7"], own.stderr
+    before = Path("/proc/self/autogroup").read_text().split()[-1]
+    shared = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
+                            timeout=120)
+    assert shared.stdout.split() == ["False", before], shared.stderr

@@ -63,6 +63,23 @@ def command(scale: str = "paper", device: str = "cpu", budget: float = 60, cores
     return cmd + (f" --tables {tables}" if tables else "")
 
 
+def lower_session_priority(nice: int) -> bool:
+    """Lower the priority of this process's whole session by `nice`, where Linux shares CPU time
+    between sessions first (autogroup, `/proc/self/autogroup`): there a process's own nice counts
+    only against its session's other processes, so a sitting's niced runs took a full share
+    from the user's tests and builds in other sessions. Only a sitting that leads its own
+    session (started with `setsid`) does so; one in the user's terminal session leaves the
+    terminal's priority alone. Returns whether the session's priority was lowered."""
+    path = Path("/proc/self/autogroup")
+    if nice <= 0 or os.getsid(0) != os.getpid() or not path.exists():
+        return False
+    try:
+        path.write_text(str(nice))
+    except OSError:
+        return False
+    return True
+
+
 def _worker(items: list[tuple[dict[str, Any], str, bool]], stop: Any, nice: int, out: Any) -> None:
     """A worker process: one run (or a batch of runs stepped together), stopped by `stop` after
     a saved round; puts `{"outcomes": [...]}` on `out`."""
@@ -190,6 +207,7 @@ class Sitting:
         from fedhet.rundir import ownership as rundir
 
         self.commit = self.commit or git_commit()
+        lower_session_priority(self.nice)
         cache = self.store.cache / self.scale
         cache.mkdir(parents=True, exist_ok=True)
         with rundir.exclusive(cache, "campaign", "--cache"), self._signals():
