@@ -38,7 +38,15 @@ from fedhet.algorithms.interface import Message, Reply, ServerState
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.node import shorten_pull_backoff
 from fedhet.deploy.records import from_record, to_record, wire_bytes
-from fedhet.engine.interface import CallbackLike, ClientWork, RunConfig, Simulation, assemble, config_of
+from fedhet.engine.interface import (
+    CallbackLike,
+    ClientWork,
+    RunConfig,
+    RunnerContext,
+    Simulation,
+    assemble,
+    config_of,
+)
 from fedhet.errors import FedhetError
 from fedhet.rundir import RunStore, atomic_write_text, prepare_out, to_json
 from fedhet.rundir import ownership as rundir
@@ -325,7 +333,7 @@ def server_run(
 
 
 def flower_star_round(
-    rc: Simulation, state: ServerState, round: int, clients: Sequence[int]
+    rc: RunnerContext, state: ServerState, round: int, clients: Sequence[int]
 ) -> tuple[ServerState, dict[str, Any]]:
     """`star_round` with the sampled clients' updates in flight at the same time."""
     ex: FlowerExecutor = rc.executor

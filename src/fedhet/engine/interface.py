@@ -35,6 +35,7 @@ from fedhet.engine.dry import dry_check
 from fedhet.engine.failures import ClientFailure, UserCodeFailed
 from fedhet.engine.federate import federate, load
 from fedhet.engine.plan import ClusterOptions, batchable, describe_plan, host_port, ray_address
+from fedhet.engine.rounds import RunnerContext
 from fedhet.engine.simulation import Simulation, check_resumable
 from fedhet.engine.workers import CORES_ENV, usable_cores
 
@@ -55,6 +56,7 @@ __all__ = [
     "RESUMABLE",
     "RUNTIME",
     "RunConfig",
+    "RunnerContext",
     "StopRun",
     "Simulation",
     "assemble",

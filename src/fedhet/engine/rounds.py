@@ -90,6 +90,25 @@ class RoundContext(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class RunnerContext:
+    """The `RoundContext` a `Simulation` hands its round runner: only what a round needs (the
+    algorithm, the ledger, the fault model, the log, the round's failures, and the clients
+    through the run's executor), not the run's store, callbacks or loop."""
+
+    algorithm: Algorithm
+    comm: CommLedger
+    faults: FaultModel
+    log: Callable[[str], None]
+    round_failures: list[ClientFailure]
+    configure: Callable[[ServerState, int, int], Message]
+    client_update: Callable[[int, Message, int], Message]
+    client_updates: Callable[[int, Sequence[tuple[int, Message]]],
+                             Iterator[tuple[int, Message | ClientFailure]]]
+    executor: Any
+    """The run's executor itself, for a runner that drives it (Flower's star round)."""
+
+
 RoundRunner = Callable[[RoundContext, ServerState, int, Sequence[int]], tuple[ServerState, dict]]
 
 

@@ -41,7 +41,7 @@ from fedhet.engine.executors import Executor
 from fedhet.engine.failures import ClientFailure, Diverged, UserCodeFailed, blame, one_line
 from fedhet.engine.faults import FaultModel
 from fedhet.engine.plan import Plan
-from fedhet.engine.rounds import RoundRunner
+from fedhet.engine.rounds import RoundRunner, RunnerContext
 from fedhet.errors import FedhetError
 from fedhet.rundir.store import TIME_COLUMNS, RunStore, read_checkpoint
 from fedhet.training.flat import FlatModel
@@ -154,12 +154,24 @@ class Simulation:
         if store is not None:  # the clients' states wait in the run directory, not in /tmp
             self.clients.states.attach(store.out / CLIENT_STATES)
         self.executor_name = self.executor.name
+
         self.workers = self.plan.workers
         """Processes a round's clients are spread over: `workers`, or what `auto` (0) chose."""
         self.start_round = 0
         """The round the current `run` call started after (0, or a checkpoint's round)."""
 
     # -- the round runner's protocol -----------------------------------------------------
+    def round_context(self) -> RunnerContext:
+        """What the round runner sees of the run (`rounds.RunnerContext`), made for each round
+        from the run's parts as they are then (a test or a caller may hand in another fault
+        model or executor after assembly)."""
+        return RunnerContext(
+            algorithm=self.algorithm, comm=self.comm, faults=self.faults, log=self.log,
+            round_failures=self.round_failures, configure=self.configure,
+            client_update=self.client_update, client_updates=self.client_updates,
+            executor=self.executor,
+        )
+
     def configure(self, state: states.ServerState, client_id: int, round: int) -> Message:
         """The algorithm's downlink message, plus BatchNorm statistics when the model has any."""
         message = self.algorithm.configure(state, client_id, round)
@@ -253,8 +265,8 @@ class Simulation:
             for k in range(start, loop.rounds):
                 t0 = time.perf_counter()
                 clients = sample_clients(loop, self.run_info.num_clients, k)
-                self.round_failures = []
-                state, diag = self.runner(self, state, k, clients)
+                self.round_failures.clear()
+                state, diag = self.runner(self.round_context(), state, k, clients)
                 if diag.get("clients_failed") and not diag.get("clients_returned"):
                     raise self._all_failed(k)
                 self._note(self.algorithm.note(k, diag))
