@@ -159,10 +159,10 @@ UPPER = ("experiments", "deploy", "cli")
 
 
 def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below():
-    """experiments, deploy and cli import the engine, data, models, algorithms and training
-    layers only through each layer's `interface` module (`from fedhet.engine.interface import
-    NAME`), as a user's code reaches fedhet only through `fedhet/__init__.py`: never one of
-    their modules directly."""
+    """experiments, deploy and cli import the engine, data, models, algorithms, training and
+    rundir layers only through what each offers (its package, `from fedhet.data import NAME`, or
+    the engine's `interface` module), as a user's code reaches fedhet only through
+    `fedhet/__init__.py`: never one of their modules directly."""
     reached = []
     for path in (SRC / "fedhet").rglob("*.py"):
         rel = path.relative_to(SRC / "fedhet")

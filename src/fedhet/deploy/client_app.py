@@ -23,7 +23,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from fedhet import plugins
-from fedhet.algorithms.interface import Message as FedMessage
+from fedhet.algorithms import Message as FedMessage
 from fedhet.deploy.records import STATE, from_record, pack_state, to_record, unpack_state
 from fedhet.engine.interface import ClientFailure, ClientSide, assemble_clients, config_of
 from fedhet.errors import FedhetError

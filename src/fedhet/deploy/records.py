@@ -17,7 +17,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
-from fedhet.algorithms.interface import Algorithm, ClientState, Message, client_record, restore_client
+from fedhet.algorithms import Algorithm, ClientState, Message, client_record, restore_client
 from fedhet.errors import FedhetError
 from fedhet.rundir import SAFE_GLOBALS
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.algorithms.interface import ALGORITHMS
-from fedhet.data.interface import absolute, is_data_path
+from fedhet.algorithms import ALGORITHMS
+from fedhet.data import absolute, is_data_path
 from fedhet.engine.interface import (
     ENGINE_FIELDS,
     REGISTRIES,

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.data.interface import label_counts, write_index_map
+from fedhet.data import label_counts, write_index_map
 from fedhet.engine.interface import RunConfig, build, federate
 from fedhet.errors import FedhetError
 from fedhet.experiments.report_plots import fit_suptitle

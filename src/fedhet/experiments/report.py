@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from fedhet import plugins
-from fedhet.algorithms.interface import ALGORITHMS
-from fedhet.data.interface import label_counts
+from fedhet.algorithms import ALGORITHMS
+from fedhet.data import label_counts
 from fedhet.engine.interface import RECORD_KEYS, config_of, federate
 from fedhet.errors import FedhetError
 from fedhet.experiments import papers  # noqa: F401  (registers the papers' figures)

@@ -143,7 +143,7 @@ def is_reference(algorithm: str | None) -> bool:
     if not algorithm:
         return False
     # lazy: the registry imports torch; summaries of hand-made rows need no algorithm
-    from fedhet.algorithms.interface import ALGORITHMS
+    from fedhet.algorithms import ALGORITHMS
     from fedhet.errors import FedhetError
 
     try:

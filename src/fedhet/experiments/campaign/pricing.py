@@ -78,7 +78,7 @@ def run_work(settings: dict[str, Any]) -> Work:
     gradient; the centralized baseline: one client holding all `D`), the test set (and with
     `train_loss` the training set) evaluated every `eval_every` rounds."""
     # lazy: the registries load only when a run is priced
-    from fedhet.algorithms.interface import ALGORITHMS
+    from fedhet.algorithms import ALGORITHMS
 
     algorithm = str(settings.get("algorithm", "fedavg"))
     train, test = DATA_SIZES.get(str(settings.get("dataset", "mnist")), DATA_SIZES["mnist"])

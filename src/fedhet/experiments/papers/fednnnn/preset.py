@@ -20,7 +20,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from fedhet.algorithms.interface import ALGORITHMS
+from fedhet.algorithms import ALGORITHMS
 from fedhet.errors import FedhetError
 from fedhet.experiments.papers.base import PRESETS
 from fedhet.experiments.presets import PAPER_SEEDS, Preset, RunSpec, with_seeds

@@ -33,11 +33,11 @@ import torch
 from torch import nn
 
 from fedhet import provenance
-from fedhet.data.interface import Dataset
+from fedhet.data import Dataset
 from fedhet.engine.interface import assemble, config_of
 from fedhet.experiments import paper_results
 from fedhet.experiments.results import git_commit
-from fedhet.models.interface import MODELS
+from fedhet.models import MODELS
 from fedhet.registry import NoParams
 from fedhet.rundir import RunStore, read_metric_rows
 
