@@ -29,6 +29,16 @@ def test_the_page_has_python_file_and_shell_blocks():
 
 
 def test_every_code_block_of_the_library_page_runs(tmp_path, monkeypatch, own_registrations):
+    # as in a fresh process: no component another test's plugin or script registered (a
+    # session-wide plugin also names its algorithm `my-avgm`); `own_registrations` restores them
+    from fedhet import plugins
+    from fedhet.components import REGISTRIES
+
+    for registry in REGISTRIES.values():
+        for entry in list(registry):
+            if entry.source != "fedhet":
+                registry.unregister(entry.name)
+    plugins._LOADED.clear()
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
