@@ -154,7 +154,6 @@ class Simulation:
         if store is not None:  # the clients' states wait in the run directory, not in /tmp
             self.clients.states.attach(store.out / CLIENT_STATES)
         self.executor_name = self.executor.name
-
         self.workers = self.plan.workers
         """Processes a round's clients are spread over: `workers`, or what `auto` (0) chose."""
         self.start_round = 0
