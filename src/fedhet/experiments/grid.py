@@ -237,13 +237,17 @@ PATH_SETTINGS = ("dataset", "dataset.test")
 def absolute_paths(doc: dict[str, Any]) -> dict[str, Any]:
     """The grid document with each data file in `PATH_SETTINGS` (in `[base]`, `[axes]` and
     every variant) made absolute, as the saved `grid.toml` records it: the grid then runs again
-    from any directory, as its runs' `config.json` do."""
+    from any directory, as its runs' `config.json` do. `doc` itself when none is relative."""
+    moved = False
 
     def fix(value: Any) -> Any:
+        nonlocal moved
         if isinstance(value, list):
             return [fix(v) for v in value]
         if isinstance(value, str) and value not in REGISTRIES["dataset"] and is_data_path(value):
-            return absolute(value)
+            whole = absolute(value)
+            moved = moved or whole != value
+            return whole
         return value
 
     def table(section: Any) -> Any:
@@ -258,19 +262,7 @@ def absolute_paths(doc: dict[str, Any]) -> dict[str, Any]:
             out[name] = table(out[name])
     if isinstance(out.get("variant"), list):
         out["variant"] = [table(v) for v in out["variant"]]
-    return doc if _flat_equal(out, doc) else out
-
-
-def _flat_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Whether two grid documents set the same values (nesting aside)."""
-    sections = ("base", "axes")
-    same = all(flatten(a.get(n) or {}) == flatten(b.get(n) or {}) for n in sections
-               if isinstance(a.get(n, {}), dict) and isinstance(b.get(n, {}), dict))
-    va, vb = a.get("variant"), b.get("variant")
-    if isinstance(va, list) and isinstance(vb, list):
-        same = same and [flatten(v) if isinstance(v, dict) else v for v in va] == \
-            [flatten(v) if isinstance(v, dict) else v for v in vb]
-    return same
+    return out if moved else doc
 
 
 def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:
