@@ -12,8 +12,11 @@ On a lent GPU machine (a copy of the checkout, MNIST carried in the git-ignored 
 2. **Run cells** in the plan's order for what is left of `--minutes`: a campaign sitting on
    `cuda` (runs that share data and model stepped as one batch), records and travelling
    checkpoints written under `results/campaign/`.
-3. **Bring back**: `results/` and the regenerated `paper-scale.md` are copied into `--out`
-   (the tool's `$OUT`); copy them over the checkout's `results/` and `docs/` and commit.
+3. **Bring back**: what this call wrote under `results/` goes into `--out` as one
+   `results.tar.gz` (the tool brings back at most 8 files, 2 folders down), with the regenerated
+   `paper-scale.md` and `removed.txt` (the files the call deleted, travelling checkpoints of
+   runs it finished); unpack the archive over the checkout (`tar -xzf results.tar.gz`), delete
+   what `removed.txt` names, copy the page into `docs/` and commit.
 
 Only torch, NumPy and the standard library are needed (no tqdm, Flower, Ray, TensorBoard).
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -47,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tables", default=None, help="comma-separated campaign tables (default: all)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
+    before = _stamps(a.results)
     store = Store(a.results, Path("/tmp/fedhet-campaign-cache"))
     try:
         target = store.bench_dir / f"{bench.kind_of(a.device)}.json"
@@ -73,9 +78,22 @@ def main(argv: list[str] | None = None) -> int:
         except FedhetError as e:
             print(f"page not regenerated: {e}", flush=True)
         a.out.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(a.results, a.out / "results", dirs_exist_ok=True)
-        print(f"results copied to {a.out / 'results'} ({records.now()})", flush=True)
+        now_ = _stamps(a.results)
+        written = sorted(p for p, stamp in now_.items() if before.get(p) != stamp)
+        with tarfile.open(a.out / "results.tar.gz", "w:gz") as tar:
+            for path in written:
+                tar.add(path, arcname=str(path.relative_to(a.results.parent)))
+        gone = sorted(str(p.relative_to(a.results.parent)) for p in before if not p.exists())
+        (a.out / "removed.txt").write_text("".join(f"{p}\n" for p in gone))
+        print(f"{len(written)} result files packed into {a.out / 'results.tar.gz'} ({records.now()})",
+              flush=True)
     return 0
+
+
+def _stamps(results: Path) -> dict[Path, tuple[int, int]]:
+    """Each file under `results` with its size and modification time: what differs at the end
+    is what this call wrote."""
+    return {p: (p.stat().st_size, p.stat().st_mtime_ns) for p in results.rglob("*") if p.is_file()}
 
 
 if __name__ == "__main__":

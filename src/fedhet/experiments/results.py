@@ -14,6 +14,7 @@ import csv
 import html
 import io
 import math
+import os
 import statistics
 import subprocess
 from collections.abc import Callable
@@ -400,8 +401,10 @@ def published_markdown(comparison: list[dict[str, Any]]) -> str:
 
 
 def git_commit() -> str:
-    """The short hash of the checkout's HEAD, recorded beside measured figures ("unknown"
-    outside a git checkout)."""
+    """The short hash of the checkout's HEAD, recorded beside measured figures (outside a git
+    checkout, a copy sent to another machine, `$FEDHET_COMMIT`, else "unknown")."""
+    if os.environ.get("FEDHET_COMMIT"):
+        return os.environ["FEDHET_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
