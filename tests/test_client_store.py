@@ -285,3 +285,17 @@ def test_a_client_that_raises_keeps_its_state_as_changed_whatever_the_budget():
     assert next(r for r in kept_rows if r["round"] == round + 1)["clients_failed"] == 1
     same_run(spilled, spilled_rows, kept, kept_rows)
     assert spilled.client_states.loads > 0
+
+
+def test_a_state_read_back_lands_on_the_stores_device(tmp_path):
+    """A state file is read onto the store's device (a GPU run resuming states a CPU run wrote,
+    or the reverse; "meta" stands for the other device here), not where it was saved."""
+    from fedhet.algorithms.scaffold import ScaffoldClientState
+
+    store = scaffold_store(0, tmp_path)
+    store.device = "meta"
+    store.put(3, ScaffoldClientState(c_i=torch.ones(10)), 1)  # budget 0: written out at once
+    assert store.resident() == [] and (tmp_path / "3-1.pt").exists()
+    back = store[3].c_i
+    assert back.device.type == "meta" and back.shape == (10,)
+    assert scaffold_store(0, tmp_path).device is None  # a store made alone reads where saved

@@ -373,3 +373,20 @@ def test_a_resumed_run_drops_the_same_clients(tmp_path):
     assert rounds == [2, 3]  # it did continue from the checkpoint
     assert torch.equal(resumed.final_state.w, whole.final_state.w)
     assert torch.equal(resumed.final_state.c, whole.final_state.c)
+
+
+def test_every_client_failing_in_fedhets_own_code_is_not_blamed_on_the_user(monkeypatch):
+    """All clients of a round raise inside a built-in algorithm (no frame of the user's): the
+    run fails naming fedhet's frame, and the summary's `user_code` says it is not the user's."""
+    from fedhet.engine.failures import UserCodeFailed
+    from fedhet.training.local import LocalTrainer
+
+    monkeypatch.setattr(LocalTrainer, "sgd", math.hypot)  # raises in C: "no keyword arguments"
+    sim = assemble(config_of({**BASE, "algorithm": "fedavg"}), store=None, log=lambda _: None)
+    with pytest.raises(UserCodeFailed) as caught:
+        sim.run()
+    failed = caught.value
+    assert failed.user is False and failed.record()["user_code"] is False
+    assert re.search(r"fedhet/algorithms/fedavg\.py:\d+ in local_sgd_update$", failed.where)
+    assert "every client that ran in round 1 failed" in failed.error
+

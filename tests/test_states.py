@@ -189,3 +189,44 @@ def test_an_untyped_init_or_client_state_is_a_clear_error():
 
 def test_client_state_base_has_no_fields():
     assert ClientState().to_record() == {}
+
+
+# -- a checkpoint continued on another device ------------------------------------------------
+def test_on_device_moves_every_tensor_of_a_record_and_leaves_the_rest():
+    """`on_device` reaches tensors inside dicts, lists and tuples (the "meta" device stands for
+    a GPU here: it exists on every build) and keeps containers' types and plain values."""
+    from fedhet.algorithms.state import on_device
+
+    record = {"w": torch.ones(3), "nested": {"c": [torch.zeros(2), (torch.ones(1), 4)]},
+              "round": 7, "name": "fedavg", "none": None}
+    moved = on_device(record, "meta")
+    assert moved["w"].device.type == "meta" and moved["w"].shape == (3,)
+    assert moved["nested"]["c"][0].device.type == "meta"
+    assert isinstance(moved["nested"]["c"][1], tuple) and moved["nested"]["c"][1][0].is_meta
+    assert moved["nested"]["c"][1][1] == 4 and moved["round"] == 7 and moved["name"] == "fedavg"
+    assert moved["none"] is None and record["w"].device.type == "cpu"  # the record is not changed
+
+
+@pytest.mark.parametrize("name", ["fedavg", "scaffold"])
+def test_a_resume_puts_the_checkpoints_state_on_the_runs_device(name, tmp_path, monkeypatch):
+    """A checkpoint is read onto the CPU; the resumed run's state is moved to its own device
+    (a CPU checkpoint continued on a GPU computed with CPU tensors before: "Expected all tensors
+    to be on the same device"), and the run still ends where the uninterrupted run does."""
+    import fedhet.engine.simulation as simulation
+
+    whole, whole_rows = simulate(name, rounds=3)
+    simulate(name, tmp_path, rounds=2)
+    seen = []
+    moved = simulation.states.on_device
+
+    def spy(record, device):
+        seen.append((sorted(record) if isinstance(record, dict) else record, device))
+        return moved(record, device)
+
+    monkeypatch.setattr(simulation.states, "on_device", spy)
+    resumed, rows = simulate(name, tmp_path, resume=True, rounds=3)
+    checkpoints = [(keys, device) for keys, device in seen if isinstance(keys, list) and "round" in keys]
+    assert len(checkpoints) == 1 and checkpoints[0][1] == resumed.device  # the checkpoint, once
+    assert {"server", "buffers"} <= set(checkpoints[0][0])
+    same_row(rows[-1], whole_rows[-1])
+    assert_same(resumed.final_state, whole.final_state, "server")

@@ -191,6 +191,20 @@ def restore_client(algorithm: HasStates, record: Any, client_id: int) -> ClientS
     return cls.from_record(record)
 
 
+def on_device(record: Any, device: torch.device | str) -> Any:
+    """`record` (a checkpoint, or a state's record: tensors inside dicts, lists and tuples) with
+    every tensor moved to `device`: a run resumed on another device than the one that saved it
+    (a CPU checkpoint continued on a GPU, or the reverse) computes with its state where its
+    model is. Everything else is returned as it is."""
+    if isinstance(record, torch.Tensor):
+        return record.to(device)
+    if isinstance(record, Mapping):
+        return {k: on_device(v, device) for k, v in record.items()}
+    if isinstance(record, (list, tuple)):
+        return type(record)(on_device(v, device) for v in record)
+    return record
+
+
 def client_records(states: Mapping[int, ClientState | None]) -> dict[int, Any]:
     return {i: client_record(s) for i, s in states.items()}
 
@@ -223,6 +237,7 @@ __all__ = [
     "client_record",
     "client_records",
     "initial_state",
+    "on_device",
     "restore_client",
     "restore_clients",
     "restore_state",

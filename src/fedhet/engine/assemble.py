@@ -138,7 +138,7 @@ def assemble_clients(
         weight_decay=cfg.weight_decay, seed=cfg.seed, dim=flat.dim, layers=flat.layers,
     )
     algo = algo_cls(algorithm_params(cfg, algo_cls), run_info)
-    kept = ClientStateStore(algo, round(cfg.client_state_memory_mb * 2**20))
+    kept = ClientStateStore(algo, round(cfg.client_state_memory_mb * 2**20), device=device)
     clients = ClientWork(local, flat, trainer, client_indices, algo, log, kept)
     runs = executor(clients) if executor is not None else \
         executor_for(the_plan, clients, cfg.cohort_chunk)

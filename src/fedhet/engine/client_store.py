@@ -137,11 +137,14 @@ class ClientStateStore(Mapping[int, Any]):
     typed state, for the clients that have one. Reading a spilled state loads it back.
 
     `budget`: bytes of states kept resident (None: no limit). `directory`: where states are
-    spilled (None: a private temporary directory, made on the first spill)."""
+    spilled (None: a private temporary directory, made on the first spill). `device`: where a
+    state read back from a file is put (None: where it was saved), so that a run resumed on
+    another device than the one that wrote its states finds them beside its model."""
 
     def __init__(self, algorithm: states.HasStates, budget: int | None = None,
-                 directory: Path | None = None) -> None:
+                 directory: Path | None = None, device: torch.device | str | None = None) -> None:
         self.algorithm = algorithm
+        self.device = device
         self.budget = budget
         self.directory = Path(directory) if directory is not None else None
         self._private: str | None = None
@@ -302,7 +305,7 @@ class ClientStateStore(Mapping[int, Any]):
         path = self.path(client_id, version)
         try:
             with torch.serialization.safe_globals(SAFE_GLOBALS):
-                record = torch.load(path, map_location=None, weights_only=True)
+                record = torch.load(path, map_location=self.device, weights_only=True)
         except Exception as e:  # noqa: BLE001  (a missing, cut or foreign file reads the same)
             raise FedhetError(
                 f"client {client_id}'s saved state {path} is unreadable ({type(e).__name__}); "

@@ -73,11 +73,14 @@ class ClientFailure:
     """One line: the exception's type and message."""
     where: str = ""
     """`file:line in function` of the frame that raised it (`blame`), when known."""
+    user: bool = False
+    """Whether that frame is in the user's own code (`blame`), not fedhet's or a library's."""
 
     @classmethod
     def of(cls, client_id: int, round: int, error: BaseException) -> ClientFailure:
         """The failure of a client half that raised `error` (in this process or a worker)."""
-        return cls(client_id, round, one_line(error), blame(error)[0])
+        where, user = blame(error)
+        return cls(client_id, round, one_line(error), where, user)
 
 
 class Diverged(Exception):  # noqa: N818  (a run state, not an error in the program)

@@ -216,7 +216,8 @@ class Simulation:
         start, elapsed = 0, 0.0
         if resume and self.store is not None:
             ckpt = self.store.load_checkpoint(warn=self.log)
-            if ckpt is not None:
+            if ckpt is not None:  # read onto the CPU; its state computes where the model is
+                ckpt = states.on_device(ckpt, self.device)
                 check_resumable(ckpt.get("config"), self.config)
                 check_same_split(ckpt.get("split"), self.split)
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
@@ -340,7 +341,7 @@ class Simulation:
         every = f"every client that ran in round {round + 1} failed"
         if first is None:
             return UserCodeFailed(round, every, "", False)
-        return UserCodeFailed(round, f"{first.error}; {every}", first.where, True,
+        return UserCodeFailed(round, f"{first.error}; {every}", first.where, first.user,
                               client=first.client_id)
 
     def _failed(self, error: UserCodeFailed, rows: list[dict[str, Any]]) -> None:
