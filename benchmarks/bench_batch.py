@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.batch import run_together
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation

@@ -43,7 +43,7 @@ def _cpu_s() -> float:
 
 def one(args: argparse.Namespace) -> dict[str, Any]:
     """One run in this process; its figures."""
-    from fedhet.engine.assemble import assemble
+    from fedhet.engine.assembly import assemble
     from fedhet.engine.client_store import CLIENT_STATES
     from fedhet.engine.config import config_of
     from fedhet.rundir.store import RunStore

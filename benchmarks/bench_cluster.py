@@ -54,16 +54,16 @@ t = time.perf_counter()
 def mark(what):
     print(f"{time.perf_counter() - t:6.2f} s  {what}", flush=True)
 import torch; mark("import torch")
-import fedhet.experiments.runner; mark("import fedhet's runner")
+import fedhet.runs.runner; mark("import fedhet's runner")
 import ray; mark("import ray")
 ray.init(address="127.0.0.1:6379", logging_level=logging.ERROR, log_to_driver=False); mark("ray.init")
 from pathlib import Path
-from fedhet.experiments import cluster
+from fedhet.runs import cluster
 nodes = cluster.alive_nodes(ray)
 control = Path(sys.argv[1]); (control / "where").mkdir(parents=True, exist_ok=True)
 cluster.check_nodes(ray, nodes, control, os.getcwd()); mark("the file probe")
 def first():
-    import fedhet.experiments.runner
+    import fedhet.runs.runner
     return os.getpid()
 task = ray.remote(first).options(num_cpus=1)
 ray.get([task.remote(), task.remote()]); mark("two tasks importing torch and fedhet")

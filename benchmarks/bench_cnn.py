@@ -63,7 +63,7 @@ def _data(shape: tuple[int, ...], n: int):
 def _engine_round(model: str, shape: tuple[int, ...], steps: int, executor: str, precision: str):
     """A function running one engine round (with the checkout on `sys.path`)."""
     from fedhet.data.base import Dataset
-    from fedhet.engine.assemble import assemble
+    from fedhet.engine.assembly import assemble
     from fedhet.engine.config import config_of
     from fedhet.engine.simulation import sample_clients
 

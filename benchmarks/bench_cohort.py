@@ -37,9 +37,9 @@ from typing import Any
 import torch
 
 from fedhet.data.base import Dataset
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
-from fedhet.experiments.results import git_commit
+from fedhet.runs.results import git_commit
 
 
 @dataclass

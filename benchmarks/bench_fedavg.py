@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import sample_clients
 

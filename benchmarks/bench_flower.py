@@ -69,7 +69,7 @@ def main() -> None:
 
     from fedhet.deploy.launch import LocalFederation, stop_tree, wait_for_run
     from fedhet.deploy.project import write_app
-    from fedhet.experiments.single import execute
+    from fedhet.runs.single import execute
 
     settings = {"algorithm": args.algorithm, "dataset": args.dataset, "clients": args.clients,
                 "rounds": args.rounds, "lr": 0.1, "seed": 0}

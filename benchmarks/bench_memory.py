@@ -13,7 +13,7 @@ import argparse
 import resource
 import time
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 
 

@@ -16,7 +16,7 @@ near a core skews the ratios).
         [--points 4x32:200,20x150:200] [--workers 2] [--demo] [--out table.md]
 
 `--demo` adds `make demo`'s training (FedAvg then FedNova on digits, 30 rounds each, the
-settings of `fedhet.experiments.demo`) as a last row, its runs in a scratch directory.
+settings of `fedhet.runs.demo`) as a last row, its runs in a scratch directory.
 
 A point is `CLIENTSxSAMPLES:HIDDEN`. Run it with one thread per process (`OMP_NUM_THREADS=1`),
 on a machine with at least `--workers` cores.
@@ -35,12 +35,12 @@ from pathlib import Path
 import torch
 
 from fedhet.data.base import Dataset
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.workers import AUTO_MIN_RUN_WORK, AUTO_MIN_WORK, usable_cores
-from fedhet.experiments.demo import DEMO_ALGORITHMS, DEMO_SETTINGS
-from fedhet.experiments.results import git_commit
 from fedhet.rundir.store import RunStore
+from fedhet.runs.demo import DEMO_ALGORITHMS, DEMO_SETTINGS
+from fedhet.runs.results import git_commit
 
 POINTS = "4x32:200,10x150:200,20x150:200,100x60:200,20x300:200,20x600:16,40x300:200,20x600:200,"\
          "400x60:200,100x600:16,100x600:200"

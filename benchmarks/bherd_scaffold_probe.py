@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from fedhet.algorithms import bherd
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.training.steps import Correction
 

@@ -17,7 +17,7 @@ import argparse
 import numpy as np
 
 from fedhet.engine.config import config_of
-from fedhet.engine.federate import federate
+from fedhet.engine.federation import federate
 
 
 def sizes(

@@ -1,6 +1,6 @@
 """Evaluation's share of a paper-scale round, before and after the fast path, on one CPU core.
 
-For each campaign table (`fedhet.experiments.campaign.TABLES`) its first paper-scale run says
+For each campaign table (`fedhet.papers.campaign.TABLES`) its first paper-scale run says
 what a round computes (`campaign.pricing.run_work`: samples trained, samples evaluated: the test set
 every round, the whole training set with `train_loss`, FedVeca's and BHerd's). This script
 measures, on one core, the training and the evaluation throughput of the table's model in
@@ -78,9 +78,9 @@ def main() -> None:
     if args.worker:
         worker()
         return
-    from fedhet.experiments.campaign import TABLES
-    from fedhet.experiments.campaign.pricing import run_work
-    from fedhet.experiments.campaign.tables import first_stage
+    from fedhet.papers.campaign import TABLES
+    from fedhet.papers.campaign.pricing import run_work
+    from fedhet.papers.campaign.tables import first_stage
 
     here = Path(__file__).resolve().parents[1] / "src"
     sides = {"after": here}

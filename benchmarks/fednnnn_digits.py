@@ -20,11 +20,11 @@ from pathlib import Path
 
 from torch import nn
 
-from fedhet.experiments.papers.fednnnn.plots import plot_study
-from fedhet.experiments.papers.fednnnn.preset import run_specs
-from fedhet.experiments.seeds import Stat
-from fedhet.experiments.single import execute
 from fedhet.models.registry import MODELS
+from fedhet.papers.fednnnn.plots import plot_study
+from fedhet.papers.fednnnn.preset import run_specs
+from fedhet.reports.seeds import Stat
+from fedhet.runs.single import execute
 
 METHODS = ("FedAvg", "Norm-Norm", "Momentum", "FedNNNN")
 PARTITIONS = {"iid": {}, "dirichlet0.1": {"partition": "dirichlet", "partition.alpha": 0.1}}

@@ -4,7 +4,7 @@ On a lent GPU machine (a copy of the checkout, MNIST carried in the git-ignored 
 
     python benchmarks/gpu_campaign.py --out "$OUT" --minutes 9
 
-1. **Measure** (`fedhet.experiments.campaign.bench.GPU_WORKLOADS`, a few minutes on one H100):
+1. **Measure** (`fedhet.papers.campaign.bench.GPU_WORKLOADS`, a few minutes on one H100):
    the FedNNNN CNN round over 100 clients (bf16 with 1 and 4 runs batched; fp32 with 1), the
    MLP round over 100 clients, a FedSR ring round with 1 and 8 runs batched, BHerd's 5-client
    CNN with 8 and 20 runs batched. Written to `results/campaign/bench/cuda.json` (skipped when
@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 def main(argv: list[str] | None = None) -> int:
     from fedhet.errors import FedhetError
-    from fedhet.experiments.campaign import bench, records
-    from fedhet.experiments.campaign.records import Store
-    from fedhet.experiments.campaign.sitting import run_campaign
-    from fedhet.experiments.results import git_commit
+    from fedhet.papers.campaign import bench, records
+    from fedhet.papers.campaign.records import Store
+    from fedhet.papers.campaign.sitting import run_campaign
+    from fedhet.runs.results import git_commit
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--out", type=Path, required=True, help="where results/ is copied at the end ($OUT)")
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", flush=True)
         return 2
     finally:
-        from fedhet.experiments.paper_scale import write_page
+        from fedhet.papers.paper_scale import write_page
 
         page = ROOT / "docs" / "paper-scale.md"
         try:

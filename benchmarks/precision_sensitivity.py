@@ -18,7 +18,7 @@ import argparse
 import torch
 from bench_precision import need_mnist, setting  # this folder: `python benchmarks/...`
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 
 

@@ -15,15 +15,15 @@ import torch
 from torch import nn
 
 from fedhet.data.base import Dataset
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
-from fedhet.experiments.papers.fednova.inconsistency import HalfSquare as Quadratic
 from fedhet.models.registry import MODELS
+from fedhet.papers.fednova.inconsistency import HalfSquare as Quadratic
 from fedhet.registry import NoParams
 
 MODEL = "quadratic-test"
-"""The quadratic `½ mean ‖x − e‖²` (`fedhet.experiments.papers.fednova.inconsistency.HalfSquare`)."""
+"""The quadratic `½ mean ‖x − e‖²` (`fedhet.papers.fednova.inconsistency.HalfSquare`)."""
 
 
 def quadratic_data(e: torch.Tensor, sizes: list[int]) -> Dataset:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -155,13 +157,14 @@ def test_imports_inside_functions_say_why():
 
 
 LOWER = ("engine", "data", "models", "algorithms", "training", "rundir")
-UPPER = ("experiments", "deploy", "cli")
+UPPER = ("runs", "reports", "papers", "api", "deploy", "cli")
 
 
 def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below():
-    """experiments, deploy and cli import the engine, data, models, algorithms, training and
-    rundir layers only through what each offers (its package, `from fedhet.data import NAME`, or
-    the engine's `interface` module), as a user's code reaches fedhet only through
+    """runs, reports, papers, the api, deploy and cli import the engine, data, models,
+    algorithms, training and rundir layers only through what each offers (its package: `from
+    fedhet.data import NAME`, `from fedhet.engine import NAME`), as a user's code reaches fedhet
+    only through
     `fedhet/__init__.py`: never one of their modules directly."""
     reached = []
     for path in (SRC / "fedhet").rglob("*.py"):
@@ -178,7 +181,7 @@ def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below
             for name in names:
                 parts = name.split(".")
                 if len(parts) > 1 and parts[0] == "fedhet" and parts[1] in LOWER \
-                        and parts[2:] not in ([], ["interface"]):
+                        and parts[2:] != []:
                     reached.append(f"{rel}:{node.lineno} {name}")
     assert reached == [], f"modules of lower layers imported directly: {reached}"
 
@@ -192,7 +195,9 @@ LAYERS = (
     ("plugins",),
     ("engine",),
     ("provenance",),
-    ("experiments", "testing"),
+    ("runs", "testing"),
+    ("reports",),
+    ("papers",),
     ("api",),
     ("deploy",),
     ("cli",),
@@ -235,3 +240,31 @@ def test_the_run_directory_package_stands_on_errors_alone_and_reads_without_torc
         capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(SRC)},
     )
     assert probe.stdout.strip() == "False", probe.stderr
+
+
+@pytest.mark.parametrize("module", ["fedhet.engine", "fedhet.runs", "fedhet.reports", "fedhet.runs.results",
+                                    "fedhet.reports.seeds"])
+def test_a_package_surface_and_the_table_makers_import_without_torch(module):
+    """The engine's, runs' and reports' surfaces load a module only when one of its names is
+    first used, and the results table (CSV in, CSV and markdown out) needs no torch: a process
+    that only tabulates runs stays light."""
+    import subprocess
+    import sys
+
+    probe = subprocess.run(
+        [sys.executable, "-c", f"import sys, {module}; print('torch' in sys.modules)"],
+        capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(SRC)},
+    )
+    assert probe.stdout.strip() == "False", probe.stderr
+
+
+def test_a_surface_name_is_what_it_names_whichever_module_was_imported_first():
+    """A package's lazy surface returns the function, also after its module was imported by
+    its full path (a module named like a function it offers would shadow it)."""
+    import fedhet.engine.assembly  # noqa: F401
+    import fedhet.runs.comparison  # noqa: F401
+    from fedhet.engine import assemble, federate
+    from fedhet.runs import compare, execute
+
+    assert all(callable(f) and not hasattr(f, "__path__") and type(f).__name__ == "function"
+               for f in (assemble, federate, compare, execute))

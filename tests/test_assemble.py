@@ -19,14 +19,14 @@ from fedhet.algorithms.base import ALGORITHMS, RunInfo
 from fedhet.algorithms.fedavg import FedAvg, FedAvgParams
 from fedhet.data.embedded import DigitsParams, load_digits
 from fedhet.data.registry import DATASETS
-from fedhet.engine.assemble import algorithm_params, assemble, assemble_clients
+from fedhet.engine.assembly import algorithm_params, assemble, assemble_clients
 from fedhet.engine.config import config_of
-from fedhet.engine.federate import load
+from fedhet.engine.federation import load
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import execute
 from fedhet.models.registry import MODELS
 from fedhet.registry import NoParams
 from fedhet.rundir.store import TIME_COLUMNS
+from fedhet.runs.single import execute
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 4, "rounds": 2, "lr": 0.1,
         "local_steps": 3, "seed": 5, "device": "cpu"}
@@ -215,7 +215,7 @@ def test_the_client_half_holds_no_server():
 def test_a_callback_that_raises_stoprun_ends_the_run_as_it_was_raised_not_as_a_failure(tmp_path):
     """A stopping grid's callback raises `StopRun` after a saved round: the engine lets it through
     (the grid reports the run as stopped, not as failed user code), and the run resumes."""
-    from fedhet.engine.interface import StopRun
+    from fedhet.engine import StopRun
 
     def stop_after_2(row: dict[str, Any]) -> None:
         if row["round"] == 2:

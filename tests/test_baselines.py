@@ -12,7 +12,7 @@ from quadratic import LINEAR_MODEL, run_quadratic
 
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fednova import normaliser
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
@@ -306,7 +306,7 @@ def test_a_run_saved_with_the_old_name_resumes(tmp_path):
     """config.json written before the rename says `gamma`: the checkpoint still matches."""
     import json
 
-    from fedhet.experiments.single import execute
+    from fedhet.runs.single import execute
 
     out = tmp_path / "r"
     settings = {**BASE, "algorithm": "fedavgm", "rounds": 2, "algorithm.server_momentum": 0.5}

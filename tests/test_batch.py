@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.batch import SharedCohort, run_together
 from fedhet.engine.config import config_of
-from fedhet.experiments.compare import compare
-from fedhet.experiments.runner import Job, batch_units
 from fedhet.models.cnn import cnn_fednnnn_cifar
 from fedhet.registry import NoParams
 from fedhet.rundir.store import RunStore, read_metric_rows
+from fedhet.runs.comparison import compare
+from fedhet.runs.runner import Job, batch_units
 from fedhet.training.cohort import CohortTrainer, EvalJob
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import evaluate

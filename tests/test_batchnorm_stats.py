@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from fedhet.algorithms.base import BUFFERS
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.models.registry import MODELS

@@ -16,7 +16,7 @@ from fedhet.algorithms.bherd import (
     herding_order_direct,
     kept_count,
 )
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
@@ -217,7 +217,7 @@ def test_local_momentum_is_rejected():
 @pytest.mark.parametrize("algorithm", ["bherd-scaffold", "grab-fedavg"])
 def test_resume_from_a_checkpoint_continues_exactly(tmp_path, algorithm):
     """Client state (cursor, c_i, GraB's order and sums) survives a checkpoint round trip."""
-    from fedhet.experiments.single import execute
+    from fedhet.runs.single import execute
 
     settings = {**BASE, "algorithm": algorithm, "rounds": 3, "local_epochs": 0.5}
     execute(settings, tmp_path, log=lambda m: None)

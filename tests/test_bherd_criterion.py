@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fedhet.algorithms import bherd
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
 

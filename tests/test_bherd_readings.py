@@ -21,7 +21,7 @@ from torch import nn
 
 from fedhet.algorithms import bherd
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Reply, RunInfo
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
 from fedhet.training.flat import FlatModel

@@ -9,10 +9,10 @@ import pytest
 
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
-from fedhet.experiments.papers.base import PRESETS
-from fedhet.experiments.papers.bherd import plots as plots_bherd
-from fedhet.experiments.papers.bherd.preset import METHODS
-from fedhet.experiments.single import execute
+from fedhet.papers.base import PRESETS
+from fedhet.papers.bherd import plots as plots_bherd
+from fedhet.papers.bherd.preset import METHODS
+from fedhet.runs.single import execute
 
 
 def specs(scale: str):
@@ -77,7 +77,7 @@ def fake_run(path: Path, acc: list[float], kept: list[list[int]]) -> None:
 
 
 def test_main_report_table_counts_rounds_to_fedavgs_final_accuracy(tmp_path):
-    from fedhet.experiments.papers.bherd.preset import main_runs
+    from fedhet.papers.bherd.preset import main_runs
 
     for spec in main_runs("smoke"):
         acc = [0.1, 0.5, 0.7, 0.8] if spec.label == "BHerd-FedAvg" else [0.1, 0.4, 0.6, 0.7]
@@ -90,10 +90,10 @@ def test_main_report_table_counts_rounds_to_fedavgs_final_accuracy(tmp_path):
     assert len(pngs) == 7 and all(p.exists() for p in pngs)
 
 
-# -- the multi-seed study (experiments/papers/bherd/readings.py) --------------------------------
+# -- the multi-seed study (papers/bherd/readings.py) --------------------------------
 def test_study_methods_have_distinct_directories_and_valid_settings():
     from fedhet.engine.config import config_of
-    from fedhet.experiments.papers.bherd import readings as br
+    from fedhet.papers.bherd import readings as br
 
     for study in (s for s in br.STUDIES if s not in br.NEW_STUDIES):
         table = br.methods(study, "sum")
@@ -115,7 +115,7 @@ def test_study_methods_have_distinct_directories_and_valid_settings():
 @pytest.fixture
 def br(monkeypatch):
     """The study module with tiny settings: logistic regression on digits, 3 clients, 5 rounds."""
-    from fedhet.experiments.papers.bherd import readings
+    from fedhet.papers.bherd import readings
 
     tiny = {"dataset": "digits", "model": "logreg", "clients": 3, "rounds": 5, "lr": 0.1,
             "batch_size": 32, "local_epochs": 1.0}
@@ -142,7 +142,7 @@ def test_study_runs_resume_and_reports(tmp_path, br):
 
 
 def test_paired_difference_marks_only_what_is_outside_the_noise():
-    from fedhet.experiments.papers.bherd.readings import paired
+    from fedhet.papers.bherd.readings import paired
 
     assert paired([0.1, 0.11, 0.09]).endswith("*")  # mean 0.1, std 0.01: far outside 2 SE
     assert not paired([0.1, -0.1, 0.05]).endswith("*")
@@ -164,7 +164,7 @@ def test_scaffold_study_runs_and_reports_the_guard(tmp_path, br):
 def test_guard_report_counts_fallbacks(tmp_path):
     import json
 
-    from fedhet.experiments.papers.bherd import readings as br
+    from fedhet.papers.bherd import readings as br
     from fedhet.rundir.store import RunStore
 
     method = br.methods("scaffold", "mean-tau")["BHerd-SCAFFOLD mean-tau ρ=1.0"]
@@ -185,7 +185,7 @@ def test_issue26_studies_pair_against_fedavg_of_the_same_setup():
     settings, the batch study the paper's best B per case (Case 3's B = 50 run is the default
     run's directory, so it is shared with the other studies)."""
     from fedhet.engine.config import config_of
-    from fedhet.experiments.papers.bherd import readings as br
+    from fedhet.papers.bherd import readings as br
 
     for study in br.NEW_STUDIES:
         table = br.methods(study, "mean-tau")
@@ -226,9 +226,9 @@ def test_paired_report_and_export_by_hand(tmp_path):
     """Three seeds; BHerd's accuracy is FedAvg's + 0.01·(1, 2, 3) in every round (mean Δ 0.02,
     std 0.01, 2·std/√3 = 0.0115: outside the noise) and its training loss FedAvg's
     + (0.1, −0.1, 0) (mean 0, inside)."""
-    from fedhet.experiments.paper_results import read_results
-    from fedhet.experiments.papers.bherd import export
-    from fedhet.experiments.papers.bherd import readings as br
+    from fedhet.papers.bherd import export
+    from fedhet.papers.bherd import readings as br
+    from fedhet.papers.paper_results import read_results
 
     table = br.methods("criterion", "mean-tau")
     fedavg, herd = table["FedAvg"], table["BHerd mean-tau"]
@@ -247,7 +247,7 @@ def test_paired_report_and_export_by_hand(tmp_path):
     rows, missing = export.study_rows(tmp_path, "criterion", "mean-tau", range(3))
     assert len(missing) == 3 * 3 * 3 - 6  # the other cases and the grab-stale method
     out = tmp_path / "svm-criterion.csv"
-    from fedhet.experiments.paper_results import write_rows
+    from fedhet.papers.paper_results import write_rows
 
     write_rows(out, rows, ("kept_steps",))
     curves = read_results(out)
@@ -261,7 +261,7 @@ def test_paired_report_and_export_by_hand(tmp_path):
 
 def test_preset_svm_runs_use_reference_40s_setup_and_cnns_keep_theirs():
     from fedhet.engine.config import config_of
-    from fedhet.experiments.papers.bherd.preset import main_runs, sensitivity_runs
+    from fedhet.papers.bherd.preset import main_runs, sensitivity_runs
 
     runs = main_runs("paper") + sensitivity_runs("paper")
     svm = [config_of(r.settings) for r in runs if r.settings["model"] == "svm"]
@@ -277,7 +277,7 @@ def test_preset_svm_runs_use_reference_40s_setup_and_cnns_keep_theirs():
 def test_a_setup_study_report_names_its_baselines_with_the_setup(tmp_path):
     """Under `--setup ref40` every label carries the setup (`FedAvg ref40`): the report takes the
     plain names for them (the default baseline FedAvg too) and refuses a name of no method."""
-    from fedhet.experiments.papers.bherd.readings import report
+    from fedhet.papers.bherd.readings import report
 
     table = report(tmp_path, "alpha", "mean-tau", seeds=[0], setup="ref40",
                    baseline="BHerd mean-tau α=1.0")
@@ -294,10 +294,10 @@ def test_the_methods_study_fills_the_pages_fig2_claims(tmp_path):
     = the training loss over rounds 1–10): FedNova 0.30 + 0.01·s, BHerd-FedNova 0.10 lower
     (faster: holds); SCAFFOLD 0.30, BHerd-SCAFFOLD 0.05 higher (fails); GraB-FedAvg equal to
     FedAvg but for ±0.01 (inside the noise: "falls short" holds)."""
-    from fedhet.experiments import paper_results as pr
-    from fedhet.experiments import paper_scale as ps
-    from fedhet.experiments.papers.bherd import export
-    from fedhet.experiments.papers.bherd import readings as br
+    from fedhet.papers import paper_results as pr
+    from fedhet.papers import paper_scale as ps
+    from fedhet.papers.bherd import export
+    from fedhet.papers.bherd import readings as br
 
     table = br.methods("methods", "mean-tau", "ref40")
     loss = {"FedAvg ref40": 0.3, "BHerd mean-tau ref40": 0.3, "GraB-FedAvg ref40": 0.3,

@@ -1,4 +1,4 @@
-"""The campaign (experiments/campaign): the papers' tables at their own scale, headline cells
+"""The campaign (papers/campaign): the papers' tables at their own scale, headline cells
 first, accumulated across machines through records and travelling checkpoints."""
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.experiments import paper_results as pr
-from fedhet.experiments.campaign import bench, records, tables
-from fedhet.experiments.campaign import sitting as sitting_module
-from fedhet.experiments.campaign.plan import status
-from fedhet.experiments.campaign.pricing import Pricer, run_work
-from fedhet.experiments.campaign.records import Store
-from fedhet.experiments.campaign.sitting import Sitting
-from fedhet.experiments.campaign.tables import TABLES, Table, plan_runs
+from fedhet.papers import paper_results as pr
+from fedhet.papers.campaign import bench, records, tables
+from fedhet.papers.campaign import sitting as sitting_module
+from fedhet.papers.campaign.plan import status
+from fedhet.papers.campaign.pricing import Pricer, run_work
+from fedhet.papers.campaign.records import Store
+from fedhet.papers.campaign.sitting import Sitting
+from fedhet.papers.campaign.tables import TABLES, Table, plan_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def _forkserver():
     here, before any test changes the environment it would inherit. `reproduce all` from the
     command line keeps "spawn" (test_sigterm_stops_a_sitting_after_a_saved_round)."""
     multiprocessing.get_context("forkserver").set_forkserver_preload(
-        ["torch", "fedhet.experiments.single"])
+        ["torch", "fedhet.runs.single"])
     multiprocessing.forkserver.ensure_running()
 
 
@@ -351,9 +351,9 @@ def test_the_campaign_imports_no_optional_package() -> None:
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from fedhet.experiments.campaign import plan, sitting, bench\n"
+        "from fedhet.papers.campaign import plan, sitting, bench\n"
         "plan.status(Path('results'))\n"
-        "import fedhet.experiments.single\n"
+        "import fedhet.runs.single\n"
         "top = {m.split('.')[0] for m in sys.modules}\n"
         "print(sorted(top & {'flwr', 'ray', 'tensorboard', 'matplotlib', 'tqdm'}))\n"
     )
@@ -366,7 +366,7 @@ def test_the_campaign_imports_no_optional_package() -> None:
 
 def test_a_table_whose_data_is_missing_is_left_out_of_the_whole_sitting(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
     """One line names the table and its data; none of its runs starts, the others run."""
-    import fedhet.experiments.reproduce as reproduce
+    import fedhet.papers.reproduce as reproduce
     from fedhet.errors import FedhetError
 
     other = Table("fednova-smoke-2", "fednova", "synthetic-2", "FedNova smoke again", ("synthetic",),
@@ -410,8 +410,9 @@ def test_a_sitting_in_a_session_of_its_own_lowers_the_whole_session(tmp_path: Pa
     priority; one in the caller's session leaves it alone."""
     if not Path("/proc/self/autogroup").exists():
         pytest.skip("no autogroup here: a process's nice is all there is")
-    probe = ("import sys; from fedhet.experiments.campaign.sitting import lower_session_priority; "
-             "print(lower_session_priority(7)); print((open('/proc/self/autogroup').read().split() or ['none'])[-1])")
+    probe = ("import sys; from fedhet.papers.campaign.sitting import lower_session_priority; "
+             "print(lower_session_priority(7)); "
+             "print((open('/proc/self/autogroup').read().split() or ['none'])[-1])")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     own = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
                          timeout=120, start_new_session=True)

@@ -12,7 +12,7 @@ import torch
 from torch.nn import functional as F
 
 from fedhet.data.base import Dataset
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.models.cnn import cnn_cifar, cnn_fednnnn_mnist
 from fedhet.models.registry import MODELS, build_model

@@ -17,8 +17,8 @@ from cli_errors import one_error_line
 
 from fedhet.api import new_run_dir
 from fedhet.cli import main
-from fedhet.experiments import show
-from fedhet.experiments.progress import RoundLines
+from fedhet.runs import show
+from fedhet.runs.progress import RoundLines
 
 SRC = str(Path(__file__).resolve().parent.parent / "src")
 SMALL = ["-n", "3", "-r", "1", "-p", "iid"]
@@ -285,8 +285,8 @@ def test_round_lines_every_tenth_or_every_few_seconds():
 def test_grid_progress_lines_in_a_log_file(tmp_path, monkeypatch):
     import io
 
-    from fedhet.experiments.compare import compare
-    from fedhet.experiments.grid import Changes
+    from fedhet.runs.comparison import compare
+    from fedhet.runs.grid import Changes
 
     monkeypatch.setenv("FEDHET_PROGRESS_SECONDS", "0")
     stream = io.StringIO()

@@ -16,7 +16,7 @@ from same import assert_same
 from test_executors import BASE, CASES
 
 from fedhet.algorithms.base import ALGORITHMS, PER_CLIENT_COLUMNS
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.client_store import CLIENT_STATES, ClientStateStore, state_nbytes
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import sample_clients

@@ -29,8 +29,8 @@ from cluster_harness import harness_output
 
 from fedhet.cli import main
 from fedhet.errors import FedhetError
-from fedhet.experiments.cluster import check_resources
 from fedhet.rundir.store import TIME_COLUMNS
+from fedhet.runs.cluster import check_resources
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray is not installed (pip install 'fedhet[cluster]')")
@@ -182,7 +182,7 @@ def test_cluster_flags_misused_are_one_line(tmp_path, capsys, argv, message):
 
 def test_cuda_runs_without_a_gpu_share_are_refused_before_ray_starts(tmp_path, capsys,
                                                                       monkeypatch):
-    from fedhet.experiments import cluster
+    from fedhet.runs import cluster
 
     def no_ray(options):
         raise AssertionError("Ray must not start")
@@ -199,7 +199,7 @@ def test_cuda_runs_without_a_gpu_share_are_refused_before_ray_starts(tmp_path, c
 
 
 def test_capacity_counts_units_per_node_with_gpu_shares():
-    from fedhet.experiments.cluster import ClusterOptions, capacity
+    from fedhet.runs.cluster import ClusterOptions, capacity
 
     nodes = [{"Resources": {"CPU": 16.0, "GPU": 4.0}}, {"Resources": {"CPU": 8.0}},
              {"Resources": {"CPU": 0.0, "GPU": 0.0}}]  # e.g. a head started with --num-cpus 0
@@ -215,7 +215,7 @@ def test_capacity_counts_units_per_node_with_gpu_shares():
 
 
 def test_node_labels_are_host_names_made_unique():
-    from fedhet.experiments.cluster import node_labels
+    from fedhet.runs.cluster import node_labels
 
     nodes = [{"NodeID": "aa11" * 7, "NodeManagerHostname": "gpu1"},
              {"NodeID": "bb22" * 7, "NodeManagerHostname": "cpu"},
@@ -224,8 +224,8 @@ def test_node_labels_are_host_names_made_unique():
 
 
 def test_a_retried_job_resumes_what_its_lost_task_began(tmp_path):
-    from fedhet.experiments.cluster import refreshed
-    from fedhet.experiments.runner import Job
+    from fedhet.runs.cluster import refreshed
+    from fedhet.runs.runner import Job
 
     job = Job("r", {"dataset": "digits"}, str(tmp_path / "r"), resume=False)
     assert refreshed(job) is job  # nothing there yet: a fresh start
@@ -281,7 +281,7 @@ class _ProbeRay:
 
 @needs_ray
 def test_a_node_that_joins_is_probed_and_kept_from_runs_until_it_answers_yes(tmp_path):
-    from fedhet.experiments.cluster import Members
+    from fedhet.runs.cluster import Members
 
     ray = _ProbeRay(["head"], {})
     notes: list[str] = []
@@ -312,7 +312,7 @@ def test_a_node_that_joins_is_probed_and_kept_from_runs_until_it_answers_yes(tmp
 
 @needs_ray
 def test_a_probe_that_never_answers_refuses_its_node(tmp_path, monkeypatch):
-    from fedhet.experiments import cluster
+    from fedhet.runs import cluster
 
     ray = _ProbeRay(["head", "slow"], {"slow": None})
     notes: list[str] = []
@@ -331,7 +331,7 @@ def test_ctrl_c_while_the_nodes_are_probed_stops_without_waiting_for_them(tmp_pa
     Ctrl-C not at all: the probes are cancelled and the driver stops."""
     import threading
 
-    from fedhet.experiments import cluster, raylink
+    from fedhet.runs import cluster, raylink
 
     ray = _ProbeRay(["head", "slow"], {"head": {"ok": True}, "slow": None})
     requested = threading.Event()
@@ -351,8 +351,8 @@ def test_a_task_on_a_node_that_cannot_use_the_grid_touches_nothing_and_is_requeu
 
     import ray
 
-    from fedhet.experiments import cluster
-    from fedhet.experiments.runner import Job
+    from fedhet.runs import cluster
+    from fedhet.runs.runner import Job
 
     monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: ID["blind"]))
     control = tmp_path / ".cluster"
@@ -383,7 +383,7 @@ def test_a_task_on_a_node_that_cannot_use_the_grid_touches_nothing_and_is_requeu
 
 
 def test_cluster_options_are_checked():
-    from fedhet.experiments.cluster import ClusterOptions
+    from fedhet.runs.cluster import ClusterOptions
 
     with pytest.raises(FedhetError, match="--cpus-per-run must be > 0"):
         ClusterOptions(cpus_per_run=0)
@@ -396,7 +396,7 @@ def test_a_preset_joins_ray_once_for_all_its_stages(tmp_path, monkeypatch):
     baselines that read them) connects to Ray once and closes it once, after the last stage;
     a grid alone still connects and closes per call. Ray and the cluster driver are stand-ins
     here that run each unit in this process (the real cluster is the harness above)."""
-    from fedhet.experiments import cluster, runner
+    from fedhet.runs import cluster, runner
 
     calls: list[str] = []
 
@@ -472,7 +472,7 @@ def test_without_an_address_the_driver_starts_its_own_ray_and_a_killed_one_leave
 ])
 def test_bad_addresses_and_shares_are_one_line_before_ray_is_touched(
         tmp_path, capsys, monkeypatch, argv, env, message):
-    from fedhet.experiments import cluster
+    from fedhet.runs import cluster
 
     monkeypatch.setattr(cluster, "import_ray", lambda: pytest.fail("Ray must not be touched"))
     for key, value in env.items():
@@ -526,7 +526,7 @@ def serve():  # accepts, never answers: a head that does not respond
         conn, _ = server.accept()
         accepted.append(conn)
 threading.Thread(target=serve, daemon=True).start()
-driver = ("import sys; from fedhet.experiments import raylink; raylink.JOIN_TIMEOUT_S = 5.0; "
+driver = ("import sys; from fedhet.runs import raylink; raylink.JOIN_TIMEOUT_S = 5.0; "
           "from fedhet.cli import main; sys.exit(main(sys.argv[1:]))")
 argv = [sys.executable, "-c", driver, "compare", "--config", sys.argv[1], "--out", sys.argv[2],
         "--cluster", "ray", "--ray-address", f"127.0.0.1:{port}"]
@@ -588,7 +588,7 @@ def test_reap_ends_what_a_dead_drivers_local_ray_left_and_nothing_else(tmp_path,
     processes of one whose driver is gone are ended and its directory removed; one whose driver
     runs, and one still being started (no record yet), are left alone."""
     from fedhet import procs
-    from fedhet.experiments import raylink
+    from fedhet.runs import raylink
 
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
 

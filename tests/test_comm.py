@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
-from fedhet.experiments.commcost import transfers_to_target
+from fedhet.reports.commcost import transfers_to_target
 from fedhet.rundir.store import RunStore
 
 BASE = {"dataset": "digits", "partition": "iid", "lr": 0.05, "seed": 1, "clients": 4, "rounds": 2}
@@ -20,7 +20,7 @@ def run(tmp_path=None, **settings) -> tuple[Simulation, list[dict]]:
     sim.run()
     rows = []
     if tmp_path is not None:
-        from fedhet.experiments.commcost import read_metrics
+        from fedhet.reports.commcost import read_metrics
 
         rows = read_metrics(tmp_path)
     return sim, rows

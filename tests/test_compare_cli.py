@@ -12,7 +12,7 @@ import pytest
 from cli_errors import one_error_line
 
 from fedhet.cli import main
-from fedhet.experiments.grid import load_grid
+from fedhet.runs.grid import load_grid
 
 SWEEP = ["compare", "-a", "fedavg,FedProx", "-d", "digits", "-n", "3", "-r", "1",
          "--sweep", "lr=0.01,0.1", "--sweep", "seed=0,1", "-j", "1"]

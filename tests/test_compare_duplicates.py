@@ -9,8 +9,8 @@ import pytest
 
 from fedhet.cli import main
 from fedhet.errors import FedhetError
-from fedhet.experiments.grid import load_grid
-from fedhet.experiments.presets import RunSpec
+from fedhet.runs.grid import load_grid
+from fedhet.runs.presets import RunSpec
 
 BASE = '[base]\ndataset = "digits"\nrounds = 2\nclients = 3\n'
 
@@ -78,7 +78,7 @@ def test_cli_prints_one_error_line_and_makes_no_directory(tmp_path, capsys):
 
 
 def test_a_preset_with_two_identical_runs_is_refused():
-    from fedhet.experiments.reproduce import _check_specs
+    from fedhet.papers.reproduce import _check_specs
 
     base = {"dataset": "digits", "rounds": 2, "lr": 0.1}
     specs = [RunSpec("a", "g", "A", {**base, "seed": 0}), RunSpec("b", "g", "B", {**base, "lr": 1e-1})]
@@ -89,8 +89,8 @@ def test_a_preset_with_two_identical_runs_is_refused():
 
 
 def test_shipped_presets_have_no_duplicate_runs():
-    from fedhet.experiments.papers.base import PRESETS
-    from fedhet.experiments.reproduce import _check_specs, load_preset
+    from fedhet.papers.base import PRESETS
+    from fedhet.papers.reproduce import _check_specs, load_preset
 
     for paper in PRESETS.names():
         for scale in ("smoke", "small", "paper"):

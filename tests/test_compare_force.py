@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from fedhet.errors import FedhetError
-from fedhet.experiments import runner
-from fedhet.experiments.compare import compare
+from fedhet.runs import runner
+from fedhet.runs.comparison import compare
 
 GRID = """\
 [base]

@@ -14,7 +14,7 @@ from fedhet.cli import main
 from fedhet.engine.config import RunConfig, build, config_of, parse
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
-from fedhet.experiments.grid import load_grid
+from fedhet.runs.grid import load_grid
 
 BASE = ["dataset=digits", "partition=iid", "clients=3", "rounds=1", "model=logreg",
         "local_steps=1"]

@@ -29,7 +29,7 @@ from fedhet.deploy.launch import (  # noqa: E402
     stop_tree,
 )
 from fedhet.deploy.project import write_app  # noqa: E402
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.engine.faults import DROPPED, OK, FaultModel  # noqa: E402
 from fedhet.rundir.store import read_checkpoint  # noqa: E402

@@ -32,7 +32,7 @@ pytest.importorskip("ray", reason="Ray is not installed (pip install fedhet[flow
 
 from fedhet.deploy.command import _ray_options  # noqa: E402
 from fedhet.deploy.launch import LocalFederation  # noqa: E402
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.rundir.store import read_checkpoint  # noqa: E402

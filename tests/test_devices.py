@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_executors import BASE, CASES
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 
 EXTRA = {

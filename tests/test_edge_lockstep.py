@@ -16,7 +16,7 @@ from faulty import make_client_fail
 from torch import nn
 
 from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo, ServerState
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import ClientFailure

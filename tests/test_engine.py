@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.clients import LocalWork, learning_rate, local_steps
 from fedhet.engine.config import RunConfig, config_of
 from fedhet.engine.simulation import LoopSettings, sample_clients
-from fedhet.experiments.single import execute
 from fedhet.rundir.store import TIME_COLUMNS
+from fedhet.runs.single import execute
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 10, "lr": 0.1}
 
@@ -55,7 +55,7 @@ def test_cosine_schedule_endpoints():
 
 
 def test_last_round_trains_at_the_floor(tmp_path):
-    from fedhet.experiments.single import execute
+    from fedhet.runs.single import execute
 
     execute({"rounds": 4, "clients": 3, "lr": 0.1, "lr_min": 0.001, "lr_schedule": "cosine"},
             tmp_path / "run", log=lambda _: None)

@@ -15,7 +15,7 @@ import torch
 from faulty import make_client_fail
 
 from fedhet.algorithms.base import ALGORITHMS
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import ClientFailure
 from fedhet.engine.simulation import Simulation

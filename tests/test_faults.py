@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fedhet.algorithms.base import ALGORITHMS, Message, RunInfo
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import build, config_of, parse
 from fedhet.engine.failures import ClientFailure, Diverged

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
-from fedhet.experiments.papers.fedveca.protocol import client_sizes
-from fedhet.experiments.partition_report import describe_partition
-from fedhet.experiments.report import partition_counts
+from fedhet.papers.fedveca.protocol import client_sizes
+from fedhet.reports.partition import describe_partition
+from fedhet.reports.report import partition_counts
 
 
 @pytest.mark.parametrize("validation_fraction", [0.0, 0.25])

@@ -16,7 +16,7 @@ from torch import nn
 from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo
 from fedhet.algorithms.nwda import LayerIndex, nwda
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import execute
+from fedhet.runs.single import execute
 from fedhet.training.flat import FlatModel, Layer
 
 
@@ -274,7 +274,7 @@ def test_fednnnn_learns_on_digits(tmp_path) -> None:
 
 # -- the preset and the figures -------------------------------------------------------------
 def test_preset_follows_tables_1_2_and_5() -> None:
-    from fedhet.experiments.papers.base import PRESETS
+    from fedhet.papers.base import PRESETS
 
     smoke = PRESETS.get("fednnnn").factory("smoke")
     specs = smoke.stages[0](Path("."))
@@ -304,7 +304,7 @@ def test_preset_follows_tables_1_2_and_5() -> None:
 def test_preset_settings_are_valid() -> None:
     """Every run's settings resolve, with the weighting each scenario asks for."""
     from fedhet.engine.config import config_of
-    from fedhet.experiments.papers.fednnnn.preset import run_specs
+    from fedhet.papers.fednnnn.preset import run_specs
 
     for scale in ("smoke", "small", "paper"):
         for spec in run_specs(scale):
@@ -313,7 +313,7 @@ def test_preset_settings_are_valid() -> None:
 
 
 def test_plots_render(tmp_path) -> None:
-    from fedhet.experiments.papers.fednnnn.plots import plot_study
+    from fedhet.papers.fednnnn.plots import plot_study
 
     base = {"dataset": "digits", "partition": "iid", "clients": 4, "rounds": 3, "lr": 0.1,
             "model.hidden": 16}

@@ -1,5 +1,5 @@
 """FedNova's objective-inconsistency case as the paper-scale page runs it
-(experiments/papers/fednova/inconsistency.py), at a tiny size: FedAvg ends at the surrogate
+(papers/fednova/inconsistency.py), at a tiny size: FedAvg ends at the surrogate
 optimum Σ τ_i e_i / Σ τ_j, FedNova at the true one, and the exported distances are right."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from fedhet.experiments import paper_results as pr
-from fedhet.experiments.papers.fednova import inconsistency as inc
+from fedhet.papers import paper_results as pr
+from fedhet.papers.fednova import inconsistency as inc
 
 
 def test_optima_by_hand() -> None:

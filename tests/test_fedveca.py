@@ -24,9 +24,9 @@ from fedhet.algorithms.fedveca import (
 from fedhet.cli import main
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
-from fedhet.experiments.papers.fedveca import protocol
-from fedhet.experiments.papers.fedveca.protocol import FairBudget
-from fedhet.experiments.single import execute
+from fedhet.papers.fedveca import protocol
+from fedhet.papers.fedveca.protocol import FairBudget
+from fedhet.runs.single import execute
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig
 
@@ -360,8 +360,8 @@ def test_fedveca_params_do_not_leak_into_baselines():
 
 # -- the preset --------------------------------------------------------------------------------
 def test_preset_structure():
-    from fedhet.experiments.papers.base import PRESETS
-    from fedhet.experiments.papers.fedveca.preset import groups
+    from fedhet.papers.base import PRESETS
+    from fedhet.papers.fedveca.preset import groups
 
     for scale in ("smoke", "small", "paper"):
         preset = PRESETS.get("fedveca").factory(scale)
@@ -393,7 +393,7 @@ def test_preset_structure():
 
 
 def test_preset_stage_two_reads_tau_all_from_stage_one(tmp_path):
-    from fedhet.experiments.papers.fedveca.preset import baseline_specs, fedveca_specs, groups
+    from fedhet.papers.fedveca.preset import baseline_specs, fedveca_specs, groups
 
     group = next(g for g in groups("smoke") if g.key == "logreg-digits-case1")
     (spec,) = fedveca_specs(group)
@@ -409,7 +409,7 @@ def test_preset_stage_two_reads_tau_all_from_stage_one(tmp_path):
 
 
 def test_preset_settings_resolve():
-    from fedhet.experiments.papers.fedveca.preset import groups
+    from fedhet.papers.fedveca.preset import groups
 
     budget = FairBudget(1000, 100, (100,) * 5, 32)
     for scale in ("smoke", "small", "paper"):
@@ -450,7 +450,7 @@ def test_fair_protocol_cli(tmp_path, capsys):
 
 
 def test_resumed_run_matches_uninterrupted(tmp_path):
-    from fedhet.engine.assemble import assemble
+    from fedhet.engine.assembly import assemble
     from fedhet.rundir.store import RunStore
 
     settings = {**DIGITS, "algorithm": "fedveca", "rounds": 6}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from fedhet.experiments.paper_results import read_results, write_rows
-from fedhet.experiments.papers.fedveca.claims import claims_table
+from fedhet.papers.fedveca.claims import claims_table
+from fedhet.papers.paper_results import read_results, write_rows
 
 
 def test_rounds_to_the_centralized_line_and_paired_deltas(tmp_path):

@@ -31,7 +31,7 @@ from fedhet.deploy import client_app  # noqa: E402
 from fedhet.deploy.project import app_pyproject  # noqa: E402
 from fedhet.deploy.records import from_record, pack_state, to_record, unpack_state  # noqa: E402
 from fedhet.deploy.server_app import server_run  # noqa: E402
-from fedhet.engine.assemble import assemble  # noqa: E402
+from fedhet.engine.assembly import assemble  # noqa: E402
 from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.engine.executors import BatchedExecutor  # noqa: E402
 from fedhet.engine.rounds import ROUND_RUNNERS  # noqa: E402
@@ -127,7 +127,7 @@ def test_generated_app_is_a_valid_flower_app(tmp_path):
 
 def test_core_does_not_import_flower():
     code = (
-        "import sys, fedhet, fedhet.cli, fedhet.engine.simulation, fedhet.experiments.single\n"
+        "import sys, fedhet, fedhet.cli, fedhet.engine.simulation, fedhet.runs.single\n"
         "fedhet.cli.build_parser()\n"
         "assert 'flwr' not in sys.modules, 'flwr imported'\n"
     )

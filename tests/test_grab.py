@@ -7,7 +7,7 @@ import torch
 
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Reply, RunInfo
 from fedhet.algorithms.grab import GraBParams, GraBState, grab_epoch, grab_init, round_order
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError

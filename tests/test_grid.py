@@ -14,12 +14,12 @@ import pytest
 
 from fedhet.cli import main
 from fedhet.errors import FedhetError
-from fedhet.experiments.compare import compare
-from fedhet.experiments.grid import load_grid
-from fedhet.experiments.papers.base import PRESETS
-from fedhet.experiments.presets import Preset, RunSpec
-from fedhet.experiments.results import summary_tables, to_target
-from fedhet.experiments.runner import Job, Progress
+from fedhet.papers.base import PRESETS
+from fedhet.runs.comparison import compare
+from fedhet.runs.grid import load_grid
+from fedhet.runs.presets import Preset, RunSpec
+from fedhet.runs.results import summary_tables, to_target
+from fedhet.runs.runner import Job, Progress
 
 SMOKE = """\
 title = "smoke"
@@ -236,7 +236,7 @@ def test_reproduce_unknown_paper_lists_presets(tmp_path, capsys):
 
 
 def test_fednova_preset_resolves_at_every_scale():
-    from fedhet.experiments.reproduce import _check_specs, load_preset
+    from fedhet.papers.reproduce import _check_specs, load_preset
 
     for scale in ("smoke", "small", "paper"):
         preset = load_preset("fednova", scale)
@@ -314,7 +314,7 @@ def test_every_shipped_grid_loads_and_resolves():
     """The grids shipped in the package (documented study and tuning commands) stay valid."""
     from fedhet.configs import is_grid, shipped
     from fedhet.engine.config import config_of
-    from fedhet.experiments.grid import load_grid
+    from fedhet.runs.grid import load_grid
 
     grids = [p for p in shipped().values() if is_grid(p)]
     assert len(grids) >= 5

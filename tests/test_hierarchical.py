@@ -9,11 +9,11 @@ import torch
 
 from fedhet.algorithms.base import Message, Reply
 from fedhet.algorithms.hierarchical import assign_edges, parse_edge_map, ring_order
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import execute
+from fedhet.runs.single import execute
 from fedhet.training.local import SGDConfig, stream_seed
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "partition.alpha": 0.5, "lr": 0.05,
@@ -147,8 +147,8 @@ def test_fedsr_learns_on_digits():
 def test_fedsr_preset_specs_resolve_and_match_published_rows():
     from fedhet.algorithms.base import ALGORITHMS
     from fedhet.data.partition import PARTITIONS
-    from fedhet.experiments.papers.base import PRESETS
     from fedhet.models.registry import MODELS
+    from fedhet.papers.base import PRESETS
 
     paper = PRESETS.get("fedsr").factory("paper")
     specs = paper.stages[0](Path("."))

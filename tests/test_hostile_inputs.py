@@ -457,7 +457,7 @@ def test_a_model_may_say_its_extra_outputs_are_meant(capsys, tmp_path, monkeypat
 def test_the_dry_start_changes_no_result(tmp_path):
     """The check's forward pass (eval mode, no gradients) leaves a BatchNorm model's run as it
     was: the same metrics with and without it."""
-    import fedhet.engine.assemble as assemble_module
+    import fedhet.engine.assembly as assemble_module
 
     common = ["-d", "digits", "-m", "cnn-fednnnn-cifar", "-r", "2", "-n", "3", "-q"]
     assert main(["run", *common, "--out", str(tmp_path / "a")]) == 0

@@ -148,7 +148,7 @@ def test_svm_needs_binary_labels_and_valid_lambda():
 def test_svm_learns_even_odd_digits_through_the_engine():
     from fedhet.data.base import Dataset
     from fedhet.data.registry import DATASETS
-    from fedhet.engine.assemble import assemble
+    from fedhet.engine.assembly import assemble
     from fedhet.engine.config import config_of
 
     digits = DATASETS.get("digits").factory(DATASETS.params("digits"), None)

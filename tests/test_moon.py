@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedhet.algorithms.moon import contrastive_loss
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
 from fedhet.errors import FedhetError
@@ -101,7 +101,7 @@ def test_moon_learns_on_digits():
 @pytest.mark.parametrize("algorithm", ["moon", "fedsr"])
 def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch, algorithm):
     """Client state (MOON's previous models) and the ring draws survive a checkpoint."""
-    from fedhet.experiments.single import execute
+    from fedhet.runs.single import execute
 
     settings = {**BASE, "algorithm": algorithm, "rounds": 3, "momentum": 0.5,
                 "algorithm.mu" if algorithm == "moon" else "algorithm.clusters": 2}

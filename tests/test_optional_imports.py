@@ -93,7 +93,7 @@ def test_the_core_runs_without_any_optional_extra(tmp_path):
 
 def test_without_tqdm_the_progress_is_a_plain_line_per_round(tmp_path, monkeypatch, capsys):
     import fedhet.engine.callbacks as callbacks
-    from fedhet.experiments.single import execute
+    from fedhet.runs.single import execute
 
     monkeypatch.setattr(callbacks, "tqdm", None)
     execute({"rounds": 2, "clients": 3, "workers": 1}, tmp_path / "run", progress=True,

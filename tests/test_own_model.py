@@ -20,7 +20,7 @@ import torch
 from cli_errors import one_error_line
 
 from fedhet.cli import main
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import build, config_of, parse
 from fedhet.engine.simulation import Simulation
 from fedhet.engine.workers import ProcessExecutor

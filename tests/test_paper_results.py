@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedhet.errors import FedhetError
-from fedhet.experiments import paper_results as pr
+from fedhet.papers import paper_results as pr
 
 
 def _fake_run(d: Path, seed: int, algorithm: str, losses: list[float], finished: bool = True,
@@ -62,7 +62,7 @@ def test_export_merge_keeps_other_cells_and_duplicates_are_refused(tmp_path: Pat
 
 
 def test_export_grid_of_a_real_reproduce(tmp_path: Path) -> None:
-    from fedhet.experiments.reproduce import reproduce
+    from fedhet.papers.reproduce import reproduce
 
     out = tmp_path / "g"
     reproduce("fednova", "smoke", out, jobs=1, stream=open("/dev/null", "w"))  # noqa: SIM115

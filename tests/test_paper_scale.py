@@ -1,4 +1,4 @@
-"""docs/paper-scale.md's generator (experiments/paper_scale.py) on small result files it writes:
+"""docs/paper-scale.md's generator (papers/paper_scale.py) on small result files it writes:
 a claim that holds, one that fails, a published number inside 2 points, and missing rows."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.experiments import paper_results as pr
-from fedhet.experiments import paper_scale as ps
+from fedhet.papers import paper_results as pr
+from fedhet.papers import paper_scale as ps
 
 
 def _rows(setting: str, algorithm: str, seed: int, losses: list[float], acc: list[float] | None = None,
@@ -104,7 +104,7 @@ def test_published_numbers_and_missing_rows(page: str) -> None:
             "`--tables fednnnn-mnist`") in _line(page, "MNIST IID-B, FedProx |")
     assert "not run: CIFAR-10 ships in no package" in _line(page, "CIFAR10 IID-B, FedAvg |")
     # FedProx's quadratic row has no run: the command to make it
-    assert "not run: `PYTHONPATH=src python -m fedhet.experiments.papers.fednova.inconsistency" in _line(
+    assert "not run: `PYTHONPATH=src python -m fedhet.papers.fednova.inconsistency" in _line(
         page, "FedProx is biased too")
     # the FedVeca CNN row: the campaign's command and what is left (40 runs: 10 FedVeca runs
     # and their 3 baselines each; no GPU measured in this results directory)

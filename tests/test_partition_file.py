@@ -15,7 +15,7 @@ from fedhet.cli import main
 from fedhet.data.partition import PARTITIONS, partition_dataset, read_index_map, write_index_map
 from fedhet.engine import simulation
 from fedhet.engine.config import config_of
-from fedhet.engine.federate import federate
+from fedhet.engine.federation import federate
 from fedhet.errors import FedhetError
 
 DIGITS_TRAIN = 1347

@@ -12,8 +12,8 @@ from fedhet.data.dirichlet import cut, floor_counts
 from fedhet.data.partition import PARTITIONS, label_counts
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
-from fedhet.experiments.grid import load_grid
-from fedhet.experiments.papers.fedsr.preset import scale_runs
+from fedhet.papers.fedsr.preset import scale_runs
+from fedhet.runs.grid import load_grid
 
 MNIST_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 """MNIST's training labels per class (60,000)."""

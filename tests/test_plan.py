@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedhet.engine import plan as plans
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.plan import Work, batchable, describe_plan, plan
 from fedhet.errors import FedhetError
@@ -101,7 +101,7 @@ def test_a_simulation_decides_once(monkeypatch):
             return f(*a, **k)
         return wrapper
 
-    import fedhet.engine.assemble as assembly
+    import fedhet.engine.assembly as assembly
 
     monkeypatch.setattr(assembly, "plan", counted("plan", real_plan))
     monkeypatch.setattr(plans, "executor_choice", counted("executor", real_executor))

@@ -21,9 +21,9 @@ from fedhet import plugins
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg, FedAvgParams
 from fedhet.cli import main
-from fedhet.experiments import cluster, runner
-from fedhet.experiments.runner import Job
 from fedhet.rundir.store import read_metric_rows
+from fedhet.runs import cluster, runner
+from fedhet.runs.runner import Job
 
 SRC = Path(__file__).parent.parent / "src"
 
@@ -243,8 +243,8 @@ def test_a_worker_whose_plugin_fails_reports_it_on_each_run(tmp_path, monkeypatc
 UNGUARDED = '''
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg, FedAvgParams
-from fedhet.experiments.compare import compare
-from fedhet.experiments.grid import Changes
+from fedhet.runs.comparison import compare
+from fedhet.runs.grid import Changes
 
 
 @ALGORITHMS.register("script-avg", FedAvgParams, "FedAvg, defined in the script")

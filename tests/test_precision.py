@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.batch import run_together
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError

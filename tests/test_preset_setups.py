@@ -10,12 +10,12 @@ import pytest
 from cli_errors import one_error_line
 
 from fedhet.engine.config import config_of
-from fedhet.experiments.papers.base import SETUPS
-from fedhet.experiments.papers.bherd.preset import REF40
-from fedhet.experiments.papers.fedveca import preset as fv
-from fedhet.experiments.papers.fedveca.protocol import FairBudget
-from fedhet.experiments.presets import RunSpec
-from fedhet.experiments.reproduce import default_out, load_preset
+from fedhet.papers.base import SETUPS
+from fedhet.papers.bherd.preset import REF40
+from fedhet.papers.fedveca import preset as fv
+from fedhet.papers.fedveca.protocol import FairBudget
+from fedhet.papers.reproduce import default_out, load_preset
+from fedhet.runs.presets import RunSpec
 
 FEDHET_SVM = {"dataset.normalize", "model.bias", "model.init"}
 """Keys fedhet's setup leaves at their defaults (standardised pixels, a bias, PyTorch's init)."""

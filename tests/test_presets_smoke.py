@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.experiments.papers.base import PRESETS
-from fedhet.experiments.reproduce import reproduce
+from fedhet.papers.base import PRESETS
+from fedhet.papers.reproduce import reproduce
 
 
 @pytest.mark.parametrize("paper", PRESETS.names())
@@ -35,8 +35,8 @@ def test_a_preset_whose_data_is_missing_fails_up_front_and_only_runs_the_rest(tm
 
     from fedhet.data import download as dl
     from fedhet.errors import FedhetError
-    from fedhet.experiments import reproduce as rep
-    from fedhet.experiments.presets import Preset, RunSpec
+    from fedhet.papers import reproduce as rep
+    from fedhet.runs.presets import Preset, RunSpec
 
     def refuse(*a, **k):
         raise urllib.error.URLError("offline")

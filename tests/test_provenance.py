@@ -16,7 +16,7 @@ import fedhet
 from fedhet import plugins
 from fedhet import provenance as prov
 from fedhet.engine.config import RECORD_KEYS, canonical_config, config_of, parse
-from fedhet.experiments.single import execute
+from fedhet.runs.single import execute
 
 KEYS = {"fedhet", "commit", "dirty", "torch", "numpy", "python", "device", "plugins"}
 SETTINGS = {"dataset": "digits", "clients": 4, "rounds": 2, "device": "cpu"}

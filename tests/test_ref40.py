@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS, build_model

@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from fedhet.cli import EXIT_DIVERGED, main
-from fedhet.experiments.single import execute
 from fedhet.rundir import ownership as rundir
 from fedhet.rundir.store import MAGIC, TIME_COLUMNS, RunStore
+from fedhet.runs.single import execute
 
 QUICK = ["run", "-r", "2", "-n", "4"]
 

@@ -11,9 +11,9 @@ import pytest
 
 from fedhet.cli import main
 from fedhet.errors import FedhetError
-from fedhet.experiments import report
-from fedhet.experiments.report import RunData, diagnostic_families, partition_counts, plot_diagnostics
-from fedhet.experiments.single import execute
+from fedhet.reports import report
+from fedhet.reports.report import RunData, diagnostic_families, partition_counts, plot_diagnostics
+from fedhet.runs.single import execute
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 4, "rounds": 2, "lr": 0.1}
 VOID = {"img", "meta", "br", "hr", "link", "input"}
@@ -132,7 +132,7 @@ def test_partition_heatmap_counts_match_the_runs_partition(runs_dir):
     config = json.loads((runs_dir / "fedavg" / "config.json").read_text())
     counts, title = partition_counts(config)
     assert counts.shape == (4, 10) and "dirichlet" in title
-    from fedhet.engine.assemble import assemble
+    from fedhet.engine.assembly import assemble
     from fedhet.engine.config import config_of
 
     cfg = config_of(config)

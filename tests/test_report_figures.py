@@ -23,11 +23,11 @@ from matplotlib.figure import Figure
 from matplotlib.legend import Legend
 from matplotlib.text import Text
 
-from fedhet.experiments import report
-from fedhet.experiments.compare import compare
-from fedhet.experiments.report import RunData
-from fedhet.experiments.report_screenshot import SCREEN, page_height, visible_height
-from fedhet.experiments.single import execute
+from fedhet.reports import report
+from fedhet.reports.report import RunData
+from fedhet.reports.screenshot import SCREEN, page_height, visible_height
+from fedhet.runs.comparison import compare
+from fedhet.runs.single import execute
 
 GRID = """\
 title = "{title}"
@@ -204,8 +204,8 @@ def test_provenance_is_shown_when_recorded(tmp_path):
 
 
 def test_a_paper_without_numbers_says_so(tmp_path):
-    from fedhet.experiments.grid import write_manifest
-    from fedhet.experiments.presets import RunSpec
+    from fedhet.runs.grid import write_manifest
+    from fedhet.runs.presets import RunSpec
 
     execute({"dataset": "digits", "clients": 3, "rounds": 1, "lr": 0.1}, tmp_path / "runs" / "a",
             log=lambda _: None)
@@ -231,7 +231,7 @@ def test_paper_figures_keep_long_names_on_the_canvas(tmp_path, clipped):
 
 
 def test_the_partition_commands_heatmap_keeps_its_title_on_the_canvas(tmp_path, clipped):
-    from fedhet.experiments.partition_report import save_heatmap
+    from fedhet.reports.partition import save_heatmap
 
     title = "digits · dirichlet(alpha=0.123456789, balance=none, max_tries=5000, min_size=2)"
     save_heatmap(np.arange(30).reshape(3, 10), tmp_path / "h.png", title)

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from fedhet.experiments import report
-from fedhet.experiments.compare import compare
-from fedhet.experiments.papers.base import PRESETS
-from fedhet.experiments.presets import Preset, RunSpec
-from fedhet.experiments.report import RunData
-from fedhet.experiments.report_settings import component, group_header, summarize
-from fedhet.experiments.reproduce import reproduce
-from fedhet.experiments.results import compare_published, summary_tables, uncovered_published
+from fedhet.papers.base import PRESETS
+from fedhet.papers.reproduce import reproduce
+from fedhet.reports import report
+from fedhet.reports.report import RunData
+from fedhet.reports.settings import component, group_header, summarize
+from fedhet.runs.comparison import compare
+from fedhet.runs.presets import Preset, RunSpec
+from fedhet.runs.results import compare_published, summary_tables, uncovered_published
 
 GRID = """\
 title = "alpha grid"
@@ -196,7 +196,7 @@ def test_published_numbers_appear_only_beside_runs_of_their_setting():
 
 
 def test_fedsr_smoke_runs_are_named_by_their_data_and_compare_with_nothing():
-    from fedhet.experiments.papers.fedsr.preset import fedsr_preset
+    from fedhet.papers.fedsr.preset import fedsr_preset
 
     preset = fedsr_preset("smoke")
     specs = preset.stages[0](Path("unused"))
@@ -291,7 +291,7 @@ def test_page_numbers_match_its_header_percent_statement(grid_page):
 
 
 def test_report_of_a_single_run_still_lists_its_configuration(tmp_path):
-    from fedhet.experiments.single import execute
+    from fedhet.runs.single import execute
 
     execute({"dataset": "digits", "clients": 3, "rounds": 1, "lr": 0.1, "algorithm": "fedavg"},
             tmp_path / "one", log=lambda _: None)

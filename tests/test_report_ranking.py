@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from fedhet.experiments.results import RANKING_RULE, is_reference, rank, summary_tables
+from fedhet.runs.results import RANKING_RULE, is_reference, rank, summary_tables
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -96,8 +96,8 @@ def test_ties_and_lone_methods():
 
 
 def test_the_rule_is_printed_on_the_page_and_in_the_docs(tmp_path):
-    from fedhet.experiments import report
-    from fedhet.experiments.single import execute
+    from fedhet.reports import report
+    from fedhet.runs.single import execute
 
     for algorithm in ("fedavg", "central"):
         execute({"dataset": "digits", "clients": 3, "rounds": 2, "lr": 0.1, "algorithm": algorithm},

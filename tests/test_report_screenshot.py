@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fedhet.cli import main
-from fedhet.experiments.report_screenshot import find_chromium, page_height, png_size
-from fedhet.experiments.single import execute
+from fedhet.reports.screenshot import find_chromium, page_height, png_size
+from fedhet.runs.single import execute
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 3, "rounds": 3, "lr": 0.1}
 
@@ -57,7 +57,7 @@ def test_screenshot_shows_the_figures_and_nothing_is_cut_at_the_right_edge(two_r
 
     # a narrow window: the wide runs table scrolls inside its box; the page's right margin
     # stays blank (a table running off the page would draw its cells there)
-    from fedhet.experiments.report_screenshot import screenshot
+    from fedhet.reports.screenshot import screenshot
 
     narrow = screenshot(out / "report.html", tmp_path / "narrow.png", width=700)
     image = Image.open(narrow).convert("RGB")

@@ -16,7 +16,6 @@ import pytest
 
 from fedhet.cli import main
 from fedhet.errors import FedhetError
-from fedhet.experiments.single import execute
 from fedhet.rundir.store import (
     TIME_COLUMNS,
     MetricsHistory,
@@ -26,6 +25,7 @@ from fedhet.rundir.store import (
     format_value,
     read_checkpoint,
 )
+from fedhet.runs.single import execute
 
 SETTINGS = {
     "algorithm": "fedavgm", "dataset": "digits", "partition": "dirichlet", "clients": 8,

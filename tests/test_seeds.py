@@ -1,4 +1,4 @@
-"""Mean ± std over seeds (experiments/seeds.py) on fabricated run directories, checked by hand."""
+"""Mean ± std over seeds (reports/seeds.py) on fabricated run directories, checked by hand."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from fedhet.experiments import seeds
-from fedhet.experiments.papers.fedveca import seeds as fedveca_seeds
-from fedhet.experiments.seeds import Stat, inside_noise
+from fedhet.papers.fedveca import seeds as fedveca_seeds
+from fedhet.reports import seeds
+from fedhet.reports.seeds import Stat, inside_noise
 
 # per seed: FedVeca's and FedAvg's test accuracy/loss in rounds 0..3
 RUNS = {

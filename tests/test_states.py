@@ -24,7 +24,7 @@ from fedhet.algorithms.state import (
     restore_clients,
     restore_state,
 )
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.client_store import CLIENT_STATES, read_records
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedhet.algorithms.scaffold import corrected
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.training.cohort import CohortTrainer, SGDJob
 from fedhet.training.flat import FlatModel

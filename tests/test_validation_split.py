@@ -7,7 +7,7 @@ import pytest
 
 from fedhet.data.registry import DATASETS, load_dataset
 from fedhet.data.split import hold_out_validation
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
 

@@ -12,7 +12,7 @@ from faulty import make_client_fail
 
 from fedhet.algorithms.state import Record
 from fedhet.cli import main
-from fedhet.engine.assemble import assemble
+from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import Diverged
 from fedhet.engine.simulation import Simulation
@@ -226,7 +226,7 @@ def test_grid_jobs_share_the_cores(monkeypatch):
     """`--jobs N` runs N runs at once: each job process gets `cores // N` (`$FEDHET_CORES`), so
     `auto` in 2 jobs on 2 cores is 1 worker each, not 2 × 2 processes."""
     from fedhet.engine.workers import AUTO_MIN_WORK, CORES_ENV, auto_workers, usable_cores
-    from fedhet.experiments.runner import core_share
+    from fedhet.runs.runner import core_share
 
     assert [core_share(16, j) for j in (1, 2, 3, 4, 16, 32)] == [16, 8, 5, 4, 1, 1]
     monkeypatch.setenv(CORES_ENV, str(core_share(2, 2)))
@@ -244,7 +244,7 @@ def test_a_grid_job_process_sees_its_share_of_the_cores():
     from concurrent.futures import ProcessPoolExecutor
 
     from fedhet.engine.workers import usable_cores
-    from fedhet.experiments import runner
+    from fedhet.runs import runner
 
     ctx = runner._context()
     with ProcessPoolExecutor(1, mp_context=ctx, initializer=runner._init_worker,

@@ -28,7 +28,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "open_run": ("fedhet.rundir", "open_run"),
     "compare": ("fedhet.api", "compare"),
     "RunResult": ("fedhet.rundir", "RunResult"),
-    "assemble": ("fedhet.engine.assemble", "assemble"),
+    "assemble": ("fedhet.engine.assembly", "assemble"),
     "Callback": ("fedhet.engine.callbacks", "Callback"),
     "config_of": ("fedhet.engine.config", "config_of"),
     "RunConfig": ("fedhet.engine.config", "RunConfig"),

@@ -27,12 +27,11 @@ from typing import Any
 
 from fedhet import plugins
 from fedhet.components import name_of
-from fedhet.engine.config import RunConfig, parse, read_toml_file
+from fedhet.engine import RunConfig, parse, read_toml_file
 from fedhet.errors import FedhetError
-from fedhet.experiments.compare import compare as run_grid
-from fedhet.experiments.grid import Changes
-from fedhet.experiments.single import execute
 from fedhet.rundir import RunResult, open_run
+from fedhet.runs import Changes, execute
+from fedhet.runs import compare as run_grid
 
 RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
              "executor", "workers", "precision", "data_dir")

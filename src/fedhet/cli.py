@@ -42,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
 def _read_toml(given: str) -> dict[str, Any]:
     """A run file: a path, or the name of a shipped one (`fedhet.configs.resolve`)."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.interface import read_toml_file
+    from fedhet.engine import read_toml_file
 
     _, doc = read_toml_file(resolve_config(given), "config file")
     grid_keys = sorted({"base", "axes", "variant"} & set(doc))
@@ -79,7 +79,7 @@ def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int
     """The rounds a run will end at, for its progress lines (a guess when the settings are bad:
     the run then fails before its first line)."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.interface import RunConfig
+    from fedhet.engine import RunConfig
 
     rounds = (values or {}).get("rounds")
     if rounds is None and resume:
@@ -98,7 +98,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     """`fedhet run`: `fedhet.run` (or `fedhet.resume`) with the command line's settings."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet import api
-    from fedhet.engine.interface import UserCodeFailed
+    from fedhet.engine import UserCodeFailed
     from fedhet.rundir import resume_target
 
     if args.resume:
@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             out = Path(args.out)
         else:
             # lazy: a command imports torch only when it runs (fast --help and flag errors)
-            from fedhet.engine.interface import build
+            from fedhet.engine import build
 
             build(values)  # bad settings fail before a directory is named
             out = api.new_run_dir(api.default_name(values))
@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     logger = None
     if args.tensorboard:
         # optional extra: fedhet[tensorboard]
-        from fedhet.experiments.tensorboard import TensorBoardLogger, require_tensorboard
+        from fedhet.runs.tensorboard import TensorBoardLogger, require_tensorboard
 
         require_tensorboard()
     try:
@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not sys.stdout.isatty() and not args.quiet:
             # a log file or a batch job: a line every few rounds or seconds, on stdout (lazy, as
             # every command's imports)
-            from fedhet.experiments.progress import RoundLines
+            from fedhet.runs.progress import RoundLines
 
             callbacks.append(RoundLines(_total_rounds(values, out, bool(args.resume)), sys.stdout))
         try:
@@ -185,8 +185,8 @@ def _divergence_advice(round: int, values: dict[str, Any]) -> str:
 def cmd_compare(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet import api
-    from fedhet.experiments import sweep
-    from fedhet.experiments.grid import load_grid
+    from fedhet.runs import sweep
+    from fedhet.runs.grid import load_grid
 
     flags = {k: getattr(args, k) for k in api.RUN_FLAGS
              if k not in ("device", "executor", "workers")  # where runs compute: `_overrides`
@@ -241,8 +241,8 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
             "go with --protocol (--device, --executor and --workers choose where a preset runs)"
         )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.papers.base import PRESETS
-    from fedhet.experiments.reproduce import default_out, reproduce
+    from fedhet.papers.base import PRESETS
+    from fedhet.papers.reproduce import default_out, reproduce
 
     args.paper = PRESETS.canonical(args.paper)  # `FedSR` is `fedsr`
     scale = args.scale or "smoke"
@@ -256,7 +256,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _reproduce_all(args: argparse.Namespace) -> int:
-    """`fedhet reproduce all --budget MINUTES`: one sitting of the campaign (experiments/campaign)."""
+    """`fedhet reproduce all --budget MINUTES`: one sitting of the campaign (papers/campaign)."""
     plan = args.paper == "plan"
     if args.budget is None and not plan:
         raise FedhetError("reproduce all needs --budget MINUTES (the time of this sitting; "
@@ -283,13 +283,13 @@ def _reproduce_all(args: argparse.Namespace) -> int:
     cache = Path(args.cache) if args.cache else None
     if plan:
         # lazy: a command imports torch only when it runs (fast --help and flag errors)
-        from fedhet.experiments.campaign.plan import print_plan
+        from fedhet.papers.campaign.plan import print_plan
 
         print_plan(args.scale or "paper", args.device or "cpu", Path(args.results or "results"), cache,
                    tables, args.batch_runs or 8, sys.stdout)
         return 0
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.campaign import run_campaign
+    from fedhet.papers.campaign import run_campaign
 
     results = Path(args.results or "results")
     try:
@@ -307,7 +307,7 @@ def _follow_page(results: Path, scale: str) -> None:
     if scale != "paper" or not page.is_file() or not (results / "campaign").is_dir():
         return
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.paper_scale import write_page
+    from fedhet.papers.paper_scale import write_page
 
     print(f"page: {write_page(results, page)} (regenerated from the records)", file=sys.stderr)
 
@@ -355,8 +355,8 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
             f"the run flags (e.g. `fedhet reproduce {args.paper} --protocol {args.protocol} -r 20`)"
         )
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.interface import parse
-    from fedhet.experiments.papers.base import protocol
+    from fedhet.engine import parse
+    from fedhet.papers.base import protocol
 
     proto = protocol(args.paper, args.protocol)
     settings = {**parse(proto.defaults, f"{args.paper} {args.protocol} defaults"), **_run_values(args)}
@@ -373,7 +373,7 @@ def _reproduce_protocol(args: argparse.Namespace) -> int:
 
 def cmd_paper_scale(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.paper_scale import write_page
+    from fedhet.papers.paper_scale import write_page
 
     print(f"page: {write_page(Path(args.results), Path(args.out))}")
     return 0
@@ -393,13 +393,15 @@ def cmd_docs(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.report import write_report
+    # lazy: a command imports torch only when it runs (fast --help and flag errors); the papers
+    # register their report figures (`fedhet.reports.figures`) when imported
+    from fedhet import papers  # noqa: F401
+    from fedhet.reports.report import write_report
 
     page = write_report(Path(args.dir), Path(args.out) if args.out else None)
     print(f"report: {page}")
     if args.screenshot:
-        from fedhet.experiments.report_screenshot import screenshot  # lazy, as above
+        from fedhet.reports.screenshot import screenshot  # lazy, as above
 
         print(f"screenshot: {screenshot(page, Path(args.screenshot))}")
     return 0
@@ -437,7 +439,7 @@ def _workers(text: str) -> str | int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.interface import ENGINE_FIELDS, FIELD_DOCS, REGISTRIES, engine_defaults
+    from fedhet.engine import ENGINE_FIELDS, FIELD_DOCS, REGISTRIES, engine_defaults
 
     defaults = engine_defaults()
     print("settings (--set KEY=VALUE, or KEY = VALUE in a run file; default, meaning):")
@@ -475,10 +477,10 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     """`fedhet config show`: every setting `run` would use with these flags, its value and
     where it came from (default, file, flag); nothing is loaded or written."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.interface import parse
-    from fedhet.experiments.show import as_json, render, sections
-    from fedhet.experiments.single import resume_settings
+    from fedhet.engine import parse
     from fedhet.rundir import resume_target
+    from fedhet.runs.show import as_json, render, sections
+    from fedhet.runs.single import resume_settings
 
     layers = _run_layers(args)
     if args.resume:
@@ -503,7 +505,7 @@ def _default(f: Any) -> Any:
 
 def cmd_partition(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.partition_report import describe_partition
+    from fedhet.reports.partition import describe_partition
 
     values = _run_values(args)
     describe_partition(values, heatmap=args.heatmap, indices=args.save_indices)
@@ -512,7 +514,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.experiments.demo import run_demo
+    from fedhet.runs.demo import run_demo
 
     run_demo(Path(args.out), rounds=args.rounds, force=args.force)
     return 0
@@ -644,7 +646,7 @@ def _cluster(args: argparse.Namespace) -> dict[str, Any]:
         raise FedhetError("--jobs sets local processes; with --cluster ray each run is a task "
                           "sized by --cpus-per-run and --gpus-per-run")
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.engine.interface import ClusterOptions
+    from fedhet.engine import ClusterOptions
 
     cpus = 1.0 if args.cpus_per_run is None else args.cpus_per_run
     gpus = 0.0 if args.gpus_per_run is None else args.gpus_per_run

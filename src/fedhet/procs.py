@@ -1,5 +1,5 @@
 """Processes as Linux's /proc shows them: what the Flower launcher's watchdog
-(`fedhet.deploy.launch`) and the private local Ray's clean-up (`fedhet.experiments.raylink`)
+(`fedhet.deploy.launch`) and the private local Ray's clean-up (`fedhet.runs.raylink`)
 read to find the processes they started, and to recognise them again by their start time (a
 reused PID has another)."""
 

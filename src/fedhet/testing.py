@@ -38,7 +38,7 @@ and a client's local SGD lowers its loss::
     >>> local_loss(ctx, w0 + reply.tensors["delta"]) < local_loss(ctx, w0)
     True
 
-The kit imports the algorithm and training layers and torch only (no engine, no experiments).
+The kit imports the algorithm and training layers and torch only (no engine, no runs).
 """
 
 from __future__ import annotations

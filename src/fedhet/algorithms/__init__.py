@@ -2,7 +2,7 @@
 is imported, and importing this package imports every module in it. A new algorithm is a new
 module here; a user's own is registered with `ALGORITHMS.register` in their code.
 
-What it offers the layers above (experiments, deploy, the CLI) is the list below; every other
+What it offers the layers above (runs, reports, papers, deploy, the CLI) is the list below; every other
 name in the package is internal to it (tests/test_architecture.py).
 """
 

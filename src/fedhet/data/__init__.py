@@ -2,7 +2,7 @@
 (registry.py) and the partitioners in `PARTITIONS` (partition.py) when imported; importing this
 package imports every module in it.
 
-What it offers the layers above (experiments, deploy, the CLI) is the list below; every other
+What it offers the layers above (runs, reports, papers, deploy, the CLI) is the list below; every other
 name in the package is internal to it (tests/test_architecture.py).
 """
 

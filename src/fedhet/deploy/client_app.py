@@ -1,7 +1,7 @@
 """The Flower `ClientApp`: one SuperNode is one fedhet client.
 
 The node reads its client id from its node config (`partition-id`), builds the clients' half of
-the run from the run config (`fedhet.engine.assemble.assemble_clients`: the same settings the
+the run from the run config (`fedhet.engine.assembly.assemble_clients`: the same settings the
 server resolves; no evaluator, no round loop), re-runs the deterministic partitioner on its own
 copy of the dataset and keeps only its partition: no training data crosses the network. Each
 `train` message carries the algorithm's downlink message; the node runs it through the run's
@@ -25,7 +25,7 @@ from flwr.clientapp import ClientApp
 from fedhet import plugins
 from fedhet.algorithms import Message as FedMessage
 from fedhet.deploy.records import STATE, from_record, pack_state, to_record, unpack_state
-from fedhet.engine.interface import ClientFailure, ClientSide, assemble_clients, config_of
+from fedhet.engine import ClientFailure, ClientSide, assemble_clients, config_of
 from fedhet.errors import FedhetError
 
 SETTINGS_KEY = "fedhet-settings"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.deploy.project import write_app
-from fedhet.engine.interface import config_of
+from fedhet.engine import config_of
 from fedhet.errors import FedhetError
 from fedhet.rundir import prepare_out
 

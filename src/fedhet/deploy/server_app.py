@@ -38,7 +38,7 @@ from fedhet.algorithms import Message, Reply, ServerState
 from fedhet.deploy.client_app import SETTINGS_KEY, fingerprint
 from fedhet.deploy.node import shorten_pull_backoff
 from fedhet.deploy.records import from_record, to_record, wire_bytes
-from fedhet.engine.interface import (
+from fedhet.engine import (
     CallbackLike,
     ClientWork,
     RunConfig,

@@ -15,7 +15,7 @@ object with any of these methods (`Callback`; the others are simply not called):
   stopped or diverged), or with None when an exception ends it (an interrupt, an error).
 
 The progress bar of `fedhet run` (`ProgressBar`), TensorBoard
-(`fedhet.experiments.tensorboard`) and the grid's stop flag are callbacks; so are a user's.
+(`fedhet.runs.tensorboard`) and the grid's stop flag are callbacks; so are a user's.
 """
 
 from __future__ import annotations

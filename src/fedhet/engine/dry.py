@@ -85,7 +85,7 @@ def dry_check(configs: Iterable[Any]) -> None:
     """The dry start of runs not built yet (a grid's `RunConfig`s, before it writes anything):
     each distinct dataset is loaded once and each distinct model on it built and checked."""
     # lazy: the loaders and the model registry import what a run needs, not what this module does
-    from fedhet.engine.federate import load
+    from fedhet.engine.federation import load
     from fedhet.models.registry import MODELS
     from fedhet.registry import params_dict
 

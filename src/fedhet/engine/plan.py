@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 CLUSTERS = ("ray",)
-"""The cluster backends `--cluster` names (`fedhet.experiments.cluster` runs them)."""
+"""The cluster backends `--cluster` names (`fedhet.runs.cluster` runs them)."""
 
 
 @dataclass(frozen=True)

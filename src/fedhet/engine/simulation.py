@@ -1,4 +1,4 @@
-"""The round loop: one run's rounds over its built parts (`fedhet.engine.assemble` builds them).
+"""The round loop: one run's rounds over its built parts (`fedhet.engine.assembly` builds them).
 
 Per round `k`: sample clients (fraction C, fixed by `(seed, k)`), let the topology's round
 runner move messages between the algorithm's server and client halves (the client halves run
@@ -99,7 +99,7 @@ class ClientSide:
 
 @dataclass
 class Parts:
-    """A run's built parts: the clients' half, and the server's (`fedhet.engine.assemble.assemble`
+    """A run's built parts: the clients' half, and the server's (`fedhet.engine.assembly.assemble`
     builds them from settings and whatever was handed in)."""
 
     loop: LoopSettings

@@ -96,7 +96,7 @@ processes ran it 1.4–1.8× as fast)."""
 
 def usable_cores() -> int:
     """Cores this process may run on (`sched_getaffinity`), or `$FEDHET_CORES` when set: a
-    grid job's share of them (`fedhet.experiments.runner`)."""
+    grid job's share of them (`fedhet.runs.runner`)."""
     raw = os.environ.get(CORES_ENV, "").strip()
     if raw:
         if not raw.isdigit() or int(raw) < 1:

@@ -1,1 +1,0 @@
-"""fedhet.experiments."""

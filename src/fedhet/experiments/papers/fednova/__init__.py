@@ -1,3 +1,0 @@
-"""FedNova (normalised averaging): preset for the objective-inconsistency example."""
-
-from fedhet.experiments.papers.fednova import preset  # noqa: F401  (registrations)

@@ -1,0 +1,184 @@
+"""`fedhet reproduce plan`: every cell of the campaign, what is done, what is left, where and how long.
+
+One line per table cell in the order the campaign runs them (the cell of its first run left):
+runs done / in progress / left, rounds, the device kind it is cheapest on, the minutes left
+there (`measured` from its own runs, `bench` from the kind's bench record, `?` unpriced), and
+the dates its runs were recorded. In progress: a run with saved rounds in the cache or a
+travelling checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from fedhet.papers.campaign.pricing import Pricer, where
+from fedhet.papers.campaign.records import Store, default_cache, rounds_done
+from fedhet.papers.campaign.sitting import default_tables
+from fedhet.papers.campaign.tables import NO_DATA, CampaignRun, plan_runs, table
+
+
+@dataclass
+class Cell:
+    table: str
+    setting: str
+    headline: bool
+    first: int
+    labels: list[str] = field(default_factory=list)
+    done: int = 0
+    running: int = 0
+    left: int = 0
+    rounds: set[int] = field(default_factory=set)
+    minutes: dict[str, float] = field(default_factory=dict)
+    unpriced: int = 0
+    source: set[str] = field(default_factory=set)
+    dates: list[str] = field(default_factory=list)
+    seeds: set[int] = field(default_factory=set)
+
+
+def rounds_saved(store: Store, travelling: dict[str, int], r: CampaignRun) -> int:
+    """Rounds a run already holds: in this machine's cache or in its travelling checkpoint
+    (`travelling`: `Store.inflight_runs()`)."""
+    return max(rounds_done(store.run_dir(r.table, r.name)), travelling.get(f"{r.table}/{r.name}", 0))
+
+
+def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) -> list[Cell]:
+    """The plan's runs gathered into cells, with their state and price (module doc)."""
+    out: dict[tuple[str, str, bool], Cell] = {}
+    travelling = store.inflight_runs()
+    for r in plan:
+        cell = out.setdefault((r.table, r.spec.group, r.headline),
+                              Cell(r.table, r.spec.group, r.headline, r.order))
+        if r.spec.label not in cell.labels:
+            cell.labels.append(r.spec.label)
+        cell.rounds.add(r.rounds)
+        cell.seeds.add(r.seed)
+        if store.is_recorded(r):
+            cell.done += 1
+            cell.dates.append(str(store.read_record(r.table, r.name).get("finished", "")))
+            continue
+        done = rounds_saved(store, travelling, r)
+        cell.first = min(cell.first, r.order) if cell.left + cell.running else r.order
+        if done:
+            cell.running += 1
+        else:
+            cell.left += 1
+        kind = where(pricer, r, device)
+        price = pricer.price(r, kind)
+        if price is None:
+            cell.unpriced += 1
+            continue
+        cell.minutes[kind] = cell.minutes.get(kind, 0.0) + price.seconds_per_round * (r.rounds - done) / 60
+        cell.source.add(price.source)
+    return sorted(out.values(), key=lambda c: (c.done and not (c.left + c.running), c.first))
+
+
+def _minutes(c: Cell) -> str:
+    if not (c.left + c.running):
+        return "—"
+    parts = [f"{m:,.0f} {'core-' if k == 'cpu' else 'GPU-'}min" for k, m in sorted(c.minutes.items())]
+    if c.unpriced:
+        parts.append(f"{c.unpriced} run(s) unpriced")
+    return ", ".join(parts) + (f" ({'/'.join(sorted(c.source))})" if c.source else "")
+
+
+def print_plan(scale: str, device: str, results: Path, cache: Path | None, tables: tuple[str, ...] | None,
+               batch_runs: int, stream: TextIO) -> None:
+    chosen = tuple(table(k) for k in tables) if tables else default_tables(scale)
+    store = Store(results, cache or default_cache(), scale)
+    plan = plan_runs(scale, chosen, store.records)
+    pricer = Pricer(store, plan, batch_runs if device.startswith("cuda") else 1)
+    rows = cells(store, plan, device, pricer)
+    stream.write(f"campaign plan ({scale} scale; records in {store.root}, cache {store.cache}):\n")
+    stream.write("| # | table | cell | methods | seeds | done | in progress | left | rounds | "
+                 "device | left to run | recorded |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    for i, c in enumerate(rows, 1):
+        kinds = "/".join(sorted(c.minutes)) or "—"
+        dates = sorted(d for d in c.dates if d)
+        when = (dates[0][:10] + (f" – {dates[-1][:10]}" if dates[-1][:10] != dates[0][:10] else "")) \
+            if dates else "—"
+        stream.write(f"| {i} | {c.table} | {c.setting}{' (headline)' if c.headline else ''} | "
+                     f"{', '.join(c.labels)} | {len(c.seeds)} | {c.done} | {c.running} | {c.left} | "
+                     f"{'/'.join(str(k) for k in sorted(c.rounds))} | {kinds} | {_minutes(c)} | {when} |\n")
+    total = {k: sum(c.minutes.get(k, 0.0) for c in rows) for k in ("cpu", "cuda")}
+    done = sum(c.done for c in rows)
+    runs = sum(c.done + c.running + c.left for c in rows)
+    stream.write(f"\n{done} of {runs} runs recorded; left: "
+                 + ", ".join(f"{m / 60:,.1f} {'core-hours' if k == 'cpu' else 'GPU-hours'}"
+                             for k, m in total.items() if m)
+                 + (f"; {sum(c.unpriced for c in rows)} run(s) unpriced (no bench record for the "
+                    "kind: the first sitting measures it)" if any(c.unpriced for c in rows) else "")
+                 + ". FedVeca's baselines join a group once its FedVeca run is recorded.\n")
+    for why in NO_DATA.values():
+        stream.write(f"not planned: {why}\n")
+
+
+@dataclass(frozen=True)
+class TableStatus:
+    """One table's progress for the paper-scale page."""
+
+    key: str
+    title: str
+    result: str
+    recorded: int
+    in_progress: int
+    planned: int
+    core_hours: float | None
+    """Left on one CPU core, from measured prices; None when some run is unpriced there."""
+    gpu_minutes: float | None
+    """Left on one GPU; None when the GPU is unmeasured (no bench record)."""
+
+
+def status(results: Path, scale: str = "paper") -> list[TableStatus]:
+    """Every default table's progress from the repository alone (records, travelling
+    checkpoints, bench records; no cache), for the page (`paper_scale`)."""
+    store = Store(results, Path("/nonexistent-campaign-cache"), scale)
+    chosen = default_tables(scale)
+    plan = plan_runs(scale, chosen, store.records)
+    pricer = Pricer(store, plan, 8)
+    travelling = store.inflight_runs()
+    out = []
+    for t in chosen:
+        runs = [r for r in plan if r.table == t.key]
+        left = [r for r in runs if not store.is_recorded(r)]
+        # FedVeca's baselines join once its run is recorded: until then three per run, each
+        # priced as that run [choice] (they train its τ_all steps)
+        waiting = [r for r in left if r.spec.settings.get("algorithm") == "fedveca"
+                   and not any(x.after == r.name for x in runs)]
+        runs += waiting * 3
+        left += waiting * 3
+        cost: dict[str, float | None] = {}
+        for kind in ("cpu", "cuda"):
+            total: float | None = 0.0
+            for r in left:
+                p = pricer.price(r, kind)
+                done = rounds_saved(store, travelling, r)
+                total = (None if p is None or total is None
+                         else total + p.seconds_per_round * (r.rounds - done))
+            cost[kind] = total
+        cpu, gpu = cost["cpu"], cost["cuda"]
+        out.append(TableStatus(t.key, t.title, f"results/{t.paper}/{t.experiment}.csv",
+                               len(runs) - len(left),
+                               sum(1 for r in left if f"{t.key}/{r.name}" in travelling),
+                               len(runs), None if cpu is None else cpu / 3600,
+                               None if gpu is None else gpu / 60))
+    return out
+
+
+def cell_left(results: Path, table_key: str, setting: str, label: str) -> str:
+    """What is left of one cell's method, for a page row not yet measured: runs and priced time."""
+    store = Store(results, Path("/nonexistent-campaign-cache"))
+    t = table(table_key)
+    plan = [r for r in plan_runs("paper", (t,), store.records)
+            if setting in r.serves and r.spec.label == label]
+    pricer = Pricer(store, plan, 8)
+    left = [r for r in plan if not store.is_recorded(r)]
+    travelling = store.inflight_runs()
+    cpu = [pricer.price(r, "cpu") for r in left]
+    seconds = sum(p.seconds_per_round * (r.rounds - rounds_saved(store, travelling, r))
+                  for p, r in zip(cpu, left, strict=True) if p is not None)
+    hours = f", ≈{seconds / 3600:.1f} core-hours" if cpu and all(cpu) else ""
+    first = sum(1 for r in left if r.tier < 3)
+    return (f"not run yet: {len(left)} run(s) left in the campaign ({first} at the paper's seed "
+            f"count; `--tables {table_key}`{hours})")

@@ -1,0 +1,668 @@
+"""`fedhet report DIR`: an HTML page with PNGs beside it, for a run or a grid directory.
+
+The page, top to bottom: what made the runs (fedhet version, commit, libraries, device:
+`report_provenance`); the settings the runs share and those that vary, with what decided each
+value (`report_settings`); the summary tables (mean ± std over seeds, accuracy in percent, the
+best method of a column bold by `results.RANKING_RULE`, which the page prints); the paper's
+published numbers beside runs of their setting, or the line saying that the paper has none
+(reproduce pages); test accuracy and loss against the round and against communication
+(`report_plots`); the diagnostic columns of metrics.csv that change (`report_diagnostics`); a
+clients × labels heatmap of each run's partition (recomputed from its config); and
+paper-specific figures. Those plug in through `EXTRA_PLOTTERS`: algorithm name → its figure
+maker (see `fedhet.reports.figures`), called with `(runs: list[RunData], out: Path)`,
+returning `[(caption, png_path), ...]`.
+
+A page of several settings stays short: an overview figure (accuracy per setting) is shown,
+each setting's full figures, the runs table, the diagnostics, the partitions and all but the
+first paper figure are folded into `<details>` a reader opens. `report_screenshot` renders the
+page with headless Chromium (`fedhet report DIR --screenshot PNG`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import html
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedhet import plugins
+from fedhet.algorithms import ALGORITHMS
+from fedhet.data import label_counts
+from fedhet.engine import RECORD_KEYS, config_of, federate
+from fedhet.errors import FedhetError
+from fedhet.registry import params_dict
+from fedhet.reports.diagnostics import (  # noqa: F401  (re-exported)
+    MAX_PANELS,
+    MAX_SEEDS,
+    STANDARD,
+    Panel,
+    constant_columns,
+    diagnostic_axes,
+    diagnostic_families,
+    diagnostic_panels,
+    plot_diagnostics,
+)
+from fedhet.reports.figures import EXTRA_PLOTTERS, slug
+from fedhet.reports.plots import (  # noqa: F401  (re-exported)
+    ACCURACY_SCALE,
+    RunData,
+    _plt,
+    _series,
+    _styles,
+    coinciding,
+    fit_suptitle,
+    has_train_loss,
+    plot_curves,
+    plot_overview,
+)
+from fedhet.reports.provenance import provenance_rows
+from fedhet.reports.settings import component, group_header, summarize
+from fedhet.rundir import (
+    CONFIG_FIX,
+    SUMMARY_FIX,
+    DamagedFileError,
+    atomic_write_text,
+    read_json,
+    read_metric_columns,
+)
+from fedhet.rundir import ownership as rundir
+from fedhet.runs.grid import read_manifest
+from fedhet.runs.presets import RunSpec
+from fedhet.runs.results import (
+    RANKING_RULE,
+    compare_published,
+    run_result,
+    summary_tables,
+    tables_html,
+    uncovered_published,
+)
+from fedhet.userdocs import topics
+
+MAX_HEATMAPS = 12
+DOCS_HINT = "fedhet docs grids"
+"""Where the page's rules are explained at length (docs/grids.md, shipped with the package)."""
+
+
+# -- finding runs ----------------------------------------------------------------------------
+def is_fedhet_run(path: Path, config: dict[str, Any]) -> bool:
+    """Whether `path`, whose `config.json` holds `config`, is a run fedhet made: it carries the
+    `.fedhet` marker, or (a run made before the marker existed) its config builds as fedhet
+    settings, its recorded plugins imported first. Another tool's directory that merely has a
+    config.json and a metrics.csv is not one."""
+    if rundir.is_ours(path):
+        return True
+    try:
+        plugins.ensure_recorded(config, path / "config.json")
+        config_of({k: v for k, v in config.items() if k not in RECORD_KEYS}, "config.json")
+    except Exception:  # noqa: BLE001  (whatever stops it building: not fedhet settings)
+        return False
+    return True
+
+
+def _not_ours(path: Path, why: str) -> FedhetError:
+    return FedhetError(
+        f"{path} is not a fedhet run: it has no {rundir.MARKER} marker and its config.json "
+        f"{why}; give a directory that `fedhet run`, `compare` or `reproduce` wrote"
+    )
+
+
+def _load_run(path: Path, name: str, group: str, label: str) -> RunData:
+    """The run in `path`, its files read whole (`fedhet.rundir.reading`): a missing or damaged
+    config.json or metrics.csv, a damaged summary.json, or a directory that is no fedhet run
+    is one `FedhetError`. summary.json may be missing (a run before its first round)."""
+    try:
+        config = read_json(path / "config.json", CONFIG_FIX)
+    except DamagedFileError as e:
+        if rundir.is_ours(path):
+            raise
+        raise _not_ours(path, e.problem) from None
+    if not is_fedhet_run(path, config):
+        raise _not_ours(path, "does not hold fedhet settings")
+    summary_path = path / "summary.json"
+    summary = read_json(summary_path, SUMMARY_FIX) if summary_path.exists() else {}
+    if not (path / "metrics.csv").exists():
+        raise FedhetError(f"{path} has no metrics.csv: the run saved no round yet; report it once "
+                          "it has")
+    metrics = read_metric_columns(path / "metrics.csv")
+    return RunData(name, group, label or str(config.get("algorithm", name)), path, config, summary,
+                   metrics)
+
+
+def _started(path: Path) -> bool:
+    """A grid's run that has saved a round (the others have not run yet; one that has, but
+    lost its config.json, is reported as damaged by `_load_run`)."""
+    return (path / "metrics.csv").exists()
+
+
+def discover(root: Path, warn: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[RunData]]:
+    """The manifest (or a made-up one) and the runs of a run, grid or preset directory, or of
+    a directory holding fedhet runs; anything else, or a damaged file, is one `FedhetError`.
+    Runs of a grid that have not run yet are left out (`warn` names how many)."""
+    warn = warn or (lambda m: print(m, file=sys.stderr))
+    if (root / "config.json").exists():
+        return {"title": root.name, "target_accuracy": None}, [_load_run(root, root.name, "", "")]
+    manifest = read_manifest(root)
+    if manifest is not None:
+        listed = [(root / "runs" / r["name"], r) for r in manifest["runs"]]
+        runs = [_load_run(p, r["name"], r["group"], r["label"]) for p, r in listed if _started(p)]
+        waiting = [r["name"] for p, r in listed if not _started(p)]
+        if waiting and runs:
+            more = " …" if len(waiting) > 3 else ""
+            warn(f"warning: {len(waiting)} of the grid's {len(listed)} runs have saved no round "
+                 f"yet and are not in the report ({', '.join(waiting[:3])}{more})")
+        if not runs:
+            raise FedhetError(f"none of the {len(listed)} runs of the grid {root} has saved a round "
+                              "yet; report it once one has")
+        return manifest, runs
+    runs, foreign = [], []
+    for p in sorted(p.parent for p in root.rglob("config.json")):
+        try:
+            config = read_json(p / "config.json", CONFIG_FIX)
+        except DamagedFileError:
+            if rundir.is_ours(p):
+                raise  # a fedhet run's damaged file
+            config = None  # another tool's file
+        if config is None or not is_fedhet_run(p, config):
+            foreign.append(str(p.relative_to(root)))
+            continue
+        if not (p / "metrics.csv").exists():
+            continue
+        run = _load_run(p, str(p.relative_to(root)), "", "")
+        c = run.config
+        run.group = f"{c.get('dataset')}/{component(c.get('partition'), c.get('partition_params'))}"
+        runs.append(run)
+    if not runs:
+        raise FedhetError(
+            f"{root} is not a fedhet run or grid directory: it holds no {rundir.MARKER} marker, "
+            "no grid.json and no run that fedhet wrote (config.json and metrics.csv); give a "
+            "directory that `fedhet run`, `compare` or `reproduce` wrote"
+        )
+    if foreign:
+        warn(f"warning: left out {len(foreign)} director(ies) that fedhet did not write: "
+             f"{', '.join(foreign[:3])}{' …' if len(foreign) > 3 else ''}")
+    return {"title": root.name, "target_accuracy": None}, runs
+
+
+def _import_plugins(runs: list[RunData], warn: Callable[[str], None]) -> None:
+    """Import the plugins each run recorded (its components rebuild the partition figures);
+    one that no longer imports is a warning, once, and the page is written without them."""
+    said: set[str] = set()
+    for run in runs:
+        try:
+            plugins.ensure_recorded(run.config, run.dir / "config.json")
+        except FedhetError as e:
+            if str(e) not in said:
+                said.add(str(e))
+                warn(f"warning: {e}")
+
+
+# -- figures -----------------------------------------------------------------------------------
+def partition_counts(config: dict[str, Any]):
+    """`(counts[client, class], title)` recomputed from a run's config, or None (centralised)."""
+
+    cfg = config_of(dict(config))
+    if ALGORITHMS.get(cfg.algorithm).factory.centralized:
+        return None
+    fed = federate(cfg, cache=True)
+    data, parts = fed.data, fed.parts
+    counts = label_counts(data.split_labels, parts, data.split_classes)
+    extra = ", ".join(f"{k}={v}" for k, v in params_dict(cfg.partition_params).items())
+    title = f"{cfg.dataset} / {cfg.partition}" + (f" ({extra})" if extra else "") + f", seed {cfg.seed}"
+    return counts, title
+
+
+def plot_partition(counts, title: str, path: Path) -> None:
+    plt = _plt()
+    from matplotlib.ticker import MaxNLocator  # slow import (matplotlib): only when drawing
+
+    n_clients, n_classes = counts.shape
+    height = min(max(2.8, 0.22 * n_clients + 1.5), 14)
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(8, height), width_ratios=[3, 1], sharey=True)
+    im = ax.imshow(counts, aspect="auto", cmap="Blues", interpolation="nearest")
+    ax.set_xlabel("label")
+    ax.set_ylabel("client")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # clients are whole numbers
+    ax.set_xticks(range(n_classes) if n_classes <= 20 else np.linspace(0, n_classes - 1, 6).astype(int))
+    if n_clients * n_classes <= 400:
+        peak = counts.max() or 1
+        for (i, j), v in np.ndenumerate(counts):
+            if v:
+                ax.text(j, i, str(v), ha="center", va="center", fontsize=6,
+                        color="white" if v > 0.6 * peak else "black")
+    fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02)
+    bx.barh(range(n_clients), counts.sum(axis=1), color="gray")
+    bx.set_xlabel("samples (per client)")
+    top = fit_suptitle(fig, title, 10)
+    fig.tight_layout(rect=(0, 0, 1, 1 - top))
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+# -- the page ----------------------------------------------------------------------------------
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+.scroll{overflow-x:auto;max-width:100%;margin:.5em 0 1.5em}
+table{border-collapse:collapse;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}
+tr th:first-child,tr td:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}
+table.settings td,table.settings th{text-align:left}
+figure{margin:1em 0}figcaption{font-size:13px;color:#555}.warn{color:#a40}.note{color:#555;font-size:13px}
+details{margin:.5em 0}summary{cursor:pointer;color:#236}table.provenance{font-size:12px}
+"""
+
+
+def _figure(src: str, caption: str) -> str:
+    return (f'<figure><img src="{html.escape(src)}" alt="{html.escape(caption)}">'
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+
+def _fold(summary: str, body: str, open_: bool = False) -> str:
+    """`body` behind a `<details>` the reader opens (open from the start with `open_`)."""
+    return (f"<details{' open' if open_ else ''}><summary>{html.escape(summary)}</summary>\n"
+            f"{body}\n</details>")
+
+
+def _table(header: list[str], rows: list[list[Any]], cls: str = "") -> str:
+    """A table inside a horizontally scrolling box, so a wide one is never cut off; a column
+    empty in every row is left out (it would say nothing)."""
+    keep = [j for j in range(len(header)) if any(_short(row[j]) != "" for row in rows)] if rows \
+        else list(range(len(header)))
+    header = [header[j] for j in keep]
+    rows = [[row[j] for j in keep] for row in rows]
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{html.escape(_short(v))}</td>" for v in row) + "</tr>" for row in rows
+    )
+    klass = f' class="{cls}"' if cls else ""
+    return f'<div class="scroll"><table{klass}><tr>{head}</tr>\n{body}\n</table></div>'
+
+
+def _short(v: Any) -> str:
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.4g}"
+    return str(v)
+
+
+REPORT_RECORD = ".fedhet-report.json"
+"""What the last `fedhet report` wrote into its output directory (`{"files": {name: sha256}}`):
+a file listed there and unchanged since is the report's own, to replace or remove."""
+
+
+def write_report(root: Path, out: Path | None = None, warn: Callable[[str], None] | None = None) -> Path:
+    """Write `report.html` and its PNGs into `out` (default `root`); returns the page's path.
+
+    `root` must be a fedhet run, grid, or a directory of fedhet runs (`discover`). The page is
+    drawn into a private directory first, then moved into `out`: a file there that the report
+    would replace is replaced only when fedhet wrote it (listed in `REPORT_RECORD` unchanged,
+    or a page or plot of a run or grid directory), and a figure of the previous report that
+    this one no longer draws is removed only when it is listed there unchanged. Otherwise the
+    report stops with one line before touching `out`: a user's file is never replaced or
+    deleted."""
+    warn = warn or (lambda m: print(m, file=sys.stderr))
+    if not root.is_dir():
+        raise FedhetError(f"{root} is not a directory; give a run or grid directory")
+    manifest, runs = discover(root, warn)
+    _import_plugins(runs, warn)
+    out = out or root
+    if out.exists() and not out.is_dir():
+        raise FedhetError(f"--out {out} is a file; give a directory for report.html and its figures")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    draft = Path(tempfile.mkdtemp(prefix=".report.html.", dir=out))
+    try:
+        _draw(root, manifest, runs, draft, warn)
+        page_path = _publish(draft, out, fedhets=out.resolve() == root.resolve())
+    except BaseException:
+        shutil.rmtree(draft, ignore_errors=True)
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    shutil.rmtree(draft, ignore_errors=True)
+    return page_path
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _previous(out: Path) -> dict[str, str]:
+    """`REPORT_RECORD`'s files (`{}` when there is none or it is damaged: then nothing counts
+    as the report's own)."""
+    try:
+        files = json.loads((out / REPORT_RECORD).read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(files, dict) else {}
+
+
+def _publish(draft: Path, out: Path, fedhets: bool = False) -> Path:
+    """Move the drawn page and figures from `draft` into `out` (`write_report`'s rules);
+    `fedhets`: `out` is the run or grid reported (fedhet's, marker or not)."""
+    previous = _previous(out)
+    in_run_dir = fedhets or rundir.is_ours(out)
+
+    def own(name: str) -> bool:
+        target = out / name
+        if not target.exists():
+            return True
+        if not target.is_file() or target.is_symlink():
+            return False
+        if in_run_dir and (name == "report.html" or name.endswith(rundir.OWNED_SUFFIXES)):
+            return True  # a run or grid directory's pages and plots are fedhet's (as for --force)
+        return previous.get(name) == _sha256(target)
+
+    drawn = sorted(p.name for p in draft.iterdir() if p.is_file())
+    clashes = [name for name in drawn if not own(name)]
+    if clashes:
+        raise FedhetError(
+            f"--out {out} already holds {', '.join(clashes[:3])}{' …' if len(clashes) > 3 else ''}, "
+            "which fedhet did not write; the report replaces no file of yours: choose a new or "
+            "empty --out directory, or move those files"
+        )
+    record = {name: _sha256(draft / name) for name in drawn}
+    for name in drawn:
+        if name != "report.html":
+            os.replace(draft / name, out / name)
+    for name, digest in previous.items():  # figures of the previous report not drawn this time
+        stale = out / name
+        if name not in record and "/" not in name and stale.is_file() and _sha256(stale) == digest:
+            stale.unlink()
+    atomic_write_text(out / REPORT_RECORD, json.dumps({"files": record}, indent=1) + "\n")
+    os.replace(draft / "report.html", out / "report.html")  # last: the page names the figures
+    return out / "report.html"
+
+
+def _draw(root: Path, manifest: dict[str, Any], runs: list[RunData], out: Path,
+          warn: Callable[[str], None]) -> None:
+    """Draw the page and its figures into the (empty, private) directory `out`."""
+    title = str(manifest.get("title") or root.name)
+    sections = [_provenance_section(runs), _settings_section(runs), _tables_section(manifest, runs)]
+    sections.append(_curves_section(runs, out))
+    sections.append(_diagnostics_section(runs, out))
+    sections.append(_partition_section(runs, out, warn))
+    sections.append(_extra_section(runs, out, warn))
+    stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    page = (
+        f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title><style>{CSS}</style></head><body>\n"
+        f"<h1>{html.escape(title)}</h1>\n<p>{len(runs)} run(s) in <code>{html.escape(str(root))}</code>; "
+        f"generated {stamp} by <code>fedhet report</code>. Accuracies are in percent throughout.</p>\n"
+        + "\n".join(s for s in sections if s) + "\n</body></html>\n"
+    )
+    (out / "report.html").write_text(page)
+
+
+def _provenance_section(runs: list[RunData]) -> str:
+    """What made the runs (fedhet, commit, libraries, device, plugins); nothing for runs made
+    before fedhet recorded it."""
+    rows, note = provenance_rows([r.config for r in runs])
+    if not rows:
+        return ""
+    parts = ['<h2>Made with</h2>', _table(["", "value"], rows, "settings provenance")]
+    if note:
+        parts.append(f'<p class="note">{html.escape(note)}</p>')
+    return "\n".join(parts)
+
+
+def _settings_section(runs: list[RunData]) -> str:
+    """What was compared: the settings every run shares, those that vary (with their values),
+    each algorithm's parameters, and what sets each table column apart; beside a value, what
+    decided it where that is not the setting alone (`report_settings.setting_notes`)."""
+    configs = [r.config for r in runs]
+    summary = summarize(configs)
+    notes = summary.notes
+    parts = ["<h2>Settings</h2>"]
+    if len(runs) > 1:
+        parts.append(f"<p>Shared by all {len(runs)} runs:</p>")
+    parts.append(_table(["setting", "value", "decided by"],
+                        [[k, v, notes.get(k, "")] for k, v in summary.shared.items()], "settings"))
+    if summary.varying:
+        parts.append("<p>Varying between runs:</p>")
+        parts.append(_table(["setting", "values", "decided by"],
+                            [[k, ", ".join(v), notes.get(k, "")] for k, v in summary.varying.items()],
+                            "settings"))
+    parts.append("<p>Algorithm parameters:</p>")
+    parts.append(_table(["algorithm", "parameters"],
+                        [[a, p] for a, p in summary.algorithms.items()], "settings"))
+    groups = list(dict.fromkeys(r.group for r in runs))
+    if len(groups) > 1:
+        rows = [[g or "(none)", group_header([r.config for r in runs if r.group == g], configs)]
+                for g in groups]
+        parts.append("<p>Table columns: the varying settings that all runs of a column share:</p>")
+        parts.append(_table(["column", "settings"],
+                            rows, "settings"))
+    return "\n".join(parts)
+
+
+RUN_KEYS = (
+    # (results key, header, scale)
+    ("name", "name", None), ("status", "status", None),
+    ("final_accuracy", "final accuracy (%)", ACCURACY_SCALE),
+    ("best_accuracy", "best accuracy (%)", ACCURACY_SCALE), ("best_round", "best round", None),
+    ("rounds_done", "rounds done", None), ("rounds_to_target", "rounds to target", None),
+    ("transfers_to_target", "transfers to target", None), ("cum_bytes", "communication (MB)", 1e-6),
+    ("wall_time_s", "wall time (s)", None),
+)
+
+
+def _paper_doc(paper: str) -> str:
+    """The shipped doc about `paper`: its own page, else the paper-scale page's section."""
+    return paper if paper in topics() else "paper-scale"
+
+
+def _run_cell(row: dict[str, Any], key: str, scale: float | None) -> Any:
+    v = row.get(key, "")
+    if scale is not None and isinstance(v, int | float) and not isinstance(v, bool):
+        v = float(v) * scale
+        return "" if math.isnan(v) else f"{v:.2f}"
+    return v
+
+
+def _tables_section(manifest: dict[str, Any], runs: list[RunData]) -> str:
+    target = manifest.get("target_accuracy")
+    specs = [RunSpec(r.name, r.group, r.label,
+                     {"algorithm": r.algorithm, "seed": r.config.get("seed", 0)}) for r in runs]
+    rows = [run_result(s, r.dir, target) for s, r in zip(specs, runs, strict=True)]
+    parts = ["<h2>Summary</h2>"]
+    if len(runs) > 1:
+        parts.append(f'<p>Mean ± std over seeds. <span class="rule">{html.escape(RANKING_RULE)}</span> '
+                     f"(<code>{DOCS_HINT}</code>, \"Which cell is bold\").</p>")
+        tables = summary_tables(rows, target)
+        quality = [x for x in tables if not x.title.startswith("Wall time")]
+        parts.append(tables_html(quality))
+        rest = [x for x in tables if x not in quality]
+        if rest:  # wall time measures the machine, not the method: a click away
+            parts.append(_fold("wall time (s) per method and setting", tables_html(rest)))
+    published = manifest.get("published") or []
+    paper = manifest.get("paper")
+    if paper and not published:
+        parts.append("<h2>Published vs ours</h2>")
+        parts.append(f'<p class="note">The paper gives no numbers to compare with (its results are '
+                     f"figures and curves): compare the shapes of the figures below with the paper's; "
+                     f"<code>fedhet docs {_paper_doc(str(paper))}</code> says what each one "
+                     "should show.</p>")
+    if paper and manifest.get("notes"):
+        parts.append(f'<p class="note">{html.escape(str(manifest["notes"]).strip())}</p>')
+    if published:
+        parts.append("<h2>Published vs ours</h2>")
+        cmp = compare_published(rows, published)
+        if cmp:
+            parts.append(_table(["setting", "method", "metric", "paper", "ours", "source"],
+                                [[c["group"], c["label"], c["metric"], c["paper"], c["ours"],
+                                  c["source"]] for c in cmp]))
+        else:
+            parts.append("<p>No published number has a run of its setting here.</p>")
+        missing = uncovered_published(rows, published)
+        if missing:
+            parts.append(f'<p class="note">{html.escape(missing)}</p>')
+    runs_table = _table([h for _, h, _ in RUN_KEYS],
+                        [[_run_cell(r, k, sc) for k, _, sc in RUN_KEYS] for r in rows])
+    if len(runs) > 4:
+        parts.append("<h3>Runs</h3>" + _fold(f"every run ({len(runs)}): status, accuracy, rounds, "
+                                            "communication, wall time", runs_table))
+    else:
+        parts.append("<h3>Runs</h3>")
+        parts.append(runs_table)
+    if len(runs) == 1:
+        cfg = runs[0].config
+        flat = [[k, json.dumps(v) if isinstance(v, dict | list) else v] for k, v in cfg.items()]
+        parts.append("<details><summary>Configuration: every key of config.json</summary>"
+                     + _table(["setting", "value"], flat, "settings") + "</details>")
+    return "\n".join(parts)
+
+
+def _curves_section(runs: list[RunData], out: Path) -> str:
+    """Accuracy and loss; with several settings an overview (accuracy per setting) is shown
+    and each setting's full figure is folded away."""
+    styles = _styles(list(dict.fromkeys(r.label for r in runs)))
+    groups = list(dict.fromkeys(r.group for r in runs))
+    parts = ["<h2>Accuracy and loss</h2>"]
+    if len(groups) > 1:
+        plot_overview(runs, out / "fig_overview.png", styles)
+        n = max(sum(1 for r in runs if r.group == g and r.label == x.label) for g in groups for x in runs)
+        parts.append(_figure("fig_overview.png", "test accuracy (%) vs round, a panel per setting "
+                             f"(table column), a line per method (mean over up to {n} seeds, band: "
+                             "min–max over seeds); each setting's loss and communication curves are "
+                             "below"))
+    for group in groups:
+        mine = [r for r in runs if r.group == group]
+        name = f"fig_curves_{slug(group)}.png"
+        plot_curves(mine, out / name, group or mine[0].name, styles)
+        caption = (f"{group or mine[0].name}: test accuracy (%) and test loss vs round and vs "
+                   "cumulative communication; a line per method (mean over seeds), band: min–max "
+                   "over seeds")
+        if has_train_loss(mine):
+            caption += "; thin faded lines: train loss"
+        same = coinciding(mine)
+        if same:
+            caption += ". Drawn over each other (accuracy within 0.5 points every round): " + "; ".join(
+                " and ".join(g) for g in same) + " (told apart by dash style and marker)"
+        parts.append(_figure(name, caption))
+    if len(groups) > 1:
+        parts[2:] = [_fold(f"each setting's accuracy and loss vs round and communication "
+                           f"({len(groups)} figures)", "\n".join(parts[2:]))]
+    return "\n".join(parts)
+
+
+def _diagnostics_section(runs: list[RunData], out: Path) -> str:
+    """A figure per setting (table column): the diagnostics that change, a line per method;
+    folded away when the page has several settings."""
+    styles = _styles(list(dict.fromkeys(r.label for r in runs)))
+    groups = list(dict.fromkeys(r.group for r in runs))
+    parts = []
+    flat_all: dict[str, list[float | None]] = {}
+    logged: dict[str, int] = {}  # column → method × setting cells that log it
+    for group in groups:
+        mine = [r for r in runs if r.group == group]
+        for label in dict.fromkeys(r.label for r in mine):
+            for col in dict.fromkeys(c for r in mine if r.label == label for c in r.metrics):
+                logged[col] = logged.get(col, 0) + 1
+        panels, flat = diagnostic_panels(mine)
+        for col, values in flat.items():
+            flat_all.setdefault(col, []).extend(values)
+        name = f"fig_diag_{slug(group or mine[0].name)}.png"
+        if plot_diagnostics(mine, out / name, group or mine[0].name, styles):
+            parts.append(_figure(name, _diagnostics_caption(group or mine[0].name, mine, panels)))
+    if len(groups) > 1 and parts:
+        parts = [_fold(f"each setting's diagnostics ({len(parts)} figures)", "\n".join(parts))]
+    if flat_all:
+        described = []
+        for col, values in flat_all.items():
+            numbers = sorted({v for v in values if v is not None})
+            shown = [_short(v) for v in numbers] + (["empty"] if None in values else [])
+            where = ("" if len(values) == logged.get(col, 0) else
+                     f" (in {len(values)} of the {logged[col]} method × setting cells that log it)")
+            described.append(f"{col} = {' or '.join(shown)}{where}")
+        parts.append('<p class="note">Not drawn, never changing: ' + html.escape("; ".join(described))
+                     + ".</p>")
+    return "<h2>Diagnostics</h2>\n" + "\n".join(parts) if parts else ""
+
+
+def _diagnostics_caption(head: str, runs: list[RunData], panels: list[Panel]) -> str:
+    n = max(sum(1 for r in runs if r.label == label) for label in {r.label for r in runs})
+    seeds = f"mean over {n} seeds, band min–max" if n > 1 else "one seed"
+    caption = f"{head}: diagnostic columns of metrics.csv that change ({seeds})"
+    if any(p.seed is not None for p in panels):
+        caption += ("; per-client panels are drawn per seed, since client i holds other samples in "
+                    "each seed's split")
+        if n > MAX_SEEDS:
+            caption += f" (the first {MAX_SEEDS} of {n} seeds)"
+    if len(panels) > MAX_PANELS:
+        caption += f"; the first {MAX_PANELS} of {len(panels)} panels"
+    return caption
+
+
+def _partition_section(runs: list[RunData], out: Path, warn: Callable[[str], None]) -> str:
+    """A heatmap per data split (so per seed: each seed splits the data anew), those of a
+    setting together; folded away when the page has more than one split."""
+    drawn: dict[str, list[str]] = {}  # setting → its figures
+    seen: set[str] = set()
+    problems = []
+    for run in runs:
+        c = run.config
+        key = json.dumps([c.get(k) for k in ("dataset", "dataset_params", "partition",
+                                              "partition_params", "clients", "seed",
+                                              "validation_fraction")], sort_keys=True)
+        if key in seen or len(seen) >= MAX_HEATMAPS:
+            continue
+        try:
+            got = partition_counts(c)
+        except Exception as e:  # noqa: BLE001  (missing data files: say so, draw the rest)
+            seen.add(key)
+            msg = f"partition of {run.name} not drawn: {e}"
+            warn(f"warning: {msg}")
+            problems.append(f'<p class="warn">{html.escape(msg)}</p>')
+            continue
+        if got is None:  # centralised: no partition, but a federated run may share the key
+            continue
+        seen.add(key)
+        name = f"fig_partition_{len(seen)}.png"
+        plot_partition(*got, out / name)
+        setting = got[1].rsplit(", seed", 1)[0]
+        drawn.setdefault(setting, []).append(
+            _figure(name, f"{got[1]}: samples per client and label (run {run.name})"))
+    if not drawn and not problems:
+        return ""
+    parts = ["<h2>Partitions</h2>", *problems]
+    figures = [f for fs in drawn.values() for f in fs]
+    if len(figures) == 1:
+        parts += figures
+    elif figures:
+        parts.append(_fold(f"the data splits: a heatmap per setting and seed ({len(figures)} "
+                           f"figures, {len(drawn)} setting(s))", "\n".join(figures)))
+    if len(seen) >= MAX_HEATMAPS:
+        parts.append(f'<p class="note">The first {MAX_HEATMAPS} splits are drawn.</p>')
+    return "\n".join(parts)
+
+
+def _extra_section(runs: list[RunData], out: Path, warn: Callable[[str], None]) -> str:
+    parts = []
+    for algorithm in dict.fromkeys(r.algorithm for r in runs):
+        try:
+            plotter = EXTRA_PLOTTERS.get(algorithm)
+            if plotter is None:
+                continue
+            figures = plotter([r for r in runs if r.algorithm == algorithm], out)
+        except DamagedFileError:
+            raise  # a damaged run file is the input's fault, not a broken plot: one error line
+        except Exception as e:  # noqa: BLE001  (a broken paper plot must not lose the report)
+            msg = f"{algorithm} plots failed: {type(e).__name__}: {e}"
+            warn(f"warning: {msg}")
+            parts.append(f'<p class="warn">{html.escape(msg)}</p>')
+            continue
+        for caption, path in figures:
+            parts.append(_figure(str(Path(path).relative_to(out)), caption))
+    if len(parts) > 1:  # the first one shown, the others a click away
+        parts[1:] = [_fold(f"{len(parts) - 1} more paper figure(s)", "\n".join(parts[1:]))]
+    return "<h2>Paper figures</h2>\n" + "\n".join(parts) if parts else ""
