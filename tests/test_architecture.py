@@ -187,7 +187,7 @@ def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below
 
 
 LAYERS = (
-    ("fedhet", "errors", "procs"),
+    ("fedhet", "errors", "procs", "surface"),
     ("registry", "rundir"),
     ("data", "models", "training", "configs", "userdocs"),
     ("algorithms",),

@@ -22,8 +22,7 @@ Importing the package imports none of its modules (and no torch) until a name is
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from fedhet.surface import offered
 
 _SURFACE = {
     **dict.fromkeys(
@@ -47,8 +46,4 @@ _SURFACE = {
 
 __all__ = sorted(_SURFACE)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _SURFACE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_SURFACE[name]}"), name)
+__getattr__ = offered(__name__, _SURFACE)
