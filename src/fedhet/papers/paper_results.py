@@ -90,8 +90,9 @@ def run_of(run_dir: Path, group: str = "", label: str = "",
                config, dict(settings or {}))
 
 
-def is_finished(run_dir: Path) -> bool:
-    """True when the run's summary.json says it ran all its rounds (or diverged, a result too)."""
+def has_result(run_dir: Path) -> bool:
+    """Whether the run is a result to export: its summary.json says it ran all its rounds, or
+    that it diverged (a result too; `rundir.is_finished` says only the first)."""
     summary = _read_json(Path(run_dir) / "summary.json")
     return bool(summary.get("finished")) or summary.get("status") == "diverged"
 
@@ -162,7 +163,7 @@ def export_runs(
     skipped: list[Path] = []
     for item in run_dirs:
         run = item if isinstance(item, Run) else run_of(Path(item))
-        if finished_only and not is_finished(run.dir):
+        if finished_only and not has_result(run.dir):
             skipped.append(run.dir)
             continue
         setting, algorithm = setting_of(run), algorithm_of(run)

@@ -56,11 +56,11 @@ import fedhet
 from fedhet import plugins
 from fedhet.engine import CORES_ENV, ClusterOptions
 from fedhet.errors import FedhetError
+from fedhet.rundir import atomic_write_text
+from fedhet.rundir import ownership as rundir
 from fedhet.runs import raylink, runner
 from fedhet.runs.raylink import first_line
 from fedhet.runs.runner import Job, Progress, _checkpoint_every, _status_of, _Tally
-from fedhet.rundir import atomic_write_text
-from fedhet.rundir import ownership as rundir
 
 if TYPE_CHECKING:
     import threading

@@ -15,12 +15,12 @@ from typing import Any, TextIO
 from fedhet import plugins
 from fedhet.engine import config_of, dry_check
 from fedhet.errors import FedhetError
+from fedhet.rundir import atomic_write_text
+from fedhet.rundir import ownership as rundir
 from fedhet.runs.cluster import run_units
 from fedhet.runs.grid import Changes, load_grid, write_manifest
 from fedhet.runs.results import collect
 from fedhet.runs.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
-from fedhet.rundir import atomic_write_text
-from fedhet.rundir import ownership as rundir
 
 
 def compare(

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedhet.runs.single import execute
 from fedhet.rundir import check_out, read_metric_columns
+from fedhet.runs.single import execute
 
 DEMO_ALGORITHMS = ("fedavg", "fednova")
 DEMO_SETTINGS = {

@@ -33,9 +33,9 @@ from fedhet.engine import (
     read_toml_file,
 )
 from fedhet.errors import FedhetError
-from fedhet.runs.presets import RunSpec
 from fedhet.rundir import atomic_write_text, damaged, read_json, to_json
 from fedhet.rundir import ownership as rundir
+from fedhet.runs.presets import RunSpec
 
 TOP_KEYS = ("title", "target_accuracy", "columns", "base", "axes", "variant")
 METHOD_PREFIX = "algorithm"

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.runs.presets import RunSpec
 from fedhet.rundir import SUMMARY_FIX, atomic_write_text, format_value, read_json, read_metric_columns
+from fedhet.runs.presets import RunSpec
 
 RESULT_COLUMNS = (
     "status", "final_accuracy", "best_accuracy", "best_round", "rounds_done", "rounds_to_target",

@@ -43,11 +43,11 @@ from fedhet.engine import (
     usable_cores,
 )
 from fedhet.errors import FedhetError, quiet
+from fedhet.rundir import RunStore, is_finished, metrics_intact, to_json
+from fedhet.rundir import ownership as rundir
 from fedhet.runs.presets import RunSpec
 from fedhet.runs.progress import every_s
 from fedhet.runs.single import execute, execute_together
-from fedhet.rundir import RunStore, is_finished, metrics_intact, to_json
-from fedhet.rundir import ownership as rundir
 
 if TYPE_CHECKING:
     from fedhet.engine import ClusterOptions

@@ -20,7 +20,7 @@ from typing import Any
 
 from fedhet.papers.bherd.preset import BEST_BATCH, CASES, common
 from fedhet.papers.bherd.readings import methods, parse_seeds, run_dir
-from fedhet.papers.paper_results import is_finished, run_of, run_rows, write_meta, write_rows
+from fedhet.papers.paper_results import has_result, run_of, run_rows, write_meta, write_rows
 from fedhet.rundir import read_metric_rows
 
 DEFAULTS = {"alpha": 0.5, "reading": "mean-tau"}
@@ -59,7 +59,7 @@ def study_rows(root: Path, study: str, reading: str, seeds: Sequence[int],
         for method in methods(study, reading, setup).values():
             for seed in seeds:
                 d = run_dir(root, case, method, seed)
-                if not is_finished(d):
+                if not has_result(d):
                     missing.append(d)
                     continue
                 run = run_of(d)

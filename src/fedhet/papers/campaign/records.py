@@ -123,7 +123,7 @@ class Store:
     def record(self, run: CampaignRun, device: str) -> Path:
         """Copy a finished run's small files into its record and drop its travelling copy."""
         src = self.run_dir(run.table, run.name)
-        if not paper_results.is_finished(src):
+        if not paper_results.has_result(src):
             raise FedhetError(f"{src} is not a finished run; the campaign records finished runs only")
         dst = self.records(run.table) / run.name
         tmp = dst.with_name(f".{dst.name}.tmp")
@@ -151,7 +151,7 @@ class Store:
     def travel(self, run: CampaignRun) -> Path | None:
         """Copy an unfinished run's resumable files from the cache into the repository."""
         src = self.run_dir(run.table, run.name)
-        if not (src / "checkpoint.pt").exists() or paper_results.is_finished(src):
+        if not (src / "checkpoint.pt").exists() or paper_results.has_result(src):
             return None
         dst = self.inflight(run.table) / run.name
         tmp = dst.with_name(f".{dst.name}.tmp")

@@ -247,7 +247,7 @@ class Sitting:
 
         for r in plan:
             if not self.store.is_recorded(r) and \
-                    paper_results.is_finished(self.store.run_dir(r.table, r.name)):
+                    paper_results.has_result(self.store.run_dir(r.table, r.name)):
                 self.store.record(r, device_name(self.device))
                 self.finished.append(r.name)
                 self.say(f"{r.table}: recorded {r.name} (it had finished in the cache)")
@@ -395,7 +395,7 @@ class Sitting:
                            "runs_batched": len(a.runs)}
                 add_segment(out, segment)
                 pricer.note(r, [segment])
-            if paper_results.is_finished(out):
+            if paper_results.has_result(out):
                 self.store.record(r, device_name(self.device))
                 self.finished.append(r.name)
                 recorded = True

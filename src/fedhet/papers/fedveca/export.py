@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fedhet.papers.bherd.export import short
 from fedhet.papers.fedveca.study import PARTS, part_groups
-from fedhet.papers.paper_results import is_finished, run_of, run_rows, write_meta, write_rows
+from fedhet.papers.paper_results import has_result, run_of, run_rows, write_meta, write_rows
 
 NAMES = {"cases": "svm-cases", "figs78": "svm-alpha-clients"}
 
@@ -34,7 +34,7 @@ def part_rows(runs: Path, part: str, seeds: Sequence[int],
         methods = list(g.fedveca_runs) + [f"{b}{g.suffix}" for b in g.baselines]
         for method in methods:
             d = Path(runs) / g.key / method
-            if not is_finished(d):
+            if not has_result(d):
                 missing += 1
                 continue
             run = run_of(d)
