@@ -390,3 +390,15 @@ def test_every_client_failing_in_fedhets_own_code_is_not_blamed_on_the_user(monk
     assert re.search(r"fedhet/algorithms/fedavg\.py:\d+ in local_sgd_update$", failed.where)
     assert "every client that ran in round 1 failed" in failed.error
 
+
+
+def test_one_line_runs_a_message_together_and_quotes_no_source():
+    from fedhet.errors import one_line
+
+    assert one_line(ValueError("two\n  lines")) == "ValueError: two lines"
+    assert one_line(KeyError()) == "KeyError"
+    try:
+        compile("x = (", "plugin.py", "exec")
+    except SyntaxError as e:
+        line = one_line(e)
+    assert line.startswith("SyntaxError: ") and "plugin.py" not in line and "\n" not in line

@@ -20,5 +20,14 @@ def debugging() -> bool:
     return os.environ.get("FEDHET_DEBUG", "") not in ("", "0")
 
 
+def one_line(error: BaseException) -> str:
+    """`Type: message` on one line, for an error that is not fedhet's own (the user's code, a
+    library): the message's lines and spaces run together; a `SyntaxError` gives its message
+    without the source line it quotes."""
+    text = error.msg if isinstance(error, SyntaxError) and error.msg else str(error)
+    text = " ".join(text.split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
 class FedhetError(Exception):
     """Bad input or an unusable environment. The CLI prints `error: <message>` and exits 2."""

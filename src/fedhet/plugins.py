@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from fedhet import registry
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, one_line
 
 ENV = "FEDHET_PLUGINS"
 ENTRY_POINT_GROUP = "fedhet.plugins"
@@ -336,16 +336,9 @@ def _failed(spec: str, origin: str, file: str | None, e: BaseException) -> Plugi
     """The one line of a plugin that failed to import."""
     where = f" ({file})" if file and file != spec else ""
     line = _line_in(e, file)
-    cause = _last_line(e) + (f" (line {line})" if line else "")
+    cause = one_line(e) + (f" (line {line})" if line else "")
     return PluginError(f"plugin {spec} (from {origin}){where} failed to import: {cause}; fix the "
                        "plugin, or leave it out", cause)
-
-
-def _last_line(e: BaseException) -> str:
-    if isinstance(e, SyntaxError):
-        return f"{type(e).__name__}: {e.msg}"
-    text = traceback.format_exception_only(type(e), e)[-1].strip()
-    return text.splitlines()[-1] if text else type(e).__name__
 
 
 def _line_in(e: BaseException, file: str | None) -> int | None:

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, one_line
 
 _FEDHET = str(Path(__file__).resolve().parents[1])
 _LIBRARIES = tuple(
@@ -55,12 +55,6 @@ def blame(error: BaseException) -> tuple[str, bool]:
     mine = [f for f in frames if not _library(f.filename)]
     frame, user = (mine[-1], True) if mine else (frames[-1], False)
     return f"{_shown(frame.filename)}:{frame.lineno} in {frame.name}", user
-
-
-def one_line(error: BaseException) -> str:
-    """`Type: message`, on one line."""
-    text = " ".join(str(error).split())
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 @dataclass(frozen=True)

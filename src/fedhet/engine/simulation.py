@@ -38,11 +38,11 @@ from fedhet.engine.config import RESUMABLE, canonical_config
 from fedhet.engine.evaluation import Evaluator
 from fedhet.engine.evaluation import summary as run_summary
 from fedhet.engine.executors import Executor
-from fedhet.engine.failures import ClientFailure, Diverged, UserCodeFailed, blame, one_line
+from fedhet.engine.failures import ClientFailure, Diverged, UserCodeFailed, blame
 from fedhet.engine.faults import FaultModel
 from fedhet.engine.plan import Plan
 from fedhet.engine.rounds import RoundRunner, RunnerContext
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, one_line
 from fedhet.rundir.store import TIME_COLUMNS, RunStore, read_checkpoint
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, stream_seed

@@ -39,7 +39,7 @@ from typing import Any
 
 from torch import nn
 
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, one_line
 from fedhet.models.registry import MODELS
 from fedhet.registry import Entry, OpenParams, did_you_mean, literal
 
@@ -70,9 +70,9 @@ def import_factory(spec: str, module_name: str, attr: str) -> Callable[..., Any]
                 f"model {spec!r}: no module named {module_name!r}; run from the folder that "
                 "holds it, put that folder on PYTHONPATH, or install its package"
             ) from None
-        raise FedhetError(f"model {spec!r}: importing {module_name} failed: {_line(e)}") from None
+        raise FedhetError(f"model {spec!r}: importing {module_name} failed: {one_line(e)}") from None
     except Exception as e:  # noqa: BLE001  (the user's module failed as it was imported)
-        raise FedhetError(f"model {spec!r}: importing {module_name} failed: {_line(e)}") from None
+        raise FedhetError(f"model {spec!r}: importing {module_name} failed: {one_line(e)}") from None
     value: Any = module
     for part in attr.split("."):
         if not hasattr(value, part):
@@ -90,12 +90,6 @@ def import_factory(spec: str, module_name: str, attr: str) -> Callable[..., Any]
             "factory(input_shape, num_classes, **kwargs) -> nn.Module"
         )
     return value
-
-
-def _line(error: BaseException) -> str:
-    """`Type: first line of the message`."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
@@ -219,7 +213,7 @@ class ImportedFactory:
             raise
         except Exception as e:  # noqa: BLE001  (the user's factory failed: its message, one line)
             raise FedhetError(
-                f"model {self.spec!r}: the factory raised {_line(e)} (input_shape "
+                f"model {self.spec!r}: the factory raised {one_line(e)} (input_shape "
                 f"{tuple(input_shape)}, num_classes {num_classes}, {_shown(kwargs)})"
             ) from None
         if not isinstance(module, nn.Module):
