@@ -1,11 +1,27 @@
 """Processes as Linux's /proc shows them: what the Flower launcher's watchdog
 (`fedhet.deploy.launch`) and the private local Ray's clean-up (`fedhet.runs.raylink`)
 read to find the processes they started, and to recognise them again by their start time (a
-reused PID has another)."""
+reused PID has another); and the signals a long command handles while it runs."""
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def handling(signals: Iterable[signal.Signals], handler: Callable[[int, Any], Any]) -> Iterator[None]:
+    """`handler` for each of `signals` for the length of the block, the previous handlers back
+    after it (also when it raises)."""
+    old = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 GONE = ("Z", "X")
 """Process states of a process that has ended (a zombie not yet reaped, or dead)."""

@@ -17,6 +17,7 @@ from typing import Any
 from fedhet.deploy.project import write_app
 from fedhet.engine import config_of
 from fedhet.errors import FedhetError
+from fedhet.procs import handling
 from fedhet.rundir import prepare_out
 
 
@@ -114,12 +115,8 @@ def _stopped_cleanly() -> Iterator[None]:
         raise FedhetError(f"stopped by {signal.Signals(signum).name}; stopped every Flower "
                           "process of the run")
 
-    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
+    with handling((signal.SIGTERM, signal.SIGHUP), stop):
         yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
 
 
 class Echo:

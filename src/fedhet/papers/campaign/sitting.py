@@ -42,6 +42,7 @@ from fedhet.papers.campaign.records import (
     rounds_done,
 )
 from fedhet.papers.campaign.tables import FASHION_MNIST, TABLES, CampaignRun, Table, plan_runs
+from fedhet.procs import handling
 
 MAX_BUDGET_MIN = 7 * 24 * 60
 """The longest sitting: a week (longer timers overflow; run again to continue)."""
@@ -420,12 +421,8 @@ class Sitting:
                 self.hard = True
             self.stopping = True
 
-        old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with handling((signal.SIGTERM, signal.SIGINT), handler):
             yield
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
 
 
 def run_campaign(scale: str, device: str, budget: float, results: Path, cache: Path | None = None,
