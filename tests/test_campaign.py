@@ -411,7 +411,8 @@ def test_a_sitting_in_a_session_of_its_own_lowers_the_whole_session(tmp_path: Pa
     if not Path("/proc/self/autogroup").exists():
         pytest.skip("no autogroup here: a process's nice is all there is")
     probe = ("import sys; from fedhet.experiments.campaign.sitting import lower_session_priority; "
-             "print(lower_session_priority(7)); print((open('/proc/self/autogroup').read().split() or ['none'])[-1])")
+             "print(lower_session_priority(7)); "
+             "print((open('/proc/self/autogroup').read().split() or ['none'])[-1])")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     own = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
                          timeout=120, start_new_session=True)
