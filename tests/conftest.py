@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
 import tempfile
@@ -33,97 +34,107 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 # -- the cluster harness: started once a session ----------------------------------------------
 # One process (`pytest` alone, or `pytest -n 0`): started when the tests are collected, stopped
-# when the session ends. pytest-xdist (`-n 2`): the controller owns it. It names a work
-# directory to every worker (`workerinput`); a worker that collected a test reading the report
+# when the session ends. pytest-xdist (`-n 2`): the controller owns it. It names a directory
+# of its own to every worker (`workerinput`); a worker that collected a test reading the report
 # says so there (`wanted`) before it tells the controller that collection is done; the
-# controller then starts the harness in that directory, and a worker's `cluster` fixture waits
+# controller then starts the harness in SHARED/cluster, and a worker's `cluster` fixture waits
 # for the controller's verdict (`cluster_harness.DONE`) once the harness has ended.
 
 _HARNESS: list = []
 """The cluster harness (`cluster_harness.Background`) once started: at most one a session, in
 the process that runs it (pytest alone, or xdist's controller)."""
 
-_WORK_KEY = "fedhet_cluster_work"
-"""`workerinput` key: the harness's work directory, made by xdist's controller."""
+_SHARED_KEY = "fedhet_shared"
+"""`workerinput` key: the directory xdist's controller made for its workers (`wanted`,
+`units.json`, and the harness's work directory `cluster`)."""
+
+
+def _unit(item: pytest.Item) -> str | None:
+    """The unit of work `item` goes to a worker with, under `make test` (`--dist loadgroup`,
+    `pytest_xdist_make_scheduler`): "cluster" for the tests that wait for the cluster harness
+    (one worker waits, the other goes on), its module for a test using a module-scoped fixture
+    (made once, not once a worker), None for one on its own."""
+    if "cluster" in getattr(item, "fixturenames", ()):
+        return "cluster"
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d and d[-1].scope in ("class", "module", "package") for d in defs.values()):
+        return item.nodeid.split("::")[0]
+    return None
 
 
 def _wanted(session: pytest.Session) -> bool:
     """Does a test to run read the harness's report, with Ray installed (those tests are skipped
     without it)?"""
-    return bool(_cluster_tests(session)) and importlib.util.find_spec("ray") is not None \
-        and not session.config.option.collectonly
-
-
-def _cluster_tests(session: pytest.Session) -> list[str]:
-    return [item.nodeid for item in session.items if "cluster" in getattr(item, "fixturenames", ())]
-
-
-def _work_dir(config: pytest.Config) -> Path:
-    factory = getattr(config, "_tmp_path_factory", None)
-    return factory.mktemp("cluster") if factory else Path(tempfile.mkdtemp(prefix="fedhet-cluster-"))
+    return any("cluster" in getattr(item, "fixturenames", ()) for item in session.items) \
+        and importlib.util.find_spec("ray") is not None and not session.config.option.collectonly
 
 
 def _start_harness(config: pytest.Config, work: Path | None = None):  # noqa: ANN202
     from cluster_harness import Background
 
-    _HARNESS.append(Background(work or _work_dir(config)))
+    if work is None:
+        factory = getattr(config, "_tmp_path_factory", None)
+        work = factory.mktemp("cluster") if factory else Path(tempfile.mkdtemp(prefix="fedhet-cluster-"))
+    _HARNESS.append(Background(work))
     return _HARNESS[-1]
 
 
 @pytest.hookimpl(tryfirst=True)  # a worker: before xdist tells the controller it has collected
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the cluster harness now, in the background, when a test to run reads its report
-    (under xdist: ask the controller to)."""
-    if not _wanted(session):
-        return
+    (under xdist: ask the controller to, and tell it the units of work)."""
     workerinput = getattr(session.config, "workerinput", None)
-    if workerinput is not None:  # the tests that wait for it, for the controller's scheduler
-        work = Path(workerinput[_WORK_KEY])
-        mine = work / f"wanted.{workerinput['workerid']}"
-        mine.write_text("\n".join(_cluster_tests(session)))
-        mine.replace(work / "wanted")  # whole, whichever worker writes it last
-    elif not _HARNESS:
-        _start_harness(session.config)
+    if workerinput is None:
+        if _wanted(session) and not _HARNESS:
+            _start_harness(session.config)
+        return
+    shared = Path(workerinput[_SHARED_KEY])
+    units = {item.nodeid: unit for item in session.items if (unit := _unit(item))}
+    mine = shared / f"units.{workerinput['workerid']}"
+    mine.write_text(json.dumps(units))
+    mine.replace(shared / "units.json")  # whole, whichever worker writes it last
+    if _wanted(session):
+        (shared / "wanted").touch()
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:  # noqa: ANN001  (xdist's controller, for each worker)
-    if not hasattr(node.config, "_fedhet_cluster_work"):
-        node.config._fedhet_cluster_work = _work_dir(node.config)
-    node.workerinput[_WORK_KEY] = str(node.config._fedhet_cluster_work)
+    if not hasattr(node.config, "_fedhet_shared"):
+        node.config._fedhet_shared = node.config._tmp_path_factory.mktemp("xdist")
+        (node.config._fedhet_shared / "cluster").mkdir()
+    node.workerinput[_SHARED_KEY] = str(node.config._fedhet_shared)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_node_collection_finished(node, ids) -> None:  # noqa: ANN001
     """xdist's controller, as each worker has collected: start the harness once, if wanted."""
-    work = node.config._fedhet_cluster_work
-    if not _HARNESS and (work / "wanted").exists():
-        _start_harness(node.config, work)
+    shared = node.config._fedhet_shared
+    if not _HARNESS and (shared / "wanted").exists():
+        _start_harness(node.config, shared / "cluster")
 
 
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN001, ANN201
-    """`--dist loadgroup` (`make test`): xdist's load-group scheduling, each test a unit of its
-    own, with the tests that wait for the cluster harness one unit (one worker waits, the other
-    goes on), handed out in collection order, so that unit comes last. (xdist 3.8 groups
-    `xdist_group`-marked tests by rewriting their node IDs, which pytest 9.2's structured IDs
-    ignore: pytest-xdist issue #1386; the cluster group is made here instead, from the node IDs
-    a worker wrote to the harness's work directory.)"""
+    """`--dist loadgroup` (`make test`): xdist's load-group scheduling with the units of
+    `_unit`, handed out in collection order (the cluster's unit last), each to whichever worker
+    has run out. (xdist 3.8 groups `xdist_group`-marked tests by rewriting their node IDs, which
+    pytest 9.2's structured IDs ignore: pytest-xdist issue #1386; the units are made here
+    instead, from the node IDs a worker wrote to the shared directory.)"""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class WithClusterGroup(LoadGroupScheduling):
-        cluster: set[str] | None = None
+    class Units(LoadGroupScheduling):
+        units: dict[str, str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
-            if self.cluster is None:  # workers wrote it before they said they had collected
-                wanted = config._fedhet_cluster_work / "wanted"
-                self.cluster = set(wanted.read_text().splitlines()) if wanted.exists() else set()
-            return "cluster" if nodeid in self.cluster else super()._split_scope(nodeid)
+            if self.units is None:  # workers wrote it before they said they had collected
+                path = config._fedhet_shared / "units.json"
+                self.units = json.loads(path.read_text()) if path.exists() else {}
+            return self.units.get(nodeid) or super()._split_scope(nodeid)
 
     config.option.loadscopereorder = False  # biggest unit first would put the cluster's first
-    return WithClusterGroup(config, log)
+    return Units(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -139,7 +150,7 @@ def cluster(pytestconfig: pytest.Config) -> tuple[Path, dict]:
 
     workerinput = getattr(pytestconfig, "workerinput", None)
     if workerinput is not None:  # the controller runs it (and says when it is done)
-        return wait_result(Path(workerinput[_WORK_KEY]))
+        return wait_result(Path(workerinput[_SHARED_KEY]) / "cluster")
     harness = _HARNESS[0] if _HARNESS else _start_harness(pytestconfig)
     return harness.result()
 
