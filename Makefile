@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 # every extra, so the tests of each run (Flower, its Ray simulation, Ray, TensorBoard); exact
 # versions from constraints.txt (pyproject.toml declares the supported ranges)
 EXTRAS ?= dev,flower,flower-sim,tensorboard,cluster,hf
+# the suite runs on this many pytest-xdist processes (`make test TEST_WORKERS=0`: one process);
+# --dist loadgroup: one test at a time to whichever worker is free, except the tests that wait
+# for the cluster harness, which go to one worker together, last (tests/conftest.py)
+TEST_WORKERS ?= 2
 
 .PHONY: setup demo test lint bench
 
@@ -19,7 +23,7 @@ demo: setup
 	$(BIN)/fedhet demo --out runs/demo --force
 
 test: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks

@@ -21,6 +21,8 @@ directories left in WORK):
 - `same`: one grid with `--jobs 2` and with `--cluster ray`.
 - `refused`: a grid asking for more CPUs than a node has; and a grid directory the worker node
   cannot see (it runs in a private mount namespace with an empty tmpfs over WORK/hidden).
+- `sim`: `fedhet deploy local --simulation` on the cluster (tests/test_deploy_ray.py): Flower's
+  simulation runtime with one ClientApp actor (one CPU) on each node, then which node holds each.
 - `lost`: a grid on the cluster stopped with Ctrl-C, started again, its worker node's raylet
   SIGKILLed while one of its runs is part-way, its driver killed with -9 and started again.
 - `local`: a grid with no address while Ray's address file names a dead cluster: the driver
@@ -41,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 import uuid
@@ -62,6 +65,21 @@ lr = 0.1
 [axes]
 seed = [0, 1, 2, 3]
 """
+
+SIM_SETTINGS = {"algorithm": "fedavg", "dataset": "digits", "partition": "dirichlet", "clients": 3,
+                "rounds": 3, "lr": 0.1, "seed": 3, "local_steps": 4}
+"""The `sim` scenario's run (tests/test_deploy_ray.py runs the same in-process to compare)."""
+
+SIM_PROBE = textwrap.dedent("""
+    import json, sys, ray
+    from ray._private import state
+    ray.init(address=sys.argv[1], logging_level="ERROR")
+    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+    actors = [a["Address"]["NodeID"] for a in state.actors().values()
+              if a["ActorClassName"] == "ClientAppActor"]
+    print(json.dumps({"nodes": nodes, "actors": actors}))
+""")
+"""The cluster's alive nodes and the node of every ClientApp actor Flower's simulation made."""
 
 LOST_ROUNDS = 240
 """Rounds of each run of the lost-node grid: a digits round takes ~25 ms on an idle core, so a
@@ -260,6 +278,32 @@ def scenario_same(work: Path, address: str, report: dict) -> None:
                  "--ray-address", address)
     report["same_ray_rc"] = finish(ray, 240)
     report["same_ray_s"] = time.monotonic() - t0
+
+
+def scenario_sim(work: Path, address: str, report: dict) -> None:
+    """Flower's simulation runtime on the cluster: `fedhet deploy local --simulation
+    --ray-address` with one CPU a ClientApp, so one actor on each node; its stdout and stderr in
+    WORK/sim.out and WORK/sim.err, its run in WORK/sim, then where Ray placed the actors."""
+    sets = [a for k, v in SIM_SETTINGS.items() if k not in ("algorithm", "dataset", "clients",
+                                                             "rounds") for a in ("--set", f"{k}={v}")]
+    s = SIM_SETTINGS
+    say("driver sim: fedhet deploy local --simulation")
+    with (work / "sim.out").open("w") as out, (work / "sim.err").open("w") as err:
+        proc = subprocess.Popen(
+            [PY, "-m", "fedhet", "deploy", "local", "--simulation", "--ray-address", address,
+             "--client-cpus", "1", "-a", s["algorithm"], "-d", s["dataset"], "-n", str(s["clients"]),
+             "-r", str(s["rounds"]), *sets, "--out", str(work / "sim")],
+            stdout=out, stderr=err, env={**ENV, "FLWR_TELEMETRY_ENABLED": "0"}, cwd=ROOT,
+            start_new_session=True)
+    proc.name = "sim"
+    STARTED.append(proc)
+    report["sim_rc"] = finish(proc, 300)
+    say("listing the ClientApp actors' nodes")
+    probe = subprocess.run([PY, "-c", SIM_PROBE, address], capture_output=True, text=True,
+                           env=ENV, timeout=150)
+    if probe.returncode:
+        raise RuntimeError(f"the actor probe failed: {probe.stderr[-2000:]}")
+    report["sim_placed"] = json.loads(probe.stdout.strip().splitlines()[-1])
 
 
 def scenario_lost(work: Path, worker: Node, worker_id: str, report: dict) -> None:
@@ -461,6 +505,7 @@ def main(work: Path) -> None:
         for step, run in (
             ("same", lambda: scenario_same(work, address, report)),
             ("refused", lambda: scenario_refused(work, address, report)),
+            ("sim", lambda: scenario_sim(work, address, report)),
             ("lost", lambda: scenario_lost(work, worker, worker_id, report)),
             ("local", lambda: scenario_local(work, temp, report)),
             ("late", lambda: scenario_late(work, address, temp, report)),
@@ -585,6 +630,12 @@ class Background:
                     self.proc.kill()
                     self.proc.wait(10)
             self.leftovers = _end_namespace(self.ns) if self.ns not in (None, self.own) else []
+            # the verdict, for pytest-xdist's workers (`wait_result`): written last, at once
+            done = {"stalled": self.stalled, "stopped": self.stopping.is_set(),
+                    "returncode": self.proc.returncode, "leftovers": self.leftovers}
+            tmp = self.work / f"{DONE}.tmp"
+            tmp.write_text(json.dumps(done))
+            tmp.replace(self.work / DONE)
 
     def stop(self) -> None:
         """Stop the harness now if it still runs (bounded: SIGTERM, 90 s, then SIGKILL)."""
@@ -595,18 +646,45 @@ class Background:
         """Once the harness has ended: its work directory and report (`AssertionError` if it
         stalled, reported nothing or left processes running)."""
         self.thread.join()
-        work = self.work
-        assert not self.stalled, (f"the harness printed nothing for {STALL_S:.0f} s\n"
+        return verdict(self.work, {"stalled": self.stalled, "stopped": self.stopping.is_set(),
+                                   "returncode": self.proc.returncode,
+                                   "leftovers": self.leftovers})
+
+
+DONE = "harness-done.json"
+"""Written into the work directory by `Background` once the harness has ended and what it left
+in its namespace is gone: `{"stalled", "stopped", "returncode", "leftovers"}`."""
+
+WAIT_S = 3600.0
+"""How long a pytest-xdist worker waits for `DONE` (`wait_result`): the harness runs minutes,
+each of its waits bounded, and the process watching it stops it after `STALL_S` of silence."""
+
+
+def verdict(work: Path, done: dict) -> tuple[Path, dict]:
+    """The harness's work directory and report, given how it ended (`AssertionError` if it
+    stalled, was stopped first, reported nothing or left processes running)."""
+    assert not done["stalled"], (f"the harness printed nothing for {STALL_S:.0f} s\n"
+                                 f"{harness_output(work)}")
+    assert not done["stopped"], "the harness was stopped before it finished"
+    report_path = work / "report.json"
+    assert report_path.exists(), (f"the harness reported nothing ({done['returncode']})\n"
                                   f"{harness_output(work)}")
-        assert not self.stopping.is_set(), "the harness was stopped before it finished"
-        report_path = work / "report.json"
-        assert report_path.exists(), (f"the harness reported nothing ({self.proc.returncode})\n"
-                                      f"{harness_output(work)}")
-        report = json.loads(report_path.read_text())
-        assert report["left_running"] == [] and self.leftovers == [], (
-            f"the harness left processes running: {report['left_running']}, {self.leftovers}\n"
-            f"{harness_output(work)}")
-        return work, report
+    report = json.loads(report_path.read_text())
+    assert report["left_running"] == [] and done["leftovers"] == [], (
+        f"the harness left processes running: {report['left_running']}, {done['leftovers']}\n"
+        f"{harness_output(work)}")
+    return work, report
+
+
+def wait_result(work: Path, timeout: float = WAIT_S) -> tuple[Path, dict]:
+    """`Background.result` from another process (a pytest-xdist worker; the controller runs the
+    harness in `work`): polls for `DONE`, at most `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not (work / DONE).exists():
+        assert time.monotonic() < deadline, (f"the harness was not done after {timeout:.0f} s\n"
+                                             f"{harness_output(work)}")
+        time.sleep(0.5)
+    return verdict(work, json.loads((work / DONE).read_text()))
 
 
 if __name__ == "__main__":

@@ -1,28 +1,19 @@
-"""`fedhet deploy local --simulation` on a two-node Ray cluster (`ray start --head` and a second
-`ray start --address`, one CPU each, no dashboard): the virtual SuperNodes' ClientApp actors
-run on both nodes and the run's metrics equal the in-process engine's.
+"""`fedhet deploy local --simulation` on a two-node Ray cluster (one CPU each, no dashboard): the
+virtual SuperNodes' ClientApp actors run on both nodes and the run's metrics equal the
+in-process engine's.
 
-Everything that starts Ray runs inside one private network namespace (`unshare -n`, then
-`ip link set lo up`), where 127.0.0.1 is the only address, so no traffic leaves loopback, with
-Ray's files in a temp directory of the test's own (`--temp-dir`, `RAY_TMPDIR`); the
-namespace's processes are stopped by PID when the test ends. A `--ray-address` where no cluster
-answers is one line before Flower starts."""
+The cluster is the cluster harness's (tests/cluster_harness.py, its `sim` scenario: the same
+two nodes the `--cluster ray` tests use, started once a session inside a private network
+namespace, where 127.0.0.1 is the only address, with Ray's files in a temp directory of its
+own; the `cluster` fixture waits for its report). A `--ray-address` where no cluster answers is
+one line before Flower starts."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import json
 import math
-import os
-import shutil
-import signal
 import subprocess
-import sys
-import tempfile
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,48 +21,16 @@ import torch
 pytest.importorskip("flwr", reason="Flower is not installed (pip install fedhet[flower-sim])")
 pytest.importorskip("ray", reason="Ray is not installed (pip install fedhet[flower-sim])")
 
+from cluster_harness import SIM_SETTINGS, harness_output  # noqa: E402
+
 from fedhet.deploy.command import _ray_options  # noqa: E402
 from fedhet.deploy.launch import LocalFederation  # noqa: E402
-from fedhet.engine.assembly import assemble
+from fedhet.engine.assembly import assemble  # noqa: E402
 from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.rundir.store import read_checkpoint  # noqa: E402
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-BIN = str(Path(sys.executable).parent)
-SETTINGS = {"algorithm": "fedavg", "dataset": "digits", "partition": "dirichlet", "clients": 3,
-            "rounds": 3, "lr": 0.1, "seed": 3, "local_steps": 4}
-PROBE = textwrap.dedent("""
-    import json, sys, ray
-    from ray._private import state
-    ray.init(address=sys.argv[1], logging_level="ERROR")
-    nodes = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-    actors = [a["Address"]["NodeID"] for a in state.actors().values()
-              if a["ActorClassName"] == "ClientAppActor"]
-    print(json.dumps({"nodes": nodes, "actors": actors}))
-""")
-
-
-def _netns(pid: int) -> str | None:
-    try:
-        return os.readlink(f"/proc/{pid}/ns/net")
-    except OSError:
-        return None
-
-
-def _stop_namespace(ns: str, grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL, every process in the network namespace `ns` (ours alone)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = [int(p.name) for p in Path("/proc").iterdir()
-                if p.name.isdigit() and _netns(int(p.name)) == ns]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + grace
-        while pids and time.monotonic() < deadline:
-            if not any(_netns(p) == ns for p in pids):
-                return
-            time.sleep(0.1)
+SETTINGS = SIM_SETTINGS  # the harness's `sim` run
 
 
 def _unshare_works() -> bool:
@@ -79,6 +38,10 @@ def _unshare_works() -> bool:
         return subprocess.run(["unshare", "-n", "true"], capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+needs_unshare = pytest.mark.skipif(
+    not _unshare_works(), reason="needs `unshare -n` (root) to keep Ray inside a private network namespace")
 
 
 def test_ray_flags_are_checked_and_the_address_is_chosen(monkeypatch):
@@ -100,65 +63,25 @@ def test_ray_flags_are_checked_and_the_address_is_chosen(monkeypatch):
     assert LocalFederation(2, simulation=True, ray_address="auto").env["RAY_ADDRESS"] == "auto"
 
 
-def test_one_simulation_spread_over_a_two_node_ray_cluster(tmp_path):
-    if not _unshare_works():
-        pytest.skip("needs `unshare -n` (root) to keep Ray inside a private network namespace")
-    ray_tmp = Path(tempfile.mkdtemp(prefix="fhray", dir="/tmp"))  # short: Ray's socket paths
-    out = tmp_path / "out"
-    sets = " ".join(f"--set {k}={v}" for k, v in SETTINGS.items()
-                    if k not in ("algorithm", "dataset", "clients", "rounds"))
-    node = "--node-ip-address 127.0.0.1 --num-cpus 1 --num-gpus 0 --object-store-memory 80000000 " \
-           "--disable-usage-stats"
-    script = f"""
-        set -e
-        ip link set lo up
-        export PATH={BIN}:$PATH RAY_USAGE_STATS_ENABLED=0 OMP_NUM_THREADS=1
-        ray start --head --port 6379 --include-dashboard=false --temp-dir {ray_tmp} {node} \
-            >{ray_tmp}/head.log 2>&1
-        ray start --address 127.0.0.1:6379 {node} >{ray_tmp}/worker.log 2>&1
-        PYTHONPATH={SRC} python -m fedhet deploy local --simulation --ray-address 127.0.0.1:6379 \
-            --client-cpus 1 -a fedavg -d digits -n 3 -r 3 {sets} --out {out}
-        python -c '{PROBE}' 127.0.0.1:6379 >{ray_tmp}/probe.json
-    """
-    # Ray's default temp directory (its address file) and home (its token file) are the test's
-    # own: nothing another Ray left on the machine reaches this one
-    (ray_tmp / "home").mkdir()
-    env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "RAY_TMPDIR": str(ray_tmp),
-           "HOME": str(ray_tmp / "home")}
-    env.pop("RAY_ADDRESS", None)
-    proc = subprocess.Popen(["unshare", "-n", "bash", "-c", script], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    ns = None
-    try:
-        own = _netns(os.getpid())
-        deadline = time.monotonic() + 10
-        while ns in (None, own) and time.monotonic() < deadline and proc.poll() is None:
-            ns = _netns(proc.pid)
-            time.sleep(0.01)
-        stdout, stderr = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        if ns is not None and ns != _netns(os.getpid()):
-            _stop_namespace(ns)
-        logs = {n: (ray_tmp / n).read_text() for n in ("head.log", "worker.log")
-                if (ray_tmp / n).exists()}
-        probe = (ray_tmp / "probe.json").read_text() if (ray_tmp / "probe.json").exists() else ""
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    assert proc.returncode == 0, f"{stderr[-3000:]}\n{logs}"
-    assert ns is not None and not any(
-        p.name.isdigit() and _netns(int(p.name)) == ns for p in Path("/proc").iterdir()
-    ), "processes of the Ray cluster left running"
+@needs_unshare
+def test_one_simulation_spread_over_a_two_node_ray_cluster(cluster):
+    # the cluster harness's `sim` scenario ran `fedhet deploy local --simulation --ray-address`
+    # on its two-node cluster (`cluster_harness.scenario_sim`) and then asked Ray where the
+    # ClientApp actors were; the harness's report holds that, and fails if anything it started
+    # in its namespace was left running
+    work, report = cluster
+    assert "sim_failed" not in report, harness_output(work)
+    stdout, stderr = ((work / f"sim.{n}").read_text() for n in ("out", "err"))
+    assert report["sim_rc"] == 0, f"{stderr[-3000:]}\n{harness_output(work)}"
+    out = work / "sim"
 
     # the virtual nodes' ClientApps ran in actors on both nodes of the cluster
-    placed = json.loads(probe)
+    placed = report["sim_placed"]
     assert len(placed["nodes"]) == 2
     assert sorted(placed["actors"]) == sorted(placed["nodes"])
 
     # off a terminal: one progress line per round; the Flower logs kept in the run directory
-    assert "on the Ray cluster at 127.0.0.1:6379" in stdout
+    assert f"on the Ray cluster at {report['address']}" in stdout
     for k in (1, 2, 3):
         assert f"fedhet: round {k}/3: accuracy " in stdout, stdout
     assert (out / "flower-logs" / "superlink.log").exists()

@@ -94,6 +94,29 @@ def test_a_server_that_is_not_ray_is_no_cluster():
         server.stop(0)
 
 
+def test_a_head_with_token_authentication_answers_the_probe():
+    """Ray's GCS with `RAY_AUTH_MODE=token` refuses a call without the token (UNAUTHENTICATED):
+    that is a Ray head answering, not "no cluster" (Ray's own connection sends the token)."""
+    grpc = pytest.importorskip("grpc")
+    from concurrent import futures
+
+    from fedhet.deploy.launch import probe_ray_address
+
+    class NoToken(grpc.ServerInterceptor):
+        def intercept_service(self, continuation, details):  # noqa: ANN001, ANN202
+            def refuse(request, context):  # noqa: ANN001, ANN202
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "InvalidAuthToken")
+            return grpc.unary_unary_rpc_method_handler(refuse)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1), interceptors=[NoToken()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        probe_ray_address(f"127.0.0.1:{port}", timeout=5.0)  # no error
+    finally:
+        server.stop(0)
+
+
 def test_readme_memory_figures_name_their_command_and_commit():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     at = readme.index("Memory of a round does not grow with its clients")

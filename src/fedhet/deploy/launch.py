@@ -74,7 +74,8 @@ def probe_ray_address(address: str, flag: str = "--ray-address", timeout: float 
     process starts: one call to the head's GCS, at most `timeout` s (a port that merely accepts
     connections, as a firewall or another server may, is no cluster). `local` (a private Ray),
     `auto` (Ray looks for a cluster on this machine) and `ray://` (a Ray Client server, not the
-    GCS) are left to Ray. Needs grpcio (Flower's dependency)."""
+    GCS) are left to Ray; a head that refuses the call for want of a token (`RAY_AUTH_MODE=token`,
+    docs/cluster.md) answers. Needs grpcio (Flower's dependency)."""
     if address in ("local", "auto") or "://" in address:
         return
     import grpc  # with fedhet[flower]
@@ -89,6 +90,8 @@ def probe_ray_address(address: str, flag: str = "--ray-address", timeout: float 
             return
         except grpc.RpcError as e:
             code = e.code()
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return  # a head with Ray's token authentication on: Ray's own connection sends the token
     why = {grpc.StatusCode.DEADLINE_EXCEEDED: f"no answer within {timeout:g} s",
            grpc.StatusCode.UNAVAILABLE: "nothing listens there",
            grpc.StatusCode.UNIMPLEMENTED: "a server answers, but not Ray's"}.get(code, code.name.lower())
