@@ -493,3 +493,28 @@ def test_fair_protocol_prints_progress_lines_off_a_terminal(tmp_path, capsys):
         assert f"{method}: round 2/2  acc " in out
     assert main([*flags, "-q", "--out", str(tmp_path / "b")]) == 0
     assert "round 2/2" not in capsys.readouterr().out
+
+
+def test_a_fair_budget_keeps_its_partition_sizes_beside_the_run_and_reads_them_without_data(
+        tmp_path, monkeypatch):
+    """The first budget computed from a FedVeca run writes the partition's `D_i` beside it; the
+    next reads them there and never loads the data (a plan or page made where MNIST is not)."""
+    from fedhet.papers.fedveca.preset import fedveca_specs, groups
+
+    group = next(g for g in groups("smoke") if g.key == "logreg-digits-case1")
+    (spec,) = fedveca_specs(group)
+    run = tmp_path / spec.name
+    execute(spec.settings, run, log=lambda *_: None)
+    first = protocol.budget_from_run(run, group.settings_of(group.fair_from))
+    saved = json.loads((run / protocol.SIZES_FILE).read_text())
+    assert tuple(saved) == first.client_sizes == protocol.client_sizes(group.settings_of(group.fair_from))
+
+    def no_data(settings):
+        raise AssertionError("the data was loaded")
+
+    monkeypatch.setattr(protocol, "client_sizes", no_data)
+    again = protocol.budget_from_run(run, group.settings_of(group.fair_from))
+    assert again == first
+    (run / protocol.SIZES_FILE).write_text("[1, 2]\n")  # another partition's: not believed
+    with pytest.raises(AssertionError, match="the data was loaded"):
+        protocol.budget_from_run(run, group.settings_of(group.fair_from))

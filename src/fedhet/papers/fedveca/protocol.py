@@ -15,6 +15,7 @@ loss).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -136,11 +137,32 @@ def read_tau_all(run_dir: Path) -> int:
     return int(sum(r["tau_sum"] for r in rows if r["round"] >= 1 and math.isfinite(r["tau_sum"])))
 
 
+SIZES_FILE = "client_sizes.json"
+"""Beside a finished FedVeca run: the `D_i` of its partition, so that its fair budget is known
+where its data is not (a plan made, or a page rendered, on a machine without MNIST)."""
+
+
 def budget_from_run(fedveca_dir: Path, settings: dict[str, Any]) -> FairBudget:
-    """The fair budget of §IV-A1 from a finished FedVeca run and the group's settings."""
+    """The fair budget of §IV-A1 from a finished FedVeca run and the group's settings. The
+    partition's sizes come from the run's `client_sizes.json` when it has one (written here the
+    first time they are computed from the data), else from the data."""
 
     cfg = config_of(fedveca_settings(settings))
-    return FairBudget(read_tau_all(fedveca_dir), cfg.rounds, client_sizes(settings), cfg.batch_size)
+    tau_all = read_tau_all(fedveca_dir)
+    saved = Path(fedveca_dir) / SIZES_FILE
+    sizes: tuple[int, ...] | None = None
+    if saved.exists():
+        try:
+            sizes = tuple(int(n) for n in json.loads(saved.read_text()))
+        except (ValueError, TypeError):
+            sizes = None  # damaged: computed again below, and rewritten
+        if sizes is not None and len(sizes) != cfg.clients:
+            sizes = None
+    if sizes is None:
+        sizes = client_sizes(settings)
+        with contextlib.suppress(OSError):  # a read-only copy of the records: nothing kept
+            atomic_write_text(saved, json.dumps(list(sizes)) + "\n")
+    return FairBudget(tau_all, cfg.rounds, sizes, cfg.batch_size)
 
 
 def first_round(rows: Sequence[dict[str, float]], key: str, target: float, above: bool) -> int | None:
