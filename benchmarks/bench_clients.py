@@ -67,7 +67,7 @@ def one(args: argparse.Namespace) -> dict[str, Any]:
         cpu = _cpu_s()
         summary = sim.run()
         cpu = _cpu_s() - cpu
-        kept = sim.client_states
+        kept = sim.side.clients.states
         files = list((out / CLIENT_STATES).iterdir()) if (out / CLIENT_STATES).is_dir() else []
         return {
             "clients": args.clients, "per_round": args.per_round, "rounds": args.rounds,

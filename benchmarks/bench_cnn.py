@@ -74,11 +74,12 @@ def _engine_round(model: str, shape: tuple[int, ...], steps: int, executor: str,
     if precision != "fp32":
         settings["precision"] = precision
     sim = assemble(config_of(settings), data=Dataset("random", x, y, xt, yt, 10), log=lambda _: None)
-    state = [sim.algorithm.init(sim.w0), 0]
+    state = [sim.side.algorithm.init(sim.w0), 0]
 
     def one() -> None:
         k = state[1]
-        state[0], _ = sim.runner(sim, state[0], k, sample_clients(sim.loop, CLIENTS, k))
+        clients = sample_clients(sim.parts.loop, CLIENTS, k)
+        state[0], _ = sim.parts.runner(sim.round_context(), state[0], k, clients)
         state[1] += 1
 
     return one

@@ -89,23 +89,25 @@ def main() -> None:
     }
     cfg = config_of(settings)
     sim = assemble(cfg)
-    steps = sum(math.floor(len(i) / 32) for i in sim.client_indices)
-    print(f"MNIST train {tuple(sim.data.x_train.shape)}, {args.clients} clients, "
-          f"{steps} SGD steps per round, model {sim.model.dim} parameters")
+    side = sim.side
+    steps = sum(math.floor(len(i) / 32) for i in side.client_indices)
+    print(f"MNIST train {tuple(side.data.x_train.shape)}, {args.clients} clients, "
+          f"{steps} SGD steps per round, model {side.model.dim} parameters")
 
     # fedhet: one round at a time through the real engine loop
-    state = sim.algorithm.init(sim.w0)
-    bare_model = type(sim.model.module)(784, 10, 200)
+    state = side.algorithm.init(sim.w0)
+    bare_model = type(side.model.module)(784, 10, 200)
     w_bare = [p.detach().clone() for p in bare_model.parameters()]
-    x = sim.data.x_train.flatten(1)
+    x = side.data.x_train.flatten(1)
     gen = torch.Generator().manual_seed(0)
     t_fedhet, t_bare = [], []
     for k in range(args.rounds):
         t0 = time.perf_counter()
-        state, _ = sim.runner(sim, state, k, sample_clients(sim.loop, len(sim.client_indices), k))
+        clients = sample_clients(sim.parts.loop, len(side.client_indices), k)
+        state, _ = sim.parts.runner(sim.round_context(), state, k, clients)
         t_fedhet.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        w_bare = bare_round(bare_model, x, sim.data.y_train, sim.client_indices, w_bare, 0.01, 32, gen)
+        w_bare = bare_round(bare_model, x, side.data.y_train, side.client_indices, w_bare, 0.01, 32, gen)
         t_bare.append(time.perf_counter() - t0)
         print(f"round {k + 1}: fedhet {t_fedhet[-1]:.3f} s, bare loop {t_bare[-1]:.3f} s", flush=True)
     med_f, med_b = statistics.median(t_fedhet), statistics.median(t_bare)

@@ -37,7 +37,7 @@ def main() -> None:
     before = peak_mb()
     start = time.perf_counter()
     sim.run()
-    print(f"{args.algorithm}, {args.clients} clients, d={sim.model.dim}: peak RSS {before:.0f} MB "
+    print(f"{args.algorithm}, {args.clients} clients, d={sim.side.model.dim}: peak RSS {before:.0f} MB "
           f"before the run, {peak_mb():.0f} MB after ({time.perf_counter() - start:.1f} s)")
 
 

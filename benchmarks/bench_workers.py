@@ -82,7 +82,7 @@ def one(clients: int, samples: int, hidden: int, workers: int, rounds: int) -> t
     sim.run()
     total = time.perf_counter() - t0
     times = [r["round_time_s"] for r in rows]
-    return statistics.median(times[1:]), total, sim.round_work
+    return statistics.median(times[1:]), total, sim.side.round_work
 
 
 def demo(workers: int, rounds: int) -> tuple[float, float, float]:
@@ -97,7 +97,7 @@ def demo(workers: int, rounds: int) -> tuple[float, float, float]:
             sim.run()
             total += time.perf_counter() - t0
             per += [r["round_time_s"] for r in rows][1:]
-    return statistics.median(per), total, sim.round_work
+    return statistics.median(per), total, sim.side.round_work
 
 
 def main() -> None:

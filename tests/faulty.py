@@ -7,11 +7,11 @@ from typing import Any
 
 def make_client_fail(sim: Any, client_id: int, message: str) -> None:
     """From now on `sim`'s client `client_id` raises `RuntimeError(message)` in `client_update`."""
-    inner = sim.algorithm.client_update
+    inner = sim.side.algorithm.client_update
 
     def faulty(msg, ctx, state):
         if ctx.client_id == client_id:
             raise RuntimeError(message)
         return inner(msg, ctx, state)
 
-    sim.algorithm.client_update = faulty
+    sim.side.algorithm.client_update = faulty

@@ -36,10 +36,10 @@ cfg = fedhet.config_of({"algorithm": "fedavg", "model": "cnn-fednnnn-mnist", "pa
       "clients": 4, "rounds": 10, "batch_size": 50, "lr": 0.01, "eval_every": 100,
       "workers": 1, "device": "cpu"})
 sim = fedhet.assemble(cfg, data=Dataset("random", x, y, x[:100], y[:100], 10), log=lambda _: None)
-state, faults = sim.algorithm.init(sim.w0), []
+state, faults = sim.side.algorithm.init(sim.w0), []
 for k in range(4):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    state, _ = sim.runner(sim, state, k, sample_clients(sim.loop, 4, k))
+    state, _ = sim.parts.runner(sim.round_context(), state, k, sample_clients(sim.parts.loop, 4, k))
     faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 print(json.dumps({"faults": faults, "kept": allocator.keep_freed_memory()}))
 """

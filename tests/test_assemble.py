@@ -193,22 +193,22 @@ def test_a_model_that_declares_itself_linear_gets_the_batched_executor_under_aut
     settings = {**BASE, "executor": "auto", "workers": 1, "rounds": 1}
     with MODELS.added("test-linear", linear_model, NoParams, linear=True):
         sim = assemble(config_of({**settings, "model": "test-linear"}), log=lambda _: None)
-        assert sim.executor_name == "batched"
+        assert sim.side.executor.name == "batched"
         assert sim.run()["finished"]
         # handed in, the same factory has the traits of its registry entry
-        assert assemble(config_of(settings), model=linear_model, log=lambda _: None).executor_name \
+        assert assemble(config_of(settings), model=linear_model, log=lambda _: None).side.executor.name \
             == "batched"
     with MODELS.added("test-not-linear", linear_model, NoParams):
         sim = assemble(config_of({**settings, "model": "test-not-linear"}), log=lambda _: None)
-        assert sim.executor_name == "sequential"
+        assert sim.side.executor.name == "sequential"
 
 
 def test_the_client_half_holds_no_server():
     cfg = config_of(BASE)
     side = assemble_clients(cfg, log=lambda _: None)
     sim = assemble(cfg, log=lambda _: None)
-    assert [ix.tolist() for ix in side.client_indices] == [ix.tolist() for ix in sim.client_indices]
-    assert torch.equal(side.model.params, sim.model.params)
+    assert [ix.tolist() for ix in side.client_indices] == [ix.tolist() for ix in sim.side.client_indices]
+    assert torch.equal(side.model.params, sim.side.model.params)
     assert isinstance(side.run_info, RunInfo) and not hasattr(side, "evaluator")
 
 

@@ -95,30 +95,31 @@ def test_scaffold_option_two_control_variates_after_round_zero():
     sim = simulate("scaffold", rounds=1, client_steps=[2, 3, 4, 5, 6])
     fedavg = simulate("fedavg", rounds=1, client_steps=[2, 3, 4, 5, 6])
     x0 = sim.w0
-    sizes = torch.tensor([len(ix) for ix in sim.client_indices], dtype=torch.float64)
+    sizes = torch.tensor([len(ix) for ix in sim.side.client_indices], dtype=torch.float64)
     p = sizes / sizes.sum()
     c = torch.zeros_like(x0, dtype=torch.float64)
     for i, tau in enumerate([2, 3, 4, 5, 6]):
         y_i = _client_model(fedavg, i)
         expected = (x0 - y_i) / (tau * 0.1)
-        assert torch.allclose(sim.client_states[i].c_i, expected, atol=1e-5)
-        c += p[i] * sim.client_states[i].c_i.double()
+        assert torch.allclose(sim.side.clients.states[i].c_i, expected, atol=1e-5)
+        c += p[i] * sim.side.clients.states[i].c_i.double()
     assert torch.allclose(sim.final_state.c.double(), c, atol=1e-6)
 
 
 def _client_model(sim: Simulation, client_id: int) -> torch.Tensor:
     """Re-run client `client_id`'s round-0 local SGD from `w0` (same random stream)."""
-    message = sim.configure(sim.algorithm.init(sim.w0), client_id, 0)
+    message = sim.configure(sim.side.algorithm.init(sim.w0), client_id, 0)
     return sim.w0 + sim.client_update(client_id, message, 0).tensors["delta"]
 
 
 def test_scaffold_option_one_control_variates_are_full_gradients():
     """Option I: c_i = ∇F_i(x); with full participation c = Σ p_i ∇F_i(x) = ∇F(x)."""
     sim = simulate("scaffold", rounds=1, algorithm_params={"option": "I"})
-    trainer = sim.trainer
-    for i, indices in enumerate(sim.client_indices):
-        assert torch.allclose(sim.client_states[i].c_i, trainer.full_gradient(sim.w0, indices), atol=1e-6)
-    everyone = torch.cat(list(sim.client_indices))
+    trainer = sim.side.trainer
+    for i, indices in enumerate(sim.side.client_indices):
+        c_i = sim.side.clients.states[i].c_i
+        assert torch.allclose(c_i, trainer.full_gradient(sim.w0, indices), atol=1e-6)
+    everyone = torch.cat(list(sim.side.client_indices))
     assert torch.allclose(sim.final_state.c, trainer.full_gradient(sim.w0, everyone), atol=1e-5)
 
 
@@ -130,7 +131,7 @@ def test_scaffold_single_client_follows_fedavg_and_c_is_last_mean_gradient():
     x_last = final("fedavg", **settings)
     x_before = final("fedavg", **{**settings, "rounds": 2})
     assert torch.allclose(sim.final_state.w, x_last, atol=1e-6)
-    assert torch.allclose(sim.final_state.c, sim.client_states[0].c_i, atol=1e-6)
+    assert torch.allclose(sim.final_state.c, sim.side.clients.states[0].c_i, atol=1e-6)
     expected_c = (x_before - x_last) / (BASE["local_steps"] * BASE["lr"])
     assert torch.allclose(sim.final_state.c, expected_c, atol=1e-4)
 
@@ -269,7 +270,7 @@ def test_scaffold_option_two_with_momentum_is_the_weighted_mean_gradient():
     e = torch.tensor([[1.0, -2.0, 0.5], [0.5, 0.0, -1.0]])
     sim = run_quadratic("scaffold", e, [4, 4], [5, 5], 0.05, 1, model=LINEAR_MODEL, momentum=0.9)
     for i in range(2):
-        assert torch.allclose(sim.client_states[i].c_i, e[i], atol=1e-5)
+        assert torch.allclose(sim.side.clients.states[i].c_i, e[i], atol=1e-5)
 
 
 def test_scaffold_with_momentum_learns_where_it_used_to_diverge():

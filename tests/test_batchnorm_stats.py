@@ -42,7 +42,7 @@ class Recorder:
         self.received: list[tuple[int, float, torch.Tensor]] = []
         self.returned: list[tuple[int, torch.Tensor]] = []
         self.visits: list[float] = []
-        work = sim.clients
+        work = sim.side.clients
         update, finish = work.update, work.finish
 
         def client_update(client_id, message, round):
@@ -72,7 +72,7 @@ def mean(items: list[tuple[float, torch.Tensor]]) -> torch.Tensor:
 
 
 def sizes(sim: Simulation) -> dict[int, float]:
-    return {i: float(len(ix)) for i, ix in enumerate(sim.client_indices)}
+    return {i: float(len(ix)) for i, ix in enumerate(sim.side.client_indices)}
 
 
 def test_star_statistics_use_the_runs_weights():
@@ -94,7 +94,7 @@ def test_hierfavg_edges_average_statistics_and_send_them_down():
     sim, rec = run(algorithm="hierfavg", clients=4, **{"algorithm.clusters": 2,
                                                        "algorithm.kappa2": 2})
     n = sizes(sim)
-    edges = sim.algorithm.edges
+    edges = sim.side.algorithm.edges
     first = [r for r, v in zip(rec.returned, rec.visits, strict=True) if v == 0]
     last = dict(r for r, v in zip(rec.returned, rec.visits, strict=True) if v == 1)
     assert len(first) == len(last) == 4
@@ -113,7 +113,7 @@ def test_rings_carry_statistics_with_the_model():
     sim, rec = run(algorithm="fedsr", clients=4, **{"algorithm.clusters": 2,
                                                     "algorithm.ring_passes": 2})
     n = sizes(sim)
-    rings = sim.algorithm.edges
+    rings = sim.side.algorithm.edges
     assert len(rings) == 2
     ends = []
     for ring in rings:  # the rings run side by side: follow each ring's hops in their order

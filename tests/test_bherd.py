@@ -140,13 +140,13 @@ def test_bherd_scaffold_with_zero_control_variates_is_bherd():
     assert torch.allclose(scaf.final_state.w, plain.final_state.w, rtol=1e-6, atol=1e-7)
     # full participation from c = c_i = 0: the server's c is the p_i-weighted mean of the
     # clients' c_i (SCAFFOLD's rule: the same weights as the model step)
-    ids = sorted(scaf.client_states)
-    cs = torch.stack([scaf.client_states[i].c_i for i in ids])
-    sizes = torch.tensor([len(scaf.client_indices[i]) for i in ids], dtype=torch.float32)
+    ids = sorted(scaf.side.clients.states)
+    cs = torch.stack([scaf.side.clients.states[i].c_i for i in ids])
+    sizes = torch.tensor([len(scaf.side.client_indices[i]) for i in ids], dtype=torch.float32)
     assert torch.allclose(scaf.final_state.c, (sizes / sizes.sum()) @ cs, atol=1e-6)
     assert float(cs.norm()) > 0
     uniform = run({"algorithm": "bherd-scaffold", "rounds": 1, "algorithm.weighting": "uniform"})
-    cs = torch.stack([uniform.client_states[i].c_i for i in ids])
+    cs = torch.stack([uniform.side.clients.states[i].c_i for i in ids])
     assert torch.allclose(uniform.final_state.c, cs.mean(0), atol=1e-6)
 
 
@@ -163,10 +163,10 @@ def test_bherd_scaffold_option_one_is_the_gradient_at_the_received_model(executo
     received = sim.buffers.clone()
     assert received.numel() > 0  # the model has BatchNorm statistics
     sim.run()
-    for i, indices in enumerate(sim.client_indices):
-        sim.model.buffers.copy_(received)
-        grad = sim.trainer.full_gradient(sim.w0, indices)
-        assert torch.allclose(sim.client_states[i].c_i, grad, atol=1e-6)
+    for i, indices in enumerate(sim.side.client_indices):
+        sim.side.model.buffers.copy_(received)
+        grad = sim.side.trainer.full_gradient(sim.w0, indices)
+        assert torch.allclose(sim.side.clients.states[i].c_i, grad, atol=1e-6)
 
 
 def test_bherd_fednova_equals_bherd_when_steps_are_equal():
@@ -178,8 +178,8 @@ def test_bherd_fednova_equals_bherd_when_steps_are_equal():
 
 def test_fixed_order_walks_on_through_the_data_across_rounds():
     sim = run({"algorithm": "bherd", "local_epochs": 0.5, "rounds": 1})
-    per_epoch = len(sim.client_indices[0]) // 32
-    assert sim.client_states[0].cursor == per_epoch // 2
+    per_epoch = len(sim.side.client_indices[0]) // 32
+    assert sim.side.clients.states[0].cursor == per_epoch // 2
 
 
 def test_diagnostics_and_learning(tmp_path):
@@ -188,7 +188,7 @@ def test_diagnostics_and_learning(tmp_path):
     assert sim.summary_["final_accuracy"] > 0.6
     records = [json.loads(line) for line in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1, 2, 3, 4]
-    tau = len(sim.client_indices[0]) // 32
+    tau = len(sim.side.client_indices[0]) // 32
     kept = records[0]["kept_indices"]["0"]
     assert len(kept) == tau // 2 and len(set(kept)) == len(kept) and max(kept) < tau
     header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")

@@ -82,7 +82,7 @@ def test_trajectory_equals_the_channels_first_path(factory, shape, executor):
     data = _images(shape)
     sim_cl, rows_cl = _run(factory, data, executor)
     sim_cf, rows_cf = _run(_unregistered(factory), data, executor)
-    assert sim_cl.model.channels_last and not sim_cf.model.channels_last
+    assert sim_cl.side.model.channels_last and not sim_cf.side.model.channels_last
     assert len(rows_cl) == len(rows_cf) == 3
     for a, b in zip(rows_cl, rows_cf, strict=True):
         for key in ("test_loss", "test_accuracy", "train_loss", "train_accuracy"):

@@ -68,7 +68,7 @@ def same_rows(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
 def same_run(a, a_rows, b, b_rows) -> None:
     same_rows(a_rows, b_rows)
     assert_same(a.final_state, b.final_state, "server")
-    assert_same(a.client_states, b.client_states, "clients")
+    assert_same(a.side.clients.states, b.side.clients.states, "clients")
 
 
 # -- results do not depend on the budget --------------------------------------------------------
@@ -76,20 +76,20 @@ def same_run(a, a_rows, b, b_rows) -> None:
 def test_spilling_every_state_gives_the_run_kept_in_memory(case):
     kept, kept_rows = simulate(case)
     spilled, spilled_rows = simulate(case, client_state_memory_mb=SPILL)
-    store = spilled.client_states
+    store = spilled.side.clients.states
     assert store.spills > 0 and store.loads > 0, "no state went to a file and came back"
-    assert kept.client_states.spills == 0 and kept.client_states.loads == 0
+    assert kept.side.clients.states.spills == 0 and kept.side.clients.states.loads == 0
     same_run(spilled, spilled_rows, kept, kept_rows)
 
 
 def test_a_budget_of_a_few_states_keeps_the_recent_ones_and_the_same_results(tmp_path):
     """A budget of two SCAFFOLD states: at most two stay resident, the rest are read back."""
     probe, _ = simulate("scaffold", rounds=1)
-    one = state_nbytes(next(iter(probe.client_states.values())))
+    one = state_nbytes(next(iter(probe.side.clients.states.values())))
     budget = 2 * one / 2**20
     kept, kept_rows = simulate("scaffold", rounds=4)
     small, small_rows = simulate("scaffold", tmp_path, rounds=4, client_state_memory_mb=budget)
-    store = small.client_states
+    store = small.side.clients.states
     assert len(store.resident()) <= 2 and store.resident_bytes <= 2 * one
     assert store.loads > 0
     same_run(small, small_rows, kept, kept_rows)
@@ -100,8 +100,8 @@ def test_the_other_executors_work_with_spilled_states(executor):
     extra = {"workers": 2} if executor == "workers" else {"executor": "batched"}
     kept, kept_rows = simulate("scaffold", **extra)
     spilled, spilled_rows = simulate("scaffold", client_state_memory_mb=SPILL, **extra)
-    assert spilled.executor.name == kept.executor.name
-    assert spilled.client_states.loads > 0
+    assert spilled.side.executor.name == kept.side.executor.name
+    assert spilled.side.clients.states.loads > 0
     same_run(spilled, spilled_rows, kept, kept_rows)
 
 
@@ -114,7 +114,7 @@ def test_a_resume_from_spilled_states_equals_the_uninterrupted_run(case, tmp_pat
     assert len(rows) == 2
     same_rows(rows, whole_rows[-2:])
     assert_same(resumed.final_state, whole.final_state, "server")
-    assert_same(resumed.client_states, whole.client_states, "clients")
+    assert_same(resumed.side.clients.states, whole.side.clients.states, "clients")
 
 
 class Kill:
@@ -142,7 +142,7 @@ def test_states_spilled_after_the_checkpoint_are_not_read_on_resume(tmp_path):
     resumed, rows = simulate("scaffold", tmp_path, resume=True, rounds=4, checkpoint_every=2,
                              client_state_memory_mb=SPILL)
     same_rows(rows, whole_rows[-2:])
-    assert_same(resumed.client_states, whole.client_states, "clients")
+    assert_same(resumed.side.clients.states, whole.side.clients.states, "clients")
 
 
 def test_a_missing_state_file_is_one_line(tmp_path):
@@ -171,7 +171,7 @@ def test_a_checkpoint_writes_only_the_clients_of_its_round(tmp_path):
     ckpt = RunStore(tmp_path).load_checkpoint()
     assert "clients" not in ckpt  # no state inline: a manifest of files
     manifest = ckpt["client_store"]
-    sampled = [sample_clients(sim.loop, 6, k) for k in range(3)]
+    sampled = [sample_clients(sim.parts.loop, 6, k) for k in range(3)]
     assert manifest["changed"].tolist() == sampled[2]
     for k in (1, 2):  # round k + 1's checkpoint added the files of round k + 1's clients only
         new = listing.after[k + 1] - listing.after[k]
@@ -192,12 +192,12 @@ def test_clients_never_sampled_never_get_a_state(tmp_path):
                    local_steps=2)
     sim = assemble(config_of(cfg), store=RunStore(tmp_path), log=lambda _: None)
     made: list[int] = []
-    inner = sim.algorithm.client_init
-    sim.algorithm.client_init = lambda i: made.append(i) or inner(i)
+    inner = sim.side.algorithm.client_init
+    sim.side.algorithm.client_init = lambda i: made.append(i) or inner(i)
     sim.run()
-    sampled = {c for k in range(2) for c in sample_clients(sim.loop, 8, k)}
+    sampled = {c for k in range(2) for c in sample_clients(sim.parts.loop, 8, k)}
     assert len(sampled) < 8
-    assert set(made) == sampled and set(sim.client_states) == sampled
+    assert set(made) == sampled and set(sim.side.clients.states) == sampled
     on_disk = {int(p.name.split("-")[0]) for p in (tmp_path / CLIENT_STATES).iterdir()}
     assert on_disk == sampled
 
@@ -205,7 +205,7 @@ def test_clients_never_sampled_never_get_a_state(tmp_path):
 # -- the store itself ----------------------------------------------------------------------------
 def scaffold_store(budget: int | None, directory: Path | None = None) -> ClientStateStore:
     sim = assemble(config_of(settings("scaffold", rounds=1)), store=None, log=lambda _: None)
-    return ClientStateStore(sim.algorithm, budget, directory)
+    return ClientStateStore(sim.side.algorithm, budget, directory)
 
 
 def test_the_store_keeps_the_budget_and_the_least_recently_used_go_first(tmp_path):
@@ -246,7 +246,7 @@ def test_per_client_diagnostics_beyond_the_column_limit_hold_the_rounds_clients(
                 and k.split("_")[-1].isdigit()]
     records = [json.loads(line) for line in (tmp_path / "diagnostics.jsonl").read_text().splitlines()]
     for k, record in enumerate(records):
-        sampled = {str(c) for c in sample_clients(sim.loop, n, k)}
+        sampled = {str(c) for c in sample_clients(sim.parts.loop, n, k)}
         assert set(record["tau_per_client"]) == sampled
         assert all(v >= 1 for v in record["tau_per_client"].values())
 
@@ -263,10 +263,10 @@ def test_a_client_that_raises_keeps_its_state_as_changed_whatever_the_budget():
     def run(budget: float):
         sim = assemble(config_of(settings("scaffold", rounds=4, client_state_memory_mb=budget)),
                        store=None, log=lambda _: None)
-        sampled = [sample_clients(sim.loop, 6, k) for k in range(4)]
+        sampled = [sample_clients(sim.parts.loop, 6, k) for k in range(4)]
         fail = next((k, c) for k in range(1, 4) for c in sampled[k]
                     if any(c in sampled[j] for j in range(k)))  # a client with a state already
-        inner = sim.algorithm.client_update
+        inner = sim.side.algorithm.client_update
 
         def faulty(message, ctx, state):
             if (ctx.round, ctx.client_id) == fail:
@@ -274,7 +274,7 @@ def test_a_client_that_raises_keeps_its_state_as_changed_whatever_the_budget():
                 raise RuntimeError("after changing its state")
             return inner(message, ctx, state)
 
-        sim.algorithm.client_update = faulty
+        sim.side.algorithm.client_update = faulty
         rows: list[dict[str, Any]] = []
         sim.callbacks.append(rows.append)
         sim.run()
@@ -284,7 +284,7 @@ def test_a_client_that_raises_keeps_its_state_as_changed_whatever_the_budget():
     spilled, spilled_rows, _ = run(SPILL)
     assert next(r for r in kept_rows if r["round"] == round + 1)["clients_failed"] == 1
     same_run(spilled, spilled_rows, kept, kept_rows)
-    assert spilled.client_states.loads > 0
+    assert spilled.side.clients.states.loads > 0
 
 
 def test_a_state_read_back_lands_on_the_stores_device(tmp_path):

@@ -27,7 +27,7 @@ def run(tmp_path=None, **settings) -> tuple[Simulation, list[dict]]:
 
 
 def model_bytes(sim: Simulation) -> int:
-    return sim.model.dim * 4
+    return sim.side.model.dim * 4
 
 
 def test_fedsr_hand_count(tmp_path):
@@ -43,31 +43,31 @@ def test_fedsr_hand_count(tmp_path):
     assert r2["cum_model_transfers"] == 28
     assert r2["cum_device_device_transfers"] == 12
     # the cloud sends the bare model: bytes = transfers × 4 bytes × dim exactly
-    assert sim.comm.total_bytes[("edge-cloud", "down")] == 2 * 2 * model_bytes(sim)
+    assert sim.parts.comm.total_bytes[("edge-cloud", "down")] == 2 * 2 * model_bytes(sim)
     # every hop carries the model plus a few scalars
-    peer = sim.comm.total_bytes[("device-device", "peer")]
+    peer = sim.parts.comm.total_bytes[("device-device", "peer")]
     assert 12 * model_bytes(sim) < peer < 12 * (model_bytes(sim) + 100)
-    assert r2["cum_bytes"] == sum(sim.comm.total_bytes.values())
+    assert r2["cum_bytes"] == sum(sim.parts.comm.total_bytes.values())
 
 
 def test_hierfavg_ring_and_star_hand_counts():
     sim, _ = run(algorithm="hierfavg", **{"algorithm.clusters": 2, "algorithm.kappa2": 3})
     # per round: 2 edges × (down + up) to the cloud; 3 edge rounds × 4 devices × (down + up)
-    assert sim.comm.total_transfers == {"edge-cloud": 2 * 4, "device-edge": 2 * 24}
+    assert sim.parts.comm.total_transfers == {"edge-cloud": 2 * 4, "device-edge": 2 * 24}
     sim, _ = run(algorithm="ring", **{"algorithm.shuffle": False})
     # one hop into every device per round (a fixed ring: the device that ends a round never
     # starts the next, whose hop to itself would cost nothing)
-    assert sim.comm.total_transfers == {"device-device": 2 * 4}
+    assert sim.parts.comm.total_transfers == {"device-device": 2 * 4}
     sim, _ = run(algorithm="fedavg")
-    assert sim.comm.total_transfers == {"device-cloud": 2 * 8}
-    assert sim.comm.total_bytes[("device-cloud", "down")] == 2 * 4 * model_bytes(sim)
+    assert sim.parts.comm.total_transfers == {"device-cloud": 2 * 8}
+    assert sim.parts.comm.total_bytes[("device-cloud", "down")] == 2 * 4 * model_bytes(sim)
 
 
 def test_sampling_counts_only_sampled_devices():
     sim, _ = run(algorithm="fedsr", clients=8, sample_fraction=0.5, rounds=1,
                  **{"algorithm.cluster_size": 2, "algorithm.ring_passes": 1})
     # 4 sampled devices in 2 rings of 2: 2 edge-cloud and 2 device-edge each way, 1 hop per ring
-    assert sim.comm.total_transfers == {"edge-cloud": 4, "device-edge": 4, "device-device": 2}
+    assert sim.parts.comm.total_transfers == {"edge-cloud": 4, "device-edge": 4, "device-device": 2}
 
 
 def test_transfers_to_target():

@@ -73,7 +73,7 @@ def test_one_setting_walks_from_the_command_line_to_the_algorithm(tmp_path: Path
 
     def spy(self, cfg, *a, **kw):
         original(self, cfg, *a, **kw)
-        seen.append(self.algorithm.params.mu)
+        seen.append(self.side.algorithm.params.mu)
 
     monkeypatch.setattr(Simulation, "__init__", spy)
     out = tmp_path / "run"

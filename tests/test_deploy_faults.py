@@ -104,7 +104,7 @@ def test_a_killed_supernode_is_dropped_for_the_rounds_it_misses_and_rejoins(tmp_
             return DROPPED if client_id == 1 and first <= round + 1 < back else OK
 
     local = assemble(config_of(SETTINGS), store=None, log=lambda _: None)
-    local.faults = Offline.from_config(config_of(SETTINGS))
+    local.parts.faults = Offline.from_config(config_of(SETTINGS))
     local.run()
     remote = read_checkpoint(out / "checkpoint.pt")["server"]["w"]
     assert torch.allclose(remote, local.final_state.w, atol=1e-6, rtol=0)

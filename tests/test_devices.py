@@ -43,8 +43,8 @@ def test_no_tensor_is_created_off_the_run_device(case, executor):
     values = {**BASE, **settings, "executor": executor, "rounds": 1}
     lines: list[str] = []
     sim = assemble(config_of(values), log=lines.append)
-    sim.runner = _on_meta(sim.runner)
-    sim.algorithm.init = _on_meta(sim.algorithm.init)
-    sim.clients.run_client = _on_meta(sim.clients.run_client)
+    sim.parts.runner = _on_meta(sim.parts.runner)
+    sim.side.algorithm.init = _on_meta(sim.side.algorithm.init)
+    sim.side.clients.run_client = _on_meta(sim.side.clients.run_client)
     sim.run()
     assert lines == []  # no client failed (a failure is logged and the round goes on)

@@ -55,8 +55,8 @@ def simulation(**settings) -> Simulation:
 def fedsr_edges_one_by_one(sim: Simulation, order: list[int]) -> ServerState:
     """Round 0 of FedSR by hand: each edge's ring alone, in `order`, every hop a sequential
     client update (Algorithm 1 through the public roles); the cloud aggregates in edge order."""
-    algo, state = sim.algorithm, sim.algorithm.init(sim.w0)
-    groups = dict(algo.edge_groups(range(sim.run_info.num_clients), 0))
+    algo, state = sim.side.algorithm, sim.side.algorithm.init(sim.w0)
+    groups = dict(algo.edge_groups(range(sim.side.run_info.num_clients), 0))
     reports = {}
     for edge_id in order:
         ring = groups[edge_id]
@@ -73,8 +73,8 @@ def fedsr_edges_one_by_one(sim: Simulation, order: list[int]) -> ServerState:
 
 def hierfavg_edges_one_by_one(sim: Simulation, order: list[int]) -> ServerState:
     """Round 0 of HierFAVG by hand: each edge's `κ2` iterations alone, in `order`."""
-    algo, state = sim.algorithm, sim.algorithm.init(sim.w0)
-    groups = dict(algo.edge_groups(range(sim.run_info.num_clients), 0))
+    algo, state = sim.side.algorithm, sim.side.algorithm.init(sim.w0)
+    groups = dict(algo.edge_groups(range(sim.side.run_info.num_clients), 0))
     reports = {}
     for edge_id in order:
         members = groups[edge_id]
@@ -98,7 +98,7 @@ def test_lockstep_round_equals_edges_one_after_another(request, settings, by_han
     common = {**settings, **model, "clients": 9, "rounds": 1}
     engine = simulation(**common)
     engine.run()
-    edges = [m for m, _ in engine.algorithm.edge_groups(range(9), 0)]
+    edges = [m for m, _ in engine.side.algorithm.edge_groups(range(9), 0)]
     assert len(edges) == 3
     for order in (edges, edges[::-1]):
         expected = by_hand(simulation(**common), order)
@@ -118,7 +118,7 @@ class StackSpy:
         self.stacks: list[set[int]] = []
         self.sizes: list[int] = []
         """`len(jobs)` of each call, to check that the parked clients are exactly the stack."""
-        run_client, sgd_many = sim.clients.run_client, sim.executor.cohort.sgd_many
+        run_client, sgd_many = sim.side.clients.run_client, sim.side.executor.cohort.sgd_many
         spy = self
 
         class Trainer:
@@ -143,8 +143,8 @@ class StackSpy:
             self.stacks.append(set(self.parked))
             return sgd_many(jobs)
 
-        sim.clients.run_client = spied_run_client
-        sim.executor.cohort.sgd_many = stacked
+        sim.side.clients.run_client = spied_run_client
+        sim.side.executor.cohort.sgd_many = stacked
 
     def check(self) -> list[set[int]]:
         assert self.sizes == [len(s) for s in self.stacks]
@@ -152,7 +152,7 @@ class StackSpy:
 
 
 def edge_of(sim: Simulation) -> dict[int, int]:
-    return {d: m for m, devices in enumerate(sim.algorithm.edges) for d in devices}
+    return {d: m for m, devices in enumerate(sim.side.algorithm.edges) for d in devices}
 
 
 def test_fedsr_stacks_one_hop_of_every_ring():
@@ -188,7 +188,7 @@ def test_failure_mid_ring_same_under_both_executors():
     the second pass, and its ring goes on from the device before it."""
     settings = {**FEDSR, "algorithm.clusters": 2, "clients": 8, "rounds": 2}
     probe = simulation(**settings)
-    (_, ring0), _ = probe.algorithm.edge_groups(range(8), 0)
+    (_, ring0), _ = probe.side.algorithm.edge_groups(range(8), 0)
     culprit = ring0[1]
     runs = {}
     for executor in ("sequential", "batched"):
@@ -204,7 +204,7 @@ def test_failure_mid_ring_same_under_both_executors():
     assert said == f"round 1: client {culprit} failed and is dropped for the round: " \
         "RuntimeError: disk on fire"
     assert re.fullmatch(r"(tests/)?faulty\.py:\d+ in faulty\)", where)
-    assert seq.comm.state() == bat.comm.state()
+    assert seq.parts.comm.state() == bat.parts.comm.state()
     first = seq_rows[0]
     assert first["clients_failed"] == 1 and first["clients_returned"] == 7
     # R·Q − 1 = 7 hops in the healthy ring; 7 − 1 in edge 0's (the culprit is skipped once)
@@ -233,7 +233,7 @@ def test_comm_hand_count_two_edges_of_three(executor):
     assert rows[-1]["cum_model_transfers"] == 2 * 18
     sim = simulation(**{**HIERFAVG, "algorithm.clusters": 2}, clients=6, executor=executor, rounds=2)
     sim.run()
-    assert dict(sim.comm.total_transfers) == {"edge-cloud": 2 * 4, "device-edge": 2 * 2 * 2 * 2 * 3}
+    assert dict(sim.parts.comm.total_transfers) == {"edge-cloud": 2 * 4, "device-edge": 2 * 2 * 2 * 2 * 3}
 
 
 # -- runner level: hand-made replies --------------------------------------------------------

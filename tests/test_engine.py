@@ -44,6 +44,22 @@ def test_sampling_fraction_and_determinism():
     assert sample_clients(LoopSettings.from_config(RunConfig()), 20, 3) == list(range(20))
 
 
+def test_a_simulation_holds_what_the_loop_changes_and_reads_the_rest_from_its_parts():
+    """Issue 39: the loop's own state is all a `Simulation` keeps; parts handed in after
+    assembly (`sim.parts.runner`, `sim.side.executor`) are the ones the loop then uses."""
+    sim = assemble(config_of({"dataset": "digits", "clients": 3, "rounds": 2}), log=lambda _: None)
+    runner, rounds = sim.parts.runner, []
+    sim.parts.runner = lambda rc, state, k, clients: (rounds.append((k, rc.executor)),
+                                                      runner(rc, state, k, clients))[1]
+    summary = sim.run()
+    assert set(vars(sim)) == {"parts", "store", "log", "callbacks", "notes", "round_failures",
+                              "w0", "split", "buffers", "start_round", "state", "final_state"}
+    assert rounds == [(0, sim.side.executor), (1, sim.side.executor)]
+    assert sim.side is sim.parts.side and summary["rounds_done"] == 2
+    w = sim.side.algorithm.eval_params(sim.final_state)
+    assert torch.equal(w, sim.side.algorithm.eval_params(sim.state)) and not torch.equal(w, sim.w0)
+
+
 def test_cosine_schedule_endpoints():
     """Rounds k = 0 … K−1 train: the first with η, the last with η_min, the middle halfway."""
     cfg = LocalWork.from_config(RunConfig(lr=0.01, lr_min=1e-5, lr_schedule="cosine", rounds=11))
@@ -78,11 +94,11 @@ def test_bytes_count_every_model_sent():
     cfg = config_of({**BASE, "rounds": 2, "sample_fraction": 0.5})
     sim = assemble(cfg)
     sim.run()
-    model_bytes = sim.model.dim * 4
+    model_bytes = sim.side.model.dim * 4
     # FedAvg: each sampled client gets w and returns Δ plus 3 scalars (8 bytes each).
-    assert sim.comm.total_transfers["device-cloud"] == 2 * 5 * 2
-    down = sim.comm.total_bytes[("device-cloud", "down")]
-    up = sim.comm.total_bytes[("device-cloud", "up")]
+    assert sim.parts.comm.total_transfers["device-cloud"] == 2 * 5 * 2
+    down = sim.parts.comm.total_bytes[("device-cloud", "down")]
+    up = sim.parts.comm.total_bytes[("device-cloud", "up")]
     assert down == 2 * 5 * model_bytes
     assert up == 2 * 5 * (model_bytes + 3 * 8)
 
@@ -90,8 +106,8 @@ def test_bytes_count_every_model_sent():
 def test_central_uses_all_data_as_one_client():
     cfg = config_of({**BASE, "algorithm": "central", "rounds": 1, "local_steps": 5})
     sim = assemble(cfg)
-    assert len(sim.client_indices) == 1
-    assert len(sim.client_indices[0]) == len(sim.data.y_train)
+    assert len(sim.side.client_indices) == 1
+    assert len(sim.side.client_indices[0]) == len(sim.side.data.y_train)
     w0 = sim.w0.clone()
     sim.run()
     assert not torch.equal(sim.final_state.w, w0)

@@ -67,13 +67,13 @@ def _run(case: str, executor: str) -> tuple[Simulation, list[dict]]:
     sim = assemble(cfg, log=lambda _: None, callbacks=[rows.append])
     sim.stacked_jobs = 0
     if executor == "batched":
-        stacked = sim.executor.cohort.sgd_many
+        stacked = sim.side.executor.cohort.sgd_many
 
         def counting(jobs):
             sim.stacked_jobs += len(jobs)
             return stacked(jobs)
 
-        sim.executor.cohort.sgd_many = counting
+        sim.side.executor.cohort.sgd_many = counting
     sim.run()
     return sim, rows
 
@@ -87,10 +87,10 @@ def test_every_registered_algorithm_is_covered():
 def test_batched_follows_sequential(case):
     seq, seq_rows = _run(case, "sequential")
     bat, bat_rows = _run(case, "batched")
-    assert seq.executor_name == "sequential" and bat.executor_name == "batched"
+    assert seq.side.executor.name == "sequential" and bat.side.executor.name == "batched"
     assert (bat.stacked_jobs == 0) == (case in SEQUENTIAL_ANYWAY)
-    w_seq = seq.algorithm.eval_params(seq.final_state)
-    w_bat = bat.algorithm.eval_params(bat.final_state)
+    w_seq = seq.side.algorithm.eval_params(seq.final_state)
+    w_bat = bat.side.algorithm.eval_params(bat.final_state)
     assert float((w_bat - w_seq).norm() / w_seq.norm()) < 1e-5
     assert len(seq_rows) == len(bat_rows)
     for a, b in zip(seq_rows, bat_rows, strict=True):
@@ -195,14 +195,14 @@ def test_full_gradients_are_stacked_across_clients(case):
     values = {**BASE, "algorithm": case, **CASES[case], "executor": "batched"}
     sim = assemble(config_of(values), log=lambda _: None)
     calls: list[int] = []
-    full = sim.executor.cohort.full_gradients
+    full = sim.side.executor.cohort.full_gradients
 
     def counting(jobs):
         if jobs:
             calls.append(len(jobs))
         return full(jobs)
 
-    sim.executor.cohort.full_gradients = counting
+    sim.side.executor.cohort.full_gradients = counting
     sim.run()
     assert calls and max(calls) == BASE["clients"]
 
@@ -212,7 +212,7 @@ def test_a_failing_client_is_reported_not_fatal(executor):
     cfg = config_of({**BASE, "algorithm": "fedavg", "executor": executor})
     sim = assemble(cfg, log=lambda _: None)
     make_client_fail(sim, 2, "disk on fire")
-    state = sim.algorithm.init(sim.w0)
+    state = sim.side.algorithm.init(sim.w0)
     requests = [(i, sim.configure(state, i, 0)) for i in range(4)]
     out = list(sim.client_updates(0, requests))
     assert [cid for cid, _ in out] == [0, 1, 2, 3]
@@ -240,9 +240,9 @@ def test_cuda_without_gpu_is_one_clear_error():
 
 def test_auto_rule_and_chunks():
     cfg = config_of({**BASE, "algorithm": "fedavg"})
-    assert assemble(cfg, log=lambda _: None).executor_name == "sequential"
+    assert assemble(cfg, log=lambda _: None).side.executor.name == "sequential"
     cfg = config_of({**BASE, "algorithm": "fedavg", "model": "logreg", "model_params": {}})
-    assert assemble(cfg, log=lambda _: None).executor_name == "batched"
+    assert assemble(cfg, log=lambda _: None).side.executor.name == "batched"
     # chunks of 3 clients give the same trajectory as one chunk
     one, _ = _run("fedavg", "batched")
     cfg = config_of({**BASE, "algorithm": "fedavg", "executor": "batched", "cohort_chunk": 3})
@@ -270,7 +270,7 @@ def test_batchnorm_model_end_to_end():
         sims[executor] = sim = assemble(cfg, data=data, log=lambda _: None)
         sim.run()
     seq, bat = sims["sequential"], sims["batched"]
-    assert seq.buffers.numel() and bat.executor_name == "batched"
+    assert seq.buffers.numel() and bat.side.executor.name == "batched"
     assert float((bat.final_state.w - seq.final_state.w).norm() / seq.final_state.w.norm()) < 1e-4
     assert torch.allclose(bat.buffers, seq.buffers, atol=1e-4, rtol=1e-4)
 

@@ -298,11 +298,11 @@ def test_edge_ring_skips_an_edge_with_nobody_left():
 def test_ring_of_one_device_bills_no_hop_to_itself():
     sim, _ = simulate("ring", clients=1, rounds=3)
     # the initialiser → device hop of round 0; afterwards the model never leaves the device
-    assert dict(sim.comm.total_transfers) == {"device-device": 1}
+    assert dict(sim.parts.comm.total_transfers) == {"device-device": 1}
     sim, _ = simulate("fedsr", clients=1, rounds=2, **{"algorithm.clusters": 1, "algorithm.ring_passes": 3})
     # per round: cloud ↔ edge and edge ↔ device, but none of the R − 1 = 2 passes to itself
-    assert dict(sim.comm.total_transfers) == {"edge-cloud": 4, "device-edge": 4}
-    assert ("device-device", "peer") not in sim.comm.total_bytes
+    assert dict(sim.parts.comm.total_transfers) == {"edge-cloud": 4, "device-edge": 4}
+    assert ("device-device", "peer") not in sim.parts.comm.total_bytes
 
 
 # -- engine runs ---------------------------------------------------------------------------
@@ -331,21 +331,21 @@ def test_all_clients_dropped_keeps_the_initial_model(algo):
     sim, lines = simulate(algo, client_dropout=1.0, **edges)
     assert torch.equal(sim.final_state.w, sim.w0)
     assert lines.count("round 1: no client returned; server state kept") == 1
-    assert sim.comm.total_transfers.get("device-device", 0) == 0
+    assert sim.parts.comm.total_transfers.get("device-device", 0) == 0
 
 
 def test_a_raising_client_is_dropped_and_the_run_finishes():
     cfg = config_of({**BASE, "algorithm": "fedavg"})
     lines: list[str] = []
     sim = assemble(cfg, store=None, log=lines.append)
-    update = sim.algorithm.client_update
+    update = sim.side.algorithm.client_update
 
     def flaky(message, ctx, state):
         if ctx.client_id == 4 and ctx.round == 1:
             raise ValueError("simulated crash")
         return update(message, ctx, state)
 
-    sim.algorithm.client_update = flaky
+    sim.side.algorithm.client_update = flaky
     rows: list[dict] = []
     sim.callbacks.append(rows.append)
     summary = sim.run()
@@ -367,8 +367,8 @@ def test_a_resumed_run_drops_the_same_clients(tmp_path):
     cfg2 = config_of({**BASE, "rounds": 2, **settings}, "test")
     assemble(cfg2, store=RunStore(tmp_path), log=lambda _: None).run()
     resumed = assemble(cfg, store=RunStore(tmp_path), log=lambda _: None)
-    runner, rounds = resumed.runner, []
-    resumed.runner = lambda rc, state, k, clients: (rounds.append(k), runner(rc, state, k, clients))[1]
+    runner, rounds = resumed.parts.runner, []
+    resumed.parts.runner = lambda rc, state, k, clients: (rounds.append(k), runner(rc, state, k, clients))[1]
     resumed.run(resume=True)
     assert rounds == [2, 3]  # it did continue from the checkpoint
     assert torch.equal(resumed.final_state.w, whole.final_state.w)

@@ -19,7 +19,7 @@ def test_every_caller_sees_the_runs_partition(validation_fraction):
                 "validation_fraction": validation_fraction, "rounds": 1}
     cfg = config_of(settings)
     sim = assemble(cfg)
-    sizes = tuple(len(p) for p in sim.partition)
+    sizes = tuple(len(p) for p in sim.side.partition)
     assert client_sizes(settings) == sizes
     counts = describe_partition(dict(settings), out=lambda _: None)
     assert tuple(counts.sum(axis=1)) == sizes

@@ -460,14 +460,14 @@ def test_resumed_run_matches_uninterrupted(tmp_path):
     store = RunStore(out)
     store.write_config(cfg.to_dict())
     sim = assemble(cfg, store=store, log=lambda *_: None)
-    aggregate = sim.algorithm.aggregate
+    aggregate = sim.side.algorithm.aggregate
 
     def stop_at_four(state, round, replies):
         if round == 4:
             raise KeyboardInterrupt
         return aggregate(state, round, replies)
 
-    sim.algorithm.aggregate = stop_at_four
+    sim.side.algorithm.aggregate = stop_at_four
     with pytest.raises(KeyboardInterrupt):
         sim.run()
     execute(None, out, resume=True, log=lambda *_: None)

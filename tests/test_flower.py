@@ -91,8 +91,8 @@ def test_every_algorithms_client_state_survives_packing():
         settings = {**BASE, "algorithm": name, "clients": 4, "rounds": 1, **ALGORITHM_SETTINGS.get(name, {})}
         sim = assemble(config_of(settings), store=None, log=lambda _: None)
         sim.run()
-        for client_id, state in sim.client_states.items():
-            back = unpack_state(pack_state(state), sim.algorithm, client_id)
+        for client_id, state in sim.side.clients.states.items():
+            back = unpack_state(pack_state(state), sim.side.algorithm, client_id)
             assert type(back) is type(state), name
             if state is not None:
                 assert_same(back, state, name)
@@ -103,10 +103,10 @@ def test_a_client_state_packed_before_states_were_typed_still_unpacks():
     """A node's `Context.state` packed by an older fedhet held the raw value (SCAFFOLD's `c_i`
     tensor); it unpacks as the typed state."""
     sim = assemble(config_of({**BASE, "algorithm": "scaffold"}), store=None, log=lambda _: None)
-    c_i = torch.randn(sim.model.dim)
+    c_i = torch.randn(sim.side.model.dim)
     buf = io.BytesIO()
     torch.save(c_i, buf)
-    back = unpack_state(ConfigRecord({"state": buf.getvalue()}), sim.algorithm, 0)
+    back = unpack_state(ConfigRecord({"state": buf.getvalue()}), sim.side.algorithm, 0)
     assert torch.equal(back.c_i, c_i)
 
 
@@ -196,7 +196,7 @@ def run_both(settings: dict[str, Any], timeout: float = 0.5):
     grid = InProcessGrid(settings, cfg.clients)
     cfg = config_of(settings)
     remote = server_run(cfg, None, grid, round_timeout=timeout, log=lambda _: None)
-    remote.executor.roster.wait_for_all(1.0)
+    remote.side.executor.roster.wait_for_all(1.0)
     summary = remote.run()
     return local, remote, grid, summary
 
@@ -205,7 +205,7 @@ def run_both(settings: dict[str, Any], timeout: float = 0.5):
 def test_server_app_matches_in_process_engine(algorithm):
     local, remote, grid, _ = run_both({**BASE, "algorithm": algorithm})
     assert torch.allclose(remote.final_state.w, local.final_state.w, atol=1e-6, rtol=0)
-    assert remote.comm.state() == local.comm.state()
+    assert remote.parts.comm.state() == local.parts.comm.state()
     assert [t for _, t in grid.pushed].count("train") == BASE["clients"] * BASE["rounds"]
 
 
@@ -225,7 +225,7 @@ def test_every_registered_algorithm_runs_through_flower_messages(algorithm):
     settings = {**BASE, "algorithm": algorithm, "clients": 4, **ALGORITHM_SETTINGS.get(algorithm, {})}
     local, remote, _, _ = run_both(settings)
     assert torch.equal(remote.final_state.w, local.final_state.w)
-    assert remote.comm.state() == local.comm.state()
+    assert remote.parts.comm.state() == local.parts.comm.state()
 
 
 # A client-stateful algorithm and a chain topology (each client trains on its predecessor's
@@ -285,10 +285,10 @@ def test_client_state_lives_in_the_node_context(test_algorithms):
     settings = {**BASE, "algorithm": CountingAvg.name, "rounds": 3}
     local, remote, grid, _ = run_both(settings)
     assert torch.allclose(remote.final_state.w, local.final_state.w, atol=1e-6, rtol=0)
-    assert remote.client_states == {}  # the server holds no client state ...
+    assert remote.side.clients.states == {}  # the server holds no client state ...
     for ctx in grid.contexts.values():  # ... each node holds its own
         record = ctx.state.config_records["fedhet.client-state"]
-        assert unpack_state(record, remote.algorithm, 0).n == 3
+        assert unpack_state(record, remote.side.algorithm, 0).n == 3
 
 
 def test_nodes_train_through_the_runs_executor(monkeypatch):
@@ -322,7 +322,7 @@ def test_a_failing_client_fails_its_node_clearly(monkeypatch):
         config_of(settings), None, InProcessGrid(settings, BASE["clients"]), round_timeout=0.5,
         log=lambda _: None,
     )
-    remote.executor.roster.wait_for_all(1.0)
+    remote.side.executor.roster.wait_for_all(1.0)
     with pytest.raises(FedhetError, match=r"client 0 failed in round 1: .*bad local data"):
         remote.run()
 
@@ -331,9 +331,9 @@ def test_relayed_topology_runs_unchanged_and_counts_peer_hops(test_algorithms):
     settings = {**BASE, "algorithm": ChainAvg.name}
     local, remote, grid, _ = run_both(settings)
     assert torch.allclose(remote.final_state.w, local.final_state.w, atol=1e-6, rtol=0)
-    assert remote.comm.state() == local.comm.state()
-    peer = remote.comm.state()["bytes"][("device-device", "peer")]
-    assert peer == BASE["rounds"] * (BASE["clients"] - 1) * local.model.dim * 4
+    assert remote.parts.comm.state() == local.parts.comm.state()
+    peer = remote.parts.comm.state()["bytes"][("device-device", "peer")]
+    assert peer == BASE["rounds"] * (BASE["clients"] - 1) * local.side.model.dim * 4
 
 
 def test_silent_node_is_dropped_and_the_run_goes_on():
@@ -341,11 +341,11 @@ def test_silent_node_is_dropped_and_the_run_goes_on():
     grid_probe = InProcessGrid(settings, 3)
     cfg = config_of(settings)
     remote = server_run(cfg, None, grid_probe, round_timeout=0.3, log=lambda _: None)
-    remote.executor.roster.wait_for_all(1.0)
+    remote.side.executor.roster.wait_for_all(1.0)
     grid_probe.silent = {102}  # node of client 2 goes quiet after joining
     summary = remote.run()
     assert summary["finished"] and summary["rounds_done"] == 3
-    assert 2 not in remote.executor.roster.node_of and 102 in remote.executor.roster.ignored
+    assert 2 not in remote.side.executor.roster.node_of and 102 in remote.side.executor.roster.ignored
     trains = [n for n, t in grid_probe.pushed if t == "train"]
     assert trains.count(102) == 1  # tried once, then left out
     assert trains.count(100) == trains.count(101) == 3
@@ -358,7 +358,7 @@ def test_each_dropped_client_is_reported_in_each_round():
     cfg = config_of(settings)
     lines: list[str] = []
     remote = server_run(cfg, None, grid, round_timeout=0.3, log=lines.append)
-    remote.executor.roster.wait_for_all(1.0)
+    remote.side.executor.roster.wait_for_all(1.0)
     grid.silent = {102}
     remote.run()
     assert lines == [
@@ -384,7 +384,7 @@ def test_a_node_that_left_is_dropped_until_its_partition_rejoins():
     grid = InProcessGrid(settings, 3)
     lines: list[str] = []
     remote = server_run(cfg, None, grid, round_timeout=5.0, log=lines.append)
-    remote.executor.roster.wait_for_all(1.0)
+    remote.side.executor.roster.wait_for_all(1.0)
     push = grid.push_messages
 
     def offline_node_102(messages):
@@ -414,15 +414,15 @@ def test_a_node_that_left_is_dropped_until_its_partition_rejoins():
         "fedhet: round 3: dropped client 2: its SuperNode left the run in round 2",
         "fedhet: round 4: client 2 rejoined on SuperNode 103 (dropped since round 2)",
     ]
-    assert remote.executor.roster.node_of == {0: 100, 1: 101, 2: 103}
+    assert remote.side.executor.roster.node_of == {0: 100, 1: 101, 2: 103}
 
     class Offline(FaultModel):
         def outcome(self, client_id: int, round: int) -> str:
             return DROPPED if (client_id, round) in {(2, 1), (2, 2)} else OK
 
     local = assemble(cfg, store=None, log=lambda _: None)
-    local.faults = Offline.from_config(cfg)
-    assert isinstance(local.faults, Offline)
+    local.parts.faults = Offline.from_config(cfg)
+    assert isinstance(local.parts.faults, Offline)
     local.run()
     assert torch.allclose(remote.final_state.w, local.final_state.w, atol=1e-6, rtol=0)
 
@@ -434,7 +434,7 @@ def test_a_round_where_no_node_answers_keeps_the_server_state():
     lines: list[str] = []
     remote = server_run(config_of(settings), None, grid, round_timeout=0.2,
                                 log=lines.append)
-    remote.executor.roster.wait_for_all(1.0)
+    remote.side.executor.roster.wait_for_all(1.0)
     grid.silent = {100, 101, 102}
     rows: list[dict[str, Any]] = []
     remote.callbacks.append(rows.append)
@@ -450,7 +450,7 @@ def test_silent_node_on_a_relayed_topology_fails_clearly(test_algorithms):
     grid = InProcessGrid(settings, 3)
     cfg = config_of(settings)
     remote = server_run(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
-    remote.executor.roster.wait_for_all(1.0)
+    remote.side.executor.roster.wait_for_all(1.0)
     grid.silent = {101}
     with pytest.raises(FedhetError, match="cannot skip a client"):
         remote.run()
@@ -462,7 +462,7 @@ def test_node_with_a_different_partition_is_refused():
     cfg = config_of(settings)
     remote = server_run(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
     with pytest.raises(FedhetError, match="different partition"):
-        remote.executor.roster.wait_for_all(1.0)
+        remote.side.executor.roster.wait_for_all(1.0)
 
 
 def test_missing_nodes_are_reported_by_partition_id():
@@ -471,7 +471,7 @@ def test_missing_nodes_are_reported_by_partition_id():
     cfg = config_of(settings)
     remote = server_run(cfg, None, grid, round_timeout=0.3, log=lambda _: None)
     with pytest.raises(FedhetError, match="missing partition-id 2"):
-        remote.executor.roster.wait_for_all(0.2)
+        remote.side.executor.roster.wait_for_all(0.2)
 
 
 # -- real processes on 127.0.0.1 ----------------------------------------------------------

@@ -86,7 +86,7 @@ def run(settings: dict) -> Simulation:
 
 def test_grab_fedavg_keeps_its_order_across_rounds_and_learns():
     sim = run({"algorithm": "grab-fedavg", "local_epochs": 0.5, "rounds": 4})
-    for state in sim.client_states.values():
+    for state in sim.side.clients.states.values():
         n = len(state.order)
         assert sorted(state.order.tolist()) == list(range(n))
         assert state.order.tolist() != list(range(n))  # reordered after the first epoch

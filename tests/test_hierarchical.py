@@ -29,17 +29,17 @@ def simulate(**settings) -> Simulation:
 
 def final_w(**settings) -> torch.Tensor:
     sim = simulate(**settings)
-    return sim.algorithm.eval_params(sim.final_state)
+    return sim.side.algorithm.eval_params(sim.final_state)
 
 
 def test_ring_of_one_device_is_local_sgd():
     sim = simulate(algorithm="ring", clients=1, rounds=1, momentum=0.5, local_epochs=2)
-    indices = sim.client_indices[0]
+    indices = sim.side.client_indices[0]
     tau = 2 * len(indices) // 32
     cfg = config_of({**BASE, "algorithm": "fedavg", "clients": 1, "rounds": 1}, "t")
     fresh = assemble(cfg, store=None, log=lambda _: None)
-    batches = fresh.trainer.batches(indices, 32, tau, stream_seed(3, 0, 0, 0))
-    w, steps, _ = fresh.trainer.sgd(fresh.w0, batches, SGDConfig(0.05, 0.5))
+    batches = fresh.side.trainer.batches(indices, 32, tau, stream_seed(3, 0, 0, 0))
+    w, steps, _ = fresh.side.trainer.sgd(fresh.w0, batches, SGDConfig(0.05, 0.5))
     assert steps == tau
     assert torch.equal(sim.final_state.w, w)
     assert not torch.equal(w, fresh.w0)
@@ -66,15 +66,15 @@ def test_hierfavg_kappa1_sets_local_steps_and_kappa2_repeats_edge_rounds():
     sim = simulate(algorithm="hierfavg", clients=4, rounds=1,
                    **{"algorithm.clusters": 2, "algorithm.kappa1": 2, "algorithm.kappa2": 3})
     # 4 devices × 3 edge rounds × 2 steps each, every update counted once down and once up
-    row = sim.comm.close_round()  # already closed: nothing left this round
+    row = sim.parts.comm.close_round()  # already closed: nothing left this round
     assert row["model_transfers"] == 0
-    assert sim.comm.total_transfers["device-edge"] == 4 * 3 * 2
+    assert sim.parts.comm.total_transfers["device-edge"] == 4 * 3 * 2
 
 
 def test_fedsr_cloud_aggregation_is_eq_15():
     cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 4,
                                     "algorithm.clusters": 2}, "t")
-    algo = assemble(cfg, store=None, log=lambda _: None).algorithm
+    algo = assemble(cfg, store=None, log=lambda _: None).side.algorithm
     w1, w2 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 4.0])
     replies = [Reply(0, Message({"w": w1}, {"num_samples": 30.0, "train_loss": 1.0})),
                Reply(1, Message({"w": w2}, {"num_samples": 10.0, "train_loss": 3.0}))]
@@ -104,14 +104,14 @@ def test_ring_order_is_redrawn_per_round_and_fixed_per_seed():
 def test_sampling_and_per_round_regrouping():
     cfg = config_of({**BASE, "algorithm": "fedsr", "clients": 12,
                                     "algorithm.cluster_size": 4}, "t")
-    algo = assemble(cfg, store=None, log=lambda _: None).algorithm
+    algo = assemble(cfg, store=None, log=lambda _: None).side.algorithm
     sampled = [0, 2, 3, 5, 7, 8, 11]
     groups = algo.edge_groups(sampled, round=4)
     assert sorted(d for _, g in groups for d in g) == sampled
     assert [len(g) for _, g in groups] == [4, 3]
     cfg = config_of({**BASE, "algorithm": "hierfavg", "clients": 8,
                                     "algorithm.clusters": 4}, "t")
-    algo = assemble(cfg, store=None, log=lambda _: None).algorithm
+    algo = assemble(cfg, store=None, log=lambda _: None).side.algorithm
     assert [m for m, _ in algo.edge_groups([0, 1, 6], round=0)] == [0, 3]
 
 
@@ -188,15 +188,15 @@ def test_a_failed_device_does_not_shift_the_passes_of_the_others(monkeypatch):
     sim = assemble(cfg, store=None, log=lambda _: None)
     make_client_fail(sim, 1, "down")
     samples: list[float] = []
-    aggregate = sim.algorithm.edge_aggregate
+    aggregate = sim.side.algorithm.edge_aggregate
 
     def edge_aggregate(edge, round, replies):
         out = aggregate(edge, round, replies)
         samples.append(out["samples"])
         return out
 
-    sim.algorithm.edge_aggregate = edge_aggregate
+    sim.side.algorithm.edge_aggregate = edge_aggregate
     sim.run()
     alive = [0, 2, 3]
     assert sorted(seen) == [(c, v) for c in alive for v in (0, 1)]
-    assert samples == [float(sum(len(sim.client_indices[c]) for c in alive))]
+    assert samples == [float(sum(len(sim.side.client_indices[c]) for c in alive))]

@@ -58,11 +58,11 @@ def test_client_keeps_its_previous_local_model():
     sim = simulate(algorithm="moon", rounds=1)
     w_global = sim.w0
     for i in range(4):
-        prev = sim.client_states[i].w_prev
+        prev = sim.side.clients.states[i].w_prev
         assert prev.shape == w_global.shape and not torch.equal(prev, w_global)
     # the server's new model is the sample-weighted average of the clients' models
-    sizes = torch.tensor([len(sim.client_indices[i]) for i in range(4)], dtype=torch.float64)
-    avg = sum((n / sizes.sum()) * sim.client_states[i].w_prev.double() for i, n in enumerate(sizes))
+    sizes = torch.tensor([len(sim.side.client_indices[i]) for i in range(4)], dtype=torch.float64)
+    avg = sum((n / sizes.sum()) * sim.side.clients.states[i].w_prev.double() for i, n in enumerate(sizes))
     assert torch.allclose(sim.final_state.w.double(), avg, atol=1e-6)
 
 
@@ -181,13 +181,13 @@ def test_moon_contrastive_rounds_run_stacked():
     with their contrastive loss instead of falling back to one at a time."""
     cfg = config_of({**BASE, "algorithm": "moon", "rounds": 2, "executor": "batched"}, "test")
     sim = assemble(cfg, store=None, log=lambda _: None)
-    stacked = sim.executor.cohort.sgd_many
+    stacked = sim.side.executor.cohort.sgd_many
     seen = []
 
     def counting(jobs):
         seen.append(sum(j.loss is not None for j in jobs))
         return stacked(jobs)
 
-    sim.executor.cohort.sgd_many = counting
+    sim.side.executor.cohort.sgd_many = counting
     sim.run()
     assert seen[0] == 0 and sum(seen[1:]) == 4

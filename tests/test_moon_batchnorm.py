@@ -142,9 +142,9 @@ def _sim(executor: str) -> Simulation:
 
 def test_sequential_and_batched_agree_with_batchnorm() -> None:
     seq, bat = _sim("sequential"), _sim("batched")
-    assert bat.executor_name == "batched"
+    assert bat.side.executor.name == "batched"
     assert torch.allclose(seq.final_state.w, bat.final_state.w, atol=1e-4)
     assert torch.allclose(seq.buffers, bat.buffers, atol=1e-4)
     for i in range(3):  # each client keeps its previous model's statistics with the model
-        s, b = seq.client_states[i], bat.client_states[i]
+        s, b = seq.side.clients.states[i], bat.side.clients.states[i]
         assert s.b_prev is not None and torch.allclose(s.b_prev, b.b_prev, atol=1e-4)

@@ -211,7 +211,7 @@ def test_an_own_model_learns_with_the_sequential_executor(sequential):
 def test_two_worker_processes_give_the_sequential_run_bit_for_bit(sequential):
     seq, seq_rows = sequential
     two, rows = simulate(model=f"{MODULE}:mlp", executor="sequential", workers=2)
-    assert isinstance(two.executor, ProcessExecutor)
+    assert isinstance(two.side.executor, ProcessExecutor)
     assert torch.equal(two.final_state.w, seq.final_state.w)
     assert [r["test_accuracy"] for r in rows] == [r["test_accuracy"] for r in seq_rows]
 
@@ -219,7 +219,7 @@ def test_two_worker_processes_give_the_sequential_run_bit_for_bit(sequential):
 def test_the_batched_executor_follows_the_sequential_one(sequential):
     seq, seq_rows = sequential
     bat, rows = simulate(model=f"{MODULE}:mlp", executor="batched")
-    assert bat.executor_name == "batched"
+    assert bat.side.executor.name == "batched"
     w_seq, w_bat = seq.final_state.w, bat.final_state.w
     assert float((w_bat - w_seq).norm() / w_seq.norm()) < 1e-5
     for a, b in zip(seq_rows, rows, strict=True):
@@ -254,7 +254,7 @@ def test_a_registered_factory_gets_its_params_object_with_every_executor(own):
         settings = {"model": "test-own-tiny", "model.hidden": "12", "rounds": 2}
         seq, _ = simulate(executor="sequential", **settings)
         bat, _ = simulate(executor="batched", **settings)
-        assert seq.model.dim == 64 * 12 + 12 + 12 * 10 + 10
+        assert seq.side.model.dim == 64 * 12 + 12 + 12 * 10 + 10
         assert torch.allclose(bat.final_state.w, seq.final_state.w, rtol=1e-5, atol=1e-6)
 
 

@@ -181,7 +181,7 @@ def test_fedhet_run_trains_on_exactly_the_files_clients(tmp_path, capsys, monkey
 
     def spy(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        seen.append(as_lists(self.partition))
+        seen.append(as_lists(self.side.partition))
 
     monkeypatch.setattr(simulation.Simulation, "__init__", spy)
     out = tmp_path / "run"

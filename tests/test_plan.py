@@ -109,8 +109,7 @@ def test_a_simulation_decides_once(monkeypatch):
     lines: list[str] = []
     sim = assemble(cfg(), log=lines.append)
     assert calls == {"plan": 1, "executor": 1, "workers": 1}
-    assert (sim.device, sim.executor_name, sim.workers) == (sim.plan.device, sim.plan.executor,
-                                                          sim.plan.workers)
+    assert sim.side.executor.name == sim.side.plan.executor  # the executor the plan chose
     assert sum(line.startswith("workers:") for line in lines) <= 1
 
 

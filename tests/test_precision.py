@@ -46,7 +46,7 @@ def test_tf32_off_cuda_is_one_line():
 def test_fp32_is_the_default_and_adds_nothing():
     sim_default, rows_default = _run(algorithm="scaffold")
     sim_fp32, rows_fp32 = _run(algorithm="scaffold", precision="fp32")
-    assert sim_default.model.precision == "fp32"
+    assert sim_default.side.model.precision == "fp32"
     assert sim_fp32.final_state.w.equal(sim_default.final_state.w)
     for a, b in zip(rows_default, rows_fp32, strict=True):
         assert a["test_loss"] == b["test_loss"] and a["train_loss"] == b["train_loss"]
@@ -79,7 +79,7 @@ def test_bf16_keeps_weights_and_server_state_in_float32(algorithm):
     state = sim16.final_state
     tensors = [v for v in vars(state).values() if isinstance(v, torch.Tensor)]
     if algorithm == "scaffold":
-        c_i = [sim16.clients.state_of(i).c_i for i in range(4)]
+        c_i = [sim16.side.clients.state_of(i).c_i for i in range(4)]
         assert len(c_i) == 4 and all(isinstance(c, torch.Tensor) for c in c_i)
         tensors += c_i
     assert tensors and all(t.dtype == torch.float32 for t in tensors)
@@ -93,7 +93,7 @@ def test_bf16_batched_executor_and_runs_as_a_batch_match_sequential():
     of the differently ordered passes)."""
     seq, _ = _run(algorithm="scaffold", precision="bf16", executor="sequential")
     bat, _ = _run(algorithm="scaffold", precision="bf16", executor="batched")
-    assert bat.executor_name == "batched"
+    assert bat.side.executor.name == "batched"
     w = seq.final_state.w
     assert float((bat.final_state.w - w).norm() / w.norm()) < 5e-3
 

@@ -137,8 +137,8 @@ def test_partition_heatmap_counts_match_the_runs_partition(runs_dir):
 
     cfg = config_of(config)
     sim = assemble(cfg)  # the partition the run trained on
-    y = sim.data.y_train.numpy()
-    for i, part in enumerate(sim.partition):
+    y = sim.side.data.y_train.numpy()
+    for i, part in enumerate(sim.side.partition):
         assert list(counts[i]) == [int((y[part] == c).sum()) for c in range(10)]
 
 

@@ -66,15 +66,15 @@ def test_states_are_the_algorithms_typed_classes(name):
     object of the same class and leaves the old one as it was; every client state is the
     algorithm's `ClientState` class (or None, for algorithms whose clients keep none)."""
     sim = assemble(config_of(settings(name)), store=None, log=lambda _: None)
-    algo = sim.algorithm
+    algo = sim.side.algorithm
     state = algo.init(sim.w0)
     assert isinstance(state, ServerState) and type(state) is algo.state_class
     before = copy.deepcopy(state.to_record())
-    new, _ = sim.runner(sim, state, 0, list(range(sim.run_info.num_clients)))
+    new, _ = sim.parts.runner(sim.round_context(), state, 0, list(range(sim.side.run_info.num_clients)))
     assert type(new) is type(state) and new is not state
     assert_same(state.to_record(), before, "old state")
-    assert sim.client_states, "no client ran"
-    for client_id, c in sim.client_states.items():
+    assert sim.side.clients.states, "no client ran"
+    for client_id, c in sim.side.clients.states.items():
         if algo.client_state_class is None:
             assert c is None
         else:
@@ -90,9 +90,9 @@ def test_states_round_trip_through_a_checkpoint(name, tmp_path):
     sim, _ = simulate(name, tmp_path, rounds=2)
     ckpt = RunStore(tmp_path).load_checkpoint()
     assert isinstance(ckpt["server"], dict)
-    assert_same(restore_state(sim.algorithm, ckpt["server"]), sim.final_state, "server")
+    assert_same(restore_state(sim.side.algorithm, ckpt["server"]), sim.final_state, "server")
     records = read_records(tmp_path / CLIENT_STATES, ckpt["client_store"])
-    assert_same(restore_clients(sim.algorithm, records), dict(sim.client_states), "clients")
+    assert_same(restore_clients(sim.side.algorithm, records), dict(sim.side.clients.states), "clients")
 
 
 # -- checkpoints written before states were typed --------------------------------------------
@@ -140,7 +140,7 @@ def test_a_checkpoint_from_before_typed_states_resumes_to_the_same_run(name, tmp
     assert len(rows) == 1
     same_row(rows[-1], whole_rows[-1])
     assert_same(resumed.final_state, whole.final_state, "server")
-    assert_same(resumed.client_states, whole.client_states, "clients")
+    assert_same(resumed.side.clients.states, whole.side.clients.states, "clients")
 
 
 # -- the records themselves ------------------------------------------------------------------
@@ -226,7 +226,7 @@ def test_a_resume_puts_the_checkpoints_state_on_the_runs_device(name, tmp_path, 
     monkeypatch.setattr(simulation.states, "on_device", spy)
     resumed, rows = simulate(name, tmp_path, resume=True, rounds=3)
     checkpoints = [(keys, device) for keys, device in seen if isinstance(keys, list) and "round" in keys]
-    assert len(checkpoints) == 1 and checkpoints[0][1] == resumed.device  # the checkpoint, once
+    assert len(checkpoints) == 1 and checkpoints[0][1] == resumed.side.plan.device  # the checkpoint, once
     assert {"server", "buffers"} <= set(checkpoints[0][0])
     same_row(rows[-1], whole_rows[-1])
     assert_same(resumed.final_state, whole.final_state, "server")

@@ -300,7 +300,7 @@ def test_batched_fedprox_with_mu_zero_is_fedavg_bit_for_bit():
     for name, extra in (("fedavg", {}), ("fedprox", {"algorithm_params": {"mu": 0.0}})):
         sim = assemble(config_of({**base, "algorithm": name, **extra}), log=lambda _: None)
         sim.run()
-        assert sim.executor_name == "batched"
+        assert sim.side.executor.name == "batched"
         runs[name] = sim.final_state.w
     assert same_bits(runs["fedavg"], runs["fedprox"])
 

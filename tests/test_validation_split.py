@@ -40,9 +40,9 @@ def test_run_evaluates_on_validation_and_partitions_the_rest():
                                     "validation_fraction": 0.25})
     sim = assemble(cfg)
     total = len(digits().y_train)
-    assert sum(len(ix) for ix in sim.client_indices) == len(sim.data.y_train)
-    assert len(sim.data.y_train) + len(sim.data.y_test) == total
-    assert sim.data.meta["evaluated_on"].startswith("validation")
+    assert sum(len(ix) for ix in sim.side.client_indices) == len(sim.side.data.y_train)
+    assert len(sim.side.data.y_train) + len(sim.side.data.y_test) == total
+    assert sim.side.data.meta["evaluated_on"].startswith("validation")
 
 
 def test_bad_fractions_and_natural_partitions_are_refused():

@@ -75,9 +75,10 @@ def same(a, b) -> bool:
 def test_two_workers_are_bit_identical_to_one(algorithm, extra):
     one, s1 = simulate(1, algorithm=algorithm, **extra)
     two, s2 = simulate(2, algorithm=algorithm, **extra)
-    assert isinstance(two.executor, ProcessExecutor) and not isinstance(one.executor, ProcessExecutor)
+    assert isinstance(two.side.executor, ProcessExecutor)
+    assert not isinstance(one.side.executor, ProcessExecutor)
     assert same(one.final_state, two.final_state)
-    assert same(one.client_states, two.client_states)
+    assert same(one.side.clients.states, two.side.clients.states)
     assert torch.equal(one.buffers, two.buffers)
     assert s1["final_accuracy"] == s2["final_accuracy"] and s1["final_loss"] == s2["final_loss"]
 
@@ -91,7 +92,7 @@ def test_a_client_that_raises_in_a_worker_is_dropped_and_logged_once():
     assert same(sims[1][0].final_state, sims[2][0].final_state)
     assert lines[1] == lines[2]
     assert sum("client 3" in line and "sensor offline" in line for line in lines[2]) == 2  # 2 rounds
-    assert 3 not in sims[2][0].client_states
+    assert 3 not in sims[2][0].side.clients.states
 
 
 def test_divergence_in_a_worker_stops_the_run_at_the_same_round_and_client():
@@ -270,14 +271,15 @@ def test_auto_chosen_workers_are_an_explicit_workers_n(monkeypatch, algorithm, e
     auto, s0 = simulate(0, log=lines.append, algorithm=algorithm, **extra)
     one, s1 = simulate(1, algorithm=algorithm, **extra)
     two, s2 = simulate(2, algorithm=algorithm, **extra)
-    assert isinstance(auto.executor, ProcessExecutor) and auto.workers == auto.executor.workers == 2
+    assert isinstance(auto.side.executor, ProcessExecutor)
+    assert auto.side.plan.workers == auto.side.executor.workers == 2
     assert [line for line in lines if line.startswith("workers:")] == [
-        f"workers: auto → 2 (a round's work ~{auto.round_work:.1e} multiply-adds ≥ 0e+00, the "
-        f"run's ~{2 * auto.round_work:.1e} ≥ 0e+00, 2 usable cores)"
+        f"workers: auto → 2 (a round's work ~{auto.side.round_work:.1e} multiply-adds ≥ 0e+00, the "
+        f"run's ~{2 * auto.side.round_work:.1e} ≥ 0e+00, 2 usable cores)"
     ]
     for sim, summary in ((one, s1), (two, s2)):
         assert same(auto.final_state, sim.final_state)
-        assert same(auto.client_states, sim.client_states)
+        assert same(auto.side.clients.states, sim.side.clients.states)
         assert s0["final_accuracy"] == summary["final_accuracy"]
         assert s0["final_loss"] == summary["final_loss"]
 
@@ -288,8 +290,8 @@ def test_auto_below_the_threshold_is_one_process_and_says_why(monkeypatch):
     monkeypatch.setenv(workers.CORES_ENV, "2")
     lines: list[str] = []
     sim, _ = simulate(0, log=lines.append)  # 6 clients of digits: far below the threshold
-    assert sim.round_work < workers.AUTO_MIN_WORK
-    assert sim.workers == 1 and not isinstance(sim.executor, ProcessExecutor)
+    assert sim.side.round_work < workers.AUTO_MIN_WORK
+    assert sim.side.plan.workers == 1 and not isinstance(sim.side.executor, ProcessExecutor)
     assert lines[0].startswith("workers: auto → 1 (a round's work ~") and "< 3e+08)" in lines[0]
 
 
@@ -307,8 +309,8 @@ def test_auto_never_spreads_the_batched_executor(monkeypatch, settings, executor
     base = {k: v for k, v in BASE.items() if k != "model.hidden"}
     sims = [assemble(config_of({**base, **settings, "seed": s, "workers": 0}), store=None,
                        log=lines.append) for s in (1, 2)]
-    assert [(s.workers, s.executor_name) for s in sims] == [(1, executor)] * 2
-    assert not any(isinstance(s.executor, ProcessExecutor) for s in sims)
+    assert [(s.side.plan.workers, s.side.executor.name) for s in sims] == [(1, executor)] * 2
+    assert not any(isinstance(s.side.executor, ProcessExecutor) for s in sims)
     assert can_share(sims) == [0, 1]
     assert not any(line.startswith("workers:") for line in lines)  # silently
 
@@ -357,7 +359,7 @@ def test_a_flower_server_does_not_weigh_workers(monkeypatch):
     lines: list[str] = []
     server = server_run(config_of({**BASE, "workers": 0}), None, None, round_timeout=1.0,
                         log=lines.append)
-    assert server.workers == 1 and not isinstance(server.executor, ProcessExecutor)
+    assert server.side.plan.workers == 1 and not isinstance(server.side.executor, ProcessExecutor)
     assert lines == []
     local, _ = simulate(0, log=lines.append)  # the same settings in one process: 2 workers
-    assert local.workers == 2
+    assert local.side.plan.workers == 2

@@ -396,16 +396,16 @@ def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
     prepare_out(out, bool(context.run_config.get(FORCE_KEY, False)))
     store = RunStore(out, provenance.of_run)
     store.write_config(cfg.to_dict())
-    rc = server_run(cfg, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)))
-    flower: FlowerExecutor = rc.executor
+    sim = server_run(cfg, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)))
+    flower: FlowerExecutor = sim.side.executor
     if context.run_config.get(NODE_EVENTS_KEY):
         flower.roster.events_file = Path(str(context.run_config[NODE_EVENTS_KEY]))
     t0 = time.perf_counter()
     flower.roster.wait_for_all(float(context.run_config.get(NODE_WAIT_KEY, 300.0)))
     say(f"fedhet: {len(flower.roster.node_of)} SuperNodes joined in {time.perf_counter() - t0:.1f} s")
     t1 = time.perf_counter()
-    rc.callbacks.append(lambda row: say(progress_line(row, cfg.rounds, 0, time.perf_counter() - t1)))
-    summary = rc.run()
+    sim.callbacks.append(lambda row: say(progress_line(row, cfg.rounds, 0, time.perf_counter() - t1)))
+    summary = sim.run()
     summary["cum_wire_bytes"] = flower.wire["total"]
     store.write_summary(summary)
     finished_nodes = len(flower.roster.node_of)

@@ -111,21 +111,23 @@ def can_share(sims: Sequence[Simulation]) -> list[int]:
     """Positions of the runs that can step in one cohort with the first batched one: the batched
     executor, the same model architecture on the same device, computing alike (memory format and
     `precision`), and the same training data (a client's batches are indices into it)."""
-    first = next((s for s in sims if s.executor_name == "batched"), None)
+    sides = [sim.side for sim in sims]
+    first = next((s for s in sides if s.executor.name == "batched"), None)
     if first is None:
         return []
     out = []
-    for i, sim in enumerate(sims):
+    for i, side in enumerate(sides):
+        model, trainer = side.model, side.trainer
         if (
-            sim.executor_name == "batched"
-            and sim.device == first.device
-            and sim.model.layers == first.model.layers
-            and sim.model.precision == first.model.precision
-            and sim.model.channels_last == first.model.channels_last
-            and type(sim.model.module) is type(first.model.module)
-            and sim.trainer.x.shape == first.trainer.x.shape
-            and bool((sim.trainer.x is first.trainer.x) or sim.trainer.x.equal(first.trainer.x))
-            and bool((sim.trainer.y is first.trainer.y) or sim.trainer.y.equal(first.trainer.y))
+            side.executor.name == "batched"
+            and side.plan.device == first.plan.device
+            and model.layers == first.model.layers
+            and model.precision == first.model.precision
+            and model.channels_last == first.model.channels_last
+            and type(model.module) is type(first.model.module)
+            and trainer.x.shape == first.trainer.x.shape
+            and bool((trainer.x is first.trainer.x) or trainer.x.equal(first.trainer.x))
+            and bool((trainer.y is first.trainer.y) or trainer.y.equal(first.trainer.y))
         ):
             out.append(i)
     return out
@@ -146,19 +148,20 @@ def run_together(
     members = [_Member(sim, kw) for sim, kw in zip(sims, kwargs, strict=True)]
     shared_ix = can_share(sims)
     if len(shared_ix) > 1:
-        first = sims[shared_ix[0]]
-        cohort = CohortTrainer(first.model, first.trainer.x, first.trainer.y, log=first.log)
+        first = sims[shared_ix[0]].side
+        cohort = CohortTrainer(first.model, first.trainer.x, first.trainer.y,
+                               log=sims[shared_ix[0]].log)
         cohort.chunk = max(1, (1 << 30) // (3 * 4 * max(first.model.dim, 1)))  # ~1 GiB stacked
         shared = SharedCohort(cohort)
         batch = [members[i] for i in shared_ix]
         for m in batch:
-            m.sim.executor.shared = shared
-            if stacks_evaluation(first.device):
-                m.sim.evaluator.stacked = shared.evaluate_many
+            m.sim.side.executor.shared = shared
+            if stacks_evaluation(first.plan.device):
+                m.sim.parts.evaluator.stacked = shared.evaluate_many
             shared.join()
         for m in batch:
             m.thread = threading.Thread(target=_member_main, args=(m, shared), daemon=True,
-                                        name=f"fedhet-run-{m.sim.loop.seed}")
+                                        name=f"fedhet-run-{m.sim.parts.loop.seed}")
             m.thread.start()
         for m in batch:
             while m.thread.is_alive():
@@ -166,8 +169,8 @@ def run_together(
                 if on_step is not None:
                     on_step()
         for m in batch:
-            m.sim.executor.shared = None
-            m.sim.evaluator.stacked = None
+            m.sim.side.executor.shared = None
+            m.sim.parts.evaluator.stacked = None
     alone = [m for i, m in enumerate(members) if i not in shared_ix or len(shared_ix) == 1]
     for m in alone:
         try:

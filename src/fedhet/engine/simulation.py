@@ -19,7 +19,7 @@ import errno
 import hashlib
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,51 +113,47 @@ class Parts:
 
 
 class Simulation:
-    """One run: its built parts and the loop over rounds (`run`)."""
+    """One run: its built parts (`parts`) and the loop over rounds (`run`).
+
+    It holds what the loop itself changes (the server state, the BatchNorm statistics, the
+    algorithm's notes, the round's failed clients) and reads everything else from `parts`;
+    round runners see a `RunnerContext` of it and callbacks a `RunView`, never the whole."""
 
     def __init__(
         self, parts: Parts, store: RunStore | None = None, log: Callable[[str], None] = print,
         callbacks: Sequence[CallbackLike] = (),
     ) -> None:
+        self.parts = parts
+        """The run's built parts (`fedhet.engine.assembly.assemble`); a test or a caller may
+        hand in another fault model or executor (`parts.faults`, `side.executor`) before `run`."""
         self.store = store
         self.log = log
+        self.callbacks: list[CallbackLike] = list(callbacks)
+        """Told of the run's start, each saved round's metrics row and its end (`run`)."""
         self.notes: list[str] = []
         """The algorithm's remarks so far (`Algorithm.note`), each said once."""
         self.round_failures: list[ClientFailure] = []
         """The clients that failed in the round under way (`rounds._fail`), first one first."""
-        self.callbacks: list[CallbackLike] = list(callbacks)
-        """Told of the run's start, each saved round's metrics row and its end (`run`)."""
         side = parts.side
-        self.loop = parts.loop
-        self.config = parts.config
-        self.data = side.data
-        self.partition = side.partition
-        self.client_indices = side.client_indices
-        self.model = side.model
-        self.trainer = side.trainer
-        self.run_info = side.run_info
-        self.algorithm = side.algorithm
-        self.clients = side.clients
-        self.evaluator = parts.evaluator
-        self.faults = parts.faults
-        self.comm = parts.comm
-        self.runner = parts.runner
-        self.plan = side.plan
-        """Where this run's work runs, and why (`fedhet.engine.plan`): decided once, when built."""
-        self.round_work = side.round_work
-        self.device = self.plan.device
-        self.w0 = self.model.params.clone()
-        self.split = split_digest(self.client_indices)
+        self.w0 = side.model.params.clone()
+        """The initial global model `w^0`."""
+        self.split = split_digest(side.client_indices)
         """The data split this run trains on, stored in every checkpoint (`check_same_split`)."""
-        self.buffers = self.model.buffers.clone()
-        self.executor = side.executor
+        self.buffers = side.model.buffers.clone()
+        """The server's BatchNorm statistics (empty for a model without any)."""
         if store is not None:  # the clients' states wait in the run directory, not in /tmp
-            self.clients.states.attach(store.out / CLIENT_STATES)
-        self.executor_name = self.executor.name
-        self.workers = self.plan.workers
-        """Processes a round's clients are spread over: `workers`, or what `auto` (0) chose."""
+            side.clients.states.attach(store.out / CLIENT_STATES)
         self.start_round = 0
         """The round the current `run` call started after (0, or a checkpoint's round)."""
+        self.state: states.ServerState | None = None
+        """The server state after the last round run (set by `run`)."""
+        self.final_state: states.ServerState | None = None
+        """The server state the last `run` call ended with."""
+
+    @property
+    def side(self) -> ClientSide:
+        """The clients' half of `parts`: data, partition, model, trainer, algorithm, executor."""
+        return self.parts.side
 
     # -- the round runner's protocol -----------------------------------------------------
     def round_context(self) -> RunnerContext:
@@ -165,15 +161,15 @@ class Simulation:
         from the run's parts as they are then (a test or a caller may hand in another fault
         model or executor after assembly)."""
         return RunnerContext(
-            algorithm=self.algorithm, comm=self.comm, faults=self.faults, log=self.log,
+            algorithm=self.side.algorithm, comm=self.parts.comm, faults=self.parts.faults, log=self.log,
             round_failures=self.round_failures, configure=self.configure,
             client_update=self.client_update, client_updates=self.client_updates,
-            executor=self.executor,
+            executor=self.side.executor,
         )
 
     def configure(self, state: states.ServerState, client_id: int, round: int) -> Message:
         """The algorithm's downlink message, plus BatchNorm statistics when the model has any."""
-        message = self.algorithm.configure(state, client_id, round)
+        message = self.side.algorithm.configure(state, client_id, round)
         if self.buffers.numel():
             message.tensors = {**message.tensors, BUFFERS: self.buffers}
         return message
@@ -181,20 +177,14 @@ class Simulation:
     def client_update(self, client_id: int, message: Message, round: int) -> Message:
         """One client whose reply the round needs now, through the run's executor (in process:
         in place on the shared model, as the sequential executor)."""
-        return self.executor.update(client_id, message, round)
-
-    @property
-    def client_states(self) -> Mapping[int, Any]:
-        """Each client's algorithm state between rounds (`ClientWork.states`, a
-        `ClientStateStore`: reading a spilled state loads it)."""
-        return self.clients.states
+        return self.side.executor.update(client_id, message, round)
 
     def client_updates(
         self, round: int, requests: list[tuple[int, Message]]
     ) -> Iterator[tuple[int, Message | ClientFailure]]:
         """The run's executor over independent clients; yields `(client_id, reply)` in request
         order, or `(client_id, ClientFailure)` for a client that raised."""
-        yield from self.executor.run(round, requests)
+        yield from self.side.executor.run(round, requests)
 
     # -- the loop -------------------------------------------------------------------------
     def run(
@@ -211,41 +201,41 @@ class Simulation:
         `status: diverged` with the round and client, and the last good checkpoint is kept. A
         callback that returns a truthy value from `on_round` stops it after that round: the
         summary says `status: stopped`, and a resume continues from there."""
-        state = states.initial_state(self.algorithm, self.w0)
+        state = states.initial_state(self.side.algorithm, self.w0)
         rows: list[dict[str, Any]] = []
         start, elapsed = 0, 0.0
         if resume and self.store is not None:
             ckpt = self.store.load_checkpoint(warn=self.log)
             if ckpt is not None:  # read onto the CPU; its state computes where the model is
-                ckpt = states.on_device(ckpt, self.device)
-                check_resumable(ckpt.get("config"), self.config)
+                ckpt = states.on_device(ckpt, self.side.plan.device)
+                check_resumable(ckpt.get("config"), self.parts.config)
                 check_same_split(ckpt.get("split"), self.split)
                 start, elapsed = ckpt["round"], ckpt["elapsed"]
-                state = states.restore_state(self.algorithm, ckpt["server"])
+                state = states.restore_state(self.side.algorithm, ckpt["server"])
                 self._restore_clients(ckpt, start)
                 self.buffers = ckpt["buffers"]
-                self.comm.restore(ckpt["comm"])
+                self.parts.comm.restore(ckpt["comm"])
                 rows = self.store.restore_rows(start, ckpt, self.log)
             else:  # killed before its first checkpoint: it starts again, with no stale records
                 self.store.rows_until(0)
-                self.clients.states.reset()
+                self.side.clients.states.reset()
         else:
-            self.clients.states.reset()
+            self.side.clients.states.reset()
         if accepted is not None:
             accepted()
         if self.store is not None:
-            self.store.write_plan(self.plan.rows())
+            self.store.write_plan(self.side.plan.rows())
         if not rows:
             rows.append(self._evaluate(state, 0, {}))
-            self.evaluator.check_finite(state, rows[-1], -1)
+            self.parts.evaluator.check_finite(state, rows[-1], -1)
             if self.store is not None:
                 self.store.write_metrics(rows)
         self.start_round = start
         self.state = state
         callbacks = Callbacks([*self.callbacks, *([ProgressBar()] if progress else [])])
         callbacks.start(RunView(
-            self.store.out if self.store is not None else None, self.config, self.loop.rounds,
-            start, lambda: self.algorithm.eval_params(self.state), self.global_state_dict,
+            self.store.out if self.store is not None else None, self.parts.config, self.parts.loop.rounds,
+            start, lambda: self.side.algorithm.eval_params(self.state), self.global_state_dict,
         ))
         summary = None
         try:
@@ -259,17 +249,17 @@ class Simulation:
         callbacks: Callbacks,
     ) -> dict[str, Any]:
         """Rounds `start + 1 … loop.rounds`; the run's summary."""
-        loop = self.loop
+        loop = self.parts.loop
         t_start = time.perf_counter() - elapsed
         try:
             for k in range(start, loop.rounds):
                 t0 = time.perf_counter()
-                clients = sample_clients(loop, self.run_info.num_clients, k)
+                clients = sample_clients(loop, self.side.run_info.num_clients, k)
                 self.round_failures.clear()
-                state, diag = self.runner(self.round_context(), state, k, clients)
+                state, diag = self.parts.runner(self.round_context(), state, k, clients)
                 if diag.get("clients_failed") and not diag.get("clients_returned"):
                     raise self._all_failed(k)
-                self._note(self.algorithm.note(k, diag))
+                self._note(self.side.algorithm.note(k, diag))
                 state = self._average_buffers(state)
                 train_time = time.perf_counter() - t0
                 scalars = {
@@ -277,8 +267,8 @@ class Simulation:
                 }
                 structured = {n: v for n, v in diag.items() if n not in scalars}
                 row = self._evaluate(state, k + 1, scalars)
-                self.evaluator.check_finite(state, row, k)
-                row.update(self.comm.close_round())
+                self.parts.evaluator.check_finite(state, row, k)
+                row.update(self.parts.comm.close_round())
                 row["round_time_s"] = train_time
                 row["eval_time_s"] = time.perf_counter() - t0 - train_time
                 row["wall_time_s"] = time.perf_counter() - t_start
@@ -303,7 +293,7 @@ class Simulation:
             self._failed(failed, rows)
             raise failed from e
         finally:
-            self.executor.close()
+            self.side.executor.close()
         self.final_state = state
         summary = self.summary(rows, finished=True)
         if start >= loop.rounds and self.store is not None:
@@ -318,7 +308,7 @@ class Simulation:
         summary = self.summary(rows, finished=False)
         summary["status"] = "stopped"
         if self.store is not None:
-            if done % self.loop.checkpoint_every:
+            if done % self.parts.loop.checkpoint_every:
                 self._checkpoint(done, state, rows[-1]["wall_time_s"])
             self.store.write_summary(summary)
         return summary
@@ -373,7 +363,7 @@ class Simulation:
         topologies) the engine averages the statistics of every client update of the round with
         the run's weights (`buffer_weight`: `D_i`, or 1 with `weighting="uniform"`)."""
         state, buffers = states.take_buffers(state)
-        kept = self.clients.take_buffers()
+        kept = self.side.clients.take_buffers()
         if buffers is not None:
             self.buffers = buffers.to(self.buffers.device, torch.float32)
         elif kept:
@@ -385,8 +375,8 @@ class Simulation:
     def _evaluate(self, state: states.ServerState, round: int, diag: dict[str, float]) -> dict:
         """Round `round`'s metrics row (`Evaluator.row`) with the server's BatchNorm statistics,
         and the executor's columns (a Flower server's bytes on the wire)."""
-        row = self.evaluator.row(state, round, diag, self.buffers)
-        row.update(self.executor.columns())
+        row = self.parts.evaluator.row(state, round, diag, self.buffers)
+        row.update(self.side.executor.columns())
         return row
 
     def _save(self, done: int, state, rows, record: dict[str, Any] | None, elapsed: float) -> None:
@@ -396,20 +386,20 @@ class Simulation:
         self.store.append_metrics(rows)
         if record is not None:
             self.store.append_diagnostics(record)
-        if done % self.loop.checkpoint_every == 0 or done == self.loop.rounds:
+        if done % self.parts.loop.checkpoint_every == 0 or done == self.parts.loop.rounds:
             self._checkpoint(done, state, elapsed)
-        self.store.write_summary(self.summary(rows, finished=done == self.loop.rounds))
+        self.store.write_summary(self.summary(rows, finished=done == self.parts.loop.rounds))
 
     def _checkpoint(self, done: int, state: states.ServerState, elapsed: float) -> None:
         """Save round `done`: the server's state and, for the clients, the manifest of their
         state files (`ClientStateStore.save`: only the states changed since the last checkpoint
         are written now)."""
         assert self.store is not None
-        kept = self.clients.states
+        kept = self.side.clients.states
         self.store.save_checkpoint({
             "round": done, "elapsed": elapsed, "server": states.state_record(state),
-            "client_store": kept.save(), "buffers": self.buffers, "comm": self.comm.state(),
-            "config": self.config, "split": self.split, **self.store.history_state(),
+            "client_store": kept.save(), "buffers": self.buffers, "comm": self.parts.comm.state(),
+            "config": self.parts.config, "split": self.split, **self.store.history_state(),
         })
         kept.saved()
 
@@ -417,9 +407,9 @@ class Simulation:
         """The clients' states of checkpoint `ckpt` (of round `round`): its manifest of state
         files, or the records of a checkpoint written before the store (every client inline)."""
         assert self.store is not None
-        kept = self.clients.states
+        kept = self.side.clients.states
         if "client_store" not in ckpt:
-            kept.restore_records(states.restore_clients(self.algorithm, ckpt["clients"]), round)
+            kept.restore_records(states.restore_clients(self.side.algorithm, ckpt["clients"]), round)
             return
         others = []
         for path in (self.store.ckpt_path, self.store.prev_ckpt_path):
@@ -434,7 +424,7 @@ class Simulation:
     def summary(self, rows: list[dict[str, Any]], finished: bool) -> dict[str, Any]:
         """The run's `summary.json` from its metrics rows (`evaluation.summary`), with the
         algorithm's `notes` when it made any."""
-        out = run_summary(self.config, self.run_info.num_clients, rows, finished)
+        out = run_summary(self.parts.config, self.side.run_info.num_clients, rows, finished)
         if self.notes:
             out["notes"] = list(self.notes)
         return out
@@ -442,11 +432,11 @@ class Simulation:
     def global_state_dict(self) -> dict[str, torch.Tensor]:
         """The global model (`algorithm.eval_params` of the current state, and the server's
         BatchNorm statistics) by parameter and buffer name, as CPU copies (`RunView`)."""
-        w = self.algorithm.eval_params(self.state).detach().to("cpu", torch.float32)
+        w = self.side.algorithm.eval_params(self.state).detach().to("cpu", torch.float32)
         out = {layer.name: w[layer.start : layer.stop].view(layer.shape).clone()
-               for layer in self.model.layers}
+               for layer in self.side.model.layers}
         offset = 0
-        for name, b in self.model.module.named_buffers():
+        for name, b in self.side.model.module.named_buffers():
             if b.is_floating_point():
                 n = b.numel()
                 out[name] = self.buffers[offset : offset + n].view_as(b).detach().cpu().clone()
