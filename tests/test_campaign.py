@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,44 @@ def test_headline_cells_first_then_their_seeds_then_the_rest(tmp_path: Path) -> 
     assert all(r.spec.settings["precision"] == "bf16" for r in fednnnn)
     assert all(r.spec.settings["dataset"] == "mnist" for r in plan if r.table.endswith("-mnist")
                and "fashion" not in r.table)
+
+
+def _rounds(run_dir: Path, rounds: int, checkpoint: bool = False) -> None:
+    run_dir.mkdir(parents=True)
+    lines = ["round,test_accuracy", *(f"{k},0.5" for k in range(rounds + 1))]
+    (run_dir / "metrics.csv").write_text("\n".join(lines) + "\n")
+    if checkpoint:
+        (run_dir / "checkpoint.pt").write_bytes(b"")
+
+
+def test_a_sitting_finishes_the_runs_under_way_before_it_starts_new_ones(tmp_path: Path) -> None:
+    """A run with rounds saved (a travelling checkpoint, or this machine's cache) goes before
+    every run not started, whatever its place in the plan; each group keeps the plan's order."""
+    store = Store(tmp_path / "results", tmp_path / "cache")
+    s = Sitting("paper", "cpu", 60.0, store, stream=io.StringIO(), commit="test")
+    plan = s.plan()
+    travelling, cached = plan[-1], plan[-5]
+    _rounds(store.inflight(travelling.table) / travelling.name, 7, checkpoint=True)
+    _rounds(store.run_dir(cached.table, cached.name), 3)
+    pricer = Pricer(store, plan)  # no bench record: unpriced, so the two keep the plan's order
+    order = s.under_way_first(plan, pricer)
+    assert order[:2] == [cached, travelling]
+    assert order[2:] == [r for r in plan if r not in (cached, travelling)]
+    assert s._next_unit(plan, set(), pricer) == [cached]
+    assert s._next_unit(plan, {cached.name}, pricer) == [travelling]
+    # priced: the one with the least time left first (here the travelling one, 1 s a round)
+    prices = {cached.name: 100.0, travelling.name: 1.0}
+
+    class Priced:
+        def price(self, r, kind):  # noqa: ANN001, ANN202
+            assert kind == "cpu"
+            return types.SimpleNamespace(seconds_per_round=prices.get(r.name, 50.0))
+
+    assert s.under_way_first(plan, Priced())[:2] == [travelling, cached]
+    # none under way: the plan's order (headline cells first)
+    fresh = Sitting("paper", "cpu", 60.0, Store(tmp_path / "r2", tmp_path / "c2"),
+                    stream=io.StringIO(), commit="test")
+    assert fresh._next_unit(plan, set(), Pricer(fresh.store, plan)) == [plan[0]]
 
 
 def test_the_centralized_reference_runs_once_per_seed_and_serves_every_cell(tmp_path: Path) -> None:

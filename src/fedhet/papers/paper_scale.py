@@ -798,8 +798,9 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
         "`results/campaign/<table>/<run>/` (its config, summary and metrics, and per sitting the "
         "device, seconds per round and commit), a run cut short continues from its cache or from "
         "its checkpoint travelling in `results/campaign/inflight/`, and each table's result file "
-        "is rebuilt from the records. Headline cells first, seed 0 of each before any second seed, "
-        "the paper's own seed count before extras. `fedhet reproduce plan` lists every cell; "
+        "is rebuilt from the records. Runs under way first, then headline cells, seed 0 of each "
+        "before any second seed, the paper's own seed count before extras. `fedhet reproduce plan` "
+        "lists every cell; "
         f"`{campaign.command(budget=60, cores=2)}` runs a sitting (docs/gpu.md for a GPU). Prices "
         "come from measured seconds per round on the kind of device that runs them (the runs' "
         "own, else the kind's bench record in `results/campaign/bench/`).",

@@ -1,6 +1,7 @@
 """`fedhet reproduce plan`: every cell of the campaign, what is done, what is left, where and how long.
 
-One line per table cell in the order the campaign runs them (the cell of its first run left):
+One line per table cell in the order the campaign runs them (cells with a run under way first,
+then by the cell of its first run left):
 runs done / in progress / left, rounds, the device kind it is cheapest on, the minutes left
 there (`measured` from its own runs, `bench` from the kind's bench record, `?` unpriced), and
 the dates its runs were recorded. In progress: a run with saved rounds in the cache or a
@@ -71,7 +72,8 @@ def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) ->
             continue
         cell.minutes[kind] = cell.minutes.get(kind, 0.0) + price.seconds_per_round * (r.rounds - done) / 60
         cell.source.add(price.source)
-    return sorted(out.values(), key=lambda c: (c.done and not (c.left + c.running), c.first))
+    return sorted(out.values(), key=lambda c: (c.done and not (c.left + c.running), not c.running,
+                                               c.first))
 
 
 def _minutes(c: Cell) -> str:

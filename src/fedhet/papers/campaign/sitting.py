@@ -270,6 +270,7 @@ class Sitting:
             todo = [r for r in todo if where(pricer, r, self.device) == "cuda"]
         if not todo:
             return []
+        todo = self.under_way_first(todo, pricer)
         first = todo[0]
         price = pricer.price(first, self.kind)
         s_round = price.seconds_per_round if price else 0.0
@@ -283,6 +284,24 @@ class Sitting:
             if k is not None:
                 unit += [r for r in todo[1:] if r.table == first.table and key(r) == k][: self.batch_runs - 1]
         return unit
+
+    def under_way_first(self, todo: list[CampaignRun], pricer: Pricer) -> list[CampaignRun]:
+        """`todo` with the runs under way (rounds saved in this machine's cache or in a
+        travelling checkpoint) first, the one with the least time left on this kind of device
+        first (unpriced last), the runs not started after them in plan order **[choice]**: a
+        sitting finishes what an earlier one started before it starts anything new, so saved
+        rounds become records, and the nearest records come first."""
+        travelling = self.store.inflight_runs()
+
+        def key(r: CampaignRun) -> tuple[bool, float]:
+            done = max(travelling.get(f"{r.table}/{r.name}", 0),
+                       rounds_done(self.store.run_dir(r.table, r.name)))
+            if not done:
+                return True, 0.0
+            price = pricer.price(r, self.kind)
+            return False, price.seconds_per_round * (r.rounds - done) if price else math.inf
+
+        return sorted(todo, key=key)
 
     def _settings(self, r: CampaignRun) -> dict[str, Any]:
         settings = {**r.spec.settings, "device": self.device}

@@ -10,7 +10,9 @@ A table is one paper's preset restricted to the runs of one published table or f
 2. the rest of each table, seeds up to the paper's count;
 3. extra seeds (the preset's beyond the paper's count), headline cells first.
 
-Within a tier the tables keep `TABLES`' order and a table its preset's order. The centralized
+Within a tier the tables keep `TABLES`' order and a table its preset's order. A sitting takes
+the runs already under way (rounds saved) first, in this order, then the rest
+(`Sitting.under_way_first`). The centralized
 reference ignores the partition, so a table whose preset repeats it per case or partition (BHerd,
 FedSR) runs it once per seed (`central_runs`), and the export puts that one run in every cell
 it serves **[choice]**.
