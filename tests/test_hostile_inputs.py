@@ -424,6 +424,113 @@ def test_a_wrong_model_is_one_line_and_force_keeps_the_good_run(capsys, tmp_path
     assert pr_finished(out)
 
 
+REGISTERED = '''
+import fedhet
+from torch import nn
+
+
+@fedhet.register_model("takes-spec")
+def takes_spec(spec):
+    return nn.Linear(64, 10)
+
+
+@fedhet.register_model("raises-inside")
+def raises_inside(input_shape, num_classes, params):
+    raise ValueError(f"no layer fits {input_shape}")
+'''
+
+
+@pytest.mark.parametrize("model,said", [
+    ("takes-spec", "model 'takes-spec': the factory raised TypeError: takes_spec() takes 1 "
+                   "positional argument but 3 were given (called as factory(input_shape=(64,), "
+                   "num_classes=10, params) for dataset 'digits')"),
+    ("raises-inside", "model 'raises-inside': the factory raised ValueError: no layer fits (64,) "
+                      "at "),
+])
+def test_a_registered_model_whose_factory_raises_is_one_line_and_force_keeps_the_good_run(
+        capsys, tmp_path, own_registrations, model, said):
+    """A factory registered by a plugin is called as factory(input_shape, num_classes, params):
+    one that takes other arguments, or raises inside, is one line naming it (and where the
+    user's code raised) before the good run in --out is touched."""
+    plugin = tmp_path / "nets_registered.py"
+    plugin.write_text(REGISTERED)
+    out = tmp_path / "run"
+    common = ["-d", "digits", "-r", "2", "-n", "3", "--out", str(out), "-q"]
+    assert main(["run", *common]) == 0
+    capsys.readouterr()
+    line = refused(capsys, ["run", *common, "--force", "--plugin", str(plugin), "-m", model],
+                   tmp_path)
+    assert said in line
+    if model == "raises-inside":  # where: the plugin's line, the path shortened as shown
+        assert "_registered.py:13 in raises_inside (called as factory(" in line
+    assert pr_finished(out)
+
+
+ALGORITHMS_PLUGIN = '''
+import fedhet
+
+FedAvg = fedhet.ALGORITHMS.get("fedavg").factory
+
+
+@fedhet.register_algorithm("update-without-state")
+class UpdateWithoutState(FedAvg):
+    def client_update(self, message, ctx):
+        return message, None
+
+
+@fedhet.register_algorithm("init-takes-one")
+class InitTakesOne(FedAvg):
+    def __init__(self, run):
+        super().__init__(None, run)
+
+
+@fedhet.register_algorithm("init-raises")
+class InitRaises(FedAvg):
+    def __init__(self, params, run):
+        raise KeyError("mu")
+'''
+
+
+@pytest.mark.parametrize("algorithm,said", [
+    ("update-without-state",
+     "algorithm 'update-without-state': UpdateWithoutState.client_update(self, message, ctx) cannot "
+     "be called as client_update(message, ctx, state), the way fedhet calls it"),
+    ("init-takes-one", "algorithm 'init-takes-one': InitTakesOne.__init__(self, run) cannot be "
+                       "called as __init__(params, run)"),
+    ("init-raises", "algorithm 'init-raises': its constructor raised KeyError: 'mu' at "),
+])
+def test_a_plugin_algorithm_that_breaks_the_protocol_is_one_line_and_force_keeps_the_good_run(
+        capsys, tmp_path, own_registrations, algorithm, said):
+    """Before anything is written: a method that cannot take the arguments fedhet calls it with,
+    or a constructor that raises; as a run over a good one with --force, and as a grid."""
+    plugin = tmp_path / "algos_bad.py"
+    plugin.write_text(ALGORITHMS_PLUGIN)
+    out = tmp_path / "run"
+    common = ["-d", "digits", "-r", "2", "-n", "3", "--out", str(out), "-q"]
+    assert main(["run", *common]) == 0
+    capsys.readouterr()
+    line = refused(capsys, ["run", *common, "--force", "--plugin", str(plugin), "-a", algorithm],
+                   tmp_path)
+    assert said in line
+    assert pr_finished(out)
+    if algorithm != "init-raises":  # a grid checks the classes before it builds or writes anything
+        grid = tmp_path / "grid"
+        line = refused(capsys, ["compare", "--plugin", str(plugin), "-a", f"fedavg,{algorithm}",
+                                "-d", "digits", "-n", "3", "-r", "1", "--out", str(grid)], tmp_path)
+        assert said in line and not grid.exists()
+
+
+def test_every_built_in_algorithm_keeps_the_protocol():
+    """The check refuses none of fedhet's own algorithms (it reads only their signatures)."""
+    from fedhet.algorithms.base import ALGORITHMS
+    from fedhet.engine.dry import check_algorithm
+
+    names = ALGORITHMS.names()
+    assert len(names) >= 15
+    for name in names:
+        check_algorithm(ALGORITHMS.get(name).factory, name)
+
+
 def test_a_grid_with_a_wrong_model_is_one_line_before_it_writes_anything(
         capsys, tmp_path, monkeypatch, own_registrations):
     (tmp_path / "nets_dry.py").write_text(NETS)

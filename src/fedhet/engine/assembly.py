@@ -45,7 +45,7 @@ from fedhet.engine.client_store import ClientStateStore
 from fedhet.engine.clients import ClientWork, LocalWork, local_steps
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RunConfig
-from fedhet.engine.dry import dry_start
+from fedhet.engine.dry import build_algorithm, build_model, check_algorithm, dry_start
 from fedhet.engine.evaluation import EvalSettings, Evaluator
 from fedhet.engine.executors import Executor
 from fedhet.engine.faults import FaultModel
@@ -105,12 +105,14 @@ def assemble_clients(
     """The clients' half of the run of `cfg` (`ClientSide`), with the parts handed in as in
     `assemble`; `executor` as there (None: the plan's, in this process)."""
     algo_cls = algorithm if algorithm is not None else ALGORITHMS.get(cfg.algorithm).factory
+    check_algorithm(algo_cls, cfg.algorithm)
     fed = federate(cfg, centralized=algo_cls.centralized, data=data)
     data, parts = fed.data, fed.parts
     torch.manual_seed(cfg.seed)
     factory = model if model is not None else MODELS.get(cfg.model_name).factory
-    module = dry_start(factory(tuple(data.input_shape), data.num_classes, cfg.model_params),
-                       data.x_train[:2], data.num_classes, cfg.model_name, cfg.dataset)
+    module = build_model(factory, tuple(data.input_shape), data.num_classes, cfg.model_params,
+                         cfg.model_name, cfg.dataset)
+    module = dry_start(module, data.x_train[:2], data.num_classes, cfg.model_name, cfg.dataset)
     local = LocalWork.from_config(cfg)
     steps = [local_steps(local, len(p), i, 0, clamp=False) for i, p in enumerate(parts)]
     per_round = min(len(parts), max(1, round_half_up(cfg.sample_fraction * len(parts))))
@@ -137,7 +139,7 @@ def assemble_clients(
         num_clients=len(parts), rounds=cfg.rounds, lr=cfg.lr, momentum=cfg.momentum,
         weight_decay=cfg.weight_decay, seed=cfg.seed, dim=flat.dim, layers=flat.layers,
     )
-    algo = algo_cls(algorithm_params(cfg, algo_cls), run_info)
+    algo = build_algorithm(algo_cls, algorithm_params(cfg, algo_cls), run_info, cfg.algorithm)
     kept = ClientStateStore(algo, round(cfg.client_state_memory_mb * 2**20), device=device)
     clients = ClientWork(local, flat, trainer, client_indices, algo, log, kept)
     runs = executor(clients) if executor is not None else \

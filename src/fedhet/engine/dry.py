@@ -1,4 +1,5 @@
-"""The dry start: a run's model checked on one real batch before the run writes anything.
+"""The dry start: a run's model checked on one real batch, and its algorithm's class against
+the protocol, before the run writes anything.
 
 A model a user brings (`-m package.module:factory`, `register_model`, a factory handed to
 `fedhet.run`) used to meet the dataset first in round 1, after a fresh run had prepared its
@@ -9,6 +10,8 @@ evaluation mode and without gradients (no BatchNorm statistic, random number or 
 changes: the run gives the results it would give without the check), and turns each mistake
 into one line naming the model:
 
+- the factory itself raises, or cannot be called as `factory(input_shape, num_classes, params)`
+  (`build_model`, which calls it: the error, and where the user's code raised it);
 - the forward pass raises (an input shape it does not take);
 - its output is not one row of scores per sample;
 - it gives fewer scores than the dataset has classes (the cross-entropy would index past them);
@@ -18,12 +21,22 @@ into one line naming the model:
 A model with its own `loss` (the squared SVM, a user's) decides what its outputs mean, and a
 forward that returns no tensor (MOON's encoders with their projections) is not checked.
 
-A grid checks every distinct dataset and model of its runs the same way (`dry_check`) before it
-writes anything, so a wrong model is one line, not a grid of failed runs.
+An algorithm a user brings (`register_algorithm` in a plugin, a class handed to `fedhet.run`)
+is checked the same way before anything is built from it (`check_algorithm`): every method of
+the protocol it overrides (`Algorithm.__init__`, `init`, `configure`, `aggregate`,
+`client_init`, `client_update`, …) must take the arguments fedhet calls it with, and its
+constructor must not raise (`build_algorithm`); each mistake is one line naming the algorithm,
+the method, its signature and the call it must accept. Mistakes inside a method that takes the
+right arguments show in round 1, as the client's or the round's one-line failure.
+
+A grid checks every distinct dataset and model of its runs the same way (`dry_check`), and
+every algorithm's class, before it writes anything, so a wrong model is one line, not a grid of
+failed runs.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -31,7 +44,75 @@ from typing import Any
 import torch
 from torch import nn
 
-from fedhet.errors import FedhetError
+from fedhet.engine.failures import blame
+from fedhet.errors import FedhetError, one_line
+
+
+def build_model(factory: Any, input_shape: tuple[int, ...], classes: int, params: Any,
+                model: str, dataset: str) -> Any:
+    """`factory(input_shape, classes, params)`; a factory that raises (a signature that takes
+    other arguments, a mistake inside it) is one line naming the model, the error and where it
+    was raised, not a traceback."""
+    try:
+        return factory(input_shape, classes, params)
+    except FedhetError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the factory failed: its message, one line)
+        where, user = blame(e)
+        raise FedhetError(
+            f"model {model!r}: the factory raised {one_line(e)}"
+            + (f" at {where}" if where and user else "")
+            + f" (called as factory(input_shape={input_shape}, num_classes={classes}, params) "
+            f"for dataset {dataset!r})"
+        ) from None
+
+
+PROTOCOL = ("__init__", "init", "configure", "aggregate", "eval_params", "check_local_steps",
+            "note", "extra_eval_params", "client_init", "client_update")
+"""The `Algorithm` methods the engine calls, each positionally with the base class's parameters."""
+
+
+def check_algorithm(cls: Any, name: str) -> None:
+    """Refuse an algorithm class (module doc) that is not an `Algorithm`, or whose override of a
+    `PROTOCOL` method cannot be called the way the engine calls it."""
+    # lazy: the algorithm package registers every built-in algorithm on import
+    from fedhet.algorithms.base import Algorithm
+
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise FedhetError(f"algorithm {name!r} is {cls!r}, not a subclass of fedhet.Algorithm")
+    for method in PROTOCOL:
+        base = getattr(Algorithm, method)
+        if getattr(cls, method) is base:
+            continue
+        raw = inspect.getattr_static(cls, method)
+        expected = list(inspect.signature(base).parameters)[1:]
+        args = expected if isinstance(raw, staticmethod | classmethod) else ["self", *expected]
+        try:
+            signature = inspect.signature(getattr(cls, method))
+        except (TypeError, ValueError):  # no signature to read (a builtin): trust it
+            continue
+        try:
+            signature.bind(*args)
+        except TypeError:
+            owner = next(c for c in cls.__mro__ if method in vars(c))
+            raise FedhetError(
+                f"algorithm {name!r}: {owner.__name__}.{method}{signature} cannot be called as "
+                f"{method}({', '.join(expected)}), the way fedhet calls it (fedhet.Algorithm."
+                f"{method}; docs/library.md, section 3)"
+            ) from None
+
+
+def build_algorithm(cls: Any, params: Any, run: Any, name: str) -> Any:
+    """`cls(params, run)`; a constructor that raises is one line naming the algorithm, the error
+    and where the user's code raised it, not a traceback."""
+    try:
+        return cls(params, run)
+    except FedhetError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the constructor failed: its message, one line)
+        where, user = blame(e)
+        raise FedhetError(f"algorithm {name!r}: its constructor raised {one_line(e)}"
+                          + (f" at {where}" if where and user else "")) from None
 
 
 def dry_start(module: Any, x: torch.Tensor, classes: int, model: str, dataset: str) -> nn.Module:
@@ -84,13 +165,15 @@ def dry_start(module: Any, x: torch.Tensor, classes: int, model: str, dataset: s
 def dry_check(configs: Iterable[Any]) -> None:
     """The dry start of runs not built yet (a grid's `RunConfig`s, before it writes anything):
     each distinct dataset is loaded once and each distinct model on it built and checked."""
-    # lazy: the loaders and the model registry import what a run needs, not what this module does
+    # lazy: the loaders and the registries import what a run needs, not what this module does
+    from fedhet.algorithms.base import ALGORITHMS
     from fedhet.engine.federation import load
     from fedhet.models.registry import MODELS
     from fedhet.registry import params_dict
 
     seen: set[str] = set()
     for cfg in configs:
+        check_algorithm(ALGORITHMS.get(cfg.algorithm).factory, cfg.algorithm)
         key = json.dumps([cfg.dataset, params_dict(cfg.dataset_params), str(cfg.data_dir),
                           cfg.model_name, params_dict(cfg.model_params)], sort_keys=True, default=str)
         if key in seen:
@@ -99,5 +182,6 @@ def dry_check(configs: Iterable[Any]) -> None:
         data = load(cfg, cache=True)
         torch.manual_seed(cfg.seed)
         factory = MODELS.get(cfg.model_name).factory
-        dry_start(factory(tuple(data.input_shape), data.num_classes, cfg.model_params),
-                  data.x_train[:2], data.num_classes, cfg.model_name, cfg.dataset)
+        module = build_model(factory, tuple(data.input_shape), data.num_classes, cfg.model_params,
+                             cfg.model_name, cfg.dataset)
+        dry_start(module, data.x_train[:2], data.num_classes, cfg.model_name, cfg.dataset)
