@@ -520,6 +520,101 @@ def test_a_plugin_algorithm_that_breaks_the_protocol_is_one_line_and_force_keeps
         assert said in line and not grid.exists()
 
 
+RAISES_PLUGIN = '''
+import fedhet
+
+FedAvg = fedhet.ALGORITHMS.get("fedavg").factory
+PARAMS = fedhet.ALGORITHMS.get("fedavg").params
+
+
+@fedhet.register_algorithm("raises-in-update", PARAMS)
+class RaisesInUpdate(FedAvg):
+    def client_update(self, message, ctx, state):
+        raise RuntimeError("broken client_update")
+
+
+@fedhet.register_algorithm("raises-in-round-2", PARAMS)
+class RaisesInRound2(FedAvg):
+    def aggregate(self, state, round, replies):
+        if round == 1:
+            raise RuntimeError("broken aggregate")
+        return super().aggregate(state, round, replies)
+'''
+
+
+def test_force_puts_the_good_run_back_when_the_new_one_fails_before_it_saves_a_round(
+        capsys, tmp_path, own_registrations):
+    """An algorithm that takes the right arguments but raises in round 1: the run it was to
+    replace is back, file for file; one that fails in round 2 has replaced it (its round 1 is
+    saved), and nothing is left set aside."""
+    plugin = tmp_path / "algos_raise.py"
+    plugin.write_text(RAISES_PLUGIN)
+    out = tmp_path / "run"
+    common = ["-d", "digits", "-r", "3", "-n", "3", "--out", str(out), "-q"]
+    assert main(["run", *common]) == 0
+    capsys.readouterr()
+    line = refused(capsys, ["run", *common, "--force", "--plugin", str(plugin), "-a",
+                            "raises-in-update"], tmp_path)
+    assert "round 1: client 0: " in line and "RuntimeError: broken client_update" in line
+    assert f"the new run saved no round, so the run that was in {out} is back as it was" in line
+    assert pr_finished(out) and not (out / ".fedhet-replaced").exists()
+    assert one_error_line(capsys, ["run", *common, "--force", "--plugin", str(plugin), "-a",
+                                   "raises-in-round-2"]).startswith("error: round 2: ")
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["algorithm"], summary["status"], summary["rounds_done"]) == \
+        ("raises-in-round-2", "failed", 1)
+    assert not (out / ".fedhet-replaced").exists()
+
+
+def test_a_batch_of_runs_puts_back_the_run_a_failed_replacement_was_to_replace(
+        tmp_path, own_registrations):
+    """`execute_together` hands errors back instead of raising: the failed run's directory
+    still gets its old run back, and the good one's replacement stands."""
+    from fedhet import plugins
+    from fedhet.runs.single import execute, execute_together
+
+    plugin = tmp_path / "algos_raise.py"
+    plugin.write_text(RAISES_PLUGIN)
+    plugins.load_plugins(str(plugin))
+    base = {"dataset": "digits", "rounds": 2, "clients": 3}
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for out in (good, bad):
+        execute(base, out, log=lambda _: None)
+    before = digest(bad)
+    results = execute_together([({**base, "seed": 1}, good, False),
+                                ({**base, "algorithm": "raises-in-update"}, bad, False)],
+                               force=True, log=lambda _: None)
+    assert results[0]["finished"] is True and json.loads((good / "summary.json").read_text())["seed"] == 1
+    assert isinstance(results[1], Exception) and "broken client_update" in str(results[1])
+    assert digest(bad) == before and not (bad / ".fedhet-replaced").exists()
+    assert not (good / ".fedhet-replaced").exists()
+
+
+def test_a_replacement_killed_before_it_saved_keeps_the_run_set_aside(tmp_path):
+    """`set_aside` twice (the first replacement killed before it saved a round): the run set
+    aside first is the one kept, the killed attempt's files go; `put_back` restores it and
+    `clear` removes what is set aside too."""
+    from fedhet.rundir import ownership
+
+    out = tmp_path / "run"
+    ownership.mark(out, "run")
+    (out / "config.json").write_text("old")
+    (out / "notes.txt").write_text("mine")  # not fedhet's: never moved or removed
+    ownership.set_aside(out, warn=lambda _: None)
+    assert sorted(p.name for p in out.iterdir()) == [".fedhet", ".fedhet-replaced", "notes.txt"]
+    (out / "config.json").write_text("attempt")
+    ownership.set_aside(out, warn=lambda _: None)
+    assert (out / ".fedhet-replaced" / "config.json").read_text() == "old"
+    assert not (out / "config.json").exists()
+    (out / "metrics.csv").write_text("attempt 2")
+    ownership.put_back(out)
+    assert sorted(p.name for p in out.iterdir()) == [".fedhet", "config.json", "notes.txt"]
+    assert (out / "config.json").read_text() == "old"
+    ownership.set_aside(out, warn=lambda _: None)
+    ownership.clear(out, warn=lambda _: None)
+    assert sorted(p.name for p in out.iterdir()) == [".fedhet", "notes.txt"]
+
+
 def test_every_built_in_algorithm_keeps_the_protocol():
     """The check refuses none of fedhet's own algorithms (it reads only their signatures)."""
     from fedhet.algorithms.base import ALGORITHMS

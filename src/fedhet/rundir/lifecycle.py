@@ -32,12 +32,15 @@ def check_out(out: Path, force: bool) -> None:
             )
 
 
-def prepare_out(out: Path, force: bool, warn: Callable[[str], None] = print) -> None:
+def prepare_out(out: Path, force: bool, warn: Callable[[str], None] = print,
+                keep_replaced: bool = False) -> None:
     """Clear (with `force`, only what fedhet wrote) and create `out` with fedhet's marker; call
-    once the run is known to be valid, while holding the directory's lock."""
+    once the run is known to be valid, while holding the directory's lock. With `keep_replaced`
+    the run that was there is set aside, not removed (`ownership.set_aside`): the caller removes
+    it once the new run has saved a round, or puts it back (`fedhet.runs.single.replacing`)."""
     check_out(out, force)
     if rundir.is_ours(out):
-        rundir.clear(out, warn)
+        (rundir.set_aside if keep_replaced else rundir.clear)(out, warn)
     rundir.mark(out, "run")
 
 

@@ -5,7 +5,9 @@ Three rules keep a user's files safe:
 - **A marker.** Every directory fedhet creates for a run or a grid gets a `.fedhet` file naming
   its kind. `--force` only ever clears a directory that carries the marker, and then removes only
   the entries fedhet writes there (`OWNED_NAMES`, its temporary files, and the subdirectories it
-  makes); anything else is left in place and named in a warning.
+  makes); anything else is left in place and named in a warning. A run replaced with `--force`
+  is first set aside in the directory (`set_aside`) and removed only once the new run has saved
+  a round; a new run that fails before puts it back (`put_back`).
 - **No dangerous targets.** `/`, the home directory, the current directory and any of its
   ancestors are refused outright, marker or not.
 - **One writer.** A process that writes a directory holds an exclusive `flock` on
@@ -37,7 +39,10 @@ OWNED_NAMES = frozenset({
 })
 """Files fedhet writes into a run or grid directory (removed by `--force`)."""
 
-OWNED_DIRS = frozenset({"tensorboard", "runs", "figures", "flower-logs", "client_states"})
+REPLACED = ".fedhet-replaced"
+"""Where `fedhet run --force` keeps the run it replaces until the new run saves a round."""
+
+OWNED_DIRS = frozenset({"tensorboard", "runs", "figures", "flower-logs", "client_states", REPLACED})
 """Subdirectories fedhet creates inside a run or grid directory (removed by `--force`)."""
 
 OWNED_SUFFIXES = (".png",)
@@ -91,6 +96,48 @@ def clear(path: Path, warn: Callable[[str], None] = print) -> None:
     Raises when `path` is not a directory fedhet made or is a dangerous target; entries fedhet
     did not write stay and are named in a warning. The lock file stays: its holder keeps it.
     """
+    for entry in _written(path, warn, keep=()):
+        _remove(entry)
+
+
+def set_aside(path: Path, warn: Callable[[str], None] = print) -> None:
+    """`clear`, except that what fedhet wrote moves into `path/REPLACED` (renames, on the same
+    disk) until the new run saves a round (`drop_replaced`) or fails first (`put_back`). When
+    `REPLACED` is already there (a replacement killed before it saved a round), it keeps the run
+    it holds and that attempt's files are removed."""
+    aside = Path(path) / REPLACED
+    fresh = not aside.is_dir()
+    entries = list(_written(path, warn, keep=(REPLACED,)))
+    aside.mkdir(exist_ok=True)
+    for entry in entries:
+        if fresh:
+            os.replace(entry, aside / entry.name)
+        else:
+            _remove(entry)
+    fsync_dir(Path(path))
+
+
+def put_back(path: Path) -> None:
+    """The run `set_aside` kept, back in `path` in place of what the new run wrote."""
+    aside = Path(path) / REPLACED
+    for entry in _written(path, print, keep=(REPLACED,)):
+        _remove(entry)
+    for entry in aside.iterdir():
+        os.replace(entry, Path(path) / entry.name)
+    aside.rmdir()
+    fsync_dir(Path(path))
+
+
+def drop_replaced(path: Path) -> None:
+    """Remove the run `set_aside` kept (the new run has saved a round)."""
+    aside = Path(path) / REPLACED
+    if aside.is_dir():
+        shutil.rmtree(aside)
+
+
+def _written(path: Path, warn: Callable[[str], None], keep: tuple[str, ...]) -> list[Path]:
+    """The entries fedhet wrote in its directory `path`, but the lock, the marker and `keep`;
+    refuses a directory fedhet did not make or a dangerous one, and warns of foreign entries."""
     path = Path(path)
     check_removable(path)
     if not is_ours(path):
@@ -98,19 +145,23 @@ def clear(path: Path, warn: Callable[[str], None] = print) -> None:
             f"refusing to clear {path}: it was not created by fedhet (no {MARKER} marker); "
             "remove it yourself or choose another --out"
         )
-    foreign = []
+    foreign, out = [], []
     for entry in path.iterdir():
-        if entry.name in (LOCK, MARKER):
+        if entry.name in (LOCK, MARKER, *keep):
             continue
-        if not _owned(entry):
-            foreign.append(entry.name)
-        elif entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
+        (out if _owned(entry) else foreign).append(entry)
     if foreign:
-        warn(f"warning: left {len(foreign)} file(s) fedhet did not write in {path}: "
-             f"{', '.join(sorted(foreign)[:5])}{' …' if len(foreign) > 5 else ''}")
+        names = sorted(e.name for e in foreign)
+        warn(f"warning: left {len(names)} file(s) fedhet did not write in {path}: "
+             f"{', '.join(names[:5])}{' …' if len(names) > 5 else ''}")
+    return out
+
+
+def _remove(entry: Path) -> None:
+    if entry.is_dir() and not entry.is_symlink():
+        shutil.rmtree(entry)
+    else:
+        entry.unlink()
 
 
 def remove_temporaries(path: Path) -> list[str]:

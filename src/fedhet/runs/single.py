@@ -1,7 +1,8 @@
 """One run from settings to a finished run directory (used by `run`, `compare`, `reproduce`).
 
 The run directory is fedhet's (`fedhet.rundir.ownership`): created with a marker, locked for as
-long as the run writes it, and cleared by `force` only when it carries the marker.
+long as the run writes it, and cleared by `force` only when it carries the marker. The run
+`force` replaces is kept aside until the new run has saved a round (`replacing`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from fedhet.engine import (
     CallbackLike,
     RunConfig,
     Simulation,
+    UserCodeFailed,
     assemble,
     build,
     canonical_config,
@@ -116,9 +118,48 @@ def opened(
     data = load(cfg, cache=True) if data_cache else None
     sim = assemble(cfg, store=store, data=data, log=log, callbacks=callbacks)
     with rundir.exclusive(out, "run"):
-        prepare_out(out, force, log)
+        prepare_out(out, force, log, keep_replaced=True)
         store.write_config(cfg.to_dict())
-        yield Opened(sim, {})
+        with replacing(out, sim):
+            yield Opened(sim, {})
+
+
+@contextlib.contextmanager
+def replacing(out: Path, sim: Simulation) -> Iterator[None]:
+    """The run `--force` set aside in `out` (`ownership.set_aside`) is removed once the new run
+    has saved a round, and put back when the new run ends before it saved one without a result
+    of its own **[choice]**: it raised (its code failed in round 1, it was interrupted), or
+    returned a failed one (a batch of runs hands errors back; `execute_together`). A run that
+    diverged or was stopped in round 1 has its result and replaces the old one."""
+    aside = out / rundir.REPLACED
+    if not aside.is_dir():
+        yield
+        return
+
+    def saved(row: dict[str, Any]) -> None:
+        rundir.drop_replaced(out)
+
+    sim.callbacks.append(saved)
+    try:
+        yield
+    except UserCodeFailed as e:
+        if not aside.is_dir():
+            raise
+        rundir.put_back(out)
+        raise FedhetError(
+            f"{e}; the new run saved no round, so the run that was in {out} is back as it was: "
+            "fix it and run again (--debug shows the traceback)"
+        ) from e
+    except BaseException:
+        if aside.is_dir():
+            rundir.put_back(out)
+        raise
+    if aside.is_dir():
+        try:
+            failed = read_json(out / "summary.json", SUMMARY_FIX).get("status") == "failed"
+        except FedhetError:
+            failed = True
+        (rundir.put_back if failed else rundir.drop_replaced)(out)
 
 
 def resume_settings(
@@ -200,7 +241,8 @@ def _resumed(
             log(f"removed {len(removed)} temporary file(s) a killed run left in {out}")
         # config.json changes only once the checkpoint has accepted the new settings
         accepted = (lambda: store.write_config(cfg.to_dict())) if changes else None
-        yield Opened(sim, {"resume": True, "accepted": accepted})
+        with replacing(out, sim):  # a replacement killed before it saved a round, resumed
+            yield Opened(sim, {"resume": True, "accepted": accepted})
 
 
 def _say_damaged(out: Path, log: Callable[[str], None]) -> None:
