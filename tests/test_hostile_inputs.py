@@ -440,6 +440,21 @@ def raises_inside(input_shape, num_classes, params):
 '''
 
 
+def _force_over_a_good_run(capsys, tmp_path: Path, plugin_text: str, module: str, flag: str,
+                           name: str, rounds: int = 2) -> tuple[str, Path]:
+    """A finished run in tmp_path/run, then `run --force --plugin module.py FLAG NAME` over it,
+    refused (every file as it was): its error line, and the run directory."""
+    plugin = tmp_path / f"{module}.py"
+    plugin.write_text(plugin_text)
+    out = tmp_path / "run"
+    common = ["-d", "digits", "-r", str(rounds), "-n", "3", "--out", str(out), "-q"]
+    assert main(["run", *common]) == 0
+    capsys.readouterr()
+    line = refused(capsys, ["run", *common, "--force", "--plugin", str(plugin), flag, name],
+                   tmp_path)
+    return line, out
+
+
 @pytest.mark.parametrize("model,said", [
     ("takes-spec", "model 'takes-spec': the factory raised TypeError: takes_spec() takes 1 "
                    "positional argument but 3 were given (called as factory(input_shape=(64,), "
@@ -452,14 +467,7 @@ def test_a_registered_model_whose_factory_raises_is_one_line_and_force_keeps_the
     """A factory registered by a plugin is called as factory(input_shape, num_classes, params):
     one that takes other arguments, or raises inside, is one line naming it (and where the
     user's code raised) before the good run in --out is touched."""
-    plugin = tmp_path / "nets_registered.py"
-    plugin.write_text(REGISTERED)
-    out = tmp_path / "run"
-    common = ["-d", "digits", "-r", "2", "-n", "3", "--out", str(out), "-q"]
-    assert main(["run", *common]) == 0
-    capsys.readouterr()
-    line = refused(capsys, ["run", *common, "--force", "--plugin", str(plugin), "-m", model],
-                   tmp_path)
+    line, out = _force_over_a_good_run(capsys, tmp_path, REGISTERED, "nets_registered", "-m", model)
     assert said in line
     if model == "raises-inside":  # where: the plugin's line, the path shortened as shown
         assert "_registered.py:13 in raises_inside (called as factory(" in line
@@ -503,18 +511,13 @@ def test_a_plugin_algorithm_that_breaks_the_protocol_is_one_line_and_force_keeps
         capsys, tmp_path, own_registrations, algorithm, said):
     """Before anything is written: a method that cannot take the arguments fedhet calls it with,
     or a constructor that raises; as a run over a good one with --force, and as a grid."""
-    plugin = tmp_path / "algos_bad.py"
-    plugin.write_text(ALGORITHMS_PLUGIN)
-    out = tmp_path / "run"
-    common = ["-d", "digits", "-r", "2", "-n", "3", "--out", str(out), "-q"]
-    assert main(["run", *common]) == 0
-    capsys.readouterr()
-    line = refused(capsys, ["run", *common, "--force", "--plugin", str(plugin), "-a", algorithm],
-                   tmp_path)
+    line, out = _force_over_a_good_run(capsys, tmp_path, ALGORITHMS_PLUGIN, "algos_bad", "-a",
+                                       algorithm)
     assert said in line
     assert pr_finished(out)
     if algorithm != "init-raises":  # a grid checks the classes before it builds or writes anything
         grid = tmp_path / "grid"
+        plugin = tmp_path / "algos_bad.py"
         line = refused(capsys, ["compare", "--plugin", str(plugin), "-a", f"fedavg,{algorithm}",
                                 "-d", "digits", "-n", "3", "-r", "1", "--out", str(grid)], tmp_path)
         assert said in line and not grid.exists()
@@ -547,14 +550,10 @@ def test_force_puts_the_good_run_back_when_the_new_one_fails_before_it_saves_a_r
     """An algorithm that takes the right arguments but raises in round 1: the run it was to
     replace is back, file for file; one that fails in round 2 has replaced it (its round 1 is
     saved), and nothing is left set aside."""
+    line, out = _force_over_a_good_run(capsys, tmp_path, RAISES_PLUGIN, "algos_raise", "-a",
+                                       "raises-in-update", rounds=3)
     plugin = tmp_path / "algos_raise.py"
-    plugin.write_text(RAISES_PLUGIN)
-    out = tmp_path / "run"
     common = ["-d", "digits", "-r", "3", "-n", "3", "--out", str(out), "-q"]
-    assert main(["run", *common]) == 0
-    capsys.readouterr()
-    line = refused(capsys, ["run", *common, "--force", "--plugin", str(plugin), "-a",
-                            "raises-in-update"], tmp_path)
     assert "round 1: client 0: " in line and "RuntimeError: broken client_update" in line
     assert f"the new run saved no round, so the run that was in {out} is back as it was" in line
     assert pr_finished(out) and not (out / ".fedhet-replaced").exists()
