@@ -4,6 +4,7 @@ it shows exists; diagnostics are grouped generically; partitions and extra plott
 from __future__ import annotations
 
 import math
+import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -93,6 +94,16 @@ def test_report_of_a_single_run_through_the_cli(runs_dir, capsys):
     page = runs_dir / "fedavg" / "report.html"
     check_page(page)
     assert "Configuration" in page.read_text()
+
+
+def test_a_run_being_replaced_is_not_a_run_of_the_directory(runs_dir, tmp_path):
+    """A folder of runs in which one run is being replaced with --force (the old run kept in
+    its `.fedhet-replaced/` until the new one saves a round) reports its runs, not the old one."""
+    root = tmp_path / "runs"
+    shutil.copytree(runs_dir, root, ignore=shutil.ignore_patterns("report.html", "*.png"))
+    shutil.copytree(root / "central", root / "fedavg" / ".fedhet-replaced")
+    _, runs = report.discover(root)
+    assert sorted(r.name for r in runs) == ["central", "fedavg", "fedavgm"]
 
 
 def test_report_of_a_directory_without_runs_is_a_clear_error(tmp_path):

@@ -166,6 +166,8 @@ def discover(root: Path, warn: Callable[[str], None] | None = None) -> tuple[dic
         return manifest, runs
     runs, foreign = [], []
     for p in sorted(p.parent for p in root.rglob("config.json")):
+        if rundir.REPLACED in p.relative_to(root).parts:  # a run `--force` is replacing
+            continue
         try:
             config = read_json(p / "config.json", CONFIG_FIX)
         except DamagedFileError:
