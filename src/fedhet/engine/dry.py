@@ -44,27 +44,34 @@ from typing import Any
 import torch
 from torch import nn
 
+from fedhet.algorithms.base import ALGORITHMS, Algorithm
 from fedhet.engine.failures import blame
 from fedhet.errors import FedhetError, one_line
+from fedhet.models.registry import MODELS
+from fedhet.registry import params_dict
+
+
+def _called(fn: Any, args: tuple[Any, ...], who: str, after: str = "") -> Any:
+    """`fn(*args)`; an error that is not fedhet's own is one line, `{who} raised Type: message`,
+    with where the user's code raised it and `after`, not a traceback."""
+    try:
+        return fn(*args)
+    except FedhetError:
+        raise
+    except Exception as e:  # noqa: BLE001  (the user's code failed: its message, one line)
+        where, user = blame(e)
+        raise FedhetError(f"{who} raised {one_line(e)}" + (f" at {where}" if where and user else "")
+                          + after) from None
 
 
 def build_model(factory: Any, input_shape: tuple[int, ...], classes: int, params: Any,
                 model: str, dataset: str) -> Any:
     """`factory(input_shape, classes, params)`; a factory that raises (a signature that takes
     other arguments, a mistake inside it) is one line naming the model, the error and where it
-    was raised, not a traceback."""
-    try:
-        return factory(input_shape, classes, params)
-    except FedhetError:
-        raise
-    except Exception as e:  # noqa: BLE001  (the factory failed: its message, one line)
-        where, user = blame(e)
-        raise FedhetError(
-            f"model {model!r}: the factory raised {one_line(e)}"
-            + (f" at {where}" if where and user else "")
-            + f" (called as factory(input_shape={input_shape}, num_classes={classes}, params) "
-            f"for dataset {dataset!r})"
-        ) from None
+    was raised (`_called`)."""
+    return _called(factory, (input_shape, classes, params), f"model {model!r}: the factory",
+                   f" (called as factory(input_shape={input_shape}, num_classes={classes}, "
+                   f"params) for dataset {dataset!r})")
 
 
 PROTOCOL = ("__init__", "init", "configure", "aggregate", "eval_params", "check_local_steps",
@@ -75,9 +82,6 @@ PROTOCOL = ("__init__", "init", "configure", "aggregate", "eval_params", "check_
 def check_algorithm(cls: Any, name: str) -> None:
     """Refuse an algorithm class (module doc) that is not an `Algorithm`, or whose override of a
     `PROTOCOL` method cannot be called the way the engine calls it."""
-    # lazy: the algorithm package registers every built-in algorithm on import
-    from fedhet.algorithms.base import Algorithm
-
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise FedhetError(f"algorithm {name!r} is {cls!r}, not a subclass of fedhet.Algorithm")
     for method in PROTOCOL:
@@ -104,15 +108,8 @@ def check_algorithm(cls: Any, name: str) -> None:
 
 def build_algorithm(cls: Any, params: Any, run: Any, name: str) -> Any:
     """`cls(params, run)`; a constructor that raises is one line naming the algorithm, the error
-    and where the user's code raised it, not a traceback."""
-    try:
-        return cls(params, run)
-    except FedhetError:
-        raise
-    except Exception as e:  # noqa: BLE001  (the constructor failed: its message, one line)
-        where, user = blame(e)
-        raise FedhetError(f"algorithm {name!r}: its constructor raised {one_line(e)}"
-                          + (f" at {where}" if where and user else "")) from None
+    and where the user's code raised it (`_called`)."""
+    return _called(cls, (params, run), f"algorithm {name!r}: its constructor")
 
 
 def dry_start(module: Any, x: torch.Tensor, classes: int, model: str, dataset: str) -> nn.Module:
@@ -165,11 +162,8 @@ def dry_start(module: Any, x: torch.Tensor, classes: int, model: str, dataset: s
 def dry_check(configs: Iterable[Any]) -> None:
     """The dry start of runs not built yet (a grid's `RunConfig`s, before it writes anything):
     each distinct dataset is loaded once and each distinct model on it built and checked."""
-    # lazy: the loaders and the registries import what a run needs, not what this module does
-    from fedhet.algorithms.base import ALGORITHMS
+    # lazy: the loaders import what a run needs, not what this module does
     from fedhet.engine.federation import load
-    from fedhet.models.registry import MODELS
-    from fedhet.registry import params_dict
 
     seen: set[str] = set()
     for cfg in configs:

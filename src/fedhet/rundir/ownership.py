@@ -120,7 +120,7 @@ def set_aside(path: Path, warn: Callable[[str], None] = print) -> None:
 def put_back(path: Path) -> None:
     """The run `set_aside` kept, back in `path` in place of what the new run wrote."""
     aside = Path(path) / REPLACED
-    for entry in _written(path, print, keep=(REPLACED,)):
+    for entry in _written(path, lambda _: None, keep=(REPLACED,)):  # warned when set aside
         _remove(entry)
     for entry in aside.iterdir():
         os.replace(entry, Path(path) / entry.name)
