@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fedhet.errors import FedhetError
-from fedhet.training.cohort import CohortTrainer, EvalJob, SGDJob, stacks_evaluation
+from fedhet.training.cohort import CohortTrainer, EvalJob, SGDJob, rows_that_fit, stacks_evaluation
 
 if TYPE_CHECKING:
     from fedhet.engine.simulation import Simulation
@@ -151,7 +151,7 @@ def run_together(
         first = sims[shared_ix[0]].side
         cohort = CohortTrainer(first.model, first.trainer.x, first.trainer.y,
                                log=sims[shared_ix[0]].log)
-        cohort.chunk = max(1, (1 << 30) // (3 * 4 * max(first.model.dim, 1)))  # ~1 GiB stacked
+        cohort.chunk = rows_that_fit(first.model.dim, first.model.params.device)
         shared = SharedCohort(cohort)
         batch = [members[i] for i in shared_ix]
         for m in batch:

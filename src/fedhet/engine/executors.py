@@ -48,6 +48,7 @@ from fedhet.training.cohort import (
     CohortTrainer,
     GradJob,
     SGDJob,
+    rows_that_fit,
     stacks_full_gradients,
     unsupported_reason,
 )
@@ -278,9 +279,7 @@ class BatchedExecutor(InProcess):
     def _chunk_size(self, n: int) -> int:
         if self.chunk > 0:
             return self.chunk
-        # [choice] keep the stacked (w, g, momentum) state under ~1 GiB
-        per_client = 3 * 4 * max(self.work.model.dim, 1)
-        return max(1, min(n, (1 << 30) // per_client))
+        return max(1, min(n, rows_that_fit(self.work.model.dim, self.work.model.params.device)))
 
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
         size = self._chunk_size(len(requests))

@@ -32,6 +32,7 @@ from torch import nn
 
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
+from fedhet.models.sequence import ImageView
 from fedhet.registry import NoParams
 
 
@@ -80,6 +81,10 @@ class ConvNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(x.shape[0], *self.image)
         return self.classifier(self.features(x).flatten(1))
+
+    def stacked_layers(self) -> list[nn.Module | ImageView]:
+        """The steps of `forward` (`fedhet.models.sequence`)."""
+        return [ImageView(self.image), self.features, nn.Flatten(), self.classifier]
 
 
 def conv_block(c_in: int, c_out: int, kernel: int, padding: int, norm: bool = False) -> list[nn.Module]:

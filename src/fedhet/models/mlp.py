@@ -36,6 +36,10 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def stacked_layers(self) -> list[nn.Module]:
+        """The steps of `forward` (`fedhet.models.sequence`)."""
+        return [self.net]
+
 
 @MODELS.register("mlp", MLPParams, "FedSR MLP, two hidden layers of 200")
 def mlp(input_shape: tuple[int, ...], num_classes: int, params: MLPParams) -> nn.Module:

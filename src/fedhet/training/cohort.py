@@ -49,8 +49,9 @@ from fedhet.models.linear import LogisticRegression, SquaredSVM
 from fedhet.models.registry import objective, predictions
 from fedhet.training.flat import FlatModel
 from fedhet.training.hooks import StackableHook, StackedHook
-from fedhet.training.local import SGDConfig, StepHook, eval_batch
+from fedhet.training.local import BatchSchedule, SGDConfig, StepHook, eval_batch
 from fedhet.training.losses import StackableLoss
+from fedhet.training.program import StackedProgram
 from fedhet.training.steps import GradTransform, LocalStep, Transform
 
 
@@ -176,6 +177,9 @@ class CohortTrainer:
             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
         }
         self._vgrad = vmap(grad(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None))
+        self.program = None if self.linear else StackedProgram.of(model, tuple(x.shape[1:]))
+        """The model's forward as a few batched operations (`fedhet.training.program`), or None:
+        its gradients then come from `vmap`."""
 
     def check_stackable(self) -> None:
         """Raise one `FedhetError` line when the model cannot run under `torch.func` (a forward
@@ -266,6 +270,9 @@ class CohortTrainer:
         `(G, b)` of indices (all of one size). `loss` (with the rows' stacked `frozen` vectors,
         `(G, d)` each) replaces the model's objective for every row. The passes run in the model's
         precision (`FlatModel.passes`); gradients, losses and buffers come back float32."""
+        if self.program is not None and loss is None:
+            g, loss_values = self.program.gradients(w, self.x, self.y, batch)
+            return g, loss_values, bufs
         x, y = self.x[batch], self.y[batch]
         if self.linear and loss is None:
             with self.model.passes():
@@ -476,27 +483,24 @@ class CohortTrainer:
         rows = list(range(len(jobs)))
         frozen: dict[tuple, tuple[torch.Tensor, ...]] = {}
         """Stacked `StackableLoss.frozen` vectors per (key, member jobs), while those rows last."""
-        loss_sums = [0.0] * len(jobs)
+        loss_sums = torch.zeros(len(jobs), dtype=torch.float64, device=device)
+        """Each job's summed mini-batch losses, kept on the device: read once, when it leaves."""
+        at = torch.arange(len(jobs), device=device)
+        """The job of each row, on the device (`loss_sums`' index)."""
+        schedule = _Schedule.of(jobs, self.x.device)
         t = 0
         while rows:
-            batches: list[torch.Tensor] = []
-            keep: list[int] = []
-            for r, c in enumerate(rows):
-                job = jobs[c]
-                if job.error is not None:
-                    continue
-                try:
-                    batches.append(next(job.batches))
-                    keep.append(r)
-                except StopIteration:
-                    pass
-                except Exception as e:  # noqa: BLE001  (a client's batch stream failed)
-                    job.error = e
+            batches: list[torch.Tensor] | torch.Tensor
+            if schedule is not None:
+                keep = [r for r, c in enumerate(rows) if jobs[c].error is None and t < schedule.steps[c]]
+            else:
+                batches, keep = self._next_batches(jobs, rows)
             if len(keep) < len(rows):
-                for r, c in enumerate(rows):
-                    if jobs[c].error is None and r not in keep:
-                        jobs[c].result = (w[r].clone(), t, loss_sums[c] / max(t, 1))
-                        jobs[c].buffers_out = bufs[r].clone() if has_bufs else None
+                done = [(r, c) for r, c in enumerate(rows) if jobs[c].error is None and r not in keep]
+                sums = loss_sums[[c for _, c in done]].tolist() if done else []
+                for (r, c), total in zip(done, sums, strict=True):
+                    jobs[c].result = (w[r].clone(), t, total / max(t, 1))
+                    jobs[c].buffers_out = bufs[r].clone() if has_bufs else None
                 frozen.clear()  # stacked for the rows that were
                 kept = {rows[r] for r in keep}
                 for group in groups:
@@ -508,21 +512,27 @@ class CohortTrainer:
                 v = v.index_select(0, ix) if v is not None else None
                 chain = chain.select(keep, device)
                 rows = [rows[r] for r in keep]
+                at = torch.tensor(rows, device=device)
+                if schedule is not None:
+                    schedule.select(keep)
+            if schedule is not None:
+                batches = schedule.table[:, t]
             try:
                 g, loss, bufs = self._gradients(w, bufs, batches, [jobs[c] for c in rows], frozen)
             except torch.cuda.OutOfMemoryError as e:
                 if t == 0:
-                    for c, batch in zip(rows, batches, strict=True):  # put them back for the retry
-                        jobs[c].batches = itertools.chain([batch], jobs[c].batches)
+                    if schedule is None:  # put them back for the retry (a schedule was not read)
+                        for c, batch in zip(rows, batches, strict=True):
+                            jobs[c].batches = itertools.chain([batch], jobs[c].batches)
                     raise _FirstStepOOMError from e
                 raise
-            losses = loss.tolist()
             g = chain.gradient(g, w, t)
             for r, e in chain.failures():
                 jobs[rows[r]].error = e
             for group in groups:
                 group.step(t, w, g, rows, jobs)
             if hooked:
+                losses = loss.tolist()
                 for r, c in enumerate(rows):
                     job = jobs[c]
                     if job.on_step is None or job.error is not None or c in stacked:
@@ -532,16 +542,35 @@ class CohortTrainer:
                     except Exception as e:  # noqa: BLE001  (one client's hook failed: drop it)
                         job.error = e
             chain.update(w, g, v)
-            for r, c in enumerate(rows):
-                loss_sums[c] += losses[r]
+            loss_sums.index_add_(0, at, loss.to(torch.float64))
             t += 1
 
+    @staticmethod
+    def _next_batches(jobs: list[SGDJob], rows: list[int]) -> tuple[list[torch.Tensor], list[int]]:
+        """Each row's next mini-batch from its job's stream, and the rows that have one (a
+        stream that raises fails its job)."""
+        batches: list[torch.Tensor] = []
+        keep: list[int] = []
+        for r, c in enumerate(rows):
+            job = jobs[c]
+            if job.error is not None:
+                continue
+            try:
+                batches.append(next(job.batches))
+                keep.append(r)
+            except StopIteration:
+                pass
+            except Exception as e:  # noqa: BLE001  (a client's batch stream failed)
+                job.error = e
+        return batches, keep
+
     def _gradients(
-        self, w: torch.Tensor, bufs: torch.Tensor, batches: list[torch.Tensor],
+        self, w: torch.Tensor, bufs: torch.Tensor, batches: list[torch.Tensor] | torch.Tensor,
         jobs: list[SGDJob], frozen: dict[tuple, tuple[torch.Tensor, ...]],
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`gradients` for one batch per row (`jobs[r]` is row `r`'s job), rows grouped by batch
-        size (no padding) and by objective (the model's, or a `StackableLoss` key)."""
+        """`gradients` for one batch per row (`jobs[r]` is row `r`'s job; `batches` a list, or
+        one `(rows, b)` tensor), rows grouped by batch size (no padding) and by objective (the
+        model's, or a `StackableLoss` key)."""
         keys = [(len(b), None if j.loss is None else (type(j.loss), j.loss.key))
                 for b, j in zip(batches, jobs, strict=True)]
         if len(set(keys)) == 1:
@@ -563,7 +592,7 @@ class CohortTrainer:
 
     def _group_gradients(self, w, bufs, batches, jobs, frozen):
         """`gradients` for rows of one batch size and one objective."""
-        idx = torch.stack(batches).to(self.x.device)
+        idx = batches if isinstance(batches, torch.Tensor) else torch.stack(batches).to(self.x.device)
         loss = jobs[0].loss
         if loss is None:
             return self.gradients(w, bufs, idx)
@@ -573,6 +602,46 @@ class CohortTrainer:
                 torch.stack([j.loss.frozen[i] for j in jobs]) for i in range(len(loss.frozen))
             )
         return self.gradients(w, bufs, idx, loss, frozen[cache_key])
+
+
+class _Schedule:
+    """Every job's mini-batches for the whole call, on the device as one `(rows, τ_max, b)`
+    table (rows padded past their `τ`), so a step reads its batches with one indexing
+    operation: made when every job's stream is an unread `BatchSchedule` of one batch size
+    (`of`), else the jobs' streams are read step by step."""
+
+    def __init__(self, table: torch.Tensor, steps: list[int]) -> None:
+        self.table = table
+        self.steps = steps
+        """`τ` of each job (by job index; the table's rows follow the stack's rows)."""
+
+    @classmethod
+    def of(cls, jobs: list[SGDJob], device: torch.device) -> _Schedule | None:
+        streams = [j.batches for j in jobs]
+        if not all(isinstance(s, BatchSchedule) and s.position == 0 for s in streams):
+            return None
+        tables: list[torch.Tensor | None] = []
+        for job, stream in zip(jobs, streams, strict=True):
+            assert isinstance(stream, BatchSchedule)
+            try:
+                tables.append(stream.table())
+            except Exception as e:  # noqa: BLE001  (a client's batch stream failed)
+                job.error = e
+                tables.append(None)
+        widths = {t.shape[1] for t in tables if t is not None and len(t)}
+        if len(widths) > 1:
+            return None  # batches of several sizes: grouped step by step
+        width = widths.pop() if widths else 1
+        steps = [len(t) if t is not None else 0 for t in tables]
+        table = torch.zeros(len(jobs), max(steps, default=0), width, dtype=torch.int64)
+        for c, t in enumerate(tables):
+            if t is not None and len(t):
+                table[c, : len(t)] = t
+        return cls(table.to(device), steps)
+
+    def select(self, keep: list[int]) -> None:
+        """Keep the rows `keep` (the clients still stepping), in that order."""
+        self.table = self.table.index_select(0, torch.tensor(keep, device=self.table.device))
 
 
 @dataclass
@@ -631,6 +700,28 @@ def _stack_hooks(jobs: list[SGDJob]) -> list[_HookGroup]:
     return groups
 
 
+HOST_STACK_BYTES = 1 << 30
+"""**[choice]** On a CPU, the stacked state (`w`, `g`, momentum) kept under ~1 GiB: beyond it
+rows run in chunks, one after another (a CPU gains nothing from wider stacks once the rows'
+arithmetic dominates, and the machine's memory is shared with everything else)."""
+DEVICE_STACK_SHARE = 0.5
+"""**[choice]** On a GPU, the stacked state may take half of the device memory free when the
+stack is sized; the other half is for the activations and the data. A first step that runs
+out of memory anyway halves the stack and retries (`CohortTrainer.sgd_many`)."""
+
+
+def rows_that_fit(dim: int, device: torch.device | str) -> int:
+    """How many rows of a `dim`-parameter model one stack holds: its state (`w`, `g` and
+    momentum, float32) within `HOST_STACK_BYTES` on a CPU, within `DEVICE_STACK_SHARE` of the
+    free memory on a GPU (`torch.cuda.mem_get_info`)."""
+    per_row = 3 * 4 * max(dim, 1)
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return max(1, int(free * DEVICE_STACK_SHARE) // per_row)
+    return max(1, HOST_STACK_BYTES // per_row)
+
+
 def stacks_full_gradients(model: FlatModel) -> bool:
     """Whether `CohortTrainer.full_gradients` computes this model's full gradients stacked: not
     with BatchNorm, whose eval-mode pass reads each client's own running statistics (those
@@ -675,6 +766,6 @@ def stacks_evaluation(device: torch.device | str) -> bool:
 
 
 __all__ = [
-    "CohortTrainer", "EvalJob", "GradJob", "SGDJob", "stacks_evaluation", "stacks_full_gradients",
-    "unsupported_reason",
+    "CohortTrainer", "EvalJob", "GradJob", "SGDJob", "rows_that_fit", "stacks_evaluation",
+    "stacks_full_gradients", "unsupported_reason",
 ]

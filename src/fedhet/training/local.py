@@ -39,6 +39,61 @@ def stream_seed(*keys: int) -> np.random.Generator:
     )
 
 
+class BatchSchedule(Iterator[torch.Tensor]):
+    """`steps` mini-batches of `b = min(batch_size, n)` of the `n` indices `indices`, epoch by
+    epoch: an iterator of `(b,)` index tensors, and all of them at once as one `(steps, b)`
+    table (`table`), which the stacked executor uploads to the device once a round instead of
+    one batch a step.
+
+    `order="reshuffle"` draws a new permutation of the `n` positions from `rng` each epoch;
+    `"fixed"` draws one and repeats it every epoch (the non-RR protocol of BHerd §2.8). A
+    trailing partial batch is dropped, matching `τ = ⌊E·D_i/B⌋`. The table is drawn on first
+    use (a client without samples fails there, as its first mini-batch would)."""
+
+    def __init__(self, indices: torch.Tensor, batch_size: int, steps: int,
+                 rng: np.random.Generator, order: str = "reshuffle") -> None:
+        self.indices = indices
+        self.batch_size = batch_size
+        self.steps = steps
+        self.rng = rng
+        self.order = order
+        self.position = 0
+        """Batches handed out by iteration so far."""
+        self._table: torch.Tensor | None = None
+
+    def table(self) -> torch.Tensor:
+        """Every batch of the schedule, `(steps, b)` (drawn once, then kept)."""
+        if self._table is None:
+            n = len(self.indices)
+            b = min(self.batch_size, n)
+            per_epoch = n // b
+            epochs = []
+            made = 0
+            perm = self.rng.permutation(n)
+            while made < self.steps:
+                k = min(per_epoch, self.steps - made)
+                epochs.append(perm[: k * b].reshape(k, b))
+                made += k
+                if self.order == "reshuffle":
+                    perm = self.rng.permutation(n)
+            positions = np.concatenate(epochs) if epochs else np.zeros((0, b), dtype=np.int64)
+            self._table = self.indices[torch.from_numpy(positions)]
+        return self._table
+
+    def __iter__(self) -> BatchSchedule:
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        if self.position >= self.steps:
+            raise StopIteration
+        batch = self.table()[self.position]
+        self.position += 1
+        return batch
+
+    def __len__(self) -> int:
+        return self.steps - self.position
+
+
 class LocalTrainer:
     """Trains the shared `FlatModel` on index subsets of `(x, y)`."""
 
@@ -51,24 +106,10 @@ class LocalTrainer:
     def batches(
         self, indices: torch.Tensor, batch_size: int, steps: int, rng: np.random.Generator,
         order: str = "reshuffle",
-    ) -> Iterator[torch.Tensor]:
-        """`steps` mini-batches of `min(batch_size, n)` indices, walking epochs of `indices`.
-
-        `order="reshuffle"` draws a new permutation each epoch; `"fixed"` draws one and repeats
-        it every epoch (the non-RR protocol of BHerd §2.8). A trailing partial batch is dropped,
-        matching `τ = ⌊E·D_i/B⌋`.
-        """
-        n = len(indices)
-        b = min(batch_size, n)
-        per_epoch = n // b
-        perm = torch.from_numpy(rng.permutation(n))
-        made = 0
-        while made < steps:
-            for j in range(min(per_epoch, steps - made)):
-                yield indices[perm[j * b : (j + 1) * b]]
-            made += min(per_epoch, steps - made)
-            if order == "reshuffle":
-                perm = torch.from_numpy(rng.permutation(n))
+    ) -> BatchSchedule:
+        """`steps` mini-batches of `min(batch_size, n)` indices, walking epochs of `indices`
+        (`BatchSchedule`)."""
+        return BatchSchedule(indices, batch_size, steps, rng, order)
 
     # -- gradients ------------------------------------------------------------------------
     def gradient(

@@ -1,0 +1,238 @@
+"""A stacked program: a model's forward for `R` rows of weights as a few batched operations.
+
+The general stacked gradient (`CohortTrainer.gradients`) maps `grad(functional_call(...))` over
+the rows with `torch.func.vmap`: every operation of the forward and backward goes through
+vmap's batching rules, a few hundred dispatches a step whatever the arithmetic. A model whose
+forward is a plain sequence of known layers needs none of that. `StackedProgram.of(model)`
+reads the sequence (`layer_sequence`) and runs it for the stack `w` of shape `(R, d)` with one
+operation per layer, the rows kept apart by the operations themselves:
+
+- `Linear` (`y = x Wᵀ + b` per row) is one batched matmul, `baddbmm(b, x, Wᵀ)` over
+  `(R, B, in)` activations;
+- `Conv2d` is one grouped convolution: the rows' activations lie side by side as channels,
+  `(B, R·C, H, W)` (channels-last where the model asks for it), and the rows' kernels
+  `(R·C_out, C_in, k, k)` with `groups = R·groups`, so row `r` sees only its own channels;
+- element-wise activations and pooling apply as they are (they act per channel);
+- `Flatten` moves the image activations to `(R, B, C·H·W)` in the model's own (C, H, W) order.
+
+The loss is the model's cross-entropy, the mean over each row's mini-batch; the rows' losses
+are summed and differentiated once by autograd, which gives each row the gradient of its own
+loss, since no row's loss depends on another row's weights: `∂(Σ_r ℓ_r)/∂w_r = ∂ℓ_r/∂w_r`.
+
+A sequence is what the module's forward does when `layer_sequence` can read it: an
+`nn.Sequential` of known layers, or a module that lists its steps in `stacked_layers()` (the
+seeds' MLP and convolutional networks do; `ImageView` stands for a reshape of each sample).
+`StackedProgram.of` then checks the program against the module's own forward on two samples
+and keeps it only if they agree; anything else (BatchNorm, dropout, a custom loss, a layer
+not listed here) returns None and the executor uses the general vmap path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from fedhet.models.sequence import ImageView
+from fedhet.training.flat import FlatModel
+
+ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity)
+"""Parameter-free layers that act on each value alone: they apply to any stacked layout."""
+CHANNELWISE = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d)
+"""Parameter-free layers that act on each channel's image alone: they apply to the stacked
+`(B, R·C, H, W)` layout as they are."""
+
+Step = nn.Module | ImageView
+
+
+def layer_sequence(module: nn.Module) -> list[Step] | None:
+    """The steps `module`'s forward takes, in order, or None when they cannot be read: an
+    `nn.Sequential` is its children's sequences; a module with `stacked_layers()` lists its own
+    steps (each a layer, an `nn.Sequential` or an `ImageView`); a layer is itself."""
+    if isinstance(module, nn.Sequential):
+        steps: list[Step] = []
+        for child in module:
+            inner = layer_sequence(child)
+            if inner is None:
+                return None
+            steps += inner
+        return steps
+    listed = getattr(module, "stacked_layers", None)
+    if callable(listed):
+        steps = []
+        for part in listed():
+            inner = [part] if isinstance(part, ImageView) else layer_sequence(part)
+            if inner is None:
+                return None
+            steps += inner
+        return steps
+    if isinstance(module, (nn.Linear, nn.Conv2d, nn.Flatten, *ELEMENTWISE, *CHANNELWISE)):
+        return [module]
+    return None
+
+
+@dataclass(frozen=True)
+class _Op:
+    kind: str
+    """`linear`, `conv`, `pointwise` (element- or channel-wise), `flatten` or `image`."""
+    module: nn.Module | None = None
+    weight: int = -1
+    """Index of the weight among the model's parameter layers (`FlatModel.layers`)."""
+    bias: int = -1
+    image: tuple[int, int, int] = (0, 0, 0)
+
+
+class StackedProgram:
+    """The stacked forward and gradient of a sequence of known layers (module docstring)."""
+
+    def __init__(self, model: FlatModel, ops: list[_Op]) -> None:
+        self.model = model
+        self.ops = ops
+        self.slices = [(layer.start, layer.stop, layer.shape) for layer in model.layers]
+        self.starts_on_images = ops[0].kind == "conv" or (
+            ops[0].kind == "pointwise" and isinstance(ops[0].module, CHANNELWISE))
+        """The first layer takes images: samples `(C, H, W)` go in as `(B, R·C, H, W)`."""
+        self.image_input = self.starts_on_images or ops[0].kind == "image"
+        """The samples are gathered batch-first, `(B, R, *sample)` (`gather`)."""
+        self.channels_last = model.channels_last
+
+    @classmethod
+    def of(cls, model: FlatModel, sample_shape: Sequence[int]) -> StackedProgram | None:
+        """The program of `model`, or None when its forward is not a sequence of known layers
+        (module docstring), it trains with its own loss, it holds buffers (BatchNorm), or the
+        program disagrees with the module's forward on a probe of two samples."""
+        module = model.module
+        if getattr(module, "loss", None) is not None or model.buffers.numel():
+            return None
+        steps = layer_sequence(module)
+        if not steps:
+            return None
+        names = {id(m): n for n, m in module.named_modules()}
+        index = {layer.name: k for k, layer in enumerate(model.layers)}
+        ops: list[_Op] = []
+        used: set[int] = set()
+        for step in steps:
+            if isinstance(step, ImageView):
+                ops.append(_Op("image", image=step.shape))
+                continue
+            if isinstance(step, nn.Linear | nn.Conv2d):
+                if isinstance(step, nn.Conv2d) and step.padding_mode != "zeros":
+                    return None
+                prefix = names.get(id(step))
+                w = index.get(f"{prefix}.weight" if prefix else "weight", -1)
+                b = index.get(f"{prefix}.bias" if prefix else "bias", -1)
+                if w < 0 or (step.bias is not None and b < 0):
+                    return None
+                used |= {w, b} - {-1}
+                ops.append(_Op("linear" if isinstance(step, nn.Linear) else "conv", step, w, b))
+            elif isinstance(step, nn.Flatten):
+                if step.start_dim != 1 or step.end_dim != -1:
+                    return None
+                ops.append(_Op("flatten"))
+            else:
+                ops.append(_Op("pointwise", step))
+        if used != set(range(len(model.layers))):
+            return None  # a parameter the sequence does not use: not the module's forward
+        program = cls(model, ops)
+        return program if program._agrees(sample_shape) else None
+
+    # -- the forward ---------------------------------------------------------------------
+    def forward(self, leaves: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Logits `(R, B, K)` of the rows' weights `leaves` (one `(R, *shape)` tensor per
+        parameter layer) on their own samples `x`: `(B, R, *sample)` when the program starts
+        on images (`image_input`), else `(R, B, *sample)`."""
+        rows = leaves[0].shape[0] if leaves else 1
+        h = x
+        image = self.starts_on_images
+        if image:
+            h = self._as_image(h.reshape(h.shape[0], rows * h.shape[2], *h.shape[3:]))
+        batch_first = self.image_input
+        for op in self.ops:
+            if op.kind == "image":
+                c, hh, ww = op.image
+                if not batch_first:  # (R, B, ...) → (B, R, ...)
+                    h = h.transpose(0, 1)
+                h = self._as_image(h.reshape(h.shape[0], rows * c, hh, ww))
+                image = batch_first = True
+            elif op.kind == "conv":
+                m = op.module
+                assert isinstance(m, nn.Conv2d) and image
+                weight = leaves[op.weight]
+                bias = leaves[op.bias].reshape(-1) if op.bias >= 0 else None
+                h = F.conv2d(h, weight.reshape(-1, *weight.shape[2:]), bias, m.stride, m.padding,
+                             m.dilation, m.groups * rows)
+            elif op.kind == "pointwise":
+                assert op.module is not None
+                h = op.module(h)
+            elif op.kind == "flatten":
+                if batch_first:  # (B, R·C, H, W) → (R, B, C·H·W), each row's (C, H, W) order
+                    h = h.reshape(h.shape[0], rows, -1).transpose(0, 1)
+                    image = batch_first = False
+                else:
+                    h = h.reshape(h.shape[0], h.shape[1], -1)
+            else:  # linear: x Wᵀ + b per row
+                weight = leaves[op.weight]
+                if op.bias >= 0:
+                    h = torch.baddbmm(leaves[op.bias].unsqueeze(1), h, weight.transpose(1, 2))
+                else:
+                    h = torch.bmm(h, weight.transpose(1, 2))
+        return h
+
+    def _as_image(self, h: torch.Tensor) -> torch.Tensor:
+        return h.contiguous(memory_format=torch.channels_last) if self.channels_last else h
+
+    def leaves(self, w: torch.Tensor) -> list[torch.Tensor]:
+        """The per-layer views `(R, *shape)` of the stack `w` `(R, d)`."""
+        rows = w.shape[0]
+        return [w[:, a:b].view(rows, *shape) for a, b, shape in self.slices]
+
+    def gather(self, x: torch.Tensor, batch: torch.Tensor) -> torch.Tensor:
+        """The rows' samples for index batches `batch` `(R, B)`, in the program's input layout."""
+        return x[batch.t()] if self.image_input else x[batch]
+
+    # -- the gradient --------------------------------------------------------------------
+    def gradients(
+        self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mini-batch gradients `(R, d)` and losses `(R,)` (float32) of the stacked weights `w`
+        on index batches `batch` `(R, B)`: `∇ℓ_r(w_r)`, `ℓ_r = (1/B) Σ_j CE(f(w_r; x_rj), y_rj)`."""
+        rows, size = batch.shape
+        leaves = [t.detach().requires_grad_() for t in self.leaves(w)]
+        with torch.enable_grad(), self.model.passes():
+            logits = self.forward(leaves, self.gather(x, batch))
+            per_sample = F.cross_entropy(logits.reshape(rows * size, -1), y[batch].reshape(-1),
+                                         reduction="none")
+            losses = per_sample.view(rows, size).mean(dim=1)
+        grads = torch.autograd.grad(losses.sum(), leaves)
+        g = torch.empty_like(w)
+        for into, layer in zip(self.leaves(g), grads, strict=True):
+            into.copy_(layer)
+        return g, losses.detach().float()
+
+    def _agrees(self, sample_shape: Sequence[int]) -> bool:
+        """Whether the program's logits equal the module's forward on a random probe of two
+        samples (the model's own weights as a stack of one, float32, random state kept)."""
+        module = self.model.module
+        params = self.model.params
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(0)
+            probe = torch.rand(2, *sample_shape, device=params.device)
+            was_training = module.training
+            module.train()
+            try:
+                expected = module(probe)
+                x = probe.unsqueeze(1) if self.image_input else probe.unsqueeze(0)
+                got = self.forward(self.leaves(params.unsqueeze(0)), x)
+            except (RuntimeError, ValueError, TypeError, AssertionError):
+                return False
+            finally:
+                module.train(was_training)
+        if got.dim() != 3 or got.shape[0] != 1 or got[0].shape != expected.shape:
+            return False
+        return bool(torch.allclose(got[0], expected, rtol=1e-4, atol=1e-5))
+
+
+__all__ = ["CHANNELWISE", "ELEMENTWISE", "StackedProgram", "layer_sequence"]
