@@ -189,6 +189,26 @@ def test_prices_come_from_measurements_only(tmp_path: Path) -> None:
     same = next(r for r in plan if r.spec.label == run.spec.label and r is not run)
     assert pricer.price(same, "cpu").seconds_per_round == pytest.approx(42.0)
     assert pricer.price(same, "cpu").source == "measured"
+    # a round of 8 runs stepped together on a GPU costs each run an eighth of it
+    pricer.note(run, [{"kind": "cuda", "rounds": 10, "seconds": 80.0, "median_round_s": 8.0,
+                       "runs_batched": 8}])
+    assert pricer.price(same, "cuda").seconds_per_round == pytest.approx(1.0)
+
+
+def test_a_recorded_runs_price_is_its_share_of_the_batched_round(tmp_path: Path) -> None:
+    """A record whose rounds ran batched with 7 other runs prices its method at an eighth of
+    the round (not the batch's whole round, as its `s_per_round` reads)."""
+    store = Store(tmp_path / "results", tmp_path / "cache")
+    plan = plan_runs("paper", (tables.table("fednnnn-mnist"),), store.records)
+    run = plan[0]
+    folder = store.root / run.table / run.name
+    folder.mkdir(parents=True)
+    (folder / "record.json").write_text(json.dumps({
+        "table": run.table, "run": run.name, "label": run.spec.label, "s_per_round": {"cuda": 4.0},
+        "segments": [{"kind": "cuda", "rounds": 100, "seconds": 400.0, "median_round_s": 4.0,
+                      "runs_batched": 8}]}))
+    same = next(r for r in plan if r.spec.label == run.spec.label and r is not run)
+    assert Pricer(store, plan).price(same, "cuda").seconds_per_round == pytest.approx(0.5)
 
 
 # -- sittings -----------------------------------------------------------------------------------

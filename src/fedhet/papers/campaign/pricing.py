@@ -7,7 +7,8 @@ it evaluates (a forward pass). Its **price** on a device kind (`cpu`: one core; 
 GPU) is its rounds left times a measured seconds per round, the first of:
 
 1. **measured**: the median seconds per round of the same table's runs of the same method on
-   that kind (from the records and the cached and travelling runs' segments);
+   that kind (from the records and the cached and travelling runs' segments), each segment's
+   round divided among the runs batched in it (`runs_batched`): a run's share of the device;
 2. **bench**: the device kind's committed bench record (`RESULTS/campaign/bench/<kind>.json`,
    `bench.py`): the seconds per sample-pass measured on the same model, with the nearest count
    of clients stepping at once (clients stacked × runs batched; on a CPU one at a time), times
@@ -132,8 +133,12 @@ class Pricer:
         for table in {r.table for r in runs}:
             for name, rec in store.recorded(table).items():
                 seen.add((table, name))
+                label = str(rec.get("label", ""))
+                if rec.get("segments"):
+                    self._add(table, label, rec["segments"])
+                    continue
                 for kind, s in (rec.get("s_per_round") or {}).items():
-                    self.measured.setdefault((table, str(rec.get("label", "")), kind), []).append(float(s))
+                    self.measured.setdefault((table, label, kind), []).append(float(s))
         for r in runs:
             if (r.table, r.name) in seen:
                 continue
@@ -145,10 +150,16 @@ class Pricer:
 
     def note(self, run: CampaignRun, segments: list[dict[str, Any]]) -> None:
         """Add a run's measured segments (a sitting's own measurement)."""
+        self._add(run.table, run.spec.label, segments)
+
+    def _add(self, table: str, label: str, segments: list[dict[str, Any]]) -> None:
+        """Each segment's seconds per round as this run's share: a round of `runs_batched` runs
+        stepped together is counted once among them, so its time divided by them."""
         for s in segments:
             v = segment_s_per_round(s)
             if v is not None:
-                self.measured.setdefault((run.table, run.spec.label, s["kind"]), []).append(v)
+                share = v / max(1, int(s.get("runs_batched", 1) or 1))
+                self.measured.setdefault((table, label, s["kind"]), []).append(share)
 
     def price(self, run: CampaignRun, kind: str) -> Price | None:
         m = self.measured.get((run.table, run.spec.label, kind))

@@ -329,7 +329,7 @@ class Sitting:
         proc.start()
         before = {r.name: rounds_done(self.store.run_dir(r.table, r.name)) for r in unit}
         prices = [pricer.price(r, self.kind) for r in unit]
-        s_round = max((p.seconds_per_round for p in prices if p), default=0.0)
+        s_round = sum(p.seconds_per_round for p in prices if p)  # the runs' shares of one round
         for r, p in zip(unit, prices, strict=True):
             self.started.add(r.name)
             est = (f", ≈{p.seconds_per_round * (r.rounds - before[r.name]) / 60:.0f} min ({p.source})"
