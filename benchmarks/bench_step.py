@@ -1,0 +1,150 @@
+"""Milliseconds per stacked local step (`CohortTrainer.sgd_many`), the batched executor's unit.
+
+Two figures per model and device:
+
+- **host**: a step whose arithmetic is negligible (4 rows, mini-batches of one sample), so the
+  time is what the step costs to issue: Python, autograd and dispatch, index gathers, the
+  chain's updates. It bounds how fast any stacked step can run, whatever the device.
+- **ops**: the ATen operations one such step dispatches (`torch.profiler`), the device-free
+  measure of that cost (each is a kernel launch on a GPU);
+- **per row**: steps at the papers' mini-batch (`B`) with 1, 8 and 32 rows stacked: the
+  milliseconds of one step divided by the rows, i.e. what each stacked client costs; and the
+  same step of one client on the sequential executor (`LocalTrainer.sgd`, eager PyTorch).
+
+Random data of MNIST's shape; every figure is the median over `--repeats` timings of `--steps`
+steps each, after one warm-up, in this process's CPU time on a CPU (`time.process_time`: what
+other processes on a shared machine take is not counted) and in wall time on a GPU.
+`--path both` times the stacked program and the general `torch.func` (vmap) path on the same
+models in one run, so their ratio is measured under the same conditions.
+
+    python benchmarks/bench_step.py [--models mlp,cnn-fednnnn-mnist,cnn-mnist] [--device cpu]
+        [--threads 1] [--steps 50] [--repeats 5] [--path auto|vmap|both] [--rows 1,8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from fedhet.models.registry import MODELS, build_model
+from fedhet.training.cohort import CohortTrainer, SGDJob
+from fedhet.training.flat import FlatModel
+from fedhet.training.local import BatchSchedule, LocalTrainer
+from fedhet.training.steps import SGDConfig
+
+PAPER_B = {"mlp": 50, "cnn-fednnnn-mnist": 50, "cnn-mnist": 50}
+"""The mini-batch the papers use with each model (FedSR's MLP, FedNNNN's and BHerd's CNNs)."""
+
+
+def make(model_name: str, device: str, samples: int = 4096) -> tuple[CohortTrainer, FlatModel]:
+    torch.manual_seed(0)
+    module = build_model(model_name, (1, 28, 28), 10, MODELS.get(model_name).params()).to(device)
+    flat = FlatModel(module, channels_last=bool(MODELS.get(model_name).trait("channels_last")))
+    x = torch.rand(samples, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (samples,), device=device)
+    return CohortTrainer(flat, x, y, log=lambda s: None), flat
+
+
+def _clock(cuda: bool) -> float:
+    if cuda:
+        torch.cuda.synchronize()
+        return time.perf_counter()
+    return time.process_time()
+
+
+def _schedule(n: int, batch: int, steps: int, seed: int) -> BatchSchedule:
+    return BatchSchedule(torch.arange(n), batch, steps, np.random.default_rng(seed))
+
+
+def time_steps(cohort: CohortTrainer, flat: FlatModel, rows: int, batch: int, steps: int,
+               momentum: float = 0.0) -> float:
+    """Seconds for `steps` stacked steps of `rows` clients at mini-batch `batch`."""
+    n = len(cohort.y)
+    cfg = SGDConfig(lr=0.01, momentum=momentum)
+    jobs = [SGDJob(flat.params.clone(), _schedule(n, batch, steps, r), cfg) for r in range(rows)]
+    cuda = cohort.x.is_cuda
+    start = _clock(cuda)
+    cohort.sgd_many(jobs)
+    elapsed = _clock(cuda) - start
+    errors = [j.error for j in jobs if j.error is not None]
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def median_ms(cohort, flat, rows, batch, steps, repeats) -> float:
+    time_steps(cohort, flat, rows, batch, 3)  # warm-up
+    return statistics.median(time_steps(cohort, flat, rows, batch, steps) * 1000 / steps
+                             for _ in range(repeats))
+
+
+def ops_per_step(cohort: CohortTrainer, flat: FlatModel, rows: int, steps: int = 10) -> float:
+    """ATen operations dispatched per stacked step (`torch.profiler`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    time_steps(cohort, flat, rows, 1, 2)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        time_steps(cohort, flat, rows, 1, steps)
+    return sum(e.count for e in prof.key_averages() if e.key.startswith("aten::")) / steps
+
+
+def sequential_ms(cohort: CohortTrainer, flat: FlatModel, batch: int, steps: int, repeats: int) -> float:
+    """One client's step on the sequential executor (`LocalTrainer.sgd`), for comparison."""
+    trainer = LocalTrainer(flat, cohort.x, cohort.y)
+    n = len(cohort.y)
+    w0 = flat.params.clone()
+
+    def once(k: int) -> float:
+        start = _clock(cohort.x.is_cuda)
+        trainer.sgd(w0, _schedule(n, batch, k, 0), SGDConfig(lr=0.01))
+        return _clock(cohort.x.is_cuda) - start
+
+    once(3)
+    return statistics.median(once(steps) * 1000 / steps for _ in range(repeats))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="mlp,cnn-fednnnn-mnist,cnn-mnist")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--rows", default="1,8,32")
+    ap.add_argument("--path", choices=("auto", "vmap", "both"), default="both",
+                    help="vmap: the general torch.func path even where the stacked program "
+                    "applies; both: each model on both paths")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = [int(r) for r in args.rows.split(",")]
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
+    print(f"device {args.device} ({name}), torch {torch.__version__}, {args.threads} thread(s), "
+          f"path {args.path}")
+    print("| model | path | ms/step, 1 row, B=1 | ms/step, 4 rows, B=1 | ops/step, 4 rows | " +
+          " | ".join(f"ms/step/row, {r} rows" for r in rows) + " | ms/step, sequential |")
+    print("|---|---|---|---|---|" + "---|" * len(rows) + "---|")
+    for model_name in args.models.split(","):
+        for path in ("auto", "vmap") if args.path == "both" else (args.path,):
+            cohort, flat = make(model_name, args.device)
+            if path == "vmap":
+                if cohort.program is None:
+                    continue
+                cohort.program = None
+            used = "program" if cohort.program is not None else "vmap"
+            one = median_ms(cohort, flat, 1, 1, args.steps, args.repeats)
+            four = median_ms(cohort, flat, 4, 1, args.steps, args.repeats)
+            ops = ops_per_step(cohort, flat, 4)
+            b = PAPER_B.get(model_name, 32)
+            per_row = [median_ms(cohort, flat, r, b, max(5, args.steps // r), args.repeats) / r
+                       for r in rows]
+            seq = sequential_ms(cohort, flat, b, args.steps, args.repeats)
+            print(f"| {model_name} (B={b}) | {used} | {one:.2f} | {four:.2f} | {ops:.0f} | "
+                  + " | ".join(f"{v:.2f}" for v in per_row) + f" | {seq:.2f} |", flush=True)
+
+if __name__ == "__main__":
+    main()
