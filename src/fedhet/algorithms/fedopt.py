@@ -80,32 +80,20 @@ def server_step(
     return x + eta * m / (torch.sqrt(v) + tau), m, v
 
 
-@dataclass(frozen=True)
-class FedAdagradParams:
-    server_lr: float = 0.1
-    """Server learning rate `η`."""
-    beta1: float = 0.0
-    """First-moment decay `β1` (0: plain Adagrad)."""
-    tau: float = 1e-9
-    """Degree of adaptivity `τ` (added to `√v`; `v_(−1) = τ²`)."""
-    v_init: Literal["tau2", "zero"] = "tau2"
-    """`v_(−1)`: `τ²` (the paper's `v_(−1) ≥ τ²`) or 0 (Flower's strategies)."""
-    mu: float = 0.0
-    """The clients' proximal term `μ` (FedProx local steps; 0 = FedAvg's)."""
-    weighting: Literal["samples", "uniform"] = "samples"
-    """`p_i` of the pseudo-gradient `Δ_t = Σ_i p_i Δ_i`."""
+class _Checked:
+    """The checks every adaptive server's parameters share."""
 
     def validate(self) -> None:
+        p: Any = self
+        beta2 = getattr(p, "beta2", 0.0)
         checks = [
-            (self.server_lr > 0 and math.isfinite(self.server_lr),
-             f"algorithm.server_lr (η) must be a positive number, got {self.server_lr}"),
-            (0 <= self.beta1 < 1, f"algorithm.beta1 must be in [0, 1), got {self.beta1}"),
-            (0 <= getattr(self, "beta2", 0.0) < 1,
-             f"algorithm.beta2 must be in [0, 1), got {getattr(self, 'beta2', 0.0)}"),
-            (self.tau > 0 and math.isfinite(self.tau),
-             f"algorithm.tau (τ) must be a positive number, got {self.tau}"),
-            (self.mu >= 0 and math.isfinite(self.mu),
-             f"algorithm.mu must be a number ≥ 0, got {self.mu}"),
+            (p.server_lr > 0 and math.isfinite(p.server_lr),
+             f"algorithm.server_lr (η) must be a positive number, got {p.server_lr}"),
+            (0 <= p.beta1 < 1, f"algorithm.beta1 must be in [0, 1), got {p.beta1}"),
+            (0 <= beta2 < 1, f"algorithm.beta2 must be in [0, 1), got {beta2}"),
+            (p.tau > 0 and math.isfinite(p.tau),
+             f"algorithm.tau (τ) must be a positive number, got {p.tau}"),
+            (p.mu >= 0 and math.isfinite(p.mu), f"algorithm.mu must be a number ≥ 0, got {p.mu}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -113,23 +101,57 @@ class FedAdagradParams:
 
 
 @dataclass(frozen=True)
-class FedYogiParams(FedAdagradParams):
-    server_lr: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.99
-    """Second-moment decay `β2`."""
-    tau: float = 1e-3
+class FedAdagradParams(_Checked):
+    server_lr: float = 0.1
+    """Server learning rate `η`."""
+    beta1: float = 0.0
+    """First-moment decay `β1` (0: Adagrad without momentum)."""
+    tau: float = 1e-9
+    """Degree of adaptivity `τ` (added to `√v_t`)."""
+    v_init: Literal["tau2", "zero"] = "tau2"
+    """`v_(−1)`: `τ²` (the paper's `v_(−1) ≥ τ²`) or 0 (Flower's strategies)."""
+    mu: float = 0.0
+    """The clients' proximal term `μ` (FedProx's local steps; 0: FedAvg's)."""
+    weighting: Literal["samples", "uniform"] = "samples"
+    """`p_i` of the pseudo-gradient `Δ_t = Σ_i p_i Δ_i`."""
 
 
 @dataclass(frozen=True)
-class FedAdamParams(FedAdagradParams):
-    server_lr: float = 0.1
+class FedYogiParams(_Checked):
+    server_lr: float = 0.01
+    """Server learning rate `η`."""
     beta1: float = 0.9
+    """First-moment decay `β1`."""
+    beta2: float = 0.99
+    """Second-moment rate `β2`."""
+    tau: float = 1e-3
+    """Degree of adaptivity `τ` (added to `√v_t`)."""
+    v_init: Literal["tau2", "zero"] = "tau2"
+    """`v_(−1)`: `τ²` (the paper's `v_(−1) ≥ τ²`) or 0 (Flower's strategies)."""
+    mu: float = 0.0
+    """The clients' proximal term `μ` (FedProx's local steps; 0: FedAvg's)."""
+    weighting: Literal["samples", "uniform"] = "samples"
+    """`p_i` of the pseudo-gradient `Δ_t = Σ_i p_i Δ_i`."""
+
+
+@dataclass(frozen=True)
+class FedAdamParams(_Checked):
+    server_lr: float = 0.1
+    """Server learning rate `η`."""
+    beta1: float = 0.9
+    """First-moment decay `β1`."""
     beta2: float = 0.99
     """Second-moment decay `β2`."""
     tau: float = 1e-9
+    """Degree of adaptivity `τ` (added to `√v_t`)."""
+    v_init: Literal["tau2", "zero"] = "tau2"
+    """`v_(−1)`: `τ²` (the paper's `v_(−1) ≥ τ²`) or 0 (Flower's strategies)."""
     bias_correction: bool = False
     """Scale `η` by `√(1 − β2^(t+1)) / (1 − β1^(t+1))` (Flower's `FedAdam`; not in the paper)."""
+    mu: float = 0.0
+    """The clients' proximal term `μ` (FedProx's local steps; 0: FedAvg's)."""
+    weighting: Literal["samples", "uniform"] = "samples"
+    """`p_i` of the pseudo-gradient `Δ_t = Σ_i p_i Δ_i`."""
 
 
 class AdaptiveServer:
