@@ -147,3 +147,21 @@ def test_fedhet_list_shows_the_client_optimizer_and_server_optimizer_settings(ca
     for text in ("client_optimizer=sgd", "adam_beta1=0.9", "adam_beta2=0.999", "adam_eps=1e-08",
                  "fedadam", "fedyogi", "fedadagrad", "server_lr=0.1, beta1=0.9, beta2=0.99"):
         assert text in out, text
+
+
+def test_a_batch_of_runs_with_sgd_adam_and_adamw_clients_steps_together(tmp_path):
+    """A grid over `client_optimizer` (and a FedAdam server) as one batch of runs: SGD rows with
+    momentum and Adam rows in one stack, each run as it is alone (tests/test_batch.py)."""
+    from test_batch import _alone_and_together, same
+
+    variants = [
+        {"algorithm": "fedavg", "momentum": 0.5},
+        {"algorithm": "fedavg", "client_optimizer": "adam", "lr": 0.01},
+        {"algorithm": "fedprox", "client_optimizer": "adamw", "lr": 0.01, "weight_decay": 0.05},
+        {"algorithm": "fedadam", "client_optimizer": "adam", "lr": 0.01,
+         "algorithm.server_lr": 0.01},
+    ]
+    alone, together, outcomes = _alone_and_together(tmp_path, [{**v, "seed": 4} for v in variants])
+    assert all(o["finished"] for o in outcomes)
+    assert same(together, alone)
+    assert len({tuple(c) for c in alone}) == 4
