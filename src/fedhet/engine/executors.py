@@ -278,8 +278,9 @@ class BatchedExecutor(InProcess):
     def _chunk_size(self, n: int) -> int:
         if self.chunk > 0:
             return self.chunk
-        # [choice] keep the stacked (w, g, momentum) state under ~1 GiB
-        per_client = 3 * 4 * max(self.work.model.dim, 1)
+        # [choice] keep the stacked (w, g, momentum) state, or (w, g, Adam's m and v), under ~1 GiB
+        vectors = 4 if self.work.local.client_optimizer != "sgd" else 3
+        per_client = vectors * 4 * max(self.work.model.dim, 1)
         return max(1, min(n, (1 << 30) // per_client))
 
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
