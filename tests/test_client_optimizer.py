@@ -165,3 +165,12 @@ def test_a_batch_of_runs_with_sgd_adam_and_adamw_clients_steps_together(tmp_path
     assert all(o["finished"] for o in outcomes)
     assert same(together, alone)
     assert len({tuple(c) for c in alone}) == 4
+
+
+def test_the_testing_kit_builds_the_refusal_too():
+    """A user's unit test of an algorithm meets the same line (`fedhet.testing.run_info`)."""
+    from fedhet import testing
+
+    with pytest.raises(FedhetError, match="scaffold needs client_optimizer=sgd, got adamw"):
+        testing.make("scaffold", run=testing.run_info(dim=3, client_optimizer="adamw"))
+    testing.make("fedprox", run=testing.run_info(dim=3, client_optimizer="adamw"))
