@@ -187,3 +187,42 @@ def test_adaptive_servers_learn_digits(name, params):
     acc, row = _final({"algorithm": name, **params})
     assert acc > 0.75 and acc > base + 0.3, (acc, base)
     assert row["pseudo_grad_norm"] > 0
+
+
+def test_the_server_step_composes_with_another_fedavg_family_aggregate():
+    """`AdaptiveServer` before MOON: MOON's clients and average, FedAdam's step on top. Round 0
+    of both runs trains the same clients from the same model, so MOON's own round gives the
+    pseudo-gradient `Δ_0` and the composed run must land on the Adam step from it."""
+    from dataclasses import dataclass
+
+    from fedhet.algorithms.fedopt import AdaptiveServer, server_step
+    from fedhet.algorithms.moon import Moon, MoonParams
+
+    @dataclass(frozen=True)
+    class MoonAdamParams(MoonParams):
+        server_lr: float = 0.01
+        beta1: float = 0.9
+        beta2: float = 0.99
+        tau: float = 1e-3
+        v_init: str = "tau2"
+        bias_correction: bool = False
+
+    class MoonAdam(AdaptiveServer, Moon):
+        name = "moon-adam-test"
+        rule = "adam"
+        Params = MoonAdamParams
+
+    cfg = config_of({**DIGITS, "rounds": 1, "clients": 4, "algorithm": "moon", "model": "moon-mlp"})
+    moon = assemble(cfg, log=lambda _: None)
+    w0 = moon.side.algorithm.init(moon.side.model.params.clone()).w
+    moon.run()
+    composed = assemble(cfg, algorithm=MoonAdam, log=lambda _: None)
+    composed.run()
+    state = composed.final_state
+    delta = moon.final_state.w - w0
+    expected, m, _ = server_step("adam", w0, delta, torch.zeros_like(w0), torch.full_like(w0, 1e-6),
+                                 0, 0.01, 0.9, 0.99, 1e-3)
+    assert type(state).__name__ == "FedOptState" and state.t == 1
+    assert torch.allclose(state.m, m, atol=1e-7)
+    assert torch.allclose(state.w, expected, atol=1e-5)
+    assert (state.w - moon.final_state.w).abs().max() > 1e-3  # not MOON's own step
