@@ -26,8 +26,9 @@ Defaults (**[choice]**; the paper tunes `η` and `τ` per task over grids and fi
 The server step is `AdaptiveServer`, a mixin placed before any FedAvg-family class whose state
 is a `FedAvgState` (FedAvg, FedProx, MOON, GraB-FedAvg): `class MoonAdam(AdaptiveServer, Moon)`
 with `rule = "adam"` runs MOON's clients under FedAdam's server (its parameter dataclass then
-needs both classes' fields; tests/test_fedopt.py builds one). The client half and the messages are the family's own: the downlink is `w`, the reply
-`delta` and the scalars, so every executor and Flower's deployment run it unchanged.
+needs both classes' fields; tests/test_fedopt.py builds one). The client half and the messages
+are the family's own: the downlink is `w`, the reply `delta` and the scalars, so every executor
+and Flower's deployment run it unchanged.
 """
 
 from __future__ import annotations

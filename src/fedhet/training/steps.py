@@ -33,11 +33,12 @@ rows hold. A scaled add is `y.add_(x, alpha=a)` over the rows that share the val
 (`Scale`), never a per-row multiply then an add (two roundings where `add_` fuses them into
 one); a row whose coefficient is 0 is left alone (no `+ 0·x`: `μ = 0` is FedAvg bit for bit,
 `λ = 0` adds nothing, `η = 0` leaves `w` as it is); momentum multiplies each row by its own `ρ`
-(one rounding either way) and a `ρ = 0` row's direction is its `g` itself. Adam runs the rows
+(one rounding either way) and a `ρ = 0` row's direction is its `g` itself. Adam steps the rows
 that share its coefficients `(η, β1, β2, ε, λ)` as one group with Python-number coefficients,
-the operations a row alone runs; SGD and Adam rows in one stack step as two sub-stacks. Rows whose chains
-differ in shape (another algorithm's runs in the same batch of runs) are stacked kind by kind
-within each shape, every stacked transform being zero on the rows of the other shapes.
+the operations a row alone runs; SGD and Adam rows of one stack step as two sub-stacks. Rows
+whose chains differ in shape (another algorithm's runs in the same batch of runs) are stacked
+kind by kind within each shape, every stacked transform being zero on the rows of the other
+shapes.
 """
 
 from __future__ import annotations
