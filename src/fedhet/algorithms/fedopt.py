@@ -21,7 +21,7 @@ Flower's `FedAdam` does (the paper's Algorithm 2 has no bias correction, the def
 Defaults (**[choice]**; the paper tunes `η` and `τ` per task over grids and fixes `β1 = 0.9`,
 `β2 = 0.99`): Flower 1.41's strategy defaults. FedAdam `η = 0.1`, `β1 = 0.9`, `β2 = 0.99`,
 `τ = 1e-9`; FedYogi `η = 0.01`, `β1 = 0.9`, `β2 = 0.99`, `τ = 1e-3`; FedAdagrad `η = 0.1`,
-`β1 = 0` (Adagrad without momentum, as Flower's `FedAdagrad` and the paper's runs), `τ = 1e-9`.
+`β1 = 0` (Adagrad without momentum, as Flower's `FedAdagrad` fixes it), `τ = 1e-9`.
 
 The server step is `AdaptiveServer`, a mixin placed before any FedAvg-family class whose state
 is a `FedAvgState` (FedAvg, FedProx, MOON, GraB-FedAvg): `class MoonAdam(AdaptiveServer, Moon)`
