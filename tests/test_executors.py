@@ -51,6 +51,21 @@ CASES = {
     "hierfavg": {"algorithm_params": {"clusters": 2, "kappa2": 2}},
     "fedavg-logreg": {"algorithm": "fedavg", "model": "logreg", "model_params": {}},
     "fedavg-equal-tau": {"algorithm": "fedavg", "client_steps": [], "local_steps": 3, "momentum": 0.0},
+    "fedadam": {"algorithm_params": {"server_lr": 0.01}},
+    "fedyogi": {"algorithm_params": {"mu": 0.1}},
+    "fedadagrad": {"algorithm_params": {"server_lr": 0.03, "beta1": 0.5}},
+    "fedavg-adam": {"algorithm": "fedavg", "client_optimizer": "adam", "momentum": 0.0, "lr": 0.01},
+    "fedprox-adamw": {"algorithm": "fedprox", "client_optimizer": "adamw", "momentum": 0.0,
+                      "lr": 0.01, "weight_decay": 0.05, "adam_beta1": 0.8, "adam_eps": 1e-6},
+    "fedadam-adam": {"algorithm": "fedadam", "client_optimizer": "adam", "momentum": 0.0,
+                     "lr": 0.01, "algorithm_params": {"server_lr": 0.01}},
+    # Adam steps by m/(√v + ε): a coordinate whose gradient is near ε turns the stacked
+    # contrastive gradient's last-bit differences into whole steps; a larger ε keeps the
+    # comparison about the executors
+    "moon-adam": {"algorithm": "moon", "model": "moon-mlp", "model_params": {},
+                  "client_optimizer": "adam", "momentum": 0.0, "lr": 0.01, "adam_eps": 1e-4},
+    "fedsr-adam": {"algorithm": "fedsr", "algorithm_params": {"clusters": 2, "ring_passes": 2},
+                   "client_optimizer": "adam", "momentum": 0.0, "lr": 0.01, "adam_eps": 1e-4},
 }
 
 

@@ -228,6 +228,18 @@ def test_every_registered_algorithm_runs_through_flower_messages(algorithm):
     assert remote.parts.comm.state() == local.parts.comm.state()
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "adamw"])
+def test_adam_clients_under_fedadam_run_through_flower_messages(optimizer):
+    """The SuperNodes read `client_optimizer` and Adam's settings from the run config: the same
+    model as in process, bit for bit."""
+    settings = {**BASE, "algorithm": "fedadam", "algorithm.server_lr": 0.01, "lr": 0.01,
+                "client_optimizer": optimizer, "weight_decay": 0.01, "adam_beta1": 0.8}
+    local, remote, _, _ = run_both(settings)
+    assert torch.equal(remote.final_state.w, local.final_state.w)
+    sgd, _, _, _ = run_both({**settings, "client_optimizer": "sgd"})
+    assert not torch.equal(sgd.final_state.w, local.final_state.w)
+
+
 # A client-stateful algorithm and a chain topology (each client trains on its predecessor's
 # model, the hop relayed through the server) exercise `Context.state` and the generic path.
 class CountingAvg(Algorithm):

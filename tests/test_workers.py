@@ -41,6 +41,10 @@ CASES = [
     ("bherd-fednova", {}),
     ("ring", {}),
     ("fedsr", {"algorithm.clusters": 2, "algorithm.ring_passes": 2}),
+    ("fedadam", {"algorithm.server_lr": 0.01}),
+    ("fedyogi", {}),
+    ("fedadagrad", {}),
+    ("fedavg", {"client_optimizer": "adam", "lr": 0.01}),
 ]
 
 

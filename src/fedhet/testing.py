@@ -74,12 +74,14 @@ def run_info(
     dim: int | None = None, *, num_clients: int = 2, rounds: int = 1, lr: float = 0.1,
     momentum: float = 0.0, weight_decay: float = 0.0, seed: int = 0,
     layers: Sequence[Layer] | None = None, context: ClientContext | None = None,
+    client_optimizer: str = "sgd",
 ) -> RunInfo:
     """What the server half knows about a run (`RunInfo`).
 
     `dim` is the length of the flat parameter vector; without `layers` it is one fully connected
     layer `weight` of shape `(dim,)`. `context` (a `fake_context`) takes `dim`, `layers`, `lr`,
-    `momentum` and `weight_decay` from that client's model and SGD settings instead.
+    `momentum`, `weight_decay` and `client_optimizer` from that client's model and local step
+    settings instead.
 
     >>> run_info(dim=3, num_clients=4).layers
     (Layer(name='weight', start=0, stop=3, shape=(3,), kind='fc'),)
@@ -88,6 +90,7 @@ def run_info(
         model = context.trainer.model
         dim, layers = model.dim, model.layers
         lr, momentum, weight_decay = context.sgd.lr, context.sgd.momentum, context.sgd.weight_decay
+        client_optimizer = context.sgd.optimizer
     if dim is None:
         raise ValueError("run_info needs dim= (the length of the parameter vector) or context=")
     if layers is None:
@@ -95,6 +98,7 @@ def run_info(
     return RunInfo(
         num_clients=num_clients, rounds=rounds, lr=lr, momentum=momentum,
         weight_decay=weight_decay, seed=seed, dim=dim, layers=tuple(layers),
+        client_optimizer=client_optimizer,
     )
 
 

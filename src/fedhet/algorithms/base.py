@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from fedhet.algorithms.state import BUFFERS, ClientState, ServerState
+from fedhet.errors import FedhetError
 from fedhet.registry import NoParams, Registry
 from fedhet.training.flat import Layer
 from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
@@ -58,6 +59,8 @@ class RunInfo:
     seed: int
     dim: int
     layers: tuple[Layer, ...]
+    client_optimizer: str = "sgd"
+    """The clients' local optimizer (`sgd`, `adam`, `adamw`; `RunConfig.client_optimizer`)."""
 
 
 @dataclass
@@ -116,10 +119,19 @@ class Algorithm:
     """The type of the server state `init` returns and `aggregate` keeps."""
     client_state_class: ClassVar[type[ClientState] | None] = None
     """The type of a client's state, None for an algorithm whose clients keep nothing."""
+    plain_sgd: ClassVar[str] = ""
+    """Why the algorithm's update rule assumes plain local SGD steps `w ← w − η g` (the reason
+    given when `client_optimizer` is adam or adamw, which it refuses); empty: any local
+    optimizer."""
 
     def __init__(self, params: Any, run: RunInfo) -> None:
         self.params = params
         self.run = run
+        if self.plain_sgd and run.client_optimizer != "sgd":
+            raise FedhetError(
+                f"{self.name or type(self).__name__} needs client_optimizer=sgd, got "
+                f"{run.client_optimizer}: {self.plain_sgd}"
+            )
 
     # -- server half ----------------------------------------------------------------------
     def init(self, w0: torch.Tensor) -> ServerState:

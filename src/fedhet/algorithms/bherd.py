@@ -448,6 +448,10 @@ class _BHerdBase(Algorithm):
     """The BHerd client half and shared server pieces."""
 
     client_state_class: ClassVar[type[BHerdClientState]] = BHerdClientState
+    plain_sgd = (
+        "it herds the raw mini-batch gradients and the server steps w − η Σ p_i τ_i G_i with "
+        "them (eq. 7), the plain SGD update"
+    )
 
     def __init__(self, params: Any, run: RunInfo) -> None:
         super().__init__(params, run)

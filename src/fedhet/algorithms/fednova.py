@@ -100,6 +100,10 @@ class FedNovaParams:
 class FedNova(Algorithm):
     name = "fednova"
     state_class = FedNovaState
+    plain_sgd = (
+        "its normaliser a_i counts SGD steps (with momentum or a proximal term), so that "
+        "d_i = −Δ_i/(η a_i) is the mean local gradient; Adam's steps have no such a_i"
+    )
 
     # -- server half ----------------------------------------------------------------------
     def init(self, w0: torch.Tensor) -> FedNovaState:

@@ -285,6 +285,10 @@ def _nanmax(a: float, b: float) -> float:
 class FedVeca(Algorithm):
     name = "fedveca"
     state_class = FedVecaState
+    plain_sgd = (
+        "it is defined for plain local SGD (eq. 1): its step-count rule (eq. 15) and the "
+        "server step w − η τ_k d_k read the local steps as w ← w − η g"
+    )
 
     def __init__(self, params: FedVecaParams, run: RunInfo) -> None:
         super().__init__(params, run)

@@ -28,9 +28,10 @@ from typing import Literal
 
 import torch
 
-from fedhet.algorithms.base import ALGORITHMS, ClientContext, ClientState, Message
+from fedhet.algorithms.base import ALGORITHMS, ClientContext, ClientState, Message, RunInfo
 from fedhet.algorithms.bherd import check_alpha, kept_count, row_mean
 from fedhet.algorithms.fedavg import FedAvg
+from fedhet.errors import FedhetError
 from fedhet.training.hooks import GradientStore, StackableHook, StackedHook
 
 
@@ -227,6 +228,15 @@ class GraBParams:
 class GraBFedAvg(FedAvg):
     name = "grab-fedavg"
     client_state_class = GraBState
+
+    def __init__(self, params: GraBParams, run: RunInfo) -> None:
+        super().__init__(params, run)
+        if params.alpha < 1.0 and run.client_optimizer != "sgd":
+            raise FedhetError(
+                f"grab-fedavg with alpha < 1 needs client_optimizer=sgd, got "
+                f"{run.client_optimizer}: it uploads Δ = −η τ G from the kept raw gradients, the "
+                "plain SGD update (alpha=1 uploads the model change and takes any optimizer)"
+            )
 
     def client_update(self, message: Message, ctx: ClientContext, state: GraBState | None):
         """`state` is None before the client's first round, which builds it (`grab_init`: it

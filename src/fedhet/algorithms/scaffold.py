@@ -129,6 +129,10 @@ class Scaffold(Algorithm):
     name = "scaffold"
     state_class = ScaffoldState
     client_state_class = ScaffoldClientState
+    plain_sgd = (
+        "its control variates correct SGD's drift: the step y ← y − η (g − c_i + c) and option "
+        "II's c_i⁺ = c_i − c + (x − y)/(a_i η) hold for (momentum) SGD steps only"
+    )
 
     # -- server half ----------------------------------------------------------------------
     def init(self, w0: torch.Tensor) -> ScaffoldState:

@@ -138,6 +138,7 @@ def assemble_clients(
     run_info = RunInfo(
         num_clients=len(parts), rounds=cfg.rounds, lr=cfg.lr, momentum=cfg.momentum,
         weight_decay=cfg.weight_decay, seed=cfg.seed, dim=flat.dim, layers=flat.layers,
+        client_optimizer=cfg.client_optimizer,
     )
     algo = build_algorithm(algo_cls, algorithm_params(cfg, algo_cls), run_info, cfg.algorithm)
     kept = ClientStateStore(algo, round(cfg.client_state_memory_mb * 2**20), device=device)

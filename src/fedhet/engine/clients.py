@@ -37,8 +37,8 @@ _UNSET = object()
 @dataclass(frozen=True)
 class LocalWork:
     """The settings a client's local work reads (the `RunConfig` fields of the same names):
-    the learning-rate schedule over `rounds`, the step count `τ_(k,i)`, the SGD step and the
-    seed of the client's random streams."""
+    the learning-rate schedule over `rounds`, the step count `τ_(k,i)`, the local step (SGD or
+    Adam) and the seed of the client's random streams."""
 
     lr: float
     lr_schedule: str
@@ -52,6 +52,10 @@ class LocalWork:
     epochs_max: int
     momentum: float
     weight_decay: float
+    client_optimizer: str
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
     seed: int
     batch_order: str
 
@@ -136,7 +140,8 @@ class ClientWork:
         ctx = ClientContext(
             client_id=client_id, round=round, indices=indices, trainer=trainer,
             tau=local_steps(work, len(indices), client_id, round), batch_size=work.batch_size,
-            sgd=SGDConfig(learning_rate(work, round), work.momentum, work.weight_decay),
+            sgd=SGDConfig(learning_rate(work, round), work.momentum, work.weight_decay,
+                          work.client_optimizer, (work.adam_beta1, work.adam_beta2), work.adam_eps),
             seed=work.seed, batch_order=work.batch_order,
         )
         state = self.states.checkout(client_id)

@@ -81,6 +81,15 @@ class RunConfig:
     (FedNova's straggler setting, `E_i ~ U[2, E_max]`)."""
     momentum: float = 0.0
     weight_decay: float = 0.0
+    client_optimizer: Literal["sgd", "adam", "adamw"] = "sgd"
+    """The clients' local optimizer (`fedhet.training.steps`): SGD with `momentum`, Adam
+    (`weight_decay` added to the gradient, as `torch.optim.Adam`) or AdamW (`weight_decay`
+    decoupled, as `torch.optim.AdamW`). Its state (momentum buffer, Adam's moments and step
+    count) starts at zero in every round."""
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    """Adam's `β1, β2, ε` (`client_optimizer = adam | adamw`; torch's defaults)."""
     sample_fraction: float = 1.0
     batch_order: Literal["reshuffle", "fixed"] = "reshuffle"
     eval_every: int = 1
@@ -160,6 +169,24 @@ class RunConfig:
             ),
             (0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}"),
             (self.weight_decay >= 0, "weight_decay must be ≥ 0"),
+            (
+                self.client_optimizer in ("sgd", "adam", "adamw"),
+                f"client_optimizer must be sgd, adam or adamw, got {self.client_optimizer!r}",
+            ),
+            (
+                0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1,
+                f"adam_beta1 and adam_beta2 must be in [0, 1), got {self.adam_beta1} and "
+                f"{self.adam_beta2}",
+            ),
+            (
+                self.adam_eps > 0 and math.isfinite(self.adam_eps),
+                f"adam_eps must be a positive number, got {self.adam_eps}",
+            ),
+            (
+                self.client_optimizer == "sgd" or self.momentum == 0,
+                f"momentum is SGD's heavy ball; client_optimizer={self.client_optimizer} has its "
+                f"own (adam_beta1): set momentum=0 (got {self.momentum})",
+            ),
             (
                 0 < self.sample_fraction <= 1,
                 f"sample_fraction must be in (0, 1], got {self.sample_fraction}",
@@ -460,7 +487,11 @@ FIELD_DOCS: dict[str, str] = {
     "epochs_min": "random local epochs: E_i drawn from epochs_min..epochs_max",
     "epochs_max": "random local epochs when > 0 (FedNova's stragglers)",
     "momentum": "client SGD momentum",
-    "weight_decay": "client SGD weight decay",
+    "weight_decay": "client weight decay λ (adamw: decoupled)",
+    "client_optimizer": "local optimizer: sgd (with momentum), adam or adamw; reset every round",
+    "adam_beta1": "client Adam's β1 (adam, adamw)",
+    "adam_beta2": "client Adam's β2 (adam, adamw)",
+    "adam_eps": "client Adam's ε (adam, adamw)",
     "sample_fraction": "fraction of clients sampled each round",
     "batch_order": "reshuffle the minibatches every epoch, or keep one fixed order",
     "eval_every": "evaluate the global model every this many rounds",

@@ -279,7 +279,9 @@ class BatchedExecutor(InProcess):
     def _chunk_size(self, n: int) -> int:
         if self.chunk > 0:
             return self.chunk
-        return max(1, min(n, rows_that_fit(self.work.model.dim, self.work.model.params.device)))
+        vectors = 4 if self.work.local.client_optimizer != "sgd" else 3  # Adam: w, g, m and v
+        return max(1, min(n, rows_that_fit(self.work.model.dim, self.work.model.params.device,
+                                           vectors)))
 
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
         size = self._chunk_size(len(requests))

@@ -710,11 +710,12 @@ stack is sized; the other half is for the activations and the data. A first step
 out of memory anyway halves the stack and retries (`CohortTrainer.sgd_many`)."""
 
 
-def rows_that_fit(dim: int, device: torch.device | str) -> int:
-    """How many rows of a `dim`-parameter model one stack holds: its state (`w`, `g` and
-    momentum, float32) within `HOST_STACK_BYTES` on a CPU, within `DEVICE_STACK_SHARE` of the
-    free memory on a GPU (`torch.cuda.mem_get_info`)."""
-    per_row = 3 * 4 * max(dim, 1)
+def rows_that_fit(dim: int, device: torch.device | str, vectors: int = 3) -> int:
+    """How many rows of a `dim`-parameter model one stack holds: its state of `vectors`
+    float32 vectors a row (`w`, `g` and momentum; Adam's two moments instead of momentum:
+    4) within `HOST_STACK_BYTES` on a CPU, within `DEVICE_STACK_SHARE` of the free memory on
+    a GPU (`torch.cuda.mem_get_info`)."""
+    per_row = vectors * 4 * max(dim, 1)
     device = torch.device(device)
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)

@@ -11,8 +11,18 @@ mini-batch gradient `g` at the local model `w`:
     v ← ρ v + g,  d = v      Momentum(ρ)             SGDConfig.momentum (heavy ball; d = g if ρ = 0)
     w ← w − η d              the step                SGDConfig.lr
 
+With `SGDConfig.optimizer = "adam"` or `"adamw"` the last two lines are Adam's step instead
+(`Adam`, Kingma & Ba 2015, Algorithm 1, as `torch.optim.Adam`/`AdamW` compute it):
+
+    w ← (1 − η λ) w          decoupled decay         AdamW only (its `WeightDecay` link is 0)
+    m ← β1 m + (1 − β1) g,  v ← β2 v + (1 − β2) g²
+    w ← w − (η / (1 − β1^t)) m / (√v / √(1 − β2^t) + ε)      t = 1, 2, … the step count
+
 `LocalStep.of(cfg, transforms)` is that chain for one client: weight decay first, then the
-algorithm's `transforms` in the order given, then momentum and the step. `LocalTrainer.sgd`
+algorithm's `transforms` in the order given, then momentum and the step (or Adam's step). The
+chain's state (`init`) lives for one call of the local loop: a momentum buffer, or Adam's `m`
+and `v` side by side in one tensor `[m | v]` (`(2d,)` for a row, `(C, 2d)` for a stack), all
+zero at the start of every round, as is the step count `t`. `LocalTrainer.sgd`
 runs it on one client's `(d,)` vectors; `CohortTrainer` stacks the chains of `C` clients with
 `LocalStep.stack` and runs the same code on `(C, d)`: coefficients become per-row, anchors and
 shifts are stacked (or broadcast, when every client shares one tensor), and a transform is one
@@ -23,9 +33,12 @@ rows hold. A scaled add is `y.add_(x, alpha=a)` over the rows that share the val
 (`Scale`), never a per-row multiply then an add (two roundings where `add_` fuses them into
 one); a row whose coefficient is 0 is left alone (no `+ 0·x`: `μ = 0` is FedAvg bit for bit,
 `λ = 0` adds nothing, `η = 0` leaves `w` as it is); momentum multiplies each row by its own `ρ`
-(one rounding either way) and a `ρ = 0` row's direction is its `g` itself. Rows whose chains
-differ in shape (another algorithm's runs in the same batch of runs) are stacked kind by kind
-within each shape, every stacked transform being zero on the rows of the other shapes.
+(one rounding either way) and a `ρ = 0` row's direction is its `g` itself. Adam steps the rows
+that share its coefficients `(η, β1, β2, ε, λ)` as one group with Python-number coefficients,
+the operations a row alone runs; SGD and Adam rows of one stack step as two sub-stacks. Rows
+whose chains differ in shape (another algorithm's runs in the same batch of runs) are stacked
+kind by kind within each shape, every stacked transform being zero on the rows of the other
+shapes.
 """
 
 from __future__ import annotations
@@ -33,19 +46,27 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import Literal, Self
 
 import torch
+
+ClientOptimizer = Literal["sgd", "adam", "adamw"]
+"""The local optimizer: SGD (heavy-ball momentum `ρ`), Adam (weight decay added to the
+gradient, `torch.optim.Adam`) or AdamW (decoupled weight decay, `torch.optim.AdamW`)."""
 
 
 @dataclass
 class SGDConfig:
-    """The local step's learning rate `η`, momentum `ρ` and weight decay `λ` (`LocalStep.of`;
-    also importable from `fedhet.training.local`, which trains with it)."""
+    """The local step (`LocalStep.of`; also importable from `fedhet.training.local`, which
+    trains with it): learning rate `η`, momentum `ρ` and weight decay `λ`, and the optimizer
+    with Adam's `β1, β2, ε` (used by `adam` and `adamw` only; `torch.optim.Adam`'s defaults)."""
 
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
+    optimizer: ClientOptimizer = "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
 
 
 GradTransform = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
@@ -284,13 +305,75 @@ class Momentum:
         return Momentum([self.rho[k] for k in keep], device)
 
 
+AdamRow = tuple[float, float, float, float, float]
+"""One row's Adam coefficients `(η, β1, β2, ε, λ_decoupled)`; `λ_decoupled = 0` is Adam."""
+
+
+class Adam:
+    """Adam's moments and step (module docstring), per row: `torch.optim.Adam`'s single-tensor
+    arithmetic (`m.lerp_(g, 1 − β1)`, `v.mul_(β2).addcmul_(g, g, 1 − β2)`, the bias corrections
+    as Python numbers, `w.addcdiv_(m, √v/√(1 − β2^t) + ε, −η/(1 − β1^t))`), and AdamW's
+    `w ← (1 − η λ) w` before it. Rows that share their coefficients step as one group."""
+
+    def __init__(self, rows: Sequence[AdamRow], device: Device = None) -> None:
+        self.rows = tuple(tuple(float(c) for c in r) for r in rows)
+        distinct = tuple(dict.fromkeys(self.rows))
+        self.groups: list[tuple[tuple[float, ...], torch.Tensor | None]] = (
+            [(distinct[0], None)] if len(distinct) == 1 else [
+                (c, torch.tensor([r for r, b in enumerate(self.rows) if b == c], device=device))
+                for c in distinct
+            ]
+        )
+
+    @staticmethod
+    def init(w: torch.Tensor) -> torch.Tensor:
+        """`[m | v] = 0`: `(2d,)` for a row, `(C, 2d)` for a stack."""
+        return torch.zeros(*w.shape[:-1], 2 * w.shape[-1], dtype=w.dtype, device=w.device)
+
+    def step(self, w: torch.Tensor, g: torch.Tensor, state: torch.Tensor, t: int) -> None:
+        """Step `t` (1, 2, …) in place on `w` and `state = [m | v]`."""
+        for coef, rows in self.groups:
+            if rows is None:
+                _adam_step(coef, w, g, state, t)
+                continue
+            w_r, s_r = w.index_select(0, rows), state.index_select(0, rows)
+            _adam_step(coef, w_r, g.index_select(0, rows), s_r, t)
+            w.index_copy_(0, rows, w_r)
+            state.index_copy_(0, rows, s_r)
+
+    def select(self, keep: Sequence[int], device: Device = None) -> Adam:
+        return Adam([self.rows[k] for k in keep], device)
+
+
+def _adam_step(coef: tuple[float, ...], w: torch.Tensor, g: torch.Tensor, state: torch.Tensor,
+               t: int) -> None:
+    lr, beta1, beta2, eps, decay = coef
+    d = w.shape[-1]
+    m, v = state[..., :d], state[..., d:]
+    if decay:
+        w.mul_(1 - lr * decay)
+    m.lerp_(g, 1 - beta1)
+    v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    bias_correction2_sqrt = (1 - beta2**t) ** 0.5
+    denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)
+    w.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
+
+
+def adam_row(cfg: SGDConfig) -> AdamRow | None:
+    """`cfg`'s Adam coefficients, None for SGD."""
+    if cfg.optimizer == "sgd":
+        return None
+    decay = cfg.weight_decay if cfg.optimizer == "adamw" else 0.0
+    return (cfg.lr, cfg.betas[0], cfg.betas[1], cfg.eps, decay)
+
+
 class LocalStep:
-    """The chain of the module docstring: `w ← w − η d`, `d = Momentum(T_k(… T_1(g)))`, for a
-    row (`of`) or a stack (`stack`)."""
+    """The chain of the module docstring: `w ← w − η d`, `d = Momentum(T_k(… T_1(g)))`, or
+    Adam's step on `T_k(… T_1(g))`, for a row (`of`) or a stack (`stack`)."""
 
     def __init__(
         self, transforms: Sequence[Transform], momentum: Momentum, lr: Sequence[float],
-        device: Device = None,
+        device: Device = None, adam: Sequence[AdamRow | None] | None = None, t: int = 0,
     ) -> None:
         self.transforms = tuple(transforms)
         self._live = tuple(t for t in self.transforms if t.active)
@@ -301,6 +384,21 @@ class LocalStep:
         """`η` per row."""
         self.descent = Scale([-a for a in self.lr], device)
         """`−η` per row: the step is `w ← w + (−η) d`."""
+        self.adam_rows = tuple(adam) if adam is not None else (None,) * len(self.lr)
+        """Each row's Adam coefficients (`adam_row`), None for an SGD row."""
+        self.t = t
+        """Steps taken (Adam's bias corrections use `t + 1` at the next one)."""
+        self._adam: Adam | None = None
+        self._sgd_part: tuple[torch.Tensor, LocalStep] | None = None
+        adam_ix = [r for r, a in enumerate(self.adam_rows) if a is not None]
+        if adam_ix:
+            rows = [self.adam_rows[r] for r in adam_ix]
+            self._adam = Adam(rows, device)  # type: ignore[arg-type]
+            sgd_ix = [r for r, a in enumerate(self.adam_rows) if a is None]
+            self._adam_ix = torch.tensor(adam_ix, device=device) if sgd_ix else None
+            if sgd_ix:
+                self._sgd_part = (torch.tensor(sgd_ix, device=device), LocalStep(
+                    (), momentum.select(sgd_ix, device), [self.lr[r] for r in sgd_ix], device))
 
     @property
     def shape(self) -> tuple[type[Transform], ...]:
@@ -309,11 +407,12 @@ class LocalStep:
 
     @classmethod
     def of(cls, cfg: SGDConfig, transforms: Sequence[Transform | GradTransform] = ()) -> LocalStep:
-        """One client's chain: `WeightDecay(cfg.weight_decay)`, `transforms` in order (a bare
-        callable is wrapped in `Custom`), `Momentum(cfg.momentum)`, the step `cfg.lr`."""
-        links = [WeightDecay(cfg.weight_decay)]
+        """One client's chain: `WeightDecay(cfg.weight_decay)` (0 for AdamW, whose decay is
+        decoupled), `transforms` in order (a bare callable is wrapped in `Custom`), then
+        `Momentum(cfg.momentum)` and the step `cfg.lr`, or Adam's step (`cfg.optimizer`)."""
+        links = [WeightDecay(0.0 if cfg.optimizer == "adamw" else cfg.weight_decay)]
         links += [t if isinstance(t, Transform) else Custom(t) for t in transforms]
-        return cls(links, Momentum(cfg.momentum), (cfg.lr,))
+        return cls(links, Momentum(cfg.momentum), (cfg.lr,), adam=(adam_row(cfg),))
 
     def gradient(self, g: torch.Tensor, w: torch.Tensor, step: int) -> torch.Tensor:
         """`g` after every transform (what the `on_step` hook sees)."""
@@ -322,12 +421,32 @@ class LocalStep:
         return g
 
     def init(self, w: torch.Tensor) -> torch.Tensor | None:
-        """The chain's state for `w` (row or stack): the momentum buffer, if any."""
-        return self.momentum.init(w)
+        """The chain's state for `w` (row or stack): the momentum buffer, if any, or Adam's
+        `[m | v]` (SGD rows of a mixed stack keep their momentum buffer in the `m` half)."""
+        return self.momentum.init(w) if self._adam is None else Adam.init(w)
 
     def update(self, w: torch.Tensor, g: torch.Tensor, v: torch.Tensor | None) -> None:
-        """`w ← w − η d` in place, `d` the momentum direction of the transformed `g`."""
-        self.descent.add_to(w, self.momentum.direction(g, v))
+        """`w ← w − η d` in place, `d` the momentum direction of the transformed `g`; Adam's
+        step for Adam rows."""
+        self.t += 1
+        if self._adam is None:
+            self.descent.add_to(w, self.momentum.direction(g, v))
+            return
+        assert v is not None
+        if self._sgd_part is None:
+            self._adam.step(w, g, v, self.t)
+            return
+        for ix, part in ((self._sgd_part[0], "sgd"), (self._adam_ix, "adam")):
+            assert ix is not None
+            w_r, g_r, s_r = w.index_select(0, ix), g.index_select(0, ix), v.index_select(0, ix)
+            if part == "adam":
+                self._adam.step(w_r, g_r, s_r, self.t)
+            else:
+                sgd = self._sgd_part[1]
+                buf = s_r[:, : w.shape[-1]] if any(sgd.momentum.rho) else None
+                sgd.descent.add_to(w_r, sgd.momentum.direction(g_r, buf))
+            w.index_copy_(0, ix, w_r)
+            v.index_copy_(0, ix, s_r)
 
     def failures(self) -> list[tuple[int, BaseException]]:
         """Rows whose `Custom` callable raised since the last call (then forgotten)."""
@@ -348,17 +467,18 @@ class LocalStep:
                 rows = [s.transforms[k] if sh == shape else None for s, sh in zip(steps, shapes, strict=True)]
                 links.append(kind.stack(rows, device))
         momentum = Momentum.stack([s.momentum for s in steps], device)
-        return cls(links, momentum, [s.lr[0] for s in steps], device)
+        return cls(links, momentum, [s.lr[0] for s in steps], device,
+                   adam=[s.adam_rows[0] for s in steps], t=steps[0].t)
 
     def select(self, keep: Sequence[int], device: Device = None) -> LocalStep:
         """The chain of the rows `keep` (the clients still stepping), in that order."""
         return LocalStep(
             [t.select(keep, device) for t in self.transforms], self.momentum.select(keep, device),
-            [self.lr[k] for k in keep], device,
+            [self.lr[k] for k in keep], device, adam=[self.adam_rows[k] for k in keep], t=self.t,
         )
 
 
 __all__ = [
-    "Correction", "Custom", "GradTransform", "LocalStep", "Momentum", "Proximal", "Scale",
-    "Transform", "WeightDecay",
+    "Adam", "AdamRow", "ClientOptimizer", "Correction", "Custom", "GradTransform", "LocalStep",
+    "Momentum", "Proximal", "SGDConfig", "Scale", "Transform", "WeightDecay", "adam_row",
 ]
