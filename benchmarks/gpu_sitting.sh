@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The prepared GPU sitting, in the order docs/gpu.md gives: where a stacked step's time goes,
+# the stacked step measured on both paths, the campaign's GPU prices measured again with the
+# executor as it is now, then whole tables in the plan's order for what is left of the budget.
+#
+#   FEDHET_COMMIT=<commit> bash benchmarks/gpu_sitting.sh "$OUT" MINUTES [DEVICE]
+#
+# Run from the checkout on the lent machine, MNIST carried in the git-ignored data/mnist/, and
+# the project's profiling script copied to tools/gpu_step_profile.py beforehand (it lives in
+# shared/tools/, outside the checkout; skipped with a line when absent). DEVICE defaults to
+# cuda; `cpu` is the dry run (small step counts, no re-measurement, no campaign minutes).
+# Everything it writes goes under OUT: step.md, devcheck.txt, results.tar.gz, removed.txt,
+# paper-scale.md, sitting.log.
+set -u
+out=${1:?usage: gpu_sitting.sh OUT MINUTES [DEVICE]}
+minutes=${2:?usage: gpu_sitting.sh OUT MINUTES [DEVICE]}
+device=${3:-cuda}
+mkdir -p "$out"
+export PYTHONPATH=src
+py=${PYTHON:-python}  # the dry run here: PYTHON=.venv/bin/python
+start=$(date +%s)
+if [ "$device" = cpu ]; then steps="--steps 5 --repeats 1 --rows 1,4"; remeasure=""; else
+  steps="--steps 50 --repeats 5 --rows 1,8,32,100"; remeasure="--remeasure"; fi
+if [ -f tools/gpu_step_profile.py ]; then
+  timeout 200 "$py" tools/gpu_step_profile.py --out "$out" --device "$device" > "$out/profile.log" 2>&1 \
+    || echo "profile: exit $? (see profile.log)"
+else
+  echo "profile: tools/gpu_step_profile.py not here (copy it from shared/tools/ before the call)"
+fi
+# shellcheck disable=SC2086
+timeout 240 "$py" benchmarks/bench_step.py --device "$device" $steps > "$out/step.md" 2>"$out/step.err" \
+  || echo "bench_step: exit $? (see step.err)"
+cat "$out/step.md"
+used=$(( ($(date +%s) - start) / 60 ))
+left=$(python3 -c "print(max(0.5, $minutes - $used))")
+# shellcheck disable=SC2086
+"$py" benchmarks/gpu_campaign.py --out "$out" --minutes "$left" --device "$device" $remeasure \
+  --data-dir data 2>&1 | tee "$out/sitting.log" | tail -40
