@@ -148,3 +148,25 @@ def test_bf16_passes_stay_close_to_fp32():
         grads[precision] = g
     cos = torch.nn.functional.cosine_similarity(grads["fp32"], grads["bf16"], dim=1)
     assert bool((cos > 0.99).all()) and not torch.equal(grads["fp32"], grads["bf16"])
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn-mnist"])
+def test_stacked_evaluation_through_the_program_scores_every_model_as_alone(name):
+    """`evaluate_many` on a program model: each model's loss and accuracy as `evaluate` gives
+    them one by one, the models differing, jobs on two datasets."""
+    from fedhet.training.cohort import EvalJob
+    from fedhet.training.local import evaluate
+
+    shape = (1, 12, 12)
+    model = _model(name, shape)
+    data = [_data(shape, n=40), _data(shape, n=40, flat=True)]
+    cohort = CohortTrainer(model, *data[0], log=lambda _: None)
+    assert cohort.program is not None
+    torch.manual_seed(3)
+    jobs = [EvalJob(model.params + 0.1 * torch.randn(model.dim), None, *data[i % 2]) for i in range(4)]
+    alone = [evaluate(model, j.params, None, j.x, j.y) for j in jobs]
+    assert len({round(loss, 6) for loss, _ in alone}) == 4
+    cohort.evaluate_many(jobs)
+    for job, (loss, acc) in zip(jobs, alone, strict=True):
+        assert job.error is None
+        assert job.result[0] == pytest.approx(loss, rel=1e-5) and job.result[1] == acc

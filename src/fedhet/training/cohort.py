@@ -429,6 +429,8 @@ class CohortTrainer:
             return functional_call(scores, tensors, (xb, yb))
 
         stacked = vmap(score, in_dims=(0, 0, None, None))
+        if self.program is not None and not n_bufs:
+            stacked = partial(_program_scores, self.program)
         per_call = max(1, eval_batch(x.device) // len(jobs))
         loss_sum = torch.zeros(len(jobs), dtype=torch.float64, device=y.device)
         correct = torch.zeros(len(jobs), dtype=torch.int64, device=y.device)
@@ -734,6 +736,12 @@ def _chunks(job: GradJob) -> list[torch.Tensor]:
     """The index chunks `LocalTrainer.full_gradient` walks for `job`."""
     chunks = [job.indices[a : a + job.chunk] for a in range(0, len(job.indices), job.chunk)]
     return chunks[: job.max_batches] if job.max_batches else chunks
+
+
+def _program_scores(program: StackedProgram, w: torch.Tensor, _bufs: torch.Tensor,
+                    x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`StackedProgram.scores` in the evaluation's calling convention (no buffers)."""
+    return program.scores(w, x, y)
 
 
 def _first_sentence(error: BaseException) -> str:

@@ -15,8 +15,9 @@ operation per layer, the rows kept apart by the operations themselves:
 - element-wise activations and pooling apply as they are (they act per channel);
 - `Flatten` moves the image activations to `(R, B, C·H·W)` in the model's own (C, H, W) order.
 
-The loss is the model's cross-entropy, the mean over each row's mini-batch; the rows' losses
-are summed and differentiated once by autograd, which gives each row the gradient of its own
+The loss is the model's cross-entropy (a model with a `loss` or `predict` of its own is not a
+program), the mean over each row's mini-batch; the rows' losses are summed and differentiated
+once by autograd, which gives each row the gradient of its own
 loss, since no row's loss depends on another row's weights: `∂(Σ_r ℓ_r)/∂w_r = ∂ℓ_r/∂w_r`.
 
 A sequence is what the module's forward does when `layer_sequence` can read it: an
@@ -105,7 +106,8 @@ class StackedProgram:
         (module docstring), it trains with its own loss, it holds buffers (BatchNorm), or the
         program disagrees with the module's forward on a probe of two samples."""
         module = model.module
-        if getattr(module, "loss", None) is not None or model.buffers.numel():
+        if getattr(module, "loss", None) is not None or getattr(module, "predict", None) is not None \
+                or model.buffers.numel():
             return None
         steps = layer_sequence(module)
         if not steps:
@@ -211,6 +213,19 @@ class StackedProgram:
         for into, layer in zip(self.leaves(g), grads, strict=True):
             into.copy_(layer)
         return g, losses.detach().float()
+
+    def scores(
+        self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed cross-entropy `(R,)` and number correct `(R,)` of each row's model on the
+        same samples `(x, y)` (an evaluation: no gradient, float32)."""
+        rows = w.shape[0]
+        shared = x.unsqueeze(1).expand(len(x), rows, *x.shape[1:]) if self.image_input \
+            else x.unsqueeze(0).expand(rows, *x.shape)
+        logits = self.forward(self.leaves(w), shared)  # (R, B, K)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(rows),
+                               reduction="none").view(rows, -1).sum(dim=1)
+        return loss, (logits.argmax(dim=2) == y).sum(dim=1)
 
     def _agrees(self, sample_shape: Sequence[int]) -> bool:
         """Whether the program's logits equal the module's forward on a random probe of two
