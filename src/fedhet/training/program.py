@@ -7,13 +7,14 @@ forward is a plain sequence of known layers needs none of that. `StackedProgram.
 reads the sequence (`layer_sequence`) and runs it for the stack `w` of shape `(R, d)` with one
 operation per layer, the rows kept apart by the operations themselves:
 
-- `Linear` (`y = x Wᵀ + b` per row) is one batched matmul, `baddbmm(b, x, Wᵀ)` over
-  `(R, B, in)` activations;
+- `Linear` (`y = W x + b` per row) is one batched matmul, `baddbmm(b, W, x)` over
+  feature-major `(R, in, B)` activations (so each weight's gradient comes out in its own
+  layout and goes into the rows' gradient vector as one plain copy);
 - `Conv2d` is one grouped convolution: the rows' activations lie side by side as channels,
   `(B, R·C, H, W)` (channels-last where the model asks for it), and the rows' kernels
   `(R·C_out, C_in, k, k)` with `groups = R·groups`, so row `r` sees only its own channels;
 - element-wise activations and pooling apply as they are (they act per channel);
-- `Flatten` moves the image activations to `(R, B, C·H·W)` in the model's own (C, H, W) order.
+- `Flatten` moves the image activations to `(R, C·H·W, B)` in the model's own (C, H, W) order.
 
 The loss is the model's cross-entropy (a model with a `loss` or `predict` of its own is not a
 program), the mean over each row's mini-batch; the rows' losses are summed and differentiated
@@ -86,6 +87,25 @@ class _Op:
     image: tuple[int, int, int] = (0, 0, 0)
 
 
+class KeptBuffer:
+    """One `(R, d)` output buffer kept from call to call, for a stack's gradients: a fresh
+    tensor each step costs its first touch of new memory every time (page faults on a CPU,
+    tens of milliseconds for a stack of 32 MLP rows), a kept one is warm. What `like` returns
+    is live until the next call (the step hooks' contract: clone what you keep)."""
+
+    def __init__(self) -> None:
+        self.tensor: torch.Tensor | None = None
+
+    def like(self, w: torch.Tensor) -> torch.Tensor:
+        """An uninitialised tensor shaped as `w`: the first rows of the kept one (a stack that
+        lost rows reuses it), a new one when it is too small or of another kind."""
+        kept = self.tensor
+        if kept is None or kept.shape[0] < w.shape[0] or kept.shape[1:] != w.shape[1:] \
+                or kept.device != w.device or kept.dtype != w.dtype:
+            kept = self.tensor = torch.empty_like(w)
+        return kept[: w.shape[0]]
+
+
 class StackedProgram:
     """The stacked forward and gradient of a sequence of known layers (module docstring)."""
 
@@ -99,6 +119,7 @@ class StackedProgram:
         self.image_input = self.starts_on_images or ops[0].kind == "image"
         """The samples are gathered batch-first, `(B, R, *sample)` (`gather`)."""
         self.channels_last = model.channels_last
+        self.kept = KeptBuffer()
 
     @classmethod
     def of(cls, model: FlatModel, sample_shape: Sequence[int]) -> StackedProgram | None:
@@ -143,44 +164,49 @@ class StackedProgram:
 
     # -- the forward ---------------------------------------------------------------------
     def forward(self, leaves: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Logits `(R, B, K)` of the rows' weights `leaves` (one `(R, *shape)` tensor per
+        """Logits `(R, K, B)` of the rows' weights `leaves` (one `(R, *shape)` tensor per
         parameter layer) on their own samples `x`: `(B, R, *sample)` when the program starts
-        on images (`image_input`), else `(R, B, *sample)`."""
+        on images (`image_input`), else `(R, B, *sample)`.
+
+        Activations are images `(B, R·C, H, W)` or feature-major vectors `(R, F, B)`: a linear
+        layer is then `W x + b` per row (`baddbmm`), whose weight gradient `∂ℓ/∂y xᵀ` comes out
+        in the weight's own `(out, in)` order, row after row."""
         rows = leaves[0].shape[0] if leaves else 1
-        h = x
-        image = self.starts_on_images
-        if image:
-            h = self._as_image(h.reshape(h.shape[0], rows * h.shape[2], *h.shape[3:]))
-        batch_first = self.image_input
+        size = x.shape[0] if self.image_input else x.shape[1]
+        if self.starts_on_images:
+            h, mode = self._as_image(x.reshape(size, rows * x.shape[2], *x.shape[3:])), "image"
+        elif self.image_input:
+            h, mode = x, "samples"  # (B, R, *sample), until the image view
+        else:
+            h, mode = x.reshape(rows, size, -1).transpose(1, 2), "vectors"
         for op in self.ops:
             if op.kind == "image":
                 c, hh, ww = op.image
-                if not batch_first:  # (R, B, ...) → (B, R, ...)
-                    h = h.transpose(0, 1)
-                h = self._as_image(h.reshape(h.shape[0], rows * c, hh, ww))
-                image = batch_first = True
+                if mode == "vectors":  # (R, F, B) → (B, R, F)
+                    h = h.permute(2, 0, 1)
+                h, mode = self._as_image(h.reshape(size, rows * c, hh, ww)), "image"
             elif op.kind == "conv":
                 m = op.module
-                assert isinstance(m, nn.Conv2d) and image
+                assert isinstance(m, nn.Conv2d) and mode == "image"
                 weight = leaves[op.weight]
                 bias = leaves[op.bias].reshape(-1) if op.bias >= 0 else None
                 h = F.conv2d(h, weight.reshape(-1, *weight.shape[2:]), bias, m.stride, m.padding,
                              m.dilation, m.groups * rows)
             elif op.kind == "pointwise":
                 assert op.module is not None
+                assert mode == "image" or not isinstance(op.module, CHANNELWISE)
                 h = op.module(h)
             elif op.kind == "flatten":
-                if batch_first:  # (B, R·C, H, W) → (R, B, C·H·W), each row's (C, H, W) order
-                    h = h.reshape(h.shape[0], rows, -1).transpose(0, 1)
-                    image = batch_first = False
-                else:
-                    h = h.reshape(h.shape[0], h.shape[1], -1)
-            else:  # linear: x Wᵀ + b per row
+                if mode != "vectors":  # (B, R·C, H, W) → (R, C·H·W, B), each row's (C, H, W) order
+                    h, mode = h.reshape(size, rows, -1).permute(1, 2, 0), "vectors"
+            else:  # linear: W x + b per row
+                assert mode == "vectors"
                 weight = leaves[op.weight]
                 if op.bias >= 0:
-                    h = torch.baddbmm(leaves[op.bias].unsqueeze(1), h, weight.transpose(1, 2))
+                    h = torch.baddbmm(leaves[op.bias].unsqueeze(2), weight, h)
                 else:
-                    h = torch.bmm(h, weight.transpose(1, 2))
+                    h = torch.bmm(weight, h)
+        assert mode == "vectors"
         return h
 
     def _as_image(self, h: torch.Tensor) -> torch.Tensor:
@@ -204,12 +230,10 @@ class StackedProgram:
         rows, size = batch.shape
         leaves = [t.detach().requires_grad_() for t in self.leaves(w)]
         with torch.enable_grad(), self.model.passes():
-            logits = self.forward(leaves, self.gather(x, batch))
-            per_sample = F.cross_entropy(logits.reshape(rows * size, -1), y[batch].reshape(-1),
-                                         reduction="none")
-            losses = per_sample.view(rows, size).mean(dim=1)
+            logits = self.forward(leaves, self.gather(x, batch))  # (R, K, B)
+            losses = F.cross_entropy(logits, y[batch], reduction="none").mean(dim=1)
         grads = torch.autograd.grad(losses.sum(), leaves)
-        g = torch.empty_like(w)
+        g = self.kept.like(w)
         for into, layer in zip(self.leaves(g), grads, strict=True):
             into.copy_(layer)
         return g, losses.detach().float()
@@ -222,10 +246,9 @@ class StackedProgram:
         rows = w.shape[0]
         shared = x.unsqueeze(1).expand(len(x), rows, *x.shape[1:]) if self.image_input \
             else x.unsqueeze(0).expand(rows, *x.shape)
-        logits = self.forward(self.leaves(w), shared)  # (R, B, K)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(rows),
-                               reduction="none").view(rows, -1).sum(dim=1)
-        return loss, (logits.argmax(dim=2) == y).sum(dim=1)
+        logits = self.forward(self.leaves(w), shared)  # (R, K, B)
+        loss = F.cross_entropy(logits, y.expand(rows, len(y)), reduction="none").sum(dim=1)
+        return loss, (logits.argmax(dim=1) == y).sum(dim=1)
 
     def _agrees(self, sample_shape: Sequence[int]) -> bool:
         """Whether the program's logits equal the module's forward on a random probe of two
@@ -245,9 +268,9 @@ class StackedProgram:
                 return False
             finally:
                 module.train(was_training)
-        if got.dim() != 3 or got.shape[0] != 1 or got[0].shape != expected.shape:
+        if got.dim() != 3 or got.shape[0] != 1 or got[0].t().shape != expected.shape:
             return False
-        return bool(torch.allclose(got[0], expected, rtol=1e-4, atol=1e-5))
+        return bool(torch.allclose(got[0].t(), expected, rtol=1e-4, atol=1e-5))
 
 
-__all__ = ["CHANNELWISE", "ELEMENTWISE", "StackedProgram", "layer_sequence"]
+__all__ = ["CHANNELWISE", "ELEMENTWISE", "KeptBuffer", "StackedProgram", "layer_sequence"]
