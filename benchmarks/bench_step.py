@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from fedhet.models.registry import MODELS, build_model
+from fedhet.training.allocator import keep_freed_memory
 from fedhet.training.cohort import CohortTrainer, SGDJob
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import BatchSchedule, LocalTrainer
@@ -42,6 +43,8 @@ PAPER_B = {"mlp": 50, "cnn-fednnnn-mnist": 50, "cnn-mnist": 50}
 
 
 def make(model_name: str, device: str, samples: int = 4096) -> tuple[CohortTrainer, FlatModel]:
+    if device == "cpu":
+        keep_freed_memory()  # as the engine does for clients on a CPU (assemble_clients)
     torch.manual_seed(0)
     module = build_model(model_name, (1, 28, 28), 10, MODELS.get(model_name).params()).to(device)
     flat = FlatModel(module, channels_last=bool(MODELS.get(model_name).trait("channels_last")))

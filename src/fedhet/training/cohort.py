@@ -51,7 +51,7 @@ from fedhet.training.flat import FlatModel
 from fedhet.training.hooks import StackableHook, StackedHook
 from fedhet.training.local import BatchSchedule, SGDConfig, StepHook, eval_batch
 from fedhet.training.losses import StackableLoss
-from fedhet.training.program import KeptBuffer, StackedProgram
+from fedhet.training.program import StackedProgram
 from fedhet.training.steps import GradTransform, LocalStep, Transform
 
 
@@ -177,8 +177,6 @@ class CohortTrainer:
             if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
         }
         self._vgrad = vmap(grad(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None))
-        self.kept = KeptBuffer()
-        """The `vmap` path's gradient buffer (the program keeps its own)."""
         self.program = None if self.linear else StackedProgram.of(model, tuple(x.shape[1:]))
         """The model's forward as a few batched operations (`fedhet.training.program`), or None:
         its gradients then come from `vmap`."""
@@ -297,9 +295,7 @@ class CohortTrainer:
             vgrad = vmap(grad(step, has_aux=True), in_dims=(0, 0, 0, 0, None, 0))
             with self.model.passes():
                 gs, (loss_values, new_bufs) = vgrad(ws, bufs, x, y, fixed, targets)
-        parts = [g.reshape(n, -1) for g in gs]
-        g = torch.cat(parts, dim=1, out=self.kept.like(w)) if parts[0].dtype == w.dtype \
-            else torch.cat(parts, dim=1)
+        g = torch.cat([g.reshape(n, -1) for g in gs], dim=1)
         return g, loss_values.float(), new_bufs.to(bufs.dtype)
 
     def _linear_gradients(self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor):

@@ -87,25 +87,6 @@ class _Op:
     image: tuple[int, int, int] = (0, 0, 0)
 
 
-class KeptBuffer:
-    """One `(R, d)` output buffer kept from call to call, for a stack's gradients: a fresh
-    tensor each step costs its first touch of new memory every time (page faults on a CPU,
-    tens of milliseconds for a stack of 32 MLP rows), a kept one is warm. What `like` returns
-    is live until the next call (the step hooks' contract: clone what you keep)."""
-
-    def __init__(self) -> None:
-        self.tensor: torch.Tensor | None = None
-
-    def like(self, w: torch.Tensor) -> torch.Tensor:
-        """An uninitialised tensor shaped as `w`: the first rows of the kept one (a stack that
-        lost rows reuses it), a new one when it is too small or of another kind."""
-        kept = self.tensor
-        if kept is None or kept.shape[0] < w.shape[0] or kept.shape[1:] != w.shape[1:] \
-                or kept.device != w.device or kept.dtype != w.dtype:
-            kept = self.tensor = torch.empty_like(w)
-        return kept[: w.shape[0]]
-
-
 class StackedProgram:
     """The stacked forward and gradient of a sequence of known layers (module docstring)."""
 
@@ -119,7 +100,6 @@ class StackedProgram:
         self.image_input = self.starts_on_images or ops[0].kind == "image"
         """The samples are gathered batch-first, `(B, R, *sample)` (`gather`)."""
         self.channels_last = model.channels_last
-        self.kept = KeptBuffer()
 
     @classmethod
     def of(cls, model: FlatModel, sample_shape: Sequence[int]) -> StackedProgram | None:
@@ -233,7 +213,7 @@ class StackedProgram:
             logits = self.forward(leaves, self.gather(x, batch))  # (R, K, B)
             losses = F.cross_entropy(logits, y[batch], reduction="none").mean(dim=1)
         grads = torch.autograd.grad(losses.sum(), leaves)
-        g = self.kept.like(w)
+        g = torch.empty_like(w)
         for into, layer in zip(self.leaves(g), grads, strict=True):
             into.copy_(layer)
         return g, losses.detach().float()
@@ -273,4 +253,4 @@ class StackedProgram:
         return bool(torch.allclose(got[0].t(), expected, rtol=1e-4, atol=1e-5))
 
 
-__all__ = ["CHANNELWISE", "ELEMENTWISE", "KeptBuffer", "StackedProgram", "layer_sequence"]
+__all__ = ["CHANNELWISE", "ELEMENTWISE", "StackedProgram", "layer_sequence"]
