@@ -10,9 +10,10 @@ A table is one paper's preset restricted to the runs of one published table or f
 2. the rest of each table, seeds up to the paper's count;
 3. extra seeds (the preset's beyond the paper's count), headline cells first.
 
-Within a tier the tables keep `TABLES`' order and a table its preset's order. A sitting takes
+Within a tier the tables keep `TABLES`' order and a table its preset's order. A GPU sitting takes
 the runs already under way (rounds saved) first, in this order, then the rest
-(`Sitting.under_way_first`). The centralized
+(`Sitting.under_way_first`); a CPU sitting takes the most claim per core-hour first
+(`order.cpu_order`). The centralized
 reference ignores the partition, so a table whose preset repeats it per case or partition (BHerd,
 FedSR) runs it once per seed (`central_runs`), and the export puts that one run in every cell
 it serves **[choice]**.
