@@ -154,13 +154,13 @@ def test_fedveca_claims_from_rounds_to_the_centralized_loss(tmp_path: Path) -> N
 
 
 def test_fedveca_reach_within_margin_and_one_row_per_setup(tmp_path: Path) -> None:
-    """"Reaches the centralized loss" is read within `REACH` (0.01) of centralized SGD's final
-    loss; one file with fedhet's and reference [40]'s runs gives rows per setup, each method
-    compared with its own setup's centralized run. By hand, Case 1: centralized ends at 0.1;
-    plain FedVeca gets to 0.105 at round 3 and never lower (within 0.01: round 3; exactly:
-    never), FedAvg/FedNova to 0.1 exactly at round 6. In the ref40 setup FedVeca is the slow one
-    (round 7 against 2), and its centralized run ends at 0.5, so the plain runs' values would
-    all count as reached if the setups were mixed."""
+    """"Reaches the centralized loss" is read within `REACH` (5%) of the centralized curve's span
+    of its final loss; one file with fedhet's and reference [40]'s runs gives rows per setup,
+    each method compared with its own setup's centralized run. By hand, Case 1: centralized goes
+    from 1.0 to 0.1 (target 0.1 + 0.05·0.9 = 0.145); plain FedVeca gets to 0.105 at round 3 and
+    never lower (reached: round 3; exactly: never), FedAvg/FedNova to 0.1 exactly at round 6.
+    In the ref40 setup FedVeca is the slow one (round 7 against 2), and its centralized run ends
+    at 0.5, so the plain runs' values would all count as reached if the setups were mixed."""
     def curve(first: int, low: float, start: float = 1.0) -> list[float]:
         return [start if r < first else low for r in range(11)]
 
@@ -173,7 +173,8 @@ def test_fedveca_reach_within_margin_and_one_row_per_setup(tmp_path: Path) -> No
             "fednova[ref40]": curve(2, 0.5, 2.0)})
     page = _fedveca_page(tmp_path, rows)
     plain = _line(page, "SVM Case 1 [svm-cases]", "first to reach the centralized loss")
-    assert "within 0.01 of the centralized loss: fedveca 3, fedavg 6, fednova 6 " in plain
+    assert ("within 5% of the centralized loss (≤ 0.1450, median of seeds): fedveca 3, fedavg 6, "
+            "fednova 6 ") in plain
     assert "(Δ fedveca − fedavg -3.0 ± 0.0 *, − fednova -3.0 ± 0.0 *)" in plain
     assert "to the value itself: fedveca never in 10, fedavg 6, fednova 6" in plain
     assert "| **yes** |" in plain
@@ -182,7 +183,7 @@ def test_fedveca_reach_within_margin_and_one_row_per_setup(tmp_path: Path) -> No
 
 
 def test_fedveca_first_gives_the_final_values_when_no_method_reaches(tmp_path: Path) -> None:
-    """None comes within 0.01 of centralized SGD's final loss 0.1 in 10 rounds, so the row also
+    """None comes within 5% of the centralized span (loss ≤ 0.145) in 10 rounds, so the row also
     gives each method's final loss, mean over the two seeds: FedVeca 0.3 and 0.5 → 0.4, FedAvg
     0.6, FedNova 0.7 and 0.9 → 0.8. The setting's words ("SVM MNIST Case 1") name the problem,
     not a setup: the row is Case 1's, with no variants."""
@@ -196,6 +197,34 @@ def test_fedveca_first_gives_the_final_values_when_no_method_reaches(tmp_path: P
     assert ("(medians of 2); final loss (mean of seeds): central 0.1000, fedveca 0.4000, "
             "fedavg 0.6000, fednova 0.8000 |") in row
     assert "| **no** |" in row
+
+
+def test_reaching_the_centralized_value_is_read_on_the_curve_s_own_scale(tmp_path: Path) -> None:
+    """One rule for both scales: within 5% of the centralized run's span |c₀ − c|. On a CNN-like
+    scale (2.3 → 0.06: target 0.06 + 0.112 = 0.172) FedVeca at 0.15 from round 3 reaches and
+    FedAvg/FedNova at 0.3 never do, though none comes within a fixed 0.01; on a small scale
+    (0.05 → 0.02: target 0.0215) 0.029 is not reached although it is within 0.01, and FedVeca's
+    0.021 at round 4 is. The accuracy target: 0.1 → 0.9 gives 0.86."""
+    def curve(start: float, first: int, low: float) -> list[float]:
+        return [start] + [start if r < first else low for r in range(1, 11)]
+
+    rows = []
+    for seed in range(3):
+        big = {"central": curve(2.3, 1, 0.06), "fedveca": curve(2.3, 3, 0.15),
+               "fedavg": curve(2.3, 1, 0.3), "fednova": curve(2.3, 1, 0.3)}
+        small = {"central": curve(0.05, 1, 0.02), "fedveca": curve(0.05, 4, 0.021),
+                 "fedavg": curve(0.05, 2, 0.029), "fednova": curve(0.05, 2, 0.029)}
+        rows += _methods("case3", seed, big) + _methods("case1", seed, small)
+    page = _fedveca_page(tmp_path, rows)
+    cnn = _line(page, "SVM Case 3 [svm-cases]", "first to reach the centralized loss")
+    assert ("within 5% of the centralized loss (≤ 0.1720, median of seeds): fedveca 3, "
+            "fedavg never in 10, fednova never in 10") in cnn and "| **yes** |" in cnn
+    svm = _line(page, "SVM Case 1 [svm-cases]", "first to reach the centralized loss")
+    assert ("(≤ 0.0215, median of seeds): fedveca 4, fedavg never in 10, fednova never in 10"
+            in svm) and "| **yes** |" in svm
+    ref = {"test_accuracy": [0.1, 0.5, 0.9], "train_loss": [2.0, 1.0, 0.5]}
+    assert ps.central_target(ref, True, ps.REACH) == pytest.approx(0.86)
+    assert ps.central_target(ref, False, ps.REACH) == pytest.approx(0.575)
 
 
 def test_fedveca_first_needs_a_paired_difference_outside_the_noise(tmp_path: Path) -> None:

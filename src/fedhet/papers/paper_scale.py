@@ -40,10 +40,13 @@ EARLY = 10
 """Rounds 1..EARLY make the "early loss"."""
 WITHIN = 2.0
 """Points of accuracy inside which a published number counts as reproduced."""
-REACH = 0.01
-"""[choice] "Reaches the centralized loss/accuracy" (FedVeca Figs. 3, 5): comes within this much
-of centralized SGD's final value (loss ≤ it + 0.01, accuracy ≥ it − 0.01), the resolution of
-a reading of the paper's curves."""
+REACH = 0.05
+"""[choice] "Reaches the centralized loss/accuracy" (FedVeca Figs. 3, 5; the paper gives no
+threshold): comes within this fraction of the centralized curve's own span of its final value,
+loss ≤ c + 0.05·|c₀ − c| and accuracy ≥ c − 0.05·|c₀ − c|, with c centralized SGD's final value
+and c₀ its round-0 value (the initial model, the same for every method of a seed). One rule
+for every model: on the SVM (loss 0.50 → 0.22) it allows 0.014, on the CNN (2.30 → 0.06)
+0.11, where a fixed margin fits one of the two scales only."""
 DIVERGED = 10.0
 """[choice] A run whose loss is not finite or above this has diverged (shown, not hidden: its
 early loss still counts, as the slowest)."""
@@ -355,33 +358,48 @@ def _median(values: Iterable[float]) -> float:
     return statistics.median(vals) if vals else math.nan
 
 
-def _rounds_to_central(c: Cell, central: Cell, accuracy: bool, margin: float = 0.0) -> dict[int, float]:
-    """Per seed, the rounds `c` needs to come within `margin` of central's final value (same
-    seed): accuracy ≥ central − margin, loss ≤ central + margin (never: K + 1)."""
+def central_target(ref: dict[str, list[float]], accuracy: bool, reach: float = 0.0) -> float:
+    """The value a curve must reach to reach centralized SGD's run `ref`: its final value c,
+    less (accuracy) or plus (loss) `reach` × its span |c₀ − c| from round 0 (`REACH`)."""
+    values = ref.get("test_accuracy", []) if accuracy else loss_column(ref)
+    vals = [v for v in values if math.isfinite(v)]
+    if not vals:
+        return math.nan
+    c, span = vals[-1], abs(vals[0] - vals[-1])
+    return c - reach * span if accuracy else c + reach * span
+
+
+def _rounds_to_central(c: Cell, central: Cell, accuracy: bool, reach: float = 0.0) -> dict[int, float]:
+    """Per seed, the rounds `c` needs to reach `central_target` of central's run of the same
+    seed (accuracy ≥ it, loss ≤ it; never: K + 1)."""
     out = {}
     for seed, cols in c.by_seed.items():
         ref = central.by_seed.get(seed)
         if ref is None:
             continue
-        if accuracy:
-            out[seed] = rounds_to(cols, cols.get("test_accuracy", []),
-                                  final(ref, "test_accuracy") - margin, True)
-        else:
-            out[seed] = rounds_to(cols, loss_column(cols),
-                                  final({"x": loss_column(ref)}, "x") + margin, False)
+        values = cols.get("test_accuracy", []) if accuracy else loss_column(cols)
+        out[seed] = rounds_to(cols, values, central_target(ref, accuracy, reach), accuracy)
     return out
 
 
-def _to_central(c: Cell, central: Cell, accuracy: bool, margin: float = 0.0) -> float:
+def _to_central(c: Cell, central: Cell, accuracy: bool, reach: float = 0.0) -> float:
     """Median over seeds of `_rounds_to_central`."""
-    return _median(_rounds_to_central(c, central, accuracy, margin).values())
+    return _median(_rounds_to_central(c, central, accuracy, reach).values())
+
+
+def _reach_text(central: Cell, accuracy: bool) -> str:
+    """`within 5% of the centralized loss (≤ 0.2370, median of seeds)`."""
+    what = "accuracy" if accuracy else "loss"
+    target = _median(central_target(ref, accuracy, REACH) for ref in central.by_seed.values())
+    return (f"within {REACH:.0%} of the centralized {what} ({'≥' if accuracy else '≤'} "
+            f"{target:.4f}, median of seeds)")
 
 
 def fedveca_first(accuracy: bool) -> Check:
     """FedVeca reaches the centralized final loss (accuracy) in fewer rounds than FedAvg and
     FedNova, per case: rounds paired over seeds, FedVeca − baseline below 0 and outside the
     noise for both baselines (medians shown). "Reaches" is read within `REACH` of the
-    centralized line (a figure cannot show less); the exact crossing is given beside it."""
+    centralized line's span (`central_target`); the exact crossing is given beside it."""
 
     def check(cs: list[Cell]) -> list[tuple[str, Verdict]]:
         out = []
@@ -400,8 +418,7 @@ def fedveca_first(accuracy: bool) -> Check:
                     deltas = {m: paired(per_seed["fedveca"], per_seed[m]) for m in methods[1:]}
                     holds = all(out_ and mean < 0 for mean, _, _, out_ in deltas.values())
                     k = max((max(c["round"]) for c in central.by_seed.values()), default=0)
-                    what = "accuracy" if accuracy else "loss"
-                    ours = (f"rounds to within {REACH:g} of the centralized {what}: "
+                    ours = (f"rounds to {_reach_text(central, accuracy)}: "
                             + ", ".join(f"{m} {_rounds(v, k)}" for m, v in r.items())
                             + " (Δ fedveca − " + ", − ".join(
                                 f"{m} {_pm(mean, sd, '{:+.1f}')}{' *' if o else ''}"
@@ -418,7 +435,7 @@ def fedveca_first(accuracy: bool) -> Check:
 
 def _finals(got: dict[str, list[Cell]], methods: Sequence[str], accuracy: bool) -> str:
     """`; final loss (mean of seeds): central …, fedveca …`: how far each method ends from the
-    centralized line, for a case in which none comes within `REACH` of it."""
+    centralized line, for a case in which none reaches it (`REACH`)."""
     def mean_final(c: Cell) -> float:
         return statistics.mean(final(cols, "test_accuracy") if accuracy
                                else final({"x": loss_column(cols)}, "x")
@@ -439,8 +456,8 @@ def _pm(mean: float, sd: float, fmt: str = "{:+.4f}") -> str:
 
 def fedveca_case3(cs: list[Cell]) -> list[tuple[str, Verdict]]:
     """FedVeca equally fast in Cases 1–3; FedAvg and FedNova slower in Case 3 (rounds to within
-    `REACH` of the centralized loss of the same case; "slower": more than SAME_SPEED × the slower
-    of 1, 2)."""
+    `REACH` of the centralized loss's span, of the same case; "slower": more than SAME_SPEED ×
+    the slower of 1, 2)."""
     out = []
     for name, ecs in _by_exp(cs).items():
         for setup, scs in by_setup(ecs).items():
@@ -457,7 +474,7 @@ def fedveca_case3(cs: list[Cell]) -> list[tuple[str, Verdict]]:
             holds = not slower["fedveca"] and slower["fedavg"] and slower["fednova"]
             ours = "; ".join(f"{m}: " + "/".join(f"{r[m][k]:g}" for k in (1, 2, 3)) for m in r)
             out.append((_where(None, setup, name), Verdict(
-                f"rounds to within {REACH:g} of the centralized loss, Cases 1/2/3: {ours}", holds,
+                f"rounds to within {REACH:.0%} of the centralized loss, Cases 1/2/3: {ours}", holds,
                 ecs[0].exp)))
     return out
 
@@ -711,9 +728,11 @@ def sections() -> list[Section]:
                        order_claim("fedveca", "clients", ("5", "30", "50")), _svm, FV_TODO)
             + claim_rows(r, "fedveca", "SVM", "even at 50 clients FedVeca converges faster than FedAvg "
                          "and FedNova", fedveca_n50, _svm, FV_TODO))),
-        Section("FedVeca", "Fig. 3: CNN + MNIST, Case 3", lambda r: claim_rows(
-            r, "fedveca", "CNN", fv_first + " loss", fedveca_first(False), _cnn,
-            _campaign("fedveca-cnn-mnist"))),
+        Section("FedVeca", "Fig. 3: CNN + MNIST, Case 3", lambda r: (
+            claim_rows(r, "fedveca", "CNN", fv_first + " loss", fedveca_first(False), _cnn,
+                       _campaign("fedveca-cnn-mnist"))
+            + claim_rows(r, "fedveca", "CNN", fv_first + " accuracy", fedveca_first(True), _cnn,
+                         _campaign("fedveca-cnn-mnist")))),
         Section("BHerd", "Fig. 2a–b: SVM + MNIST even/odd, Cases 1–3 (and item 2's variants)", lambda r: (
             claim_rows(r, "bherd", "SVM", "BHerd-FedAvg converges faster than FedAvg",
                        bherd_vs("bherd", "fedavg"), _svm_main, BH_TODO)
@@ -772,6 +791,7 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
     """The page's markdown."""
     # lazy: the campaign (its plan and prices) loads only for the page
     from fedhet.papers import campaign
+    from fedhet.papers.campaign.order import HEAVY_CORE_HOURS
     from fedhet.papers.campaign.plan import status
     from fedhet.papers.campaign.tables import FASHION_MNIST, NO_DATA
 
@@ -791,15 +811,17 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
         f"training loss). **Early loss**: its mean over rounds 1–{EARLY}.",
         "- **Rounds to X**: the first round ≥ 1 whose value reaches X (loss ≤ X, accuracy ≥ X); a run "
         "that never does counts as K + 1; a method's figure is the median over its seeds. The "
-        "centralized target is centralized SGD's final value of the same case and seed; FedVeca's "
-        f"\"reaches the centralized loss (accuracy)\" is read as coming within {REACH:g} of it (loss ≤ "
-        f"target + {REACH:g}, accuracy ≥ target − {REACH:g}: a figure shows no finer), the exact "
-        "crossing given beside it; FedVeca is **first** when its rounds, paired over seeds, are "
-        "below FedAvg's and FedNova's outside the noise (as below).",
+        "centralized target is centralized SGD's final value c of the same case and seed. "
+        f"**Reaches the centralized loss (accuracy)** (FedVeca, which gives no threshold): comes "
+        f"within {REACH:.0%} of the centralized curve's span of it, loss ≤ c + {REACH:g}·|c₀ − c|, "
+        f"accuracy ≥ c − {REACH:g}·|c₀ − c| (c₀: the centralized run's round-0 value, the initial "
+        "model), one rule for the SVM and the CNN (a choice: a fixed margin fits one scale only); "
+        "the exact crossing is given beside it; FedVeca is **first** when its rounds, paired over "
+        "seeds, are below FedAvg's and FedNova's outside the noise (as below).",
         "- **A converges faster than B**: A's early loss is below B's, paired over seeds and outside the "
         "noise, `|mean Δ| > 2·std(Δ)/√n` with Δ = A − B (`*` marks a Δ outside the noise).",
-        f"- **Equally fast** (FedVeca Case 3): Case 3's rounds to within {REACH:g} of the centralized "
-        f"loss at most {SAME_SPEED}× "
+        f"- **Equally fast** (FedVeca Case 3): Case 3's rounds to the centralized loss (within "
+        f"{REACH:.0%}, as above) at most {SAME_SPEED}× "
         "the slower of Cases 1 and 2; **slow down**: more than that.",
         f"- **Inside 2 points**: |ours − published| ≤ {WITHIN:g} accuracy points (published numbers only).",
         "- **Converges to** a point (FedNova eq. 3): the final distance to it is below 5% of "
@@ -814,9 +836,13 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
         "`results/campaign/<table>/<run>/` (its config, summary and metrics, and per sitting the "
         "device, seconds per round and commit), a run cut short continues from its cache or from "
         "its checkpoint travelling in `results/campaign/inflight/`, and each table's result file "
-        "is rebuilt from the records. Runs under way first, then headline cells, seed 0 of each "
-        "before any second seed, the paper's own seed count before extras. `fedhet reproduce plan` "
-        "lists every cell; "
+        "is rebuilt from the records. On a GPU: runs under way first, then headline cells, seed 0 "
+        "of each before any second seed, the paper's own seed count before extras. On a CPU the "
+        "most claim per core-hour first (`campaign/order.py`, a choice): the paper's own seed "
+        "count before extras, among those the cell with the fewest core-hours left first, and a "
+        f"run of more than {HEAVY_CORE_HOURS:g} core-hours (the Fashion-MNIST CNN runs) waits for "
+        "a GPU unless nothing cheaper is left, even under way. `fedhet reproduce plan` "
+        "lists every cell (`--device cpu`: in a CPU sitting's order); "
         f"`{campaign.command(budget=60, cores=2)}` runs a sitting (docs/gpu.md for a GPU). Prices "
         "come from measured seconds per round on the kind of device that runs them (the runs' "
         "own, else the kind's bench record in `results/campaign/bench/`).",
