@@ -265,3 +265,64 @@ def test_the_committed_page_is_what_the_results_give() -> None:
     committed = (root / "docs" / "paper-scale.md").read_text()
     assert ps.render(ps.load(root / "results")) == committed, (
         "docs/paper-scale.md is stale: run `PYTHONPATH=src python -m fedhet paper-scale`")
+
+
+def _accuracy(group: str, label: str, seed: int, acc: float) -> list[dict]:
+    """A two-round run ending at test accuracy `acc`."""
+    return _rows(group, label, seed, [2.0, 0.1], [0.1, acc])
+
+
+def test_table_claims_are_read_from_the_recorded_cells(tmp_path: Path) -> None:
+    """FedNNNN's claims (`fednnnn/claims.py`) by hand. IID-B, one run each: FedNNNN 99.2 over
+    every other, so both hold as single runs (named so). NonIID-B: Momentum 99.5 above the
+    proposed methods' best (FedNNNN 99.0): the first claim does not hold, the second (FedNNNN
+    over FedAvg and FedProx) does. IID-UB over three seeds: FedNNNN − FedAvg = +0.5, +0.6, +0.4
+    points (outside the noise), FedNNNN − FedProx = +1, −1, +0.5 (inside it): does not hold.
+    NonIID-UB: FedProx not recorded, so not yet, naming it, with the reading so far."""
+    rows = []
+    iid_b = {"FedNNNN": 0.992, "Norm-Norm": 0.990, "FedAvg": 0.985, "FedProx": 0.984, "Momentum": 0.991}
+    non_b = {"FedNNNN": 0.990, "Norm-Norm": 0.989, "FedAvg": 0.980, "FedProx": 0.981, "Momentum": 0.995}
+    for label in iid_b:
+        rows += _accuracy("MNIST IID-B", label, 0, iid_b[label])
+        rows += _accuracy("MNIST NonIID-B", label, 0, non_b[label])
+    for seed, (avg, prox) in enumerate([(0.5, 1.0), (0.6, -1.0), (0.4, 0.5)]):
+        rows += _accuracy("MNIST IID-UB", "FedNNNN", seed, 0.98)
+        rows += _accuracy("MNIST IID-UB", "FedAvg", seed, 0.98 - avg / 100)
+        rows += _accuracy("MNIST IID-UB", "FedProx", seed, 0.98 - prox / 100)
+    rows += _accuracy("MNIST NonIID-UB", "FedNNNN", 0, 0.989)
+    rows += _accuracy("MNIST NonIID-UB", "FedAvg", 0, 0.976)
+    _write(tmp_path / "results", "fednnnn", "table2-mnist", rows)
+    page = ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
+    best, beats = "the proposed methods [Norm-Norm, FedNNNN] achieve the best", "FedNNNN outperforms FedAvg"
+    row = _line(page, "| MNIST IID-B |", best)
+    assert "FedNNNN 99.20; FedAvg 98.50 (Δ +0.70 pts), FedProx 98.40 (Δ +0.80 pts), Momentum 99.10 " \
+           "(Δ +0.10 pts); single run (seed 0)" in row
+    assert "| over FedAvg: Δ +0.70 pts |" in row and "| **yes** (single run) |" in row
+    assert "paper: FedNNNN 99.2%, +0.20 over FedAvg; holds in its table" in row
+    row = _line(page, "| MNIST NonIID-B |", best)
+    assert "Momentum 99.50 (Δ -0.50 pts)" in row and "| **no** (single run) |" in row
+    assert "not in its own table (Momentum 99.2)" in row  # the paper's Table 2 says so too
+    assert "| **yes** (single run) |" in _line(page, "| MNIST NonIID-B |", beats)
+    row = _line(page, "| MNIST IID-UB |", beats)
+    assert ("FedAvg 97.50 (Δ +0.50 ± 0.10 pts *), FedProx 97.83 (Δ +0.17 ± 1.04 pts); "
+            "paired over 3 seeds") in row
+    assert row.endswith("| **no** | `fednnnn/table2-mnist` abc1234, cpu: test, 1.5 min |")
+    row = _line(page, "| MNIST NonIID-UB |", beats)
+    assert "not yet: FedProx not recorded (" in row and "| not yet |" in row
+    assert "so far: FedNNNN 98.90; FedAvg 97.60 (Δ +1.30 pts); single run (seed 0)" in row
+    # the CIFAR-10 cells: one row per claim, with why no machine here has their data
+    assert "not yet: CIFAR-10 ships in no package" in _line(page, "| CIFAR10 IID-B, CIFAR10 NonIID-B", beats)
+
+
+def test_a_transfers_claim_counts_a_run_that_never_reaches_the_target_as_worst() -> None:
+    """Table III: fewer transfers win; a run that never reaches the target counts as infinitely
+    many, so a method that reaches it beats one that never does in every seed, and two that
+    never do are even (not beaten)."""
+    from fedhet.papers.claims import TableClaim
+
+    claim = TableClaim("q", "s", ("FedSR",), ("FedAvg",), ("MNIST xi=2",), metric="transfers", target=0.9)
+    inf = float("inf")
+    assert ps.beats(claim, {0: 575.0}, {0: 760.0})[:2] == (True, "Δ +185")
+    assert ps.beats(claim, {0: 575.0, 1: 600.0}, {0: inf, 1: inf})[0]
+    assert not ps.beats(claim, {0: inf}, {0: inf})[0]
+    assert not ps.beats(claim, {0: inf}, {0: 760.0})[0]
