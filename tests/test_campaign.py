@@ -195,6 +195,28 @@ def test_the_plan_on_a_cpu_lists_the_cells_in_a_cpu_sittings_order(tmp_path: Pat
     assert (gpu[0].table, gpu[0].setting) == ("fedsr-fashion-mnist", "Fashion-MNIST xi=2")
 
 
+def test_bherd_case3_also_runs_under_grab_stale_beside_the_recorded_greedy_runs(tmp_path: Path) -> None:
+    """BHerd-FedAvg at CNN + MNIST Case 3 under `criterion=grab-stale`: seeds 0-3 (as many as the
+    greedy runs first recorded), at the paper's seed count, each a run of its own: every run
+    the preset plans keeps its name and settings."""
+    plan = [r for r in _plan(tmp_path) if r.table == "bherd-cnn-mnist"]
+    stale = [r for r in plan if r.spec.settings.get("algorithm.criterion") == "grab-stale"]
+    assert sorted(r.seed for r in stale) == [0, 1, 2, 3]
+    assert {r.name for r in stale} == {"main-cnn-mnist-case3-bherd-grabstale",
+                                       *(f"main-cnn-mnist-case3-bherd-grabstale_s{k}" for k in (1, 2, 3))}
+    assert all(r.spec.label == "BHerd-FedAvg[criterion=grab-stale]" and r.tier == 2
+               and r.spec.group == "CNN + MNIST case3" and r.serves == ("CNN + MNIST case3",)
+               for r in stale)
+    greedy = {r.seed: r for r in plan if r.spec.label == "BHerd-FedAvg" and r.spec.group.endswith("case3")}
+    for r in stale:  # the same run as the greedy one of its seed, but for the criterion
+        same = {k: v for k, v in r.spec.settings.items() if k != "algorithm.criterion"}
+        assert same == greedy[r.seed].spec.settings
+        assert "algorithm.criterion" not in greedy[r.seed].spec.settings
+    # the recorded greedy runs keep their names
+    recorded = {p.name for p in (ROOT / "results" / "campaign" / "bherd-cnn-mnist").iterdir()}
+    assert recorded and recorded <= {r.name for r in plan} - {r.name for r in stale}
+
+
 def test_the_centralized_reference_runs_once_per_seed_and_serves_every_cell(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     for key, cells in (("bherd-cnn-mnist", 3), ("fedsr-mnist", 5)):

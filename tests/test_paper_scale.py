@@ -326,3 +326,30 @@ def test_a_transfers_claim_counts_a_run_that_never_reaches_the_target_as_worst()
     assert ps.beats(claim, {0: 575.0, 1: 600.0}, {0: inf, 1: inf})[0]
     assert not ps.beats(claim, {0: inf}, {0: inf})[0]
     assert not ps.beats(claim, {0: inf}, {0: 760.0})[0]
+
+
+def test_the_bherd_cnn_rows_name_their_criterion_and_reading(tmp_path: Path) -> None:
+    """BHerd CNN Case 3 under both criteria: each row names its criterion and reading (the
+    greedy one, whose label gives none, as the defaults) and how many seeds diverged; the
+    grab-stale row is read from its own runs, and until they are recorded the page names what
+    is left of them."""
+    rows = []
+    for seed in range(2):
+        rows += _methods("CNN + MNIST case3", seed, {
+            "FedAvg": [2.3] + [0.5 - 0.01 * seed] * 10,
+            "BHerd-FedAvg": [2.3] + [1.6] + [50.0 * (seed + 1)] * 9,
+            "BHerd-FedAvg[criterion=grab-stale]": [2.3] + [0.4 - 0.01 * seed] * 10})
+    _write(tmp_path / "results", "bherd", "cnn-mnist", rows)
+    page = ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
+    greedy = _line(page, "CNN Case 3: BHerd-FedAvg (criterion=greedy, reading=mean-tau; diverged in "
+                         "2/2 seeds) vs FedAvg [cnn-mnist]")
+    assert "| **no** |" in greedy
+    stale = _line(page, "CNN Case 3: BHerd-FedAvg (criterion=grab-stale, reading=mean-tau) vs FedAvg "
+                        "[cnn-mnist]")
+    assert "Δ early loss -0.1000 ± 0.0000 *" in stale and "| **yes** |" in stale
+    # without the grab-stale runs: a row saying what the campaign has left of them
+    _write(tmp_path / "results", "bherd", "cnn-mnist",
+           [r for r in rows if "grab-stale" not in r["algorithm"]])
+    page = ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
+    left = _line(page, "CNN Case 3: BHerd-FedAvg (criterion=grab-stale, reading=mean-tau) vs FedAvg |")
+    assert "not run yet: 4 run(s) left in the campaign" in left
