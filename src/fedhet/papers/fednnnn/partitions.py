@@ -1,0 +1,40 @@
+"""FedNNNN's four partitions (§5.1) against its words (`papers.partition_readings`)."""
+
+from __future__ import annotations
+
+from fedhet.papers.fednnnn.preset import partition_settings
+from fedhet.papers.partition_readings import PartitionReading
+
+WORDS = ("\"For i) IID, clients possess images of all of the defined classes in the dataset. In "
+         "contrast, for ii) non-IID, clients have images of only 2 classes (the minimum number of "
+         "classes that allow meaningful learning). For the iii) balanced condition, all clients have "
+         "dataset of the same size. On the other hand, iv) unbalanced condition assumes that the "
+         "dataset sizes of the clients follows a power-law distribution, where a small number of "
+         "clients hold most of the training images.\"")
+
+SHARDS = ("non-IID: the label-sorted data cut into 100 × 2 equal shards, 2 random shards a client "
+          "(`shards`, ξ = 2), so a shard straddling two labels gives a client 3 or 4 and two shards of "
+          "one label give it 1; the text's \"only 2 classes\" does not say how classes are drawn")
+POWER = ("unbalanced: sizes ∝ r^(−1) over the size rank r (`unbalanced`, exponent 1, at least 10 "
+         "samples), given to the clients in random order; the text names no exponent")
+UB_SHARDS = ("non-IID-UB: each client's size cut into 2 shards laid along the label-sorted data, so "
+             "a large client's shards span several labels; the text does not say whether a large "
+             "client also holds only 2 classes")
+WEIGHTS = "the server weights every client 1/m (\"set n_k/n = 1/n\"), as the text says"
+
+
+def _reading(scenario: str, choices: tuple[str, ...]) -> PartitionReading:
+    return PartitionReading(
+        f"fednnnn-{scenario.lower()}", f"FedNNNN MNIST {scenario}", WORDS, "§5.1",
+        {"dataset": "mnist", "clients": 100, "seed": 0, **partition_settings(scenario)}, choices)
+
+
+READINGS = (
+    _reading("IID-B", ("IID: a random, even share",)),
+    _reading("NonIID-B", (SHARDS,)),
+    _reading("IID-UB", (POWER, "IID labels: a random permutation cut at those sizes", WEIGHTS)),
+    _reading("NonIID-UB", (POWER, UB_SHARDS, WEIGHTS)),
+)
+"""The four partitions of Table 2 (MNIST, 100 clients, seed 0)."""
+
+__all__ = ["READINGS"]
