@@ -87,8 +87,9 @@ class Results:
 
 
 def _paper_dir(path: Path) -> bool:
-    """A paper's result file, not the campaign's own files (`results/campaign*/`)."""
-    return not path.parent.name.startswith("campaign")
+    """A paper's result file, not the campaign's own files (`results/campaign*/`) nor the
+    partitions' drawings (`results/partitions/`, `partition_readings`)."""
+    return not path.parent.name.startswith("campaign") and path.parent.name != "partitions"
 
 
 def load(results: Path) -> Results:
@@ -1000,6 +1001,7 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
     from fedhet.papers.campaign.order import HEAVY_CORE_HOURS
     from fedhet.papers.campaign.plan import status
     from fedhet.papers.campaign.tables import FASHION_MNIST, NO_DATA
+    from fedhet.papers.partition_readings import page_lines
 
     global RESULTS
     RESULTS = res.root
@@ -1078,6 +1080,7 @@ def render(res: Results, secs: list[Section] | None = None, command: str = "") -
             cells_ = [r.setting, r.published, r.ours, r.diff, r.within, r.holds, r.run]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells_) + " |")
         lines.append("")
+    lines += page_lines(res.root)
     if res.skipped:
         lines += ["Result files left out (not at paper scale): " + ", ".join(res.skipped), ""]
     return "\n".join(lines)

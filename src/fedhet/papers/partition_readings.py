@@ -151,6 +151,37 @@ def read(results: Path, key: str) -> dict[str, Any] | None:
     return data
 
 
+def page_lines(results: Path) -> list[str]:
+    """The page's section: per paper partition its words, fedhet's choices, and what the
+    committed drawing (`read`) shows; a partition not drawn yet names the command."""
+    lines = [
+        "## Partitions against the papers' words",
+        "",
+        "Each partition of FedNNNN Table 2 and FedSR Table II (MNIST) as the paper words it, what "
+        "fedhet does where the words leave a choice (declared in `src/fedhet/papers/<paper>/"
+        "partitions.py`), and the split of seed 0: client sizes, the share of the largest tenth of "
+        "the clients, and labels per client (a label counts when a client holds one sample of it). "
+        f"Drawn by `{COMMAND}` (the client × label matrix and the sizes, `{FIGURES}/`).",
+        "",
+        "| partition | the paper's words | fedhet's choices | the split (seed 0) | drawing |",
+        "|---|---|---|---|---|",
+    ]
+    made: set[tuple[str, str]] = set()
+    for r in readings():
+        data = read(results, r.key)
+        if data is None:
+            split, picture = f"not drawn yet: `{COMMAND}`", "—"
+        else:
+            split = describe(shape(np.asarray(data["counts"], dtype=np.int64)))
+            picture = f"[{r.key}.png](figures/partitions/{r.key}.png)"
+            made.add((str(data.get("commit", "?")), str(data.get("machine", "?"))))
+        cells = [r.title, f"{r.quote} ({r.source})", "; ".join(r.choices), split, picture]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if made:
+        lines += ["", "Drawn at " + "; ".join(f"{c} on {m}" for c, m in sorted(made)) + "."]
+    return lines + [""]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="draw the papers' partitions (docs/paper-scale.md)")
     ap.add_argument("--data-dir", default=None)
