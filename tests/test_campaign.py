@@ -81,7 +81,9 @@ def test_headline_cells_first_then_their_seeds_then_the_rest(tmp_path: Path) -> 
     assert tier1 == {(t, s) for t in ("fedveca-cnn-mnist", "bherd-cnn-mnist") for s in range(1, 10)}
     # every table's runs are the preset's at paper scale, on the table's datasets only
     fednnnn = [r for r in plan if r.table == "fednnnn-mnist"]
-    assert len(fednnnn) == 4 * 5 * 3 and all(r.rounds == 100 for r in fednnnn)
+    preset = [r for r in fednnnn if not r.spec.group.endswith("(cut=label)")]
+    assert len(preset) == 4 * 5 * 3 and len(fednnnn) == len(preset) + 2  # + the alternative cell
+    assert all(r.rounds == 100 for r in fednnnn)
     assert all(r.spec.settings["precision"] == "bf16" for r in fednnnn)
     assert all(r.spec.settings["dataset"] == "mnist" for r in plan if r.table.endswith("-mnist")
                and "fashion" not in r.table)
@@ -215,6 +217,24 @@ def test_bherd_case3_also_runs_under_grab_stale_beside_the_recorded_greedy_runs(
     # the recorded greedy runs keep their names
     recorded = {p.name for p in (ROOT / "results" / "campaign" / "bherd-cnn-mnist").iterdir()}
     assert recorded and recorded <= {r.name for r in plan} - {r.name for r in stale}
+
+
+def test_another_reading_of_a_partition_runs_after_the_paper_seed_count_cells(tmp_path: Path) -> None:
+    """The alternative cells (`shards` with `cut=label`: FedNNNN NonIID-B FedAvg and FedNNNN,
+    FedSR xi=2 FedAvg and FedSR, seed 0) are cells of their own, planned after every run at the
+    paper's seed count, each the preset's run of its cell but for the partition's cut."""
+    plan = _plan(tmp_path)
+    alt = [r for r in plan if r.spec.group.endswith("(cut=label)")]
+    assert sorted((r.spec.group, r.spec.label) for r in alt) == [
+        ("MNIST NonIID-B (cut=label)", "FedAvg"), ("MNIST NonIID-B (cut=label)", "FedNNNN"),
+        ("MNIST xi=2 (cut=label)", "FedAvg"), ("MNIST xi=2 (cut=label)", "FedSR")]
+    last_paper_count = max(r.order for r in plan if r.tier < 3)
+    assert all(r.tier == 3 and r.seed == 0 and r.order > last_paper_count for r in alt)
+    for r in alt:
+        base = next(x for x in plan if x.table == r.table and x.spec.label == r.spec.label
+                    and x.seed == 0 and x.spec.group == r.spec.group.removesuffix(" (cut=label)"))
+        assert r.spec.settings == {**base.spec.settings, "partition.cut": "label"}
+        assert r.name != base.name and r.serves == (r.spec.group,)
 
 
 def test_the_centralized_reference_runs_once_per_seed_and_serves_every_cell(tmp_path: Path) -> None:

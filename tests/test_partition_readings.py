@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from fedhet.papers import partition_readings as prd
-from fedhet.papers.fednnnn.preset import run_specs as fednnnn_specs
-from fedhet.papers.fedsr.preset import table2
+from fedhet.papers.campaign.records import Store
+from fedhet.papers.campaign.tables import plan_runs, table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,17 +58,22 @@ def test_the_committed_drawings_are_of_the_readings_settings() -> None:
         assert counts.shape == (r.settings["clients"], 10) and counts.sum() == 60_000
 
 
-def test_the_readings_are_the_campaign_s_partitions() -> None:
-    """A reading's partition settings are those of the runs of its table cell."""
-    runs = fednnnn_specs("paper", ("mnist",)) + table2(["MNIST"], 500)
+def test_the_readings_are_the_campaign_s_partitions(tmp_path: Path) -> None:
+    """A reading's partition settings are those of the campaign's runs of its cell (the
+    paper's table cell, or the alternative cell the campaign adds for it)."""
+    plan = plan_runs("paper", (table("fednnnn-mnist"), table("fedsr-mnist")),
+                     Store(tmp_path, tmp_path / "cache").records)
     for r in prd.readings():
-        group = r.title.split(" ", 1)[1]  # "MNIST NonIID-UB"
+        group = r.cell[1] or r.title.split(" ", 1)[1]  # "MNIST NonIID-UB"
         mine = {k: v for k, v in r.settings.items() if k.startswith("partition")}
-        specs = [s for s in runs if s.group == group and s.settings.get("algorithm") != "central"]
-        assert specs, group
-        for s in specs:
-            assert {k: v for k, v in s.settings.items() if k.startswith("partition")} == mine
-            assert s.settings["clients"] == r.settings["clients"]
+        runs = [x for x in plan if x.spec.group == group and x.spec.settings.get("algorithm") != "central"]
+        assert runs, group
+        for x in runs:
+            assert {k: v for k, v in x.spec.settings.items() if k.startswith("partition")} == mine
+            assert x.spec.settings["clients"] == r.settings["clients"]
+        if r.cell[0]:  # an alternative: seed 0 only, after every cell at the paper's seed count
+            assert {x.seed for x in runs} == {0} and all(x.tier == 3 for x in runs)
+            assert all(x.spec.settings["partition.cut"] == "label" for x in runs)
 
 
 def test_a_split_is_counted_as_a_run_trains_on_it() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,9 @@ class PartitionReading:
     """The run settings fedhet uses (dataset, clients, partition, seed)."""
     choices: tuple[str, ...] = field(default_factory=tuple)
     """What fedhet does where the words leave a choice open."""
+    cell: tuple[str, str] = ("", "")
+    """`(campaign table, group)` of an alternative reading's cells (`Table.alternatives`);
+    empty for the reading the paper's tables run."""
 
 
 def readings() -> list[PartitionReading]:
@@ -151,9 +155,10 @@ def read(results: Path, key: str) -> dict[str, Any] | None:
     return data
 
 
-def page_lines(results: Path) -> list[str]:
+def page_lines(results: Path, cell: Callable[[PartitionReading], str] = lambda r: "") -> list[str]:
     """The page's section: per paper partition its words, fedhet's choices, and what the
-    committed drawing (`read`) shows; a partition not drawn yet names the command."""
+    committed drawing (`read`) shows; a partition not drawn yet names the command. `cell(r)`:
+    what the campaign has of an alternative reading's cells (recorded values, or runs left)."""
     lines = [
         "## Partitions against the papers' words",
         "",
@@ -161,6 +166,8 @@ def page_lines(results: Path) -> list[str]:
         "fedhet does where the words leave a choice (declared in `src/fedhet/papers/<paper>/"
         "partitions.py`), and the split of seed 0: client sizes, the share of the largest tenth of "
         "the clients, and labels per client (a label counts when a client holds one sample of it). "
+        "Where the words allow another split, it is drawn too and its cells (seed 0, the baseline "
+        "and the paper's method) run in the campaign after every cell at the paper's seed count. "
         f"Drawn by `{COMMAND}` (the client × label matrix and the sizes, `{FIGURES}/`).",
         "",
         "| partition | the paper's words | fedhet's choices | the split (seed 0) | drawing |",
@@ -175,6 +182,8 @@ def page_lines(results: Path) -> list[str]:
             split = describe(shape(np.asarray(data["counts"], dtype=np.int64)))
             picture = f"[{r.key}.png](figures/partitions/{r.key}.png)"
             made.add((str(data.get("commit", "?")), str(data.get("machine", "?"))))
+        if r.cell[0]:
+            split += f". Campaign cell `{r.cell[1]}`: {cell(r)}"
         cells = [r.title, f"{r.quote} ({r.source})", "; ".join(r.choices), split, picture]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     if made:

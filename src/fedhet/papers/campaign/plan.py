@@ -179,14 +179,15 @@ def status(results: Path, scale: str = "paper") -> list[TableStatus]:
     return out
 
 
-def cell_left(results: Path, table_key: str, setting: str, label: str | tuple[str, ...]) -> str:
-    """What is left of one cell's method (or methods), for a page row not yet measured: runs and
-    priced time."""
+def cell_left(results: Path, table_key: str, setting: str,
+              label: str | tuple[str, ...] | None = None) -> str:
+    """What is left of one cell's method (or methods; None: all of them), for a page row not yet
+    measured: runs and priced time."""
     labels = (label,) if isinstance(label, str) else label
     store = Store(results, Path("/nonexistent-campaign-cache"))
     t = table(table_key)
     plan = [r for r in plan_runs("paper", (t,), store.records)
-            if setting in r.serves and r.spec.label in labels]
+            if setting in r.serves and (labels is None or r.spec.label in labels)]
     pricer = Pricer(store, plan, 8)
     left = [r for r in plan if not store.is_recorded(r)]
     travelling = store.inflight_runs()

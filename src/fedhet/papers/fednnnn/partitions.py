@@ -24,7 +24,8 @@ POWER = ("unbalanced: sizes ∝ r^(−1) over the size rank r (`unbalanced`, exp
 UB_SHARDS = ("non-IID-UB: each client's size cut into 2 shards laid along the label-sorted data, so "
              "a shard longer than what is left of a class runs on into the next label; the text does "
              "not say how a client larger than two classes' worth (the largest holds about 11,000 "
-             "samples, a class about 6,000) keeps to 2 classes")
+             "samples, a class about 6,000) keeps to 2 classes (no alternative split of it is run: "
+             "fedhet has none yet)")
 WEIGHTS = "the server weights every client 1/m (\"set n_k/n = 1/n\"), as the text says"
 
 
@@ -35,9 +36,17 @@ def _reading(scenario: str, choices: tuple[str, ...]) -> PartitionReading:
         {"dataset": "mnist", "clients": 100, "seed": 0, **partition_settings(scenario)}, choices)
 
 
+LABEL_CUT = ("the other reading of \"only 2 classes\": each label cut into its own shards "
+             "(`shards`, `cut=label`), so no shard straddles two labels and a client holds 1 or 2")
+
 READINGS = (
     _reading("IID-B", ("IID: a random, even share",)),
     _reading("NonIID-B", (SHARDS,)),
+    PartitionReading("fednnnn-noniid-b-cutlabel", "FedNNNN MNIST NonIID-B (cut=label), alternative",
+                     f"{WORDS['NonIID']} {WORDS['B']}", "§5.1",
+                     {"dataset": "mnist", "clients": 100, "seed": 0, **partition_settings("NonIID-B"),
+                      "partition.cut": "label"}, (LABEL_CUT,),
+                     ("fednnnn-mnist", "MNIST NonIID-B (cut=label)")),
     _reading("IID-UB", (POWER, "IID labels: a random permutation cut at those sizes", WEIGHTS)),
     _reading("NonIID-UB", (POWER, UB_SHARDS, WEIGHTS)),
 )
