@@ -248,3 +248,49 @@ def test_bherd_scaffold_keeps_learning_on_the_mlp_with_its_guard():
     fallbacks.clear()
     assert result("bherd-scaffold") >= fedavg
     assert 0 < sum(fallbacks) < 10  # the guard acted, in a few client-rounds of 50
+
+
+def test_the_herd_s_drift_from_the_full_mean_by_hand():
+    """`cos(G, μ)` and `‖G‖/‖μ‖` of the herd. Rows (2, 0), (0, 2), (4, 4), (−2, −2): μ = (1, 1),
+    z = (1, −1), (−1, 1), (3, 3), (−3, −3); herding keeps rows 0 and 1 (‖z⁰‖ = ‖z¹‖ = √2, tie → 0,
+    then z¹ cancels it), G = (1, 1) = μ: cos 1, ratio 1. With α = 0.25 only row 0 is kept,
+    G = (2, 0): cos = 2/(2·√2) = 1/√2, ratio = 2/√2 = √2."""
+    x = torch.tensor([[2.0, 0.0], [0.0, 2.0], [4.0, 4.0], [-2.0, -2.0]])
+    half = herd_select(x, 0.5)
+    assert half.kept.tolist() == [0, 1]
+    assert half.cos == pytest.approx(1.0) and half.ratio == pytest.approx(1.0)
+    one = herd_select(x, 0.25)
+    assert one.kept.tolist() == [0]
+    assert one.cos == pytest.approx(2 ** -0.5) and one.ratio == pytest.approx(2 ** 0.5)
+    # the guard's fallback keeps the herd's own figures (as its distance)
+    fell = guarded(one, 0.1)
+    assert fell.fallback and (fell.cos, fell.ratio) == (one.cos, one.ratio)
+
+
+def _rounds(run_dir) -> list[dict[str, float]]:
+    """metrics.csv's rows of rounds 1, 2, … as `{column: value}`."""
+    lines = (run_dir / "metrics.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    rows = [dict(zip(header, line.split(","), strict=True)) for line in lines[1:]]
+    return [{k: float(v) if v else float("nan") for k, v in r.items()} for r in rows
+            if float(r["round"]) >= 1]
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_each_round_logs_the_mean_herd_drift_on_both_executors(tmp_path, executor):
+    """metrics.csv has `herd_cos` and `herd_norm_ratio` every round, the means over the round's
+    clients of what each client's reply carries; the batched executor logs the sequential one's;
+    at α = 1 the herd is every gradient, so both are exactly 1."""
+    run({"algorithm": "bherd", "rounds": 2, "executor": executor}, RunStore(tmp_path / "a"))
+    got = _rounds(tmp_path / "a")
+    assert len(got) == 2
+    for r in got:
+        assert -1.0 <= r["herd_cos"] < 1.0 - 1e-6 and r["herd_norm_ratio"] > 0.0
+    run({"algorithm": "bherd", "rounds": 2, "executor": "sequential"}, RunStore(tmp_path / "b"))
+    seq = _rounds(tmp_path / "b")
+    for key in ("herd_cos", "herd_norm_ratio"):
+        assert [r[key] for r in got] == pytest.approx([r[key] for r in seq], rel=1e-4, abs=1e-5)
+    run({"algorithm": "bherd", "rounds": 1, "algorithm.alpha": 1.0, "executor": executor},
+        RunStore(tmp_path / "c"))
+    (full,) = _rounds(tmp_path / "c")
+    assert full["herd_cos"] == pytest.approx(1.0) and full["herd_norm_ratio"] == pytest.approx(1.0)

@@ -20,6 +20,7 @@ import pytest
 from fedhet.papers import paper_results as pr
 from fedhet.papers.campaign import bench, records, tables
 from fedhet.papers.campaign import sitting as sitting_module
+from fedhet.papers.campaign.plan import cells as plan_cells
 from fedhet.papers.campaign.plan import status
 from fedhet.papers.campaign.pricing import Pricer, run_work
 from fedhet.papers.campaign.records import Store
@@ -80,7 +81,9 @@ def test_headline_cells_first_then_their_seeds_then_the_rest(tmp_path: Path) -> 
     assert tier1 == {(t, s) for t in ("fedveca-cnn-mnist", "bherd-cnn-mnist") for s in range(1, 10)}
     # every table's runs are the preset's at paper scale, on the table's datasets only
     fednnnn = [r for r in plan if r.table == "fednnnn-mnist"]
-    assert len(fednnnn) == 4 * 5 * 3 and all(r.rounds == 100 for r in fednnnn)
+    preset = [r for r in fednnnn if not r.spec.group.endswith("(cut=label)")]
+    assert len(preset) == 4 * 5 * 3 and len(fednnnn) == len(preset) + 2  # + the alternative cell
+    assert all(r.rounds == 100 for r in fednnnn)
     assert all(r.spec.settings["precision"] == "bf16" for r in fednnnn)
     assert all(r.spec.settings["dataset"] == "mnist" for r in plan if r.table.endswith("-mnist")
                and "fashion" not in r.table)
@@ -94,11 +97,13 @@ def _rounds(run_dir: Path, rounds: int, checkpoint: bool = False) -> None:
         (run_dir / "checkpoint.pt").write_bytes(b"")
 
 
-def test_a_sitting_finishes_the_runs_under_way_before_it_starts_new_ones(tmp_path: Path) -> None:
-    """A run with rounds saved (a travelling checkpoint, or this machine's cache) goes before
-    every run not started, whatever its place in the plan; each group keeps the plan's order."""
+def test_a_gpu_sitting_finishes_the_runs_under_way_before_it_starts_new_ones(tmp_path: Path) -> None:
+    """On a GPU a run with rounds saved (a travelling checkpoint, or this machine's cache) goes
+    before every run not started, whatever its place in the plan; each group keeps the plan's
+    order."""
     store = Store(tmp_path / "results", tmp_path / "cache")
     s = Sitting("paper", "cpu", 60.0, store, stream=io.StringIO(), commit="test")
+    s.kind, s.device, s.batch_runs = "cuda", "cuda", 1  # the GPU's order, without a GPU here
     plan = s.plan()
     travelling, cached = plan[-1], plan[-5]
     _rounds(store.inflight(travelling.table) / travelling.name, 7, checkpoint=True)
@@ -114,14 +119,122 @@ def test_a_sitting_finishes_the_runs_under_way_before_it_starts_new_ones(tmp_pat
 
     class Priced:
         def price(self, r, kind):  # noqa: ANN001, ANN202
-            assert kind == "cpu"
+            assert kind == "cuda"
             return types.SimpleNamespace(seconds_per_round=prices.get(r.name, 50.0))
 
     assert s.under_way_first(plan, Priced())[:2] == [travelling, cached]
+    assert s.order(plan, Priced())[:2] == [travelling, cached]
     # none under way: the plan's order (headline cells first)
     fresh = Sitting("paper", "cpu", 60.0, Store(tmp_path / "r2", tmp_path / "c2"),
                     stream=io.StringIO(), commit="test")
+    fresh.kind, fresh.device, fresh.batch_runs = "cuda", "cuda", 1
     assert fresh._next_unit(plan, set(), Pricer(fresh.store, plan)) == [plan[0]]
+
+
+class Hours:
+    """A pricer by hand: each run's whole CPU price in core-hours (`hours`, by name; `default`
+    otherwise), spread evenly over its rounds; no GPU price."""
+
+    def __init__(self, hours: dict[str, float], default: float = 1.0) -> None:
+        self.hours, self.default = hours, default
+
+    def price(self, r: tables.CampaignRun, kind: str) -> types.SimpleNamespace | None:
+        if kind != "cpu":
+            return None
+        h = self.hours.get(r.name, self.default)
+        return types.SimpleNamespace(seconds_per_round=h * 3600 / r.rounds, source="measured")
+
+
+def _pick(plan: list[tables.CampaignRun], table: str, group: str, label: str,
+          seed: int) -> tables.CampaignRun:
+    return next(r for r in plan
+                if (r.table, r.spec.group, r.spec.label, r.seed) == (table, group, label, seed))
+
+
+def test_a_cpu_sitting_takes_the_most_claim_per_core_hour_first(tmp_path: Path) -> None:
+    """On a CPU: a run of many core-hours waits (even under way), the paper's seed count before
+    extra seeds, and among one tier the cell with the fewest core-hours left first; within a
+    cell the run under way first."""
+    store = Store(tmp_path / "results", tmp_path / "cache")
+    s = Sitting("paper", "cpu", 600.0, store, stream=io.StringIO(), commit="test")
+    plan = s.plan()
+    fashion = _pick(plan, "fedsr-fashion-mnist", "Fashion-MNIST xi=2", "FedAvg", 0)  # tier 0
+    bherd = _pick(plan, "bherd-cnn-mnist", "CNN + MNIST case3", "FedAvg", 4)  # tier 1
+    prox_xi2 = _pick(plan, "fedsr-mnist", "MNIST xi=2", "FedProx", 0)  # tier 2
+    avg_iid_b = _pick(plan, "fednnnn-mnist", "MNIST IID-B", "FedAvg", 0)  # tier 2
+    prox_iid_b = _pick(plan, "fednnnn-mnist", "MNIST IID-B", "FedProx", 0)  # tier 2
+    extra = _pick(plan, "fedsr-mnist", "MNIST xi=4", "FedAvg", 1)  # tier 3
+    assert [r.tier for r in (fashion, bherd, prox_xi2, avg_iid_b, prox_iid_b, extra)] == [0, 1, 2, 2, 2, 3]
+    # the Fashion-MNIST run is under way (34 rounds travel): 12 core-hours, 11.2 left
+    _rounds(store.inflight(fashion.table) / fashion.name, 34, checkpoint=True)
+    # FedProx at IID-B is half done here: its cell has 1 + 0.5 core-hours left, xi=2's cell 1
+    _rounds(store.run_dir(prox_iid_b.table, prox_iid_b.name), 50)
+    pricer = Hours({fashion.name: 12.0, extra.name: 0.5})
+    todo = [extra, prox_iid_b, avg_iid_b, prox_xi2, bherd, fashion]
+    assert s.order(todo, pricer) == [bherd, prox_xi2, prox_iid_b, avg_iid_b, extra, fashion]
+    assert s._next_unit(todo, set(), pricer) == [bherd]
+    # nothing cheaper left: the heavy run continues on the CPU
+    assert s._next_unit([fashion], set(), pricer) == [fashion]
+    # a GPU keeps its order: the runs under way first, the least time left first
+    s.kind = "cuda"
+    assert s.order(todo, pricer)[:2] == [prox_iid_b, fashion]
+
+
+def test_the_plan_on_a_cpu_lists_the_cells_in_a_cpu_sittings_order(tmp_path: Path) -> None:
+    """`reproduce plan --device cpu`: the cells of cheap runs at the paper's seed count first,
+    the cells whose runs cost many core-hours last, even one under way; on a GPU that one first."""
+    store = Store(tmp_path / "results", tmp_path / "cache")
+    plan = plan_runs("paper", TABLES, store.records)
+    heavy = {r.name: 12.0 for r in plan if r.table == "fedsr-fashion-mnist"}
+    fashion = _pick(plan, "fedsr-fashion-mnist", "Fashion-MNIST xi=2", "FedAvg", 0)
+    _rounds(store.inflight(fashion.table) / fashion.name, 34, checkpoint=True)
+    cpu = plan_cells(store, plan, "cpu", Hours(heavy))
+    n_fashion = sum(1 for c in cpu if c.table == "fedsr-fashion-mnist")
+    assert n_fashion > 1 and {c.table for c in cpu[-n_fashion:]} == {"fedsr-fashion-mnist"}
+    # first: the tier-0 cell with the fewest core-hours (FedNNNN NonIID-UB: 5 methods × 1 h)
+    assert (cpu[0].table, cpu[0].setting, cpu[0].headline) == ("fednnnn-mnist", "MNIST NonIID-UB", True)
+    gpu = plan_cells(store, plan, "cuda", Hours(heavy))
+    assert (gpu[0].table, gpu[0].setting) == ("fedsr-fashion-mnist", "Fashion-MNIST xi=2")
+
+
+def test_bherd_case3_also_runs_under_grab_stale_beside_the_recorded_greedy_runs(tmp_path: Path) -> None:
+    """BHerd-FedAvg at CNN + MNIST Case 3 under `criterion=grab-stale`: seeds 0-3 (as many as the
+    greedy runs first recorded), at the paper's seed count, each a run of its own: every run
+    the preset plans keeps its name and settings."""
+    plan = [r for r in _plan(tmp_path) if r.table == "bherd-cnn-mnist"]
+    stale = [r for r in plan if r.spec.settings.get("algorithm.criterion") == "grab-stale"]
+    assert sorted(r.seed for r in stale) == [0, 1, 2, 3]
+    assert {r.name for r in stale} == {"main-cnn-mnist-case3-bherd-grabstale",
+                                       *(f"main-cnn-mnist-case3-bherd-grabstale_s{k}" for k in (1, 2, 3))}
+    assert all(r.spec.label == "BHerd-FedAvg[criterion=grab-stale]" and r.tier == 2
+               and r.spec.group == "CNN + MNIST case3" and r.serves == ("CNN + MNIST case3",)
+               for r in stale)
+    greedy = {r.seed: r for r in plan if r.spec.label == "BHerd-FedAvg" and r.spec.group.endswith("case3")}
+    for r in stale:  # the same run as the greedy one of its seed, but for the criterion
+        same = {k: v for k, v in r.spec.settings.items() if k != "algorithm.criterion"}
+        assert same == greedy[r.seed].spec.settings
+        assert "algorithm.criterion" not in greedy[r.seed].spec.settings
+    # the recorded greedy runs keep their names
+    recorded = {p.name for p in (ROOT / "results" / "campaign" / "bherd-cnn-mnist").iterdir()}
+    assert recorded and recorded <= {r.name for r in plan} - {r.name for r in stale}
+
+
+def test_another_reading_of_a_partition_runs_after_the_paper_seed_count_cells(tmp_path: Path) -> None:
+    """The alternative cells (`shards` with `cut=label`: FedNNNN NonIID-B FedAvg and FedNNNN,
+    FedSR xi=2 FedAvg and FedSR, seed 0) are cells of their own, planned after every run at the
+    paper's seed count, each the preset's run of its cell but for the partition's cut."""
+    plan = _plan(tmp_path)
+    alt = [r for r in plan if r.spec.group.endswith("(cut=label)")]
+    assert sorted((r.spec.group, r.spec.label) for r in alt) == [
+        ("MNIST NonIID-B (cut=label)", "FedAvg"), ("MNIST NonIID-B (cut=label)", "FedNNNN"),
+        ("MNIST xi=2 (cut=label)", "FedAvg"), ("MNIST xi=2 (cut=label)", "FedSR")]
+    last_paper_count = max(r.order for r in plan if r.tier < 3)
+    assert all(r.tier == 3 and r.seed == 0 and r.order > last_paper_count for r in alt)
+    for r in alt:
+        base = next(x for x in plan if x.table == r.table and x.spec.label == r.spec.label
+                    and x.seed == 0 and x.spec.group == r.spec.group.removesuffix(" (cut=label)"))
+        assert r.spec.settings == {**base.spec.settings, "partition.cut": "label"}
+        assert r.name != base.name and r.serves == (r.spec.group,)
 
 
 def test_the_centralized_reference_runs_once_per_seed_and_serves_every_cell(tmp_path: Path) -> None:

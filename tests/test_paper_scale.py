@@ -154,13 +154,13 @@ def test_fedveca_claims_from_rounds_to_the_centralized_loss(tmp_path: Path) -> N
 
 
 def test_fedveca_reach_within_margin_and_one_row_per_setup(tmp_path: Path) -> None:
-    """"Reaches the centralized loss" is read within `REACH` (0.01) of centralized SGD's final
-    loss; one file with fedhet's and reference [40]'s runs gives rows per setup, each method
-    compared with its own setup's centralized run. By hand, Case 1: centralized ends at 0.1;
-    plain FedVeca gets to 0.105 at round 3 and never lower (within 0.01: round 3; exactly:
-    never), FedAvg/FedNova to 0.1 exactly at round 6. In the ref40 setup FedVeca is the slow one
-    (round 7 against 2), and its centralized run ends at 0.5, so the plain runs' values would
-    all count as reached if the setups were mixed."""
+    """"Reaches the centralized loss" is read within `REACH` (5%) of the centralized curve's span
+    of its final loss; one file with fedhet's and reference [40]'s runs gives rows per setup,
+    each method compared with its own setup's centralized run. By hand, Case 1: centralized goes
+    from 1.0 to 0.1 (target 0.1 + 0.05·0.9 = 0.145); plain FedVeca gets to 0.105 at round 3 and
+    never lower (reached: round 3; exactly: never), FedAvg/FedNova to 0.1 exactly at round 6.
+    In the ref40 setup FedVeca is the slow one (round 7 against 2), and its centralized run ends
+    at 0.5, so the plain runs' values would all count as reached if the setups were mixed."""
     def curve(first: int, low: float, start: float = 1.0) -> list[float]:
         return [start if r < first else low for r in range(11)]
 
@@ -173,7 +173,8 @@ def test_fedveca_reach_within_margin_and_one_row_per_setup(tmp_path: Path) -> No
             "fednova[ref40]": curve(2, 0.5, 2.0)})
     page = _fedveca_page(tmp_path, rows)
     plain = _line(page, "SVM Case 1 [svm-cases]", "first to reach the centralized loss")
-    assert "within 0.01 of the centralized loss: fedveca 3, fedavg 6, fednova 6 " in plain
+    assert ("within 5% of the centralized loss (≤ 0.1450, median of seeds): fedveca 3, fedavg 6, "
+            "fednova 6 ") in plain
     assert "(Δ fedveca − fedavg -3.0 ± 0.0 *, − fednova -3.0 ± 0.0 *)" in plain
     assert "to the value itself: fedveca never in 10, fedavg 6, fednova 6" in plain
     assert "| **yes** |" in plain
@@ -182,7 +183,7 @@ def test_fedveca_reach_within_margin_and_one_row_per_setup(tmp_path: Path) -> No
 
 
 def test_fedveca_first_gives_the_final_values_when_no_method_reaches(tmp_path: Path) -> None:
-    """None comes within 0.01 of centralized SGD's final loss 0.1 in 10 rounds, so the row also
+    """None comes within 5% of the centralized span (loss ≤ 0.145) in 10 rounds, so the row also
     gives each method's final loss, mean over the two seeds: FedVeca 0.3 and 0.5 → 0.4, FedAvg
     0.6, FedNova 0.7 and 0.9 → 0.8. The setting's words ("SVM MNIST Case 1") name the problem,
     not a setup: the row is Case 1's, with no variants."""
@@ -196,6 +197,34 @@ def test_fedveca_first_gives_the_final_values_when_no_method_reaches(tmp_path: P
     assert ("(medians of 2); final loss (mean of seeds): central 0.1000, fedveca 0.4000, "
             "fedavg 0.6000, fednova 0.8000 |") in row
     assert "| **no** |" in row
+
+
+def test_reaching_the_centralized_value_is_read_on_the_curve_s_own_scale(tmp_path: Path) -> None:
+    """One rule for both scales: within 5% of the centralized run's span |c₀ − c|. On a CNN-like
+    scale (2.3 → 0.06: target 0.06 + 0.112 = 0.172) FedVeca at 0.15 from round 3 reaches and
+    FedAvg/FedNova at 0.3 never do, though none comes within a fixed 0.01; on a small scale
+    (0.05 → 0.02: target 0.0215) 0.029 is not reached although it is within 0.01, and FedVeca's
+    0.021 at round 4 is. The accuracy target: 0.1 → 0.9 gives 0.86."""
+    def curve(start: float, first: int, low: float) -> list[float]:
+        return [start] + [start if r < first else low for r in range(1, 11)]
+
+    rows = []
+    for seed in range(3):
+        big = {"central": curve(2.3, 1, 0.06), "fedveca": curve(2.3, 3, 0.15),
+               "fedavg": curve(2.3, 1, 0.3), "fednova": curve(2.3, 1, 0.3)}
+        small = {"central": curve(0.05, 1, 0.02), "fedveca": curve(0.05, 4, 0.021),
+                 "fedavg": curve(0.05, 2, 0.029), "fednova": curve(0.05, 2, 0.029)}
+        rows += _methods("case3", seed, big) + _methods("case1", seed, small)
+    page = _fedveca_page(tmp_path, rows)
+    cnn = _line(page, "SVM Case 3 [svm-cases]", "first to reach the centralized loss")
+    assert ("within 5% of the centralized loss (≤ 0.1720, median of seeds): fedveca 3, "
+            "fedavg never in 10, fednova never in 10") in cnn and "| **yes** |" in cnn
+    svm = _line(page, "SVM Case 1 [svm-cases]", "first to reach the centralized loss")
+    assert ("(≤ 0.0215, median of seeds): fedveca 4, fedavg never in 10, fednova never in 10"
+            in svm) and "| **yes** |" in svm
+    ref = {"test_accuracy": [0.1, 0.5, 0.9], "train_loss": [2.0, 1.0, 0.5]}
+    assert ps.central_target(ref, True, ps.REACH) == pytest.approx(0.86)
+    assert ps.central_target(ref, False, ps.REACH) == pytest.approx(0.575)
 
 
 def test_fedveca_first_needs_a_paired_difference_outside_the_noise(tmp_path: Path) -> None:
@@ -236,3 +265,91 @@ def test_the_committed_page_is_what_the_results_give() -> None:
     committed = (root / "docs" / "paper-scale.md").read_text()
     assert ps.render(ps.load(root / "results")) == committed, (
         "docs/paper-scale.md is stale: run `PYTHONPATH=src python -m fedhet paper-scale`")
+
+
+def _accuracy(group: str, label: str, seed: int, acc: float) -> list[dict]:
+    """A two-round run ending at test accuracy `acc`."""
+    return _rows(group, label, seed, [2.0, 0.1], [0.1, acc])
+
+
+def test_table_claims_are_read_from_the_recorded_cells(tmp_path: Path) -> None:
+    """FedNNNN's claims (`fednnnn/claims.py`) by hand. IID-B, one run each: FedNNNN 99.2 over
+    every other, so both hold as single runs (named so). NonIID-B: Momentum 99.5 above the
+    proposed methods' best (FedNNNN 99.0): the first claim does not hold, the second (FedNNNN
+    over FedAvg and FedProx) does. IID-UB over three seeds: FedNNNN − FedAvg = +0.5, +0.6, +0.4
+    points (outside the noise), FedNNNN − FedProx = +1, −1, +0.5 (inside it): does not hold.
+    NonIID-UB: FedProx not recorded, so not yet, naming it, with the reading so far."""
+    rows = []
+    iid_b = {"FedNNNN": 0.992, "Norm-Norm": 0.990, "FedAvg": 0.985, "FedProx": 0.984, "Momentum": 0.991}
+    non_b = {"FedNNNN": 0.990, "Norm-Norm": 0.989, "FedAvg": 0.980, "FedProx": 0.981, "Momentum": 0.995}
+    for label in iid_b:
+        rows += _accuracy("MNIST IID-B", label, 0, iid_b[label])
+        rows += _accuracy("MNIST NonIID-B", label, 0, non_b[label])
+    for seed, (avg, prox) in enumerate([(0.5, 1.0), (0.6, -1.0), (0.4, 0.5)]):
+        rows += _accuracy("MNIST IID-UB", "FedNNNN", seed, 0.98)
+        rows += _accuracy("MNIST IID-UB", "FedAvg", seed, 0.98 - avg / 100)
+        rows += _accuracy("MNIST IID-UB", "FedProx", seed, 0.98 - prox / 100)
+    rows += _accuracy("MNIST NonIID-UB", "FedNNNN", 0, 0.989)
+    rows += _accuracy("MNIST NonIID-UB", "FedAvg", 0, 0.976)
+    _write(tmp_path / "results", "fednnnn", "table2-mnist", rows)
+    page = ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
+    best, beats = "the proposed methods [Norm-Norm, FedNNNN] achieve the best", "FedNNNN outperforms FedAvg"
+    row = _line(page, "| MNIST IID-B |", best)
+    assert "FedNNNN 99.20; FedAvg 98.50 (Δ +0.70 pts), FedProx 98.40 (Δ +0.80 pts), Momentum 99.10 " \
+           "(Δ +0.10 pts); single run (seed 0)" in row
+    assert "| over FedAvg: Δ +0.70 pts |" in row and "| **yes** (single run) |" in row
+    assert "paper: FedNNNN 99.2%, +0.20 over FedAvg; holds in its table" in row
+    row = _line(page, "| MNIST NonIID-B |", best)
+    assert "Momentum 99.50 (Δ -0.50 pts)" in row and "| **no** (single run) |" in row
+    assert "not in its own table (Momentum 99.2)" in row  # the paper's Table 2 says so too
+    assert "| **yes** (single run) |" in _line(page, "| MNIST NonIID-B |", beats)
+    row = _line(page, "| MNIST IID-UB |", beats)
+    assert ("FedAvg 97.50 (Δ +0.50 ± 0.10 pts *), FedProx 97.83 (Δ +0.17 ± 1.04 pts); "
+            "paired over 3 seeds") in row
+    assert row.endswith("| **no** | `fednnnn/table2-mnist` abc1234, cpu: test, 1.5 min |")
+    row = _line(page, "| MNIST NonIID-UB |", beats)
+    assert "not yet: FedProx not recorded (" in row and "| not yet |" in row
+    assert "so far: FedNNNN 98.90; FedAvg 97.60 (Δ +1.30 pts); single run (seed 0)" in row
+    # the CIFAR-10 cells: one row per claim, with why no machine here has their data
+    assert "not yet: CIFAR-10 ships in no package" in _line(page, "| CIFAR10 IID-B, CIFAR10 NonIID-B", beats)
+
+
+def test_a_transfers_claim_counts_a_run_that_never_reaches_the_target_as_worst() -> None:
+    """Table III: fewer transfers win; a run that never reaches the target counts as infinitely
+    many, so a method that reaches it beats one that never does in every seed, and two that
+    never do are even (not beaten)."""
+    from fedhet.papers.claims import TableClaim
+
+    claim = TableClaim("q", "s", ("FedSR",), ("FedAvg",), ("MNIST xi=2",), metric="transfers", target=0.9)
+    inf = float("inf")
+    assert ps.beats(claim, {0: 575.0}, {0: 760.0})[:2] == (True, "Δ +185")
+    assert ps.beats(claim, {0: 575.0, 1: 600.0}, {0: inf, 1: inf})[0]
+    assert not ps.beats(claim, {0: inf}, {0: inf})[0]
+    assert not ps.beats(claim, {0: inf}, {0: 760.0})[0]
+
+
+def test_the_bherd_cnn_rows_name_their_criterion_and_reading(tmp_path: Path) -> None:
+    """BHerd CNN Case 3 under both criteria: each row names its criterion and reading (the
+    greedy one, whose label gives none, as the defaults) and how many seeds diverged; the
+    grab-stale row is read from its own runs, and until they are recorded the page names what
+    is left of them."""
+    rows = []
+    for seed in range(2):
+        rows += _methods("CNN + MNIST case3", seed, {
+            "FedAvg": [2.3] + [0.5 - 0.01 * seed] * 10,
+            "BHerd-FedAvg": [2.3] + [1.6] + [50.0 * (seed + 1)] * 9,
+            "BHerd-FedAvg[criterion=grab-stale]": [2.3] + [0.4 - 0.01 * seed] * 10})
+    _write(tmp_path / "results", "bherd", "cnn-mnist", rows)
+    page = ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
+    greedy = _line(page, "CNN Case 3: BHerd-FedAvg (criterion=greedy, reading=mean-tau; diverged in "
+                         "2/2 seeds) vs FedAvg [cnn-mnist]")
+    assert "| **no** |" in greedy
+    stale = _line(page, "CNN Case 3: BHerd-FedAvg (criterion=grab-stale, reading=mean-tau) vs FedAvg "
+                        "[cnn-mnist]")
+    assert "Δ early loss -0.1000 ± 0.0000 *" in stale and "| **yes** |" in stale
+    # without the grab-stale runs: a row saying what the campaign has left of them
+    _write(tmp_path / "results", "bherd", "cnn-mnist",
+           [r for r in rows if "grab-stale" not in r["algorithm"]])
+    page = ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
+    left = _line(page, "CNN Case 3: BHerd-FedAvg (criterion=grab-stale, reading=mean-tau) vs FedAvg |")
+    assert "not run yet: 4 run(s) left in the campaign" in left

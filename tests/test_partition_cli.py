@@ -53,7 +53,7 @@ def test_table_is_the_partition_and_heatmap_is_written(tmp_path, capsys):
     np.testing.assert_array_equal(rows[:, 2:], counts)
     np.testing.assert_array_equal(rows[:, 1], counts.sum(axis=1))
     assert rows[:, 1].sum() == 1347
-    assert "shards(xi=2)" in out and "labels per client" in out and str(png) in out
+    assert "shards(xi=2, cut=sorted)" in out and "labels per client" in out and str(png) in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     h, w = mpimg.imread(png).shape[:2]
     assert h > 200 and w > 400

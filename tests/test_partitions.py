@@ -285,3 +285,33 @@ def test_schemes_are_registered():
         PARTITIONS.names()
     )
     assert math.isclose(PARTITIONS.params("unbalanced").exponent, 1.0)
+
+
+def test_shards_cut_by_label_never_straddle_two_labels():
+    """`cut=label`: 2 labels of 10 and 30 samples, 4 shards: the labels get 1 and 3 shards (∝
+    their sizes), every shard 10 samples of one label; 2 clients × ξ = 2 each hold ≤ 2 labels."""
+    from fedhet.data.partition import _label_shards
+
+    labels = np.array([0] * 10 + [1] * 30)
+    pieces = _label_shards(labels, 4, np.random.default_rng(0))
+    assert sorted(len(p) for p in pieces) == [10, 10, 10, 10]
+    assert sorted(len(set(labels[p])) for p in pieces) == [1, 1, 1, 1]
+    assert sorted(int(labels[p][0]) for p in pieces) == [0, 1, 1, 1]
+    parts = split(labels, "shards", 2, 0, xi=2, cut="label")
+    assert sorted(np.concatenate(parts).tolist()) == list(range(40))
+
+
+def test_shards_cut_by_label_against_the_sorted_cut():
+    """Classes of 61–70 samples, 10 clients × ξ = 2: the sorted cut's 20 shards of about 33
+    straddle labels, so some client holds 3 labels; the label cut never gives more than 2, and
+    every sample goes to exactly one client either way."""
+    labels = np.repeat(np.arange(10), np.arange(61, 71))
+    for seed in range(5):
+        by_label = split(labels, "shards", 10, seed, xi=2, cut="label")
+        assert sorted(np.concatenate(by_label).tolist()) == list(range(len(labels)))
+        assert max(len(np.unique(labels[p])) for p in by_label) <= 2
+    held = [max(len(np.unique(labels[p])) for p in split(labels, "shards", 10, s, xi=2))
+            for s in range(5)]
+    assert max(held) >= 3
+    with pytest.raises(FedhetError, match="a shard per label"):
+        split(labels, "shards", 2, 0, xi=2, cut="label")

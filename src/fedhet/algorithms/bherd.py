@@ -224,6 +224,11 @@ class HerdSelection:
     """`μ = mean_λ g^λ` over all `τ` rows (eq. 5), float64."""
     fallback: bool = False
     """The guard replaced the kept herd by all `τ` rows (`guarded`)."""
+    cos: float = 1.0
+    """`cos(G_i, μ_i)` of the herd (also when the guard fell back): how far the kept mean turns
+    away from the mean of all the client's gradients."""
+    ratio: float = 1.0
+    """`‖G_i‖ / ‖μ_i‖` of the herd (also when the guard fell back)."""
 
 
 def herd_select(x: torch.Tensor, alpha: float, order: torch.Tensor | None = None,
@@ -234,7 +239,17 @@ def herd_select(x: torch.Tensor, alpha: float, order: torch.Tensor | None = None
     kept = order[: kept_count(alpha, x.shape[0])]
     g_kept, mu = row_mean(x, kept), row_mean(x)
     distance = float(torch.linalg.vector_norm(g_kept - mu))
-    return HerdSelection(order, kept, g_kept.to(torch.float32), distance, mu)
+    cos, ratio = alignment(g_kept, mu)
+    return HerdSelection(order, kept, g_kept.to(torch.float32), distance, mu, cos=cos, ratio=ratio)
+
+
+def alignment(g: torch.Tensor, mu: torch.Tensor) -> tuple[float, float]:
+    """`(cos(g, μ), ‖g‖/‖μ‖)`; `(1, 1)` when `μ = 0` and `g = 0`, NaN when only `μ = 0`."""
+    ng, nm = float(torch.linalg.vector_norm(g)), float(torch.linalg.vector_norm(mu))
+    if nm == 0.0:
+        return (1.0, 1.0) if ng == 0.0 else (math.nan, math.nan)
+    cos = float(g @ mu) / (ng * nm) if ng > 0.0 else 0.0
+    return cos, ng / nm
 
 
 def guarded(sel: HerdSelection, max_error: float) -> HerdSelection:
@@ -244,7 +259,7 @@ def guarded(sel: HerdSelection, max_error: float) -> HerdSelection:
     if max_error <= 0 or sel.distance <= max_error * float(torch.linalg.vector_norm(sel.mean_all)):
         return sel
     return HerdSelection(sel.order, sel.order, sel.mean_all.to(torch.float32), sel.distance,
-                         sel.mean_all, fallback=True)
+                         sel.mean_all, fallback=True, cos=sel.cos, ratio=sel.ratio)
 
 
 # -- client half ------------------------------------------------------------------------------
@@ -316,6 +331,7 @@ def herd_reply(ctx: ClientContext, hp: HerdPass, extra: dict[str, torch.Tensor] 
             "num_samples": float(ctx.num_samples), "steps": float(hp.steps),
             "kept_steps": float(len(sel.kept)), "lr": ctx.sgd.lr, "train_loss": hp.loss,
             "herd_dist": sel.distance, "herd_fallback": float(sel.fallback),
+            "herd_cos": sel.cos, "herd_ratio": sel.ratio,
         },
     )
 
@@ -415,7 +431,10 @@ class BHerdScaffoldParams(BHerdParams):
 # -- server helpers ----------------------------------------------------------------------------
 def herd_diagnostics(num_clients: int, replies: Sequence[Reply]) -> dict[str, Any]:
     """`herd_dist_<i>`, `tau_<i>`, `kept_<i>` columns (NaN for absent clients; beyond
-    `PER_CLIENT_COLUMNS` clients only the round's, in diagnostics.jsonl) and kept indices."""
+    `PER_CLIENT_COLUMNS` clients only the round's, in diagnostics.jsonl), kept indices, and the
+    herd's drift from the full mean, averaged over the round's clients: `herd_cos` (mean of
+    `cos(G_i, μ_i)`) and `herd_norm_ratio` (mean of `‖G_i‖/‖μ_i‖`), so a run shows its kept
+    means turning away before its loss does (docs/bherd.md)."""
     diag: dict[str, Any] = {}
     by_id = {r.client_id: r.message for r in replies}
     if num_clients > PER_CLIENT_COLUMNS:
@@ -429,6 +448,9 @@ def herd_diagnostics(num_clients: int, replies: Sequence[Reply]) -> dict[str, An
         diag[f"tau_{i}"] = msg.scalars["steps"] if msg else float("nan")
         diag[f"kept_{i}"] = msg.scalars["kept_steps"] if msg else float("nan")
     diag["herd_fallbacks"] = sum(r.message.scalars.get("herd_fallback", 0.0) for r in replies)
+    for name, key in (("herd_cos", "herd_cos"), ("herd_norm_ratio", "herd_ratio")):
+        vals = [r.message.scalars[key] for r in replies if key in r.message.scalars]
+        diag[name] = sum(vals) / len(vals) if vals else float("nan")
     diag["kept_indices"] = {str(r.client_id): r.message.tensors["kept"].tolist() for r in replies}
     return diag
 

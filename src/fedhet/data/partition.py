@@ -217,10 +217,17 @@ def half_iid(labels: np.ndarray, n_clients: int, params: Any, rng: np.random.Gen
 class ShardsParams:
     xi: int = 2
     """Shards (hence at most ξ labels when shards do not straddle labels) per client."""
+    cut: Literal["sorted", "label"] = "sorted"
+    """`sorted`: the label-sorted data cut into `N ξ` equal shards (FedSR's words; a shard may
+    straddle two labels). `label` **[choice]**, the other reading of "only ξ classes": each
+    label cut into its own shards, `N ξ` in all shared among the labels by their sizes (largest
+    remainders), so no shard straddles and a client holds at most ξ labels."""
 
     def validate(self) -> None:
         if self.xi < 1:
             raise FedhetError(f"partition.xi must be ≥ 1, got {self.xi}")
+        if self.cut not in ("sorted", "label"):
+            raise FedhetError(f"partition.cut must be sorted or label, got {self.cut!r}")
 
 
 def _check_xi(labels: np.ndarray, xi: int) -> None:
@@ -235,11 +242,39 @@ def _label_sorted(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return perm[np.argsort(labels[perm], kind="stable")]
 
 
+def _label_shards(labels: np.ndarray, n_shards: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """`n_shards` shards, none straddling two labels: label c gets `k_c` of them, `k_c ∝ |c|`
+    by largest remainders (at least one each), its shuffled samples cut into `k_c` near-equal
+    pieces."""
+    classes, sizes = np.unique(labels, return_counts=True)
+    if n_shards < len(classes):
+        raise FedhetError(
+            f"partition.cut=label needs a shard per label: {n_shards} shards for {len(classes)} "
+            "labels; use more clients or a larger partition.xi, or partition.cut=sorted"
+        )
+    exact = n_shards * sizes / sizes.sum()
+    k = np.maximum(1, np.floor(exact).astype(np.int64))
+    while k.sum() > n_shards:  # the floor of one shard each took more than the shares gave
+        k[np.argmax(np.where(k > 1, k - exact, -np.inf))] -= 1
+    k[np.argsort(-(exact - k), kind="stable")[: n_shards - int(k.sum())]] += 1
+    if (k > sizes).any():
+        c = int(np.flatnonzero(k > sizes)[0])
+        raise FedhetError(f"label {classes[c]} has {sizes[c]} samples for {k[c]} shards; use "
+                          "fewer clients or a smaller partition.xi, or partition.cut=sorted")
+    pieces: list[np.ndarray] = []
+    for c, kc in zip(classes, k, strict=True):
+        members = rng.permutation(np.flatnonzero(labels == c))
+        pieces += np.array_split(members, int(kc))
+    return pieces
+
+
 @PARTITIONS.register("shards", ShardsParams, "pathological ξ: each client takes ξ label-sorted shards")
 def shards(labels: np.ndarray, n_clients: int, params: ShardsParams, rng: np.random.Generator):
     """FedSR §V (pathological ξ): sort by label, cut into `N ξ` equal shards (sizes differ by ≤ 1),
     each client takes ξ random shards. A shard can straddle two labels when class sizes are not
-    multiples of the shard size, so "most" clients hold ξ labels, none more than 2ξ."""
+    multiples of the shard size, so "most" clients hold ξ labels, none more than 2ξ.
+    `cut="label"`: each label cut into its own shards (`_label_shards`), at most ξ labels a
+    client."""
     _check_clients(labels, n_clients)
     _check_xi(labels, params.xi)
     n_shards = n_clients * params.xi
@@ -250,7 +285,10 @@ def shards(labels: np.ndarray, n_clients: int, params: ShardsParams, rng: np.ran
             f"{n_clients} clients × xi={params.xi} = {n_shards} shards but only {n} samples; use "
             f"at most {n // params.xi} clients with xi={params.xi}{smaller_xi}"
         )
-    pieces = np.array_split(_label_sorted(labels, rng), n_shards)
+    if params.cut == "label":
+        pieces = _label_shards(labels, n_shards, rng)
+    else:
+        pieces = np.array_split(_label_sorted(labels, rng), n_shards)
     owners = rng.permutation(n_shards).reshape(n_clients, params.xi)
     return [np.sort(np.concatenate([pieces[j] for j in row])) for row in owners]
 

@@ -4,6 +4,8 @@
   runs of `fedhet reproduce PAPER`, with the published numbers) and, where the paper has them,
   protocols, plots, report figures and studies;
 - `base`: the registry the papers fill (`PRESETS`, `SETUPS`, protocols);
+- `claims`: the comparative sentences about a paper's tables (`TableClaim`), which a paper
+  declares in its own `claims.py` and the page reads from the recorded cells;
 - `reproduce`: `fedhet reproduce PAPER`;
 - `campaign`: the papers' tables at their published scale, accumulated across machines;
 - `paper_results`, `paper_scale`: the result files kept in the repository and the page

@@ -73,6 +73,8 @@ DIAGNOSTIC_AXES: dict[str, tuple[str, str]] = {
     "kept_*": ("local gradients kept per client", "gradients"),
     "herd_dist_*": ("herding distance ‖G_i − mean g‖ per client", "L2 norm"),
     "herd_fallbacks": ("herding fallbacks", "clients"),
+    "herd_cos": ("herd drift: cos(G_i, μ_i), mean over clients", "cosine (unitless)"),
+    "herd_norm_ratio": ("herd drift: ‖G_i‖ / ‖μ_i‖, mean over clients", "ratio (unitless)"),
     "c_norm": ("control variate ‖c‖", "L2 norm"),
     "edges": ("edge servers aggregated", "edges"),
     "ring_hops": ("ring hops", "hops"),

@@ -5,6 +5,7 @@
   checkpoints that travel;
 - `pricing`: a run's cost on a device kind, from measurements only;
 - `bench`: the measurements a device kind's prices start from;
+- `order`: the order a CPU sitting takes runs in (the most claim per core-hour first);
 - `sitting`: one sitting (`fedhet reproduce all`);
 - `plan`: the plan as a table (`fedhet reproduce plan`).
 """

@@ -1,7 +1,9 @@
 """`fedhet reproduce plan`: every cell of the campaign, what is done, what is left, where and how long.
 
-One line per table cell in the order the campaign runs them (cells with a run under way first,
-then by the cell of its first run left):
+One line per table cell in the order the campaign runs them on the device kind given: on a GPU
+the cells with a run under way first, then by the cell of its first run left; on a CPU by the
+first of their runs a CPU sitting takes (`order.cpu_order`: the most claim per core-hour first).
+Each line:
 runs done / in progress / left, rounds, the device kind it is cheapest on, the minutes left
 there (`measured` from its own runs, `bench` from the kind's bench record, `?` unpriced), and
 the dates its runs were recorded. In progress: a run with saved rounds in the cache or a
@@ -14,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from fedhet.papers.campaign.pricing import Pricer, where
+from fedhet.papers.campaign.order import cpu_order
+from fedhet.papers.campaign.pricing import Pricer, kind_of, where
 from fedhet.papers.campaign.records import Store, default_cache, rounds_done
 from fedhet.papers.campaign.sitting import default_tables
 from fedhet.papers.campaign.tables import NO_DATA, CampaignRun, plan_runs, table
@@ -72,8 +75,16 @@ def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) ->
             continue
         cell.minutes[kind] = cell.minutes.get(kind, 0.0) + price.seconds_per_round * (r.rounds - done) / 60
         cell.source.add(price.source)
-    return sorted(out.values(), key=lambda c: (c.done and not (c.left + c.running), not c.running,
-                                               c.first))
+    rows = list(out.values())
+    if kind_of(device) == "cpu":
+        left = [r for r in plan if not store.is_recorded(r)]
+        taken = cpu_order(left, pricer, lambda r: rounds_saved(store, travelling, r))
+        first: dict[tuple[str, str, bool], int] = {}
+        for i, r in enumerate(taken):
+            first.setdefault((r.table, r.spec.group, r.headline), i)
+        return sorted(rows, key=lambda c: (not (c.left + c.running),
+                                           first.get((c.table, c.setting, c.headline), 0), c.first))
+    return sorted(rows, key=lambda c: (c.done and not (c.left + c.running), not c.running, c.first))
 
 
 def _minutes(c: Cell) -> str:
@@ -168,12 +179,15 @@ def status(results: Path, scale: str = "paper") -> list[TableStatus]:
     return out
 
 
-def cell_left(results: Path, table_key: str, setting: str, label: str) -> str:
-    """What is left of one cell's method, for a page row not yet measured: runs and priced time."""
+def cell_left(results: Path, table_key: str, setting: str,
+              label: str | tuple[str, ...] | None = None) -> str:
+    """What is left of one cell's method (or methods; None: all of them), for a page row not yet
+    measured: runs and priced time."""
+    labels = (label,) if isinstance(label, str) else label
     store = Store(results, Path("/nonexistent-campaign-cache"))
     t = table(table_key)
     plan = [r for r in plan_runs("paper", (t,), store.records)
-            if setting in r.serves and r.spec.label == label]
+            if setting in r.serves and (labels is None or r.spec.label in labels)]
     pricer = Pricer(store, plan, 8)
     left = [r for r in plan if not store.is_recorded(r)]
     travelling = store.inflight_runs()

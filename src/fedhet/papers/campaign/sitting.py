@@ -2,7 +2,9 @@
 
 `fedhet reproduce all --device cpu --cores 2 --budget 120` keeps `cores` worker processes busy
 (one torch thread each, at low priority: `nice`), each running the next run of the plan
-(`tables.plan_runs`) that is neither recorded nor running; on a GPU a worker steps a batch of
+(`tables.plan_runs`) that is neither recorded nor running, the most claim per core-hour first
+(`order.cpu_order`: cheap cells at the paper's seed count first, runs of many core-hours last);
+on a GPU the runs under way first, then the plan's order, and a worker steps a batch of
 up to `--batch-runs` runs that share data and model. A run starts only when one of its rounds
 fits in what is left of the budget. A little before the budget ends (one round of the slowest
 running run, at least 30 s) and on SIGTERM or Ctrl-C the workers stop after their next saved
@@ -32,6 +34,7 @@ from typing import Any, TextIO
 from fedhet.errors import FedhetError, quiet
 from fedhet.papers.campaign.bench import CPU_WORKLOADS, GPU_WORKLOADS, device_name, measure
 from fedhet.papers.campaign.bench import record as record_bench
+from fedhet.papers.campaign.order import cpu_order
 from fedhet.papers.campaign.pricing import Pricer, kind_of, where
 from fedhet.papers.campaign.records import (
     Store,
@@ -270,7 +273,7 @@ class Sitting:
             todo = [r for r in todo if where(pricer, r, self.device) == "cuda"]
         if not todo:
             return []
-        todo = self.under_way_first(todo, pricer)
+        todo = self.order(todo, pricer)
         first = todo[0]
         price = pricer.price(first, self.kind)
         s_round = price.seconds_per_round if price else 0.0
@@ -285,6 +288,18 @@ class Sitting:
                 unit += [r for r in todo[1:] if r.table == first.table and key(r) == k][: self.batch_runs - 1]
         return unit
 
+    def order(self, todo: list[CampaignRun], pricer: Pricer) -> list[CampaignRun]:
+        """`todo` in the order this sitting takes it: on a CPU the most claim per core-hour first
+        (`order.cpu_order`), on a GPU the runs under way first (`under_way_first`)."""
+        if self.kind == "cpu":
+            travelling = self.store.inflight_runs()
+            return cpu_order(todo, pricer, lambda r: self._saved(r, travelling))
+        return self.under_way_first(todo, pricer)
+
+    def _saved(self, r: CampaignRun, travelling: dict[str, int]) -> int:
+        """Rounds `r` holds here or in its travelling checkpoint (`travelling`: `inflight_runs`)."""
+        return max(travelling.get(f"{r.table}/{r.name}", 0), rounds_done(self.store.run_dir(r.table, r.name)))
+
     def under_way_first(self, todo: list[CampaignRun], pricer: Pricer) -> list[CampaignRun]:
         """`todo` with the runs under way (rounds saved in this machine's cache or in a
         travelling checkpoint) first, the one with the least time left on this kind of device
@@ -294,8 +309,7 @@ class Sitting:
         travelling = self.store.inflight_runs()
 
         def key(r: CampaignRun) -> tuple[bool, float]:
-            done = max(travelling.get(f"{r.table}/{r.name}", 0),
-                       rounds_done(self.store.run_dir(r.table, r.name)))
+            done = self._saved(r, travelling)
             if not done:
                 return True, 0.0
             price = pricer.price(r, self.kind)

@@ -8,11 +8,14 @@ A table is one paper's preset restricted to the runs of one published table or f
    Case 3 FedAvg vs BHerd-FedAvg), in that order;
 1. the headline cells' other seeds up to the paper's own count (`Table.paper_seeds`);
 2. the rest of each table, seeds up to the paper's count;
-3. extra seeds (the preset's beyond the paper's count), headline cells first.
+3. extra seeds (the preset's beyond the paper's count), headline cells first, and the cells of
+   another reading of the paper's words (`Table.alternatives`, seed 0), each before its table's
+   second seed.
 
-Within a tier the tables keep `TABLES`' order and a table its preset's order. A sitting takes
+Within a tier the tables keep `TABLES`' order and a table its preset's order. A GPU sitting takes
 the runs already under way (rounds saved) first, in this order, then the rest
-(`Sitting.under_way_first`). The centralized
+(`Sitting.under_way_first`); a CPU sitting takes the most claim per core-hour first
+(`order.cpu_order`). The centralized
 reference ignores the partition, so a table whose preset repeats it per case or partition (BHerd,
 FedSR) runs it once per seed (`central_runs`), and the export puts that one run in every cell
 it serves **[choice]**.
@@ -21,6 +24,7 @@ it serves **[choice]**.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +59,12 @@ class Table:
     """Runs in `precision=bf16` (the precision study found no loss for this table's methods)."""
     data: str = ""
     """Why the table cannot run here when its data cannot be had offline ('' when it can)."""
+    variants: Callable[[RunSpec], list[RunSpec]] | None = None
+    """Runs the campaign adds beside a preset run: another reading the paper's text allows, each
+    named and labelled apart (`variant`), so no recorded run changes."""
+    alternatives: Callable[[RunSpec], list[RunSpec]] | None = None
+    """Cells of another reading of the paper's words (a partition the text also allows), in a
+    group of their own: planned after every cell at the paper's seed count (tier 3)."""
 
 
 def _fednnnn_head(s: RunSpec) -> bool:
@@ -73,6 +83,47 @@ def _bherd_head(s: RunSpec) -> bool:
     return s.group.endswith("case3") and s.label in ("FedAvg", "BHerd-FedAvg")
 
 
+def variant(spec: RunSpec, tag: str, label: str, change: dict[str, Any], group: str = "") -> RunSpec:
+    """`spec` with `change`, named `<name>-<tag>` before its seed suffix (`main-x_s2` →
+    `main-x-<tag>_s2`), labelled `label` and in `group` (default: the spec's): a run of its own
+    beside the preset's."""
+    m = re.fullmatch(r"(.*?)(_s\d+)?", spec.name)
+    assert m is not None  # the pattern matches every name
+    return RunSpec(f"{m.group(1)}-{tag}{m.group(2) or ''}", group or spec.group, label,
+                   {**spec.settings, **change})
+
+
+LABEL_CUT = {"partition.cut": "label"}
+"""The other reading of "only ξ classes" (`shards`, `cut=label`): no shard straddles two labels."""
+
+
+def label_cut(groups: tuple[str, ...], labels: tuple[str, ...]) -> Callable[[RunSpec], list[RunSpec]]:
+    """The alternative cells of a table: seed 0 of `labels` in `groups` under `LABEL_CUT`, in
+    the group `<group> (cut=label)`."""
+    def alternatives(s: RunSpec) -> list[RunSpec]:
+        if s.group not in groups or s.label not in labels or int(s.settings.get("seed", 0)) != 0:
+            return []
+        return [variant(s, "labelcut", s.label, LABEL_CUT, f"{s.group} (cut=label)")]
+
+    return alternatives
+
+
+BHERD_GRAB_SEEDS = 4
+"""Seeds of the BHerd CNN Case 3 run under GraB's reference criterion, as many as the greedy
+runs first recorded."""
+
+
+def _bherd_grab_stale(s: RunSpec) -> list[RunSpec]:
+    """BHerd-FedAvg at CNN + MNIST Case 3 under `criterion=grab-stale` beside the greedy run:
+    "offline herding" in the text points to GraB's reference sorter (docs/bherd.md), and the
+    greedy criterion diverges on this CNN."""
+    if not (_bherd_head(s) and s.label == "BHerd-FedAvg"
+            and int(s.settings.get("seed", 0)) < BHERD_GRAB_SEEDS):
+        return []
+    return [variant(s, "grabstale", "BHerd-FedAvg[criterion=grab-stale]",
+                    {"algorithm.criterion": "grab-stale"})]
+
+
 FEDVECA_EVAL = {"train_loss": False}
 """FedVeca §IV-B computes "the loss function values and prediction accuracy values" of each
 round's model "on the test dataset": no pass over the 60,000 training samples (a third of a
@@ -81,10 +132,12 @@ CNN round's time in the preset, which logs the training loss for its SVM figures
 TABLES: tuple[Table, ...] = (
     Table("fednnnn-mnist", "fednnnn", "table2-mnist", "FedNNNN Table 2, MNIST", ("mnist",),
           _fednnnn_head, paper_seeds=1, bf16=True,
+          alternatives=label_cut(("MNIST NonIID-B",), ("FedAvg", "FedNNNN")),
           deviations="bf16 autocast (benchmarks/RESULTS.md: FedAvg and FedNova within 0.01 "
                      "points of fp32 on this CNN); seeds 1-2 are extras (the paper ran once)"),
     Table("fedsr-mnist", "fedsr", "table2-mnist", "FedSR Tables II-III, MNIST", ("mnist",),
           _fedsr_head, paper_seeds=1, extra_columns=("cum_model_transfers",),
+          alternatives=label_cut(("MNIST xi=2",), ("FedAvg", "FedSR")),
           deviations="the centralized reference runs once per seed and serves every partition; "
                      "seeds 1-2 are extras (Table II gives one value per cell, no spread)"),
     Table("fedveca-cnn-mnist", "fedveca", "cnn-mnist", "FedVeca Fig. 3, CNN + MNIST Case 3",
@@ -96,7 +149,10 @@ TABLES: tuple[Table, ...] = (
     Table("bherd-cnn-mnist", "bherd", "cnn-mnist", "BHerd Fig. 2, CNN + MNIST Cases 1-3",
           ("mnist",), _bherd_head, paper_seeds=10,
           keep=lambda s: s.name.startswith("main-") and "svm" not in s.name,
-          deviations="the centralized reference runs once per seed and serves Cases 1-3"),
+          variants=_bherd_grab_stale,
+          deviations="the centralized reference runs once per seed and serves Cases 1-3; Case 3's "
+                     f"BHerd-FedAvg also runs under criterion=grab-stale (seeds 0-{BHERD_GRAB_SEEDS - 1}), "
+                     "beside the greedy criterion"),
     Table("fedsr-fashion-mnist", "fedsr", "table2-fashion-mnist", "FedSR Tables II-III, Fashion-MNIST",
           ("fashion-mnist",), _fedsr_head, paper_seeds=1, extra_columns=("cum_model_transfers",),
           deviations="the centralized reference runs once per seed and serves every partition"),
@@ -205,6 +261,8 @@ def first_stage(t: Table, scale: str, data_dir: str | None = None) -> list[RunSp
 
     preset = load_preset(t.paper, scale)
     specs = _select(preset.stages[0](Path("/nonexistent-campaign-plan")), t, scale)
+    if t.variants is not None:
+        specs += [v for s in specs for v in t.variants(s)]
     return [_settings(t, s, scale, data_dir) for s in specs]
 
 
@@ -232,14 +290,19 @@ def plan_runs(scale: str, tables: tuple[Table, ...], records: Callable[[Table], 
     if scale not in SCALES:
         raise FedhetError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
     staged: list[tuple[int, Table, RunSpec, tuple[str, ...], str]] = []
+    alternative: set[tuple[str, str]] = set()
     for ti, t in enumerate(tables):
-        specs, serves = central_runs(first_stage(t, scale, data_dir))
+        base = first_stage(t, scale, data_dir)
+        specs, serves = central_runs(base)
         for s in specs:
             staged.append((ti, t, s, serves[s.name], ""))
         if t.paper == "fedveca":
             for parent, baselines in fedveca_baselines(t, scale, records(t), data_dir).items():
                 staged += [(ti, t, b, (b.group,), parent) for b in baselines]
             # a group whose FedVeca run is not recorded yet: its baselines follow it, priced alike
+        for a in (x for s in base for x in (t.alternatives(s) if t.alternatives else [])):
+            staged.append((ti, t, a, (a.group,), ""))
+            alternative.add((t.key, a.name))
     seeds: dict[str, list[int]] = {}
     for _, t, s, _, _ in staged:
         seeds.setdefault(t.key, [])
@@ -250,7 +313,8 @@ def plan_runs(scale: str, tables: tuple[Table, ...], records: Callable[[Table], 
     for i, (ti, t, s, serves, after) in enumerate(staged):
         rank = sorted(seeds[t.key]).index(int(s.settings.get("seed", 0)))
         head = t.headline(s)
-        tier = (0 if rank == 0 else 1) if head and rank < t.paper_seeds else \
+        tier = 3 if (t.key, s.name) in alternative else \
+            (0 if rank == 0 else 1) if head and rank < t.paper_seeds else \
             2 if rank < t.paper_seeds else 3
         ranked.append(((tier, 0 if head else 1, ti, rank, i), t, s, serves, after, head))
     ranked.sort(key=lambda r: r[0])

@@ -1,0 +1,46 @@
+"""Comparative claims about a paper's tables, declared in the paper's folder (`<paper>/claims.py`).
+
+A `TableClaim` is one sentence of a paper that compares methods across the cells of one of its
+tables: in each of `groups`, the best of `winners` is above each of `others` in final test
+accuracy, or (`metric="transfers"`) needs fewer model transfers to a target accuracy. Each
+claim quotes the paper and carries the paper's own numbers (`paper`), so the page shows whether
+the paper's table itself bears its sentence out. docs/paper-scale.md reads every claim from the
+recorded cells (`paper_scale.table_claim_rows`): holds, does not, or not yet (naming the
+missing methods).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TableClaim:
+    """One comparative sentence of a paper, per table cell (module doc)."""
+
+    quote: str
+    """The paper's words."""
+    source: str
+    """Where they are (section, table)."""
+    winners: tuple[str, ...]
+    """The labels the claim favours (the best of them is compared)."""
+    others: tuple[str, ...]
+    """The labels each cell's best winner must beat."""
+    groups: tuple[str, ...]
+    """The table cells (the presets' group names) the claim is read in."""
+    paper: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The paper's own values, `{group: {label: value}}` (accuracy in %, or transfers)."""
+    metric: str = "accuracy"
+    """`accuracy` (final test accuracy, higher wins) or `transfers` (model transfers up to the
+    first round at `target`, fewer win)."""
+    target: float = 0.0
+    """The target accuracy of a `transfers` claim, in [0, 1]."""
+    reference: str = ""
+    """A label whose difference to the best winner is shown beside the verdict ("by how much
+    over FedAvg"); '' for none."""
+    most: bool = False
+    """The paper says "in most cases": besides a row per cell, one that holds when more than
+    half of `groups` hold (does not, once that can no longer happen)."""
+
+
+__all__ = ["TableClaim"]
