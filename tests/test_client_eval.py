@@ -22,8 +22,8 @@ import fedhet
 from fedhet.data.split import hold_out_per_client
 from fedhet.engine.client_eval import HeldOut, client_accuracies, client_scores, model_outputs
 from fedhet.engine.federation import federate
-from fedhet.engine.metrics import METRICS, client_statistics, resolve
 from fedhet.errors import FedhetError
+from fedhet.metrics import METRICS, client_statistics, resolve
 from fedhet.rundir.store import TIME_COLUMNS
 from fedhet.training.flat import FlatModel
 from tests.cli_errors import one_error_line

@@ -133,7 +133,7 @@ def load(spec: str, origin: str = "--plugin", recorded: bool = False) -> str:
 def _registered_by(source: str) -> bool:
     """Whether any registered component records `source` (`plugin SPEC`)."""
     from fedhet.components import REGISTRIES  # lazy: the built-ins' registries import torch
-    from fedhet.engine.metrics import METRICS
+    from fedhet.metrics import METRICS
 
     return any(entry.source == source for reg in (*REGISTRIES.values(), METRICS) for entry in reg)
 
@@ -356,7 +356,7 @@ def _line_in(e: BaseException, file: str | None) -> int | None:
 def _entries_of(config: Mapping[str, Any]) -> list[registry.Entry]:
     """The registered entries of the components and metrics a run's `config` names (those
     known here)."""
-    from fedhet.engine.metrics import METRICS  # lazy, as in `_component_entries`
+    from fedhet.metrics import METRICS  # lazy: NumPy, and this module serves the CLI's parser
 
     return _component_entries(config) + [METRICS.get(n) for n in _metric_names(config) if n in METRICS]
 
@@ -420,7 +420,7 @@ def script_sources(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 def _components_missing(config: Mapping[str, Any]) -> bool:
     """Whether a component or a metric a saved run names is not known in this process."""
     from fedhet.components import COMPONENTS  # lazy, as in `_entries_of`
-    from fedhet.engine.metrics import METRICS, sklearn_scorer_names
+    from fedhet.metrics import METRICS, sklearn_scorer_names
 
     named = [k for k in COMPONENTS if isinstance(config.get(k), str) and config.get(k) != "auto"]
     if len(_component_entries(config)) < len(named):

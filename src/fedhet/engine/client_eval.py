@@ -9,7 +9,7 @@ evaluation-sized batches (`model_outputs`), and client `i`'s accuracy is the seg
     acc_i = (1 / h_i) Σ_{j ∈ share_i} 1[ŷ_j = y_j]
 
 (`torch.index_add_` over each sample's client position), not a loop of small evaluations. The
-metrics row gets the statistics of `acc_i` over the clients (`fedhet.engine.metrics.
+metrics row gets the statistics of `acc_i` over the clients (`fedhet.metrics.
 client_statistics`: mean, std, worst and best decile), and the same for each of the run's
 `metrics`, scored on each client's share of the same predictions.
 
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from fedhet.engine.metrics import Metric, client_statistics
+from fedhet.metrics import Metric, client_statistics
 from fedhet.models.registry import predictions
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import eval_batch

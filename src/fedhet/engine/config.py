@@ -28,8 +28,8 @@ from typing import Any, Literal
 
 from fedhet.components import COMPONENTS, REGISTRIES
 from fedhet.data.files import absolute, is_data_path
-from fedhet.engine.metrics import check_metrics
 from fedhet.errors import FedhetError
+from fedhet.metrics import check_metrics
 from fedhet.registry import _coerce, build_params, did_you_mean, params_dict
 from fedhet.rundir.store import RECORD_KEYS
 
@@ -99,7 +99,7 @@ class RunConfig:
     client_eval_every: int = 1
     """Per-client evaluation every this many rounds (and at the last round)."""
     metrics: tuple[str, ...] = ()
-    """Metrics recorded beside accuracy (`fedhet.engine.metrics`): names registered with
+    """Metrics recorded beside accuracy (`fedhet.metrics`): names registered with
     `fedhet.register_metric`, or scikit-learn scorer names (`f1_macro`, `roc_auc_ovr`)."""
     data_dir: str = "data"
     # -- simulated faults (engine/faults.py, docs/faults.md) --------------------------------

@@ -4,7 +4,7 @@
 `extra_eval_params` under a suffix, FedNNNN's plain average) on the test (or validation) split,
 and on the training set with `train_loss`, every `eval_every` rounds and at the last round
 (other rounds carry NaN accuracies), with each of the run's `metrics` on the same set
-(`test_<name>`, `fedhet.engine.metrics`), and, with per-client evaluation on, the statistics of
+(`test_<name>`, `fedhet.metrics`), and, with per-client evaluation on, the statistics of
 the global model's accuracy on the clients' held-out shares every `client_eval_every` rounds
 (`fedhet.engine.client_eval`); `check_finite` raises `Diverged` for a model or loss that is not
 finite. `summary` condenses the rows into `summary.json`.
@@ -25,7 +25,7 @@ from fedhet.data.base import Dataset
 from fedhet.engine.client_eval import HeldOut, client_scores, test_metrics
 from fedhet.engine.clients import LocalWork, learning_rate
 from fedhet.engine.failures import Diverged
-from fedhet.engine.metrics import client_columns, resolve
+from fedhet.metrics import client_columns, resolve
 from fedhet.training.cohort import EvalJob
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import evaluate

@@ -71,7 +71,7 @@ class Metric:
 
 def sklearn_scorer_names() -> list[str]:
     """scikit-learn's scorer names (imported on first use: scikit-learn is slow to import)."""
-    from sklearn.metrics import get_scorer_names
+    from sklearn.metrics import get_scorer_names  # slow import (scikit-learn): on first use
 
     return list(get_scorer_names())
 
@@ -114,7 +114,7 @@ def resolve(name: str, num_classes: int) -> Metric:
             return Metric(name, lambda y, pred, scores: fn(y, scores), lenient=False)
         return Metric(name, lambda y, pred, scores: fn(y, pred), lenient=False)
     check_metrics([name])
-    from sklearn.metrics import get_scorer
+    from sklearn.metrics import get_scorer  # slow import (scikit-learn): only for a scorer
 
     scorer = get_scorer(name)
     classes = np.arange(num_classes)
@@ -130,7 +130,7 @@ def _scored(pred: np.ndarray, scores: np.ndarray, classes: np.ndarray) -> Any:
     """An object a scikit-learn scorer takes for a fitted classifier: asked about the rows
     `X[:, 0]`, it answers with those rows of the model's predictions, class probabilities
     (`scores` of shape `(n, C)`) or decision values (`scores` of shape `(n,)`)."""
-    from sklearn.base import BaseEstimator, ClassifierMixin
+    from sklearn.base import BaseEstimator, ClassifierMixin  # slow import (scikit-learn)
 
     class _Scored(ClassifierMixin, BaseEstimator):
         def __init__(self) -> None:
