@@ -20,12 +20,20 @@ from sklearn.metrics import balanced_accuracy_score, f1_score, roc_auc_score
 
 import fedhet
 from fedhet.data.split import hold_out_per_client
-from fedhet.engine.client_eval import HeldOut, client_accuracies, client_scores, model_outputs
+from fedhet.engine.client_eval import (
+    FineTune,
+    HeldOut,
+    client_accuracies,
+    client_scores,
+    model_outputs,
+    personalised_scores,
+)
 from fedhet.engine.federation import federate
 from fedhet.errors import FedhetError
 from fedhet.metrics import METRICS, client_statistics, resolve
 from fedhet.rundir.store import TIME_COLUMNS
 from fedhet.training.flat import FlatModel
+from fedhet.training.local import SGDConfig
 from tests.cli_errors import one_error_line
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -106,6 +114,30 @@ def test_per_client_accuracy_is_each_clients_share_counted_by_hand():
     assert row["client_balanced_accuracy_mean"] == pytest.approx((0.5 + 0.75 + 0.5) / 3)
 
 
+# -- personalised accuracy ----------------------------------------------------------------
+def test_fine_tuning_with_a_zero_step_scores_the_global_model_itself():
+    sim = fedhet.assemble(fedhet.config_of({**BASE, "rounds": 1, "client_eval_fraction": 0.3}),
+                          log=lambda _: None)
+    sim.run()
+    side, held = sim.side, sim.parts.evaluator.held_out
+    w = side.algorithm.eval_params(sim.final_state)
+    tune = FineTune(side.trainer, side.client_indices, 5, 8, 0)
+    frozen = personalised_scores(side.model, w, sim.buffers, side.data.x_train, side.data.y_train,
+                                 held, tune, SGDConfig(0.0), 1)
+    plain = client_scores(side.model, w, sim.buffers, side.data.x_train, side.data.y_train, held)
+    assert frozen == pytest.approx({k.replace("acc", "pacc"): v for k, v in plain.items()})
+
+
+def test_a_few_local_steps_personalise_clients_that_hold_two_classes_each():
+    settings = {**{k: v for k, v in BASE.items() if k != "partition.alpha"}, "partition": "shards",
+                "partition.xi": 2, "rounds": 3, "client_eval_fraction": 0.3,
+                "client_eval_finetune_steps": 20}
+    last = fedhet.run(settings=settings, log=lambda _: None).metrics[-1]
+    # a client's own two classes are quickly learnt: personalised beats global on every statistic
+    assert last["client_pacc_mean"] > last["client_acc_mean"] + 0.1
+    assert last["client_pacc_worst10"] > last["client_acc_worst10"]
+
+
 # -- metrics --------------------------------------------------------------------------------
 def test_scikit_learn_scorers_score_as_sklearn_metrics_on_the_same_predictions():
     rng = np.random.default_rng(0)
@@ -165,7 +197,7 @@ def metrics_without_time(path: Path) -> list[dict[str, str]]:
 
 def test_a_resumed_run_writes_the_metrics_an_uninterrupted_one_does(tmp_path):
     settings = {**BASE, "client_eval_fraction": 0.3, "client_eval_every": 2,
-                "metrics": ["error-rate", "balanced_accuracy"]}
+                "client_eval_finetune_steps": 3, "metrics": ["error-rate", "balanced_accuracy"]}
     with METRICS.added("error-rate", error_rate):
         whole = fedhet.run(settings=settings, out=tmp_path / "whole", log=lambda _: None)
         stopped = fedhet.run(settings=settings, out=tmp_path / "cut", log=lambda _: None,
@@ -177,7 +209,8 @@ def test_a_resumed_run_writes_the_metrics_an_uninterrupted_one_does(tmp_path):
     assert got == want
     columns = list(want[0])
     assert {"test_error-rate", "test_balanced_accuracy", "client_acc_mean", "client_acc_worst10",
-            "client_error-rate_best10", "client_balanced_accuracy_std"} <= set(columns)
+            "client_error-rate_best10", "client_balanced_accuracy_std", "client_pacc_worst10"
+            } <= set(columns)
     # every 2 rounds and the last: rounds 0, 2, 4 carry per-client columns, 1 and 3 are empty
     assert [r["client_acc_mean"] != "" for r in want] == [True, False, True, False, True]
     assert whole.summary["final_client_acc_mean"] == pytest.approx(float(want[-1]["client_acc_mean"]))
@@ -190,6 +223,7 @@ def test_a_resumed_run_writes_the_metrics_an_uninterrupted_one_does(tmp_path):
     ({"metrics": ["f1_macro", "f1_macro"]}, "'f1_macro' is given twice"),
     ({"client_eval_fraction": 1.0}, "client_eval_fraction must be in [0, 1)"),
     ({"client_eval_every": 0}, "client_eval_every must be ≥ 1"),
+    ({"client_eval_finetune_steps": 5}, "set client_eval_fraction too"),
 ])
 def test_bad_settings_are_one_line(settings, words):
     with pytest.raises(FedhetError) as e:

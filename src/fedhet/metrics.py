@@ -84,10 +84,11 @@ def check_metrics(names: Sequence[str]) -> None:
         if name in seen:
             raise FedhetError(f"metrics: {name!r} is given twice; name each metric once")
         seen.add(name)
-        if name == "acc" or name.startswith(("accuracy", "loss")):
+        if name in ("acc", "pacc") or name.startswith(("accuracy", "loss")):
             raise FedhetError(
                 f"metrics: {name!r} would overwrite a column fedhet always records (test_accuracy, "
-                "test_loss, client_acc_*); leave it out, or register yours under another name"
+                "test_loss, client_acc_*, client_pacc_*); leave it out, or register yours under "
+                "another name"
             )
         if METRICS.canonical(name) in METRICS:
             continue
@@ -176,9 +177,11 @@ def client_statistics(values: Sequence[float] | np.ndarray, prefix: str) -> dict
     }
 
 
-def client_columns(metrics: Sequence[str]) -> list[str]:
-    """The columns per-client evaluation writes: accuracy's statistics, then each metric's."""
-    return [f"client_{m}_{s}" for m in ("acc", *metrics) for s in STATISTICS]
+def client_columns(metrics: Sequence[str], personalised: bool = False) -> list[str]:
+    """The columns per-client evaluation writes: accuracy's statistics, each metric's, then
+    (`personalised`) those of the accuracy after fine-tuning (`pacc`)."""
+    names = ("acc", *metrics, *(("pacc",) if personalised else ()))
+    return [f"client_{m}_{s}" for m in names for s in STATISTICS]
 
 
 __all__ = [

@@ -42,7 +42,7 @@ from torch import nn
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.callbacks import CallbackLike
-from fedhet.engine.client_eval import HeldOut
+from fedhet.engine.client_eval import FineTune, HeldOut
 from fedhet.engine.client_store import ClientStateStore
 from fedhet.engine.clients import ClientWork, LocalWork, local_steps
 from fedhet.engine.comm import CommLedger
@@ -85,8 +85,11 @@ def assemble(
     that replace `ROUND_RUNNERS`' (a Flower server's star round)."""
     side = assemble_clients(cfg, data=data, model=model, algorithm=algorithm, log=log,
                             executor=executor)
+    held = HeldOut.of(side.held_out, side.plan.device)
+    tune = FineTune(side.trainer, side.client_indices, cfg.client_eval_finetune_steps,
+                    cfg.batch_size, cfg.seed) if cfg.client_eval_finetune_steps and held else None
     evaluator = Evaluator(EvalSettings.from_config(cfg), side.model, side.data, side.algorithm,
-                          side.clients.local, HeldOut.of(side.held_out, side.plan.device))
+                          side.clients.local, held, tune)
     side.algorithm.check_local_steps(side.steps)
     topology = side.algorithm.topology
     runner = (runners or {}).get(topology) or ROUND_RUNNERS.get(topology)

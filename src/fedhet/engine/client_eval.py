@@ -13,6 +13,11 @@ metrics row gets the statistics of `acc_i` over the clients (`fedhet.metrics.
 client_statistics`: mean, std, worst and best decile), and the same for each of the run's
 `metrics`, scored on each client's share of the same predictions.
 
+With `client_eval_finetune_steps = k > 0`, each client with a share also fine-tunes the global
+model for `k` local SGD steps on its own training samples and is scored on its share
+(`personalised_scores`): the personalised accuracy `pacc_i` after `k` local steps, written as
+`client_pacc_mean`, `_std`, `_worst10`, `_best10`.
+
 The passes here run one model at a time in this process, also when the batched executor stacks
 the test-set evaluation of several runs (`SharedCohort.evaluate_many`): per-client evaluation
 and the extra `metrics` are scored unstacked.
@@ -30,7 +35,11 @@ from torch.nn import functional as F
 from fedhet.metrics import Metric, client_statistics
 from fedhet.models.registry import predictions
 from fedhet.training.flat import FlatModel
-from fedhet.training.local import eval_batch
+from fedhet.training.local import LocalTrainer, SGDConfig, eval_batch, stream_seed
+
+FINETUNE_STREAM = 41
+"""Random-stream purpose of a client's fine-tuning batches (0–13, 31, 37 and 100·p are
+taken)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +130,43 @@ def client_scores(
     return row
 
 
+@dataclass(frozen=True)
+class FineTune:
+    """How each client fine-tunes the global model before its personalised score."""
+
+    trainer: LocalTrainer
+    client_indices: Sequence[torch.Tensor]
+    """Each client's training indices (what it trains on in the run)."""
+    steps: int
+    """`k`, the local SGD steps."""
+    batch_size: int
+    seed: int
+
+
+def personalised_scores(
+    model: FlatModel, params: torch.Tensor, buffers: torch.Tensor | None, x: torch.Tensor,
+    y: torch.Tensor, held: HeldOut, tune: FineTune, sgd: SGDConfig, round: int,
+) -> dict[str, float]:
+    """`client_pacc_*`: the statistics over clients of `pacc_i`, client `i`'s accuracy on its
+    share after `tune.steps` local SGD steps from `params` (the BatchNorm statistics `buffers`
+    updated by those steps, as a client's own training updates them) on its training samples,
+    in mini-batches of `tune.batch_size` drawn from the stream `(seed, round, i, 41)`
+    **[choice]**: plain SGD with the round's client step `sgd` (η, momentum, weight decay),
+    whatever the algorithm adds to its local steps."""
+    shares = held.split(np.arange(len(held.indices)))
+    accuracies = []
+    for client, rows in zip(held.clients, shares, strict=True):
+        rng = stream_seed(tune.seed, round, client, FINETUNE_STREAM)
+        torch.default_generator.manual_seed(int(rng.integers(2**62)))
+        model.load(params, buffers)
+        batches = tune.trainer.batches(tune.client_indices[client], tune.batch_size, tune.steps, rng)
+        w, _, _ = tune.trainer.sgd(params, batches, sgd)
+        share = held.indices[torch.from_numpy(rows).to(held.indices.device)]
+        pred, _ = scored(model, model_outputs(model, w, None, x, share))
+        accuracies.append(float((pred == y[share]).double().mean()))
+    return client_statistics(accuracies, "client_pacc")
+
+
 def client_accuracies(
     model: FlatModel, params: torch.Tensor, buffers: torch.Tensor | None, x: torch.Tensor,
     y: torch.Tensor, held: HeldOut,
@@ -139,5 +185,5 @@ def _accuracies(pred: torch.Tensor, labels: torch.Tensor, held: HeldOut) -> np.n
     return sums.cpu().numpy() / held.counts
 
 
-__all__ = ["HeldOut", "client_accuracies", "client_scores", "model_outputs", "scored",
-           "test_metrics"]
+__all__ = ["FINETUNE_STREAM", "FineTune", "HeldOut", "client_accuracies", "client_scores",
+           "model_outputs", "personalised_scores", "scored", "test_metrics"]

@@ -98,6 +98,10 @@ class RunConfig:
     in metrics.csv). 0 (off): the clients train on their whole partitions."""
     client_eval_every: int = 1
     """Per-client evaluation every this many rounds (and at the last round)."""
+    client_eval_finetune_steps: int = 0
+    """When > 0 (and `client_eval_fraction > 0`): also each client's personalised accuracy, the
+    global model fine-tuned for this many local SGD steps on the client's training samples and
+    scored on its share (`client_pacc_*`)."""
     metrics: tuple[str, ...] = ()
     """Metrics recorded beside accuracy (`fedhet.metrics`): names registered with
     `fedhet.register_metric`, or scikit-learn scorer names (`f1_macro`, `roc_auc_ovr`)."""
@@ -206,6 +210,15 @@ class RunConfig:
                 f"{self.client_eval_fraction}",
             ),
             (self.client_eval_every >= 1, "client_eval_every must be ≥ 1"),
+            (
+                self.client_eval_finetune_steps >= 0,
+                f"client_eval_finetune_steps must be ≥ 0, got {self.client_eval_finetune_steps}",
+            ),
+            (
+                not self.client_eval_finetune_steps or self.client_eval_fraction > 0,
+                "client_eval_finetune_steps scores each client on its held-out share: set "
+                "client_eval_fraction too (e.g. 0.2)",
+            ),
             (
                 0 <= self.client_dropout <= 1,
                 f"client_dropout must be a probability in [0, 1], got {self.client_dropout}",
@@ -488,6 +501,7 @@ FIELD_DOCS: dict[str, str] = {
     "validation_fraction": "hold this fraction of the training set out and evaluate on it",
     "client_eval_fraction": "hold this fraction of each client's data out and score every client on it",
     "client_eval_every": "per-client evaluation every this many rounds",
+    "client_eval_finetune_steps": "per-client evaluation also after this many local steps (personalised)",
     "metrics": "more metrics per round: registered names or scikit-learn scorers (f1_macro)",
     "data_dir": "where dataset files are read from",
     "client_dropout": "probability that a sampled client is offline for a round",

@@ -6,7 +6,8 @@ and on the training set with `train_loss`, every `eval_every` rounds and at the 
 (other rounds carry NaN accuracies), with each of the run's `metrics` on the same set
 (`test_<name>`, `fedhet.metrics`), and, with per-client evaluation on, the statistics of
 the global model's accuracy on the clients' held-out shares every `client_eval_every` rounds
-(`fedhet.engine.client_eval`); `check_finite` raises `Diverged` for a model or loss that is not
+(`fedhet.engine.client_eval`), and their personalised accuracy after `client_eval_finetune_steps`
+local steps; `check_finite` raises `Diverged` for a model or loss that is not
 finite. `summary` condenses the rows into `summary.json`.
 """
 
@@ -22,13 +23,19 @@ import torch
 
 from fedhet.algorithms.base import Algorithm
 from fedhet.data.base import Dataset
-from fedhet.engine.client_eval import HeldOut, client_scores, test_metrics
+from fedhet.engine.client_eval import (
+    FineTune,
+    HeldOut,
+    client_scores,
+    personalised_scores,
+    test_metrics,
+)
 from fedhet.engine.clients import LocalWork, learning_rate
 from fedhet.engine.failures import Diverged
 from fedhet.metrics import client_columns, resolve
 from fedhet.training.cohort import EvalJob
 from fedhet.training.flat import FlatModel
-from fedhet.training.local import evaluate
+from fedhet.training.local import SGDConfig, evaluate
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,7 @@ class EvalSettings:
     rounds: int
     train_loss: bool
     client_eval_every: int = 1
+    client_eval_finetune_steps: int = 0
     metrics: tuple[str, ...] = ()
 
     @classmethod
@@ -52,7 +60,7 @@ class Evaluator:
 
     def __init__(
         self, settings: EvalSettings, model: FlatModel, data: Dataset, algorithm: Algorithm,
-        local: LocalWork, held_out: HeldOut | None = None,
+        local: LocalWork, held_out: HeldOut | None = None, finetune: FineTune | None = None,
     ) -> None:
         self.settings = settings
         self.model = model
@@ -61,6 +69,8 @@ class Evaluator:
         self.local = local
         self.held_out = held_out
         """The clients' held-out shares (None: no per-client evaluation)."""
+        self.finetune = finetune
+        """How clients fine-tune for their personalised accuracy (None: not scored)."""
         self.metrics = [resolve(name, data.num_classes) for name in settings.metrics]
         self.stacked: Callable[[list[EvalJob]], None] | None = None
         """Scores a row's models together with other runs' (`SharedCohort.evaluate_many`, set
@@ -105,10 +115,18 @@ class Evaluator:
             row.update({f"test_{m.name}": float("nan") for m in self.metrics})
         if self.clients_evaluated(round):
             assert self.held_out is not None
-            row.update(client_scores(self.model, self.algorithm.eval_params(state), buffers,
-                                     data.x_train, data.y_train, self.held_out, self.metrics))
+            w = self.algorithm.eval_params(state)
+            row.update(client_scores(self.model, w, buffers, data.x_train, data.y_train,
+                                     self.held_out, self.metrics))
+            if self.finetune is not None:
+                local = self.local
+                sgd = SGDConfig(learning_rate(local, max(round - 1, 0)), local.momentum,
+                                local.weight_decay)
+                row.update(personalised_scores(self.model, w, buffers, data.x_train, data.y_train,
+                                               self.held_out, self.finetune, sgd, round))
         elif self.held_out is not None:
-            row.update(dict.fromkeys(client_columns([m.name for m in self.metrics]), float("nan")))
+            names = [m.name for m in self.metrics]
+            row.update(dict.fromkeys(client_columns(names, self.finetune is not None), float("nan")))
         row["lr"] = learning_rate(self.local, max(round - 1, 0))
         row.update(diag)
         return row

@@ -6,7 +6,9 @@ the global model's accuracy over the clients' held-out shares (`client_acc_mean`
 (table column) a figure draws them:
 
 - over rounds: a line per method for the mean client accuracy, its band from the worst-decile
-  to the best-decile mean, and the worst decile dashed (each a mean over seeds);
+  to the best-decile mean, the worst decile thin (▽), and where the runs scored it the mean
+  personalised accuracy after `client_eval_finetune_steps` local steps dotted (each a mean over
+  seeds);
 - per method, at the last round evaluated: the mean (dot), mean ± std (thick bar) and the
   worst-to-best decile range (thin bar), averaged over seeds.
 
@@ -96,7 +98,13 @@ def plot_clients(runs: list[RunData], path: Path, title: str, styles: dict[str, 
         handles[f"{label}{seeds}"] = line
         if worst is not None and best is not None and len(worst[0]) == len(best[0]) == len(x):
             over.fill_between(x, worst[1], best[1], color=style["color"], alpha=0.12, lw=0)
-            over.plot(x, worst[1], color=style["color"], lw=1.0, linestyle="--")
+            over.plot(x, worst[1], color=style["color"], lw=0.9, linestyle="-", marker="v",
+                      markersize=3, alpha=0.7, markevery=_markevery(len(x)))
+        tuned = _series(mine, "round", "client_pacc_mean", ACCURACY_SCALE)
+        if tuned is not None:
+            (dotted,) = over.plot(tuned[0], tuned[1], color=style["color"], lw=1.2, linestyle=":",
+                                  marker="x", markevery=_markevery(len(tuned[0])))
+            handles[f"{label} after local fine-tuning{seeds}"] = dotted
         ends = [e for e in (_last_evaluated(r) for r in mine) if e]
         if ends:
             at = {c: float(np.mean([e[c] for e in ends])) * ACCURACY_SCALE for c in ends[0]}
@@ -106,7 +114,8 @@ def plot_clients(runs: list[RunData], path: Path, title: str, styles: dict[str, 
             final.plot([i], [at["client_acc_mean"]], marker="o", color=style["color"], markersize=6)
     over.set_xlabel("round")
     over.set_ylabel("client accuracy (%)")
-    fit_title(over, "mean over clients (line), worst- to best-decile mean (band), worst decile (dashed)")
+    fit_title(over, "mean over clients (line), worst- to best-decile mean (band), worst decile "
+                    "(thin, ▽), after local fine-tuning (dotted, ×)")
     over.grid(alpha=0.3)
     _integer_ticks(over)
     final.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)

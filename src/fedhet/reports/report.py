@@ -574,9 +574,10 @@ def _clients_section(runs: list[RunData], out: Path) -> str:
         if plot_clients(mine, out / name, head, styles):
             parts.append(_figure(name, (
                 f"{head}: the global model's accuracy (%) on each client's held-out share "
-                "(client_eval_fraction), over the clients: mean, worst-decile and best-decile mean "
-                "(the mean of the lowest and highest ⌈10 %⌉ of clients) and std; a line per method, "
-                "mean over seeds")))
+                "(client_eval_fraction), over the clients: mean, worst-decile (thin, ▽) and best-decile mean "
+                "(the mean of the lowest and highest ⌈10 %⌉ of clients) and std, and where scored the "
+                "mean accuracy after client_eval_finetune_steps local steps (dotted); a line per "
+                "method, mean over seeds")))
         name = f"fig_metrics_{slug(head)}.png"
         if plot_metrics(mine, out / name, head, styles):
             parts.append(_figure(name, f"{head}: the runs' own metrics (metrics) on the test set "
