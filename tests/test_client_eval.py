@@ -264,6 +264,8 @@ def test_a_plugin_metric_resumes_and_its_loss_is_one_line(tmp_path):
                       "--set", "metrics=error-rate", "--set", "client_eval_fraction=0.2",
                       "--out", str(out), "-q", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
+    listed = fedhet_cli("--plugin", str(plugin), "list", cwd=tmp_path)
+    assert f"error-rate       share of wrong predictions [plugin {plugin}]" in listed.stdout
     resumed = fedhet_cli("run", "--resume", str(out), "-r", "2", "-q", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     rows = metrics_without_time(out / "metrics.csv")
