@@ -74,6 +74,19 @@ def test_off_the_clients_train_on_their_whole_partitions():
         assert np.array_equal(np.sort(np.concatenate([t, h])), np.sort(whole))
 
 
+def test_the_central_baseline_trains_on_the_clients_training_shares_and_is_scored_on_theirs():
+    settings = {**BASE, "client_eval_fraction": 0.2}
+    federated = federate(fedhet.config_of(settings))
+    central = federate(fedhet.config_of({**settings, "algorithm": "central"}), centralized=True)
+    assert len(central.parts) == 1
+    assert np.array_equal(central.parts[0], np.sort(np.concatenate(federated.parts)))
+    assert all(np.array_equal(a, b) for a, b in zip(central.held_out, federated.held_out, strict=True))
+    # each client fine-tunes on its own training share, not on the central union
+    last = fedhet.run(settings={**settings, "algorithm": "central", "rounds": 1,
+                                "client_eval_finetune_steps": 2}, log=lambda _: None).metrics[-1]
+    assert 0 <= last["client_pacc_worst10"] <= last["client_pacc_mean"] <= 1
+
+
 # -- statistics and segment sums ------------------------------------------------------------
 def test_client_statistics_against_a_hand_computation():
     values = [0.5, 0.2, 0.9, math.nan, 0.7]

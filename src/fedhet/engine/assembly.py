@@ -86,8 +86,9 @@ def assemble(
     side = assemble_clients(cfg, data=data, model=model, algorithm=algorithm, log=log,
                             executor=executor)
     held = HeldOut.of(side.held_out, side.plan.device)
-    tune = FineTune(side.trainer, side.client_indices, cfg.client_eval_finetune_steps,
-                    cfg.batch_size, cfg.seed) if cfg.client_eval_finetune_steps and held else None
+    own = [torch.from_numpy(p) for p in side.own_parts] or side.client_indices
+    tune = FineTune(side.trainer, own, cfg.client_eval_finetune_steps, cfg.batch_size,
+                    cfg.seed) if cfg.client_eval_finetune_steps and held else None
     evaluator = Evaluator(EvalSettings.from_config(cfg), side.model, side.data, side.algorithm,
                           side.clients.local, held, tune)
     side.algorithm.check_local_steps(side.steps)
@@ -150,7 +151,7 @@ def assemble_clients(
     runs = executor(clients) if executor is not None else \
         executor_for(the_plan, clients, cfg.cohort_chunk)
     return ClientSide(data, parts, client_indices, flat, trainer, run_info, algo, clients,
-                      the_plan, runs, work, steps, fed.held_out)
+                      the_plan, runs, work, steps, fed.held_out, fed.own_parts)
 
 
 def algorithm_params(cfg: RunConfig, cls: type[Algorithm]) -> Any:

@@ -95,7 +95,8 @@ class RunConfig:
     """When > 0: hold out this fraction of each client's partition as its own held-out share
     (`fedhet.data.split.hold_out_per_client`) and score the global model on every client's
     share every `client_eval_every` rounds (`client_acc_mean`, `_std`, `_worst10`, `_best10`
-    in metrics.csv). 0 (off): the clients train on their whole partitions."""
+    in metrics.csv). 0 (off): the clients train on their whole partitions. `train_loss` still
+    covers the whole training set, shares included."""
     client_eval_every: int = 1
     """Per-client evaluation every this many rounds (and at the last round)."""
     client_eval_finetune_steps: int = 0

@@ -31,6 +31,9 @@ class Federation:
     held_out: list[np.ndarray] = field(default_factory=list)
     """Each client's held-out share (indices into the training set, none of them in `parts`);
     empty when `client_eval_fraction` is 0."""
+    own_parts: list[np.ndarray] = field(default_factory=list)
+    """Each client's training indices when they differ from `parts` (the central baseline with
+    shares held out: its one part is their union), for a client's own fine-tuning; else empty."""
 
 
 _LOADED: dict[str, Dataset] = {}
@@ -69,5 +72,5 @@ def federate(
         return Federation(data, list(parts))
     train, held = hold_out_per_client(parts, cfg.client_eval_fraction, cfg.seed)
     if centralized:
-        train = [np.sort(np.concatenate(train))]
+        return Federation(data, [np.sort(np.concatenate(train))], held, train)
     return Federation(data, train, held)
