@@ -290,3 +290,44 @@ def test_a_plugin_metric_resumes_and_its_loss_is_one_line(tmp_path):
     err = lost.stderr.strip().splitlines()
     assert lost.returncode == 2 and len(err) == 1, lost.stderr
     assert f"plugin {plugin}" in err[0] and "can no longer be imported" in err[0]
+
+
+SCRIPT = '''
+import sys
+import numpy as np
+import fedhet
+
+@fedhet.register_metric("error-rate")
+def error_rate(y_true, y_pred):
+    return float(np.mean(y_true != y_pred))
+
+fedhet.run(algorithm="fedavg", dataset="digits", clients=4, rounds=1, out=sys.argv[1],
+           settings={"metrics": ["error-rate"], "client_eval_fraction": 0.2}, log=lambda _: None)
+'''
+
+
+def test_a_metric_only_a_script_registered_is_named_by_resume_and_report_still_draws(tmp_path):
+    script, out = tmp_path / "experiment.py", tmp_path / "run"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    made = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert made.returncode == 0, made.stderr
+    resumed = fedhet_cli("run", "--resume", str(out), "-r", "2", cwd=tmp_path)
+    err = resumed.stderr.strip().splitlines()
+    assert resumed.returncode == 2 and len(err) == 1, resumed.stderr
+    assert "its metric 'error-rate' was registered by the script" in err[0]
+    assert "--plugin" in err[0] and "fedhet.register_metric" in err[0]
+    report = fedhet_cli("report", str(out), cwd=tmp_path)
+    assert report.returncode == 0 and "warning" not in report.stderr, report.stderr
+    page = (out / "report.html").read_text()
+    assert "Per-client accuracy and metrics" in page and "fig_partition" in page
+
+
+def test_per_client_and_metric_columns_are_drawn_apart_from_the_diagnostics():
+    from fedhet.reports.diagnostics import diagnostic_families
+
+    families = diagnostic_families(["round", "test_accuracy", "test_accuracy_plain", "test_f1_macro",
+                                    "client_acc_mean", "client_f1_macro_worst10", "tau_0", "tau_1"])
+    assert families == {"test_accuracy (extra models)": ["test_accuracy", "test_accuracy_plain"],
+                        "tau_*": ["tau_0", "tau_1"]}

@@ -397,6 +397,14 @@ def in_process(config: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def script_metrics(config: Mapping[str, Any]) -> list[str]:
+    """The metrics of a run's `config` registered by the running script or notebook
+    (`in_script`): no later process knows them unless they are registered there again."""
+    from fedhet.metrics import METRICS  # lazy, as in `_entries_of`
+
+    return [n for n in _metric_names(config) if n in METRICS and in_script(METRICS.get(n).source)]
+
+
 def script_sources(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """Kind → where the code of each component of `config` that a script or notebook handed in
     (`in_process`) came from: its `name`, the `object` (`module.qualname`), and the `file` and
@@ -431,4 +439,4 @@ def _components_missing(config: Mapping[str, Any]) -> bool:
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV", "command_line", "ensure", "ensure_recorded", "files",
            "for_run", "from_command_line", "load", "load_all", "load_plugins", "loaded",
-           "script_sources", "startup", "working_directory_importable"]
+           "script_metrics", "script_sources", "startup", "working_directory_importable"]

@@ -215,7 +215,7 @@ def _import_plugins(runs: list[RunData], warn: Callable[[str], None]) -> None:
 def partition_counts(config: dict[str, Any]):
     """`(counts[client, class], title)` recomputed from a run's config, or None (centralised)."""
 
-    cfg = config_of(dict(config))
+    cfg = config_of({k: v for k, v in config.items() if k != "metrics"})  # the split needs none
     if ALGORITHMS.get(cfg.algorithm).factory.centralized:
         return None
     fed = federate(cfg, cache=True)
