@@ -331,3 +331,14 @@ def test_per_client_and_metric_columns_are_drawn_apart_from_the_diagnostics():
                                     "client_acc_mean", "client_f1_macro_worst10", "tau_0", "tau_1"])
     assert families == {"test_accuracy (extra models)": ["test_accuracy", "test_accuracy_plain"],
                         "tau_*": ["tau_0", "tau_1"]}
+
+
+def test_a_registered_metric_that_raises_is_one_line_naming_it(capsys, tmp_path):
+    def broken(y_true, y_pred):
+        raise ValueError("my metric broke")
+
+    with METRICS.added("broken", broken):
+        line = one_error_line(capsys, ["run", "-d", "digits", "-n", "4", "-r", "1", "-q",
+                                       "--set", "metrics=broken", "--out", str(tmp_path / "r")])
+    assert "metric 'broken' failed: ValueError: my metric broke" in line
+    assert f"{Path(__file__).name}, line" in line

@@ -18,13 +18,15 @@ Each is recorded per evaluated round on the evaluation set as `test_<name>`, and
 evaluation on (`client_eval_fraction`) as the four statistics of `client_statistics` over the
 clients' held-out shares (`client_<name>_mean`, …). A scikit-learn scorer that is undefined on a
 client's share (`roc_auc_ovr` on a share that lacks a class) gives NaN for that client, and the
-statistics are taken over the clients where it is defined **[choice]**; a registered metric's
-own error stops the run as any failure of user code does.
+statistics are taken over the clients where it is defined **[choice]**; a registered metric that
+raises stops the run with one line naming it, its error and where it arose (every round saved
+before is kept).
 """
 
 from __future__ import annotations
 
 import math
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, one_line
 from fedhet.registry import Registry, did_you_mean
 
 MetricFn = Callable[[np.ndarray, np.ndarray], float]
@@ -60,13 +62,27 @@ class Metric:
 
     def __call__(self, y_true: np.ndarray, y_pred: np.ndarray, scores: np.ndarray) -> float:
         if not self.lenient:
-            return float(self.score(y_true, y_pred, scores))
+            try:
+                return float(self.score(y_true, y_pred, scores))
+            except Exception as e:  # noqa: BLE001  (the user's function: one line, not a traceback)
+                raise FedhetError(
+                    f"metric {self.name!r} failed: {one_line(e)}{_where(e)}; fix it (it gets the "
+                    "labels and the predicted labels, or with scores=True the class "
+                    "probabilities, as NumPy arrays) or leave it out of metrics; the rounds "
+                    "saved so far are kept"
+                ) from e
         with warnings.catch_warnings():  # e.g. UndefinedMetricWarning on a one-label share
             warnings.simplefilter("ignore")
             try:
                 return float(self.score(y_true, y_pred, scores))
             except ValueError:
                 return math.nan
+
+
+def _where(error: BaseException) -> str:
+    """` (file.py, line N)`: the deepest frame of `error`'s traceback, the user's function."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
 
 
 def sklearn_scorer_names() -> list[str]:

@@ -6,9 +6,9 @@ and on the training set with `train_loss`, every `eval_every` rounds and at the 
 (other rounds carry NaN accuracies), with each of the run's `metrics` on the same set
 (`test_<name>`, `fedhet.metrics`), and, with per-client evaluation on, the statistics of
 the global model's accuracy on the clients' held-out shares every `client_eval_every` rounds
-(`fedhet.engine.client_eval`), and their personalised accuracy after `client_eval_finetune_steps`
-local steps; `check_finite` raises `Diverged` for a model or loss that is not
-finite. `summary` condenses the rows into `summary.json`.
+(`fedhet.engine.client_eval`) with their personalised accuracy after
+`client_eval_finetune_steps` local steps; `check_finite` raises `Diverged` for a model or loss
+that is not finite. `summary` condenses the rows into `summary.json`.
 """
 
 from __future__ import annotations
@@ -178,10 +178,8 @@ def summary(
 def _finals(rows: list[dict[str, Any]], config: Mapping[str, Any]) -> dict[str, float]:
     """`final_<column>`: the last evaluated value of each metric column (`test_<name>` of the
     run's `metrics`) and of each per-client statistic (`client_*`); none without them."""
-    named = [f"test_{m}" for m in config.get("metrics") or ()]
-    columns = [c for c in rows[0] if c in named or c.startswith("client_")]
-    for row in rows[1:]:
-        columns.extend(c for c in row if c not in columns and (c in named or c.startswith("client_")))
+    named = {f"test_{m}" for m in config.get("metrics") or ()}
+    columns = dict.fromkeys(c for r in rows for c in r if c in named or c.startswith("client_"))
     out = {}
     for column in columns:
         values = [r[column] for r in rows if isinstance(r.get(column), float | int)
