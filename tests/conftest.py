@@ -184,8 +184,9 @@ def own_registrations():
     from fedhet import plugins
     from fedhet.components import _LIVE, REGISTRIES
     from fedhet.data.partition import PARTITIONS
+    from fedhet.metrics import METRICS
 
-    registries = [*REGISTRIES.values(), PARTITIONS]
+    registries = [*REGISTRIES.values(), PARTITIONS, METRICS]
     saved = [(dict(r._entries), dict(r._resolved)) for r in registries]
     live, loaded = dict(_LIVE), dict(plugins._LOADED)
     yield

@@ -188,7 +188,7 @@ def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below
 
 LAYERS = (
     ("fedhet", "errors", "procs", "surface"),
-    ("registry", "rundir"),
+    ("registry", "rundir", "metrics"),
     ("data", "models", "training", "configs", "userdocs"),
     ("algorithms",),
     ("components",),

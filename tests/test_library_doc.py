@@ -33,8 +33,9 @@ def test_every_code_block_of_the_library_page_runs(tmp_path, monkeypatch, own_re
     # session-wide plugin also names its algorithm `my-avgm`); `own_registrations` restores them
     from fedhet import plugins
     from fedhet.components import REGISTRIES
+    from fedhet.metrics import METRICS
 
-    for registry in REGISTRIES.values():
+    for registry in (*REGISTRIES.values(), METRICS):
         for entry in list(registry):
             if entry.source != "fedhet":
                 registry.unregister(entry.name)

@@ -54,10 +54,13 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "register_model": ("fedhet.models.registry", "MODELS.register"),
     "register_dataset": ("fedhet.data.registry", "DATASETS.register"),
     "register_partition": ("fedhet.data.partition", "PARTITIONS.register"),
+    # register_metric("name", scores=False)(fn): fn(y_true, y_pred) -> float (docs/library.md)
+    "register_metric": ("fedhet.metrics", "METRICS.register"),
     "ALGORITHMS": ("fedhet.algorithms.base", "ALGORITHMS"),
     "MODELS": ("fedhet.models.registry", "MODELS"),
     "DATASETS": ("fedhet.data.registry", "DATASETS"),
     "PARTITIONS": ("fedhet.data.partition", "PARTITIONS"),
+    "METRICS": ("fedhet.metrics", "METRICS"),
 }
 
 __all__ = ["__version__", "testing", *_PUBLIC]

@@ -440,6 +440,7 @@ def _workers(text: str) -> str | int:
 def cmd_list(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine import ENGINE_FIELDS, FIELD_DOCS, REGISTRIES, engine_defaults
+    from fedhet.metrics import METRICS
 
     defaults = engine_defaults()
     print("settings (--set KEY=VALUE, or KEY = VALUE in a run file; default, meaning):")
@@ -462,6 +463,11 @@ def cmd_list(args: argparse.Namespace) -> int:
             print(f"  {entry.name:<16} {entry.doc}{origin}")
             if ps:
                 print(f"  {'':<16} params: {ps}")
+    print("metrics (--set metrics=NAME,...; registered with fedhet.register_metric, or any "
+          "scikit-learn scorer name: f1_macro, balanced_accuracy, roc_auc_ovr, ...):")
+    for entry in METRICS:
+        origin = "" if entry.source == "fedhet" else f" [{entry.source}]"
+        print(f"  {entry.name:<16} {entry.doc}{origin}")
     files = shipped()
     print("shipped settings files (--config NAME):")
     print(f"  run files: {', '.join(n for n, p in files.items() if not is_grid(p))}")

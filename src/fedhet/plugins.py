@@ -125,16 +125,17 @@ def load(spec: str, origin: str = "--plugin", recorded: bool = False) -> str:
             else _import_module(spec, origin)
     _LOADED[spec] = str(getattr(module, "__file__", None) or spec)
     if not recorded and not _registered_by(f"plugin {spec}"):  # the wrong file: say so
-        print(f"warning: plugin {spec} (from {origin}) registered no algorithm, model, dataset "
-              "or partition; check that it is the right file", file=sys.stderr)
+        print(f"warning: plugin {spec} (from {origin}) registered no algorithm, model, dataset, "
+              "partition or metric; check that it is the right file", file=sys.stderr)
     return spec
 
 
 def _registered_by(source: str) -> bool:
     """Whether any registered component records `source` (`plugin SPEC`)."""
     from fedhet.components import REGISTRIES  # lazy: the built-ins' registries import torch
+    from fedhet.metrics import METRICS
 
-    return any(entry.source == source for reg in REGISTRIES.values() for entry in reg)
+    return any(entry.source == source for reg in (*REGISTRIES.values(), METRICS) for entry in reg)
 
 
 def load_plugins(*specs: str) -> list[str]:
@@ -353,6 +354,14 @@ def _line_in(e: BaseException, file: str | None) -> int | None:
 
 
 def _entries_of(config: Mapping[str, Any]) -> list[registry.Entry]:
+    """The registered entries of the components and metrics a run's `config` names (those
+    known here)."""
+    from fedhet.metrics import METRICS  # lazy: NumPy, and this module serves the CLI's parser
+
+    return _component_entries(config) + [METRICS.get(n) for n in _metric_names(config) if n in METRICS]
+
+
+def _component_entries(config: Mapping[str, Any]) -> list[registry.Entry]:
     """The registered entries of the components a run's `config` names (those known here)."""
     # lazy: the registries import torch; this module is imported by the command line's parser
     from fedhet.components import COMPONENTS, REGISTRIES
@@ -364,6 +373,12 @@ def _entries_of(config: Mapping[str, Any]) -> list[registry.Entry]:
             with contextlib.suppress(FedhetError):
                 out.append(REGISTRIES[kind].get(name))
     return out
+
+
+def _metric_names(config: Mapping[str, Any]) -> list[str]:
+    """The metrics a run's `config` names (`metrics`)."""
+    names = config.get("metrics")
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list | tuple) else []
 
 
 def in_process(config: Mapping[str, Any]) -> dict[str, str]:
@@ -380,6 +395,14 @@ def in_process(config: Mapping[str, Any]) -> dict[str, str]:
                 if in_script(REGISTRIES[kind].get(name).source):
                     out[kind] = name
     return out
+
+
+def script_metrics(config: Mapping[str, Any]) -> list[str]:
+    """The metrics of a run's `config` registered by the running script or notebook
+    (`in_script`): no later process knows them unless they are registered there again."""
+    from fedhet.metrics import METRICS  # lazy, as in `_entries_of`
+
+    return [n for n in _metric_names(config) if n in METRICS and in_script(METRICS.get(n).source)]
 
 
 def script_sources(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -403,13 +426,17 @@ def script_sources(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _components_missing(config: Mapping[str, Any]) -> bool:
-    """Whether a component a saved run names is not registered in this process."""
+    """Whether a component or a metric a saved run names is not known in this process."""
     from fedhet.components import COMPONENTS  # lazy, as in `_entries_of`
+    from fedhet.metrics import METRICS, sklearn_scorer_names
 
     named = [k for k in COMPONENTS if isinstance(config.get(k), str) and config.get(k) != "auto"]
-    return len(_entries_of(config)) < len(named)
+    if len(_component_entries(config)) < len(named):
+        return True
+    unregistered = {n for n in _metric_names(config) if n not in METRICS}
+    return bool(unregistered and unregistered - set(sklearn_scorer_names()))
 
 
 __all__ = ["ENTRY_POINT_GROUP", "ENV", "command_line", "ensure", "ensure_recorded", "files",
            "for_run", "from_command_line", "load", "load_all", "load_plugins", "loaded",
-           "script_sources", "startup", "working_directory_importable"]
+           "script_metrics", "script_sources", "startup", "working_directory_importable"]

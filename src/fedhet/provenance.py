@@ -102,8 +102,12 @@ def of_run(config: dict[str, Any]) -> dict[str, Any]:
     `RunStore` records): `provenance` with the plugins the run needs (`plugins.for_run`), and
     where components were handed in from a script or notebook, `in_process` (which a later
     process cannot build again: `plugins.in_process`) and `scripts` (the file, line and object
-    of their code: `plugins.script_sources`)."""
+    of their code: `plugins.script_sources`), and `script_metrics`, the metrics registered by a
+    script or notebook (`plugins.script_metrics`)."""
     record = provenance(str(config.get("device", "auto")), plugins.for_run(config))
+    metrics = plugins.script_metrics(config)
+    if metrics:
+        record = {**record, "script_metrics": metrics}
     handed_in = plugins.in_process(config)
     if not handed_in:
         return record

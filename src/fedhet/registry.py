@@ -140,7 +140,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         )
     if origin in (tuple, list):
         if isinstance(value, str):
-            value = [v for v in value.replace("[", "").replace("]", "").split(",") if v.strip()]
+            value = [v.strip() for v in value.replace("[", "").replace("]", "").split(",")
+                     if v.strip()]
         if not isinstance(value, list | tuple):
             raise FedhetError(f"{where} must be a list, got {value!r}")
         (item,) = typing.get_args(hint)[:1] or (Any,)

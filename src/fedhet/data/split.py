@@ -1,13 +1,16 @@
-"""Held-out validation data for hyperparameter tuning.
+"""Held-out data: a validation split for hyperparameter tuning, and each client's own share.
 
 FedNNNN's appendix ("Determination of Hyperparameters") tunes η, β, γ and μ on a validation
 split of the training data, never on the test set. `hold_out_validation` splits a fraction of
-the training samples off and makes it the evaluation set of the run.
+the training samples off and makes it the evaluation set of the run. `hold_out_per_client`
+splits a fraction of each client's partition off as that client's own held-out share, on which
+per-client evaluation scores the global model (`client_eval_fraction`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -49,3 +52,26 @@ def hold_out_validation(data: Dataset, fraction: float, seed: int = 0) -> Datase
         partition_labels=None if data.partition_labels is None else data.partition_labels[keep],
         meta={**data.meta, "evaluated_on": f"validation split ({fraction:g} of train)"},
     )
+
+
+def hold_out_per_client(
+    parts: Sequence[np.ndarray], fraction: float, seed: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's training indices and held-out share: `(train, held)`, client by client.
+
+    Client `i` with `D_i` samples holds out `h_i = ⌊fraction·D_i + ½⌋` of them, clipped to
+    `[1, D_i − 1]` so that it both trains and is evaluated (a client of one sample holds out
+    none), drawn uniformly without replacement from the stream `(seed, 0xC11E, i)` **[choice]**:
+    not stratified by label, as a client's own test split is a sample of its own data. The
+    training indices keep their order in the partition; a held-out share is sorted."""
+    train, held = [], []
+    for i, part in enumerate(parts):
+        part = np.asarray(part, dtype=np.int64)
+        n = len(part)
+        h = min(max(int(np.floor(fraction * n + 0.5)), 1), n - 1) if n >= 2 else 0
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 0xC11E, i]))
+        out = np.zeros(n, dtype=bool)
+        out[rng.choice(n, h, replace=False)] = True
+        train.append(part[~out])
+        held.append(np.sort(part[out]))
+    return train, held

@@ -5,7 +5,8 @@ hands in into the parts the round loop runs on (`fedhet.engine.simulation.Parts`
 the `Simulation` over them:
 
 - the dataset (`data`: a `Dataset`, else the registered loader of `cfg.dataset`), its
-  validation hold-out and partition over the clients (`federate`);
+  validation hold-out, partition over the clients and the clients' held-out shares
+  (`federate`);
 - the model (`model`: a factory `(input_shape, num_classes, params) -> nn.Module`, called with
   `cfg.model_params`; else the registered `cfg.model`), on the plan's device;
 - the algorithm (`algorithm`: an `Algorithm` subclass, else the registered `cfg.algorithm`),
@@ -41,6 +42,7 @@ from torch import nn
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.callbacks import CallbackLike
+from fedhet.engine.client_eval import FineTune, HeldOut
 from fedhet.engine.client_store import ClientStateStore
 from fedhet.engine.clients import ClientWork, LocalWork, local_steps
 from fedhet.engine.comm import CommLedger
@@ -83,8 +85,12 @@ def assemble(
     that replace `ROUND_RUNNERS`' (a Flower server's star round)."""
     side = assemble_clients(cfg, data=data, model=model, algorithm=algorithm, log=log,
                             executor=executor)
+    held = HeldOut.of(side.held_out, side.plan.device)
+    own = [torch.from_numpy(p) for p in side.own_parts] or side.client_indices
+    tune = FineTune(side.trainer, own, cfg.client_eval_finetune_steps, cfg.batch_size,
+                    cfg.seed) if cfg.client_eval_finetune_steps and held else None
     evaluator = Evaluator(EvalSettings.from_config(cfg), side.model, side.data, side.algorithm,
-                          side.clients.local)
+                          side.clients.local, held, tune)
     side.algorithm.check_local_steps(side.steps)
     topology = side.algorithm.topology
     runner = (runners or {}).get(topology) or ROUND_RUNNERS.get(topology)
@@ -146,7 +152,7 @@ def assemble_clients(
     runs = executor(clients) if executor is not None else \
         executor_for(the_plan, clients, cfg.cohort_chunk)
     return ClientSide(data, parts, client_indices, flat, trainer, run_info, algo, clients,
-                      the_plan, runs, work, steps)
+                      the_plan, runs, work, steps, fed.held_out, fed.own_parts)
 
 
 def algorithm_params(cfg: RunConfig, cls: type[Algorithm]) -> Any:

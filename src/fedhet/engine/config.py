@@ -29,6 +29,7 @@ from typing import Any, Literal
 from fedhet.components import COMPONENTS, REGISTRIES
 from fedhet.data.files import absolute, is_data_path
 from fedhet.errors import FedhetError
+from fedhet.metrics import check_metrics
 from fedhet.registry import _coerce, build_params, did_you_mean, params_dict
 from fedhet.rundir.store import RECORD_KEYS
 
@@ -37,8 +38,8 @@ RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpo
 """Settings that say where and how a run computes, not what: a grid may change them between
 calls, and `--device`/`--executor` set them for every run of a grid."""
 
-RESUMABLE = {"rounds", "eval_every", "checkpoint_every", "data_dir", "device", "executor",
-             "cohort_chunk", "workers", "client_state_memory_mb"}
+RESUMABLE = {"rounds", "eval_every", "client_eval_every", "checkpoint_every", "data_dir", "device",
+             "executor", "cohort_chunk", "workers", "client_state_memory_mb"}
 """Settings a resumed run may change: they do not alter the rounds already done."""
 
 
@@ -99,6 +100,21 @@ class RunConfig:
     validation_fraction: float = 0.0
     """When > 0: hold out this fraction of the training set and evaluate on it instead of the
     test set (hyperparameter tuning, FedNNNN appendix)."""
+    client_eval_fraction: float = 0.0
+    """When > 0: hold out this fraction of each client's partition as its own held-out share
+    (`fedhet.data.split.hold_out_per_client`) and score the global model on every client's
+    share every `client_eval_every` rounds (`client_acc_mean`, `_std`, `_worst10`, `_best10`
+    in metrics.csv). 0 (off): the clients train on their whole partitions. `train_loss` still
+    covers the whole training set, shares included."""
+    client_eval_every: int = 1
+    """Per-client evaluation every this many rounds (and at the last round)."""
+    client_eval_finetune_steps: int = 0
+    """When > 0 (and `client_eval_fraction > 0`): also each client's personalised accuracy, the
+    global model fine-tuned for this many local SGD steps on the client's training samples and
+    scored on its share (`client_pacc_*`)."""
+    metrics: tuple[str, ...] = ()
+    """Metrics recorded beside accuracy (`fedhet.metrics`): names registered with
+    `fedhet.register_metric`, or scikit-learn scorer names (`f1_macro`, `roc_auc_ovr`)."""
     data_dir: str = "data"
     # -- simulated faults (engine/faults.py, docs/faults.md) --------------------------------
     client_dropout: float = 0.0
@@ -217,6 +233,21 @@ class RunConfig:
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction}",
             ),
             (
+                0 <= self.client_eval_fraction < 1,
+                f"client_eval_fraction must be in [0, 1) (0: no per-client evaluation), got "
+                f"{self.client_eval_fraction}",
+            ),
+            (self.client_eval_every >= 1, "client_eval_every must be ≥ 1"),
+            (
+                self.client_eval_finetune_steps >= 0,
+                f"client_eval_finetune_steps must be ≥ 0, got {self.client_eval_finetune_steps}",
+            ),
+            (
+                not self.client_eval_finetune_steps or self.client_eval_fraction > 0,
+                "client_eval_finetune_steps scores each client on its held-out share: set "
+                "client_eval_fraction too (e.g. 0.2)",
+            ),
+            (
                 0 <= self.client_dropout <= 1,
                 f"client_dropout must be a probability in [0, 1], got {self.client_dropout}",
             ),
@@ -228,6 +259,8 @@ class RunConfig:
         for ok, message in checks:
             if not ok:
                 raise FedhetError(message)
+        if self.metrics:
+            check_metrics(self.metrics)
 
     @property
     def model_name(self) -> str:
@@ -498,6 +531,10 @@ FIELD_DOCS: dict[str, str] = {
     "train_loss": "also evaluate the loss on the whole training set",
     "checkpoint_every": "save a checkpoint every this many rounds",
     "validation_fraction": "hold this fraction of the training set out and evaluate on it",
+    "client_eval_fraction": "hold this fraction of each client's data out and score every client on it",
+    "client_eval_every": "per-client evaluation every this many rounds",
+    "client_eval_finetune_steps": "per-client evaluation also after this many local steps (personalised)",
+    "metrics": "more metrics per round: registered names or scikit-learn scorers (f1_macro)",
     "data_dir": "where dataset files are read from",
     "client_dropout": "probability that a sampled client is offline for a round",
     "straggler_fraction": "probability that a sampled client misses a round's deadline",

@@ -3,8 +3,12 @@
 `Evaluator.row` is one metrics row: the algorithm's evaluated model (`eval_params`, plus any
 `extra_eval_params` under a suffix, FedNNNN's plain average) on the test (or validation) split,
 and on the training set with `train_loss`, every `eval_every` rounds and at the last round
-(other rounds carry NaN accuracies); `check_finite` raises `Diverged` for a model or loss that is
-not finite. `summary` condenses the rows into `summary.json`.
+(other rounds carry NaN accuracies), with each of the run's `metrics` on the same set
+(`test_<name>`, `fedhet.metrics`), and, with per-client evaluation on, the statistics of
+the global model's accuracy on the clients' held-out shares every `client_eval_every` rounds
+(`fedhet.engine.client_eval`) with their personalised accuracy after
+`client_eval_finetune_steps` local steps; `check_finite` raises `Diverged` for a model or loss
+that is not finite. `summary` condenses the rows into `summary.json`.
 """
 
 from __future__ import annotations
@@ -19,11 +23,19 @@ import torch
 
 from fedhet.algorithms.base import Algorithm
 from fedhet.data.base import Dataset
+from fedhet.engine.client_eval import (
+    FineTune,
+    HeldOut,
+    client_scores,
+    personalised_scores,
+    test_metrics,
+)
 from fedhet.engine.clients import LocalWork, learning_rate
 from fedhet.engine.failures import Diverged
+from fedhet.metrics import client_columns, resolve
 from fedhet.training.cohort import EvalJob
 from fedhet.training.flat import FlatModel
-from fedhet.training.local import evaluate
+from fedhet.training.local import SGDConfig, evaluate
 
 
 @dataclass(frozen=True)
@@ -33,6 +45,9 @@ class EvalSettings:
     eval_every: int
     rounds: int
     train_loss: bool
+    client_eval_every: int = 1
+    client_eval_finetune_steps: int = 0
+    metrics: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, cfg: Any) -> EvalSettings:
@@ -45,13 +60,18 @@ class Evaluator:
 
     def __init__(
         self, settings: EvalSettings, model: FlatModel, data: Dataset, algorithm: Algorithm,
-        local: LocalWork,
+        local: LocalWork, held_out: HeldOut | None = None, finetune: FineTune | None = None,
     ) -> None:
         self.settings = settings
         self.model = model
         self.data = data
         self.algorithm = algorithm
         self.local = local
+        self.held_out = held_out
+        """The clients' held-out shares (None: no per-client evaluation)."""
+        self.finetune = finetune
+        """How clients fine-tune for their personalised accuracy (None: not scored)."""
+        self.metrics = [resolve(name, data.num_classes) for name in settings.metrics]
         self.stacked: Callable[[list[EvalJob]], None] | None = None
         """Scores a row's models together with other runs' (`SharedCohort.evaluate_many`, set
         while the run steps in a batch that `stacks_evaluation`); None: one by one here."""
@@ -60,11 +80,17 @@ class Evaluator:
         """Whether round `round` (0 = before training) is evaluated."""
         return round % self.settings.eval_every == 0 or round == self.settings.rounds
 
+    def clients_evaluated(self, round: int) -> bool:
+        """Whether round `round` scores the global model on the clients' held-out shares."""
+        every = self.settings.client_eval_every
+        return self.held_out is not None and (round % every == 0 or round == self.settings.rounds)
+
     def row(
         self, state: Any, round: int, diag: dict[str, float], buffers: torch.Tensor
     ) -> dict[str, Any]:
         """Round `round`'s metrics: test loss/accuracy of every evaluated model (BatchNorm
-        statistics `buffers`), the learning rate `η_(k−1)` the round trained with, and `diag`."""
+        statistics `buffers`), the run's metrics, the per-client statistics, the learning rate
+        `η_(k−1)` the round trained with, and `diag`."""
         data = self.data
         row: dict[str, Any] = {"round": round}
         if self.evaluated(round):
@@ -81,8 +107,26 @@ class Evaluator:
             self._score(list(jobs.values()))
             for (loss, accuracy), job in jobs.items():
                 row[loss], row[accuracy] = job.result
+            if self.metrics:
+                row.update(test_metrics(self.model, models[""], buffers, data.x_test,
+                                        data.y_test, self.metrics))
         else:
             row["test_loss"], row["test_accuracy"] = float("nan"), float("nan")
+            row.update({f"test_{m.name}": float("nan") for m in self.metrics})
+        if self.clients_evaluated(round):
+            assert self.held_out is not None
+            w = self.algorithm.eval_params(state)
+            row.update(client_scores(self.model, w, buffers, data.x_train, data.y_train,
+                                     self.held_out, self.metrics))
+            if self.finetune is not None:
+                local = self.local
+                sgd = SGDConfig(learning_rate(local, max(round - 1, 0)), local.momentum,
+                                local.weight_decay)
+                row.update(personalised_scores(self.model, w, buffers, data.x_train, data.y_train,
+                                               self.held_out, self.finetune, sgd, round))
+        elif self.held_out is not None:
+            names = [m.name for m in self.metrics]
+            row.update(dict.fromkeys(client_columns(names, self.finetune is not None), float("nan")))
         row["lr"] = learning_rate(self.local, max(round - 1, 0))
         row.update(diag)
         return row
@@ -127,7 +171,21 @@ def summary(
         "total_time_s": rows[-1].get("wall_time_s", 0.0),
         "cum_bytes": int(rows[-1].get("cum_bytes", 0)),
         "cum_model_transfers": int(rows[-1].get("cum_model_transfers", 0)),
+        **_finals(rows, config),
     }
+
+
+def _finals(rows: list[dict[str, Any]], config: Mapping[str, Any]) -> dict[str, float]:
+    """`final_<column>`: the last evaluated value of each metric column (`test_<name>` of the
+    run's `metrics`) and of each per-client statistic (`client_*`); none without them."""
+    named = {f"test_{m}" for m in config.get("metrics") or ()}
+    columns = dict.fromkeys(c for r in rows for c in r if c in named or c.startswith("client_"))
+    out = {}
+    for column in columns:
+        values = [r[column] for r in rows if isinstance(r.get(column), float | int)
+                  and not math.isnan(r[column])]
+        out[f"final_{column}"] = values[-1] if values else float("nan")
+    return out
 
 
 def _number(value: Any) -> Any:

@@ -95,6 +95,10 @@ class ClientSide:
     """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
     steps: list[int]
     """Each client's planned `⌊E·D_i/B⌋` in round 0, unclamped (`Algorithm.check_local_steps`)."""
+    held_out: list[np.ndarray] = dataclasses.field(default_factory=list)
+    """Each client's held-out share for per-client evaluation (empty when it is off)."""
+    own_parts: list[np.ndarray] = dataclasses.field(default_factory=list)
+    """Each client's own training indices where they are not `partition` (`Federation`)."""
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""The diagnostics panels of `fedhet report`: every non-standard column of metrics.csv, found
+"""The diagnostics panels of `fedhet report`: every non-standard column of metrics.csv (but the
+per-client and metric columns, `fedhet.reports.clients`), found
 generically (indexed families such as `tau_<i>` drawn together), the ones that change only,
 averaged over seeds as the accuracy curves are, with titles and y units.
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedhet.reports.clients import is_evaluation_column
 from fedhet.reports.plots import (
     ACCURACY_SCALE,
     RunData,
@@ -43,7 +45,7 @@ def diagnostic_families(columns: list[str]) -> dict[str, list[str]]:
     """Non-standard metrics columns grouped for plotting: `tau_0, tau_1, …` → `tau_*`."""
     families: dict[str, list[str]] = {}
     for col in columns:
-        if col in STANDARD or col.endswith(("_transfers", "_bytes")):
+        if col in STANDARD or col.endswith(("_transfers", "_bytes")) or is_evaluation_column(col):
             continue
         m = re.fullmatch(r"(.*?)_?(\d+)", col)
         if col.startswith(("test_accuracy", "test_loss")):

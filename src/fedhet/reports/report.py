@@ -6,7 +6,9 @@ value (`report_settings`); the summary tables (mean ± std over seeds, accuracy 
 best method of a column bold by `results.RANKING_RULE`, which the page prints); the paper's
 published numbers beside runs of their setting, or the line saying that the paper has none
 (reproduce pages); test accuracy and loss against the round and against communication
-(`report_plots`); the diagnostic columns of metrics.csv that change (`report_diagnostics`); a
+(`report_plots`); per-client accuracy (mean, spread, worst and best decile over the clients'
+held-out shares) and the runs' own metrics, where they recorded them (`fedhet.reports.clients`);
+the diagnostic columns of metrics.csv that change (`report_diagnostics`); a
 clients × labels heatmap of each run's partition (recomputed from its config); and
 paper-specific figures. Those plug in through `EXTRA_PLOTTERS`: algorithm name → its figure
 maker (see `fedhet.reports.figures`), called with `(runs: list[RunData], out: Path)`,
@@ -41,6 +43,7 @@ from fedhet.data import label_counts
 from fedhet.engine import RECORD_KEYS, config_of, federate
 from fedhet.errors import FedhetError
 from fedhet.registry import params_dict
+from fedhet.reports.clients import plot_clients, plot_metrics
 from fedhet.reports.diagnostics import (  # noqa: F401  (re-exported)
     MAX_PANELS,
     MAX_SEEDS,
@@ -212,7 +215,7 @@ def _import_plugins(runs: list[RunData], warn: Callable[[str], None]) -> None:
 def partition_counts(config: dict[str, Any]):
     """`(counts[client, class], title)` recomputed from a run's config, or None (centralised)."""
 
-    cfg = config_of(dict(config))
+    cfg = config_of({k: v for k, v in config.items() if k != "metrics"})  # the split needs none
     if ALGORITHMS.get(cfg.algorithm).factory.centralized:
         return None
     fed = federate(cfg, cache=True)
@@ -391,6 +394,7 @@ def _draw(root: Path, manifest: dict[str, Any], runs: list[RunData], out: Path,
     title = str(manifest.get("title") or root.name)
     sections = [_provenance_section(runs), _settings_section(runs), _tables_section(manifest, runs)]
     sections.append(_curves_section(runs, out))
+    sections.append(_clients_section(runs, out))
     sections.append(_diagnostics_section(runs, out))
     sections.append(_partition_section(runs, out, warn))
     sections.append(_extra_section(runs, out, warn))
@@ -555,6 +559,36 @@ def _curves_section(runs: list[RunData], out: Path) -> str:
         parts[2:] = [_fold(f"each setting's accuracy and loss vs round and communication "
                            f"({len(groups)} figures)", "\n".join(parts[2:]))]
     return "\n".join(parts)
+
+
+def _clients_section(runs: list[RunData], out: Path) -> str:
+    """Per-client accuracy and the runs' own metrics, a figure of each per setting (where any
+    run of it recorded them); folded away when the page has several settings."""
+    styles = _styles(list(dict.fromkeys(r.label for r in runs)))
+    groups = list(dict.fromkeys(r.group for r in runs))
+    parts = []
+    for group in groups:
+        mine = [r for r in runs if r.group == group]
+        head = group or mine[0].name
+        name = f"fig_clients_{slug(head)}.png"
+        if plot_clients(mine, out / name, head, styles):
+            parts.append(_figure(name, (
+                f"{head}: the global model's accuracy (%) on each client's held-out share "
+                "(client_eval_fraction), over the clients: mean, worst-decile (thin, ▽) and best-decile mean "
+                "(the mean of the lowest and highest ⌈10 %⌉ of clients) and std, and where scored the "
+                "mean accuracy after client_eval_finetune_steps local steps (dotted); a line per "
+                "method, mean over seeds")))
+        name = f"fig_metrics_{slug(head)}.png"
+        if plot_metrics(mine, out / name, head, styles):
+            parts.append(_figure(name, f"{head}: the runs' own metrics (metrics) on the test set "
+                                       "against the round; a line per method (mean over seeds, "
+                                       "band: min–max over seeds)"))
+    if not parts:
+        return ""
+    if len(groups) > 1:
+        parts = [_fold(f"each setting's per-client accuracy and metrics ({len(parts)} figures)",
+                       "\n".join(parts))]
+    return "<h2>Per-client accuracy and metrics</h2>\n" + "\n".join(parts)
 
 
 def _diagnostics_section(runs: list[RunData], out: Path) -> str:

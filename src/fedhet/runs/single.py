@@ -192,8 +192,17 @@ def resume_settings(
 
 def _handed_in(out: Path, record: dict[str, Any], error: FedhetError) -> FedhetError:
     """The resume's error for a run whose component was handed in from a script or notebook
-    (its provenance's `in_process`) and is unknown here; else `error` itself."""
+    (its provenance's `in_process`), or whose metric a script registered (`script_metrics`),
+    and is unknown here; else `error` itself."""
     prov = record.get("provenance")
+    for name in (prov.get("script_metrics") or []) if isinstance(prov, dict) else []:
+        if str(error).startswith(f"unknown metric {name!r}"):
+            return FedhetError(
+                f"{out}: its metric {name!r} was registered by the script or notebook that made "
+                "the run, and exists only there: register it again (fedhet.register_metric) "
+                f"before fedhet.resume({str(out)!r}) in Python, or put it in a plugin module "
+                "(--plugin FILE.py)"
+            )
     handed = prov.get("in_process") if isinstance(prov, dict) else None
     for kind, name in (handed or {}).items():
         if str(error).startswith(f"unknown {kind} {name!r}"):
