@@ -15,6 +15,8 @@ clients' sizes); the page reads the JSON files only (`partition_rows`).
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 import platform
 from collections.abc import Callable
@@ -51,12 +53,17 @@ class PartitionReading:
 
 
 def readings() -> list[PartitionReading]:
-    """Every paper's declared readings, in the papers' order."""
-    # lazy: each paper's declarations import its preset
-    from fedhet.papers.fednnnn.partitions import READINGS as FEDNNNN
-    from fedhet.papers.fedsr.partitions import READINGS as FEDSR
+    """Every paper's declared readings (`READINGS` of its `partitions` module, where it has
+    one), in the papers' order: a paper declares its own, and no paper is named here."""
+    # lazy: the paper packages import their presets
+    from fedhet.papers import PAPERS
 
-    return [*FEDNNNN, *FEDSR]
+    out: list[PartitionReading] = []
+    for paper in PAPERS:
+        name = f"fedhet.papers.{paper}.partitions"
+        if importlib.util.find_spec(name) is not None:
+            out += importlib.import_module(name).READINGS
+    return out
 
 
 def counts_of(settings: dict[str, Any], data_dir: str | None = None) -> np.ndarray:
