@@ -533,13 +533,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     check_timeouts(("round-timeout", args.round_timeout), ("node-wait", args.node_wait))
     values, out = _run_values(args), Path(args.out)
     if args.mode == "app":
-        deploy_app(values, out, Path(args.app_dir), args.round_timeout, args.node_wait, args.force)
+        deploy_app(values, out, Path(args.app_dir), args.round_timeout, args.node_wait, args.force,
+                   auth=args.auth)
         return 0
     keep = Path(args.keep_logs) if args.keep_logs else None
     summary = deploy_local(values, out, args.round_timeout, args.node_wait, args.timeout,
                            args.force, keep, simulation=args.simulation,
                            ray_address=args.ray_address, client_cpus=args.client_cpus,
-                           client_gpus=args.client_gpus)
+                           client_gpus=args.client_gpus, auth=args.auth)
     print(
         f"{summary['algorithm']} over Flower ({summary.get('supernodes_finished', summary['clients'])} of "
         f"{summary['clients']} SuperNodes finished): final accuracy "
@@ -826,6 +827,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--simulation: CPUs each virtual SuperNode's ClientApp holds (default 1)")
     dep.add_argument("--client-gpus", type=float, metavar="G",
                      help="--simulation: GPU share of each virtual SuperNode (e.g. 0.25; default 0)")
+    dep.add_argument("--auth", action="store_true",
+                     help="only registered SuperNodes join: TLS, --enable-supernode-auth and one "
+                          "registered key pair per SuperNode (docs/deploy.md)")
     dep.set_defaults(func=cmd_deploy)
     demo = sub.add_parser("demo", help="FedAvg vs FedNova on digits, Dirichlet 0.5 (embedded)")
     demo.add_argument("--out", default="runs/demo")
