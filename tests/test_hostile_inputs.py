@@ -867,6 +867,38 @@ def test_a_grid_with_user_code_that_raises_marks_those_runs_failed_and_resumes(
     assert {summary_of(d)["status"] for d in (grid / "runs").iterdir()} == {"finished"}
 
 
+def test_a_failed_run_has_no_accuracy_and_reports_list_it_as_failed(capsys, bad_plugin, tmp_path):
+    """A run that fails in its first round records no accuracy (the untrained model's is no
+    result): summary.json has none, results.csv's cell is empty, summary.md lists it as failed
+    and its table cells are empty, also when the grid is collected again without the error."""
+    import csv
+    import re
+
+    from fedhet.runs.grid import read_manifest
+    from fedhet.runs.results import collect
+    from fedhet.runs.presets import RunSpec
+
+    bad_plugin.write_text(BAD_ALGORITHMS.replace("boom_round: int = 1", "boom_round: int = 0"))
+    grid = tmp_path / "grid"
+    assert main(["--plugin", str(bad_plugin), "compare", "-a", "fedavg,bad-aggregate", "-d",
+                 "digits", "-n", "3", "-r", "2", "--out", str(grid)]) == 2
+    summary = summary_of(grid / "runs" / "bad-aggregate__seed0")
+    assert summary["status"] == "failed" and summary["rounds_done"] == 0
+    assert not {"final_accuracy", "best_accuracy", "best_round", "final_loss"} & set(summary)
+    specs = [RunSpec(r["name"], r["group"], r["label"], r["settings"])
+             for r in read_manifest(grid)["runs"]]
+    for _ in range(2):  # as compare wrote them, then collected again from the run directories
+        with (grid / "results.csv").open() as f:
+            rows = {r["name"]: r for r in csv.DictReader(f)}
+        assert rows["bad-aggregate__seed0"]["status"] == "failed"
+        assert rows["bad-aggregate__seed0"]["final_accuracy"] in ("", "nan")
+        assert float(rows["fedavg__seed0"]["final_accuracy"]) > 0
+        text = (grid / "summary.md").read_text()
+        assert "bad-aggregate__seed0 (failed)" in text
+        assert re.search(r"\| bad-aggregate \| (failed)? ?\|", text), text
+        collect(grid, "again", specs, None)
+
+
 def test_an_unregistered_class_reading_a_setting_it_was_not_given_says_how(tmp_path,
                                                                          own_registrations):
     """A class handed in without a `Params` dataclass gets none; reading a setting names the fix
