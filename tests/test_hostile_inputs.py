@@ -875,8 +875,8 @@ def test_a_failed_run_has_no_accuracy_and_reports_list_it_as_failed(capsys, bad_
     import re
 
     from fedhet.runs.grid import read_manifest
-    from fedhet.runs.results import collect
     from fedhet.runs.presets import RunSpec
+    from fedhet.runs.results import collect
 
     bad_plugin.write_text(BAD_ALGORITHMS.replace("boom_round: int = 1", "boom_round: int = 0"))
     grid = tmp_path / "grid"

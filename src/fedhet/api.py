@@ -27,7 +27,7 @@ from typing import Any
 
 from fedhet import plugins
 from fedhet.components import name_of
-from fedhet.engine import RunConfig, parse, read_toml_file
+from fedhet.engine import RunConfig, chosen_components, parse, read_toml_file
 from fedhet.errors import FedhetError
 from fedhet.rundir import RunResult, open_run
 from fedhet.runs import Changes, execute
@@ -143,18 +143,22 @@ def setting_layers(
     `fedhet.engine.config.parse`. `flag_source` names a flag's layer (`fedhet config show`
     prints it), `where` names the flags in error lines. The API and the CLI both build runs so."""
     layers: list[tuple[str, dict[str, Any]]] = []
+    given = {k: _named(k, v) for k, v in flags.items() if k in RUN_FLAGS and v is not None and v != ""}
+    if isinstance(settings, Mapping):
+        named = {k: _named(k, v) for k, v in settings.items()}
+    else:  # `key=value` pairs: the component names among them
+        named = {k.strip(): v.strip() for k, eq, v in (p.partition("=") for p in settings or ()) if eq}
+    chosen = chosen_components(config[1] if config is not None else {}, given, named)
     if config is not None:
         name, doc = config
-        layers.append((f"file {name}", parse(doc, name)))
+        layers.append((f"file {name}", parse(doc, name, chosen)))
     for k in RUN_FLAGS:
-        v = flags.get(k)
-        if v is not None and v != "":
-            layers.append((flag_source(k), parse({k: _named(k, v)}, where)))
+        if k in given:
+            layers.append((flag_source(k), parse({k: given[k]}, where, chosen)))
     if isinstance(settings, Mapping):
-        layers.append(("settings", parse({k: _named(k, v) for k, v in settings.items()},
-                                         "settings")))
+        layers.append(("settings", parse(named, "settings", chosen)))
     else:
-        layers += [("flag --set", parse([pair], "--set")) for pair in settings or ()]
+        layers += [("flag --set", parse([pair], "--set", chosen)) for pair in settings or ()]
     return layers
 
 
