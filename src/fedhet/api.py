@@ -20,6 +20,7 @@ points) are loaded before the first run, as the CLI loads them.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,10 +46,12 @@ def run(
     device: str | None = None, executor: str | None = None, workers: int | str | None = None,
     precision: str | None = None, data_dir: str | None = None, config: str | Path | None = None,
     settings: Mapping[str, Any] | None = None, out: str | Path | None = None, force: bool = False,
-    progress: bool = False, callbacks: Sequence[Any] = (), log: Callable[[str], None] = print,
+    progress: bool = False, callbacks: Sequence[Any] = (), log: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run one experiment into `out` (default `runs/<algorithm>-<dataset>-<time>/`) and return
-    it. Invalid settings, data or partitions fail with a `FedhetError` before anything is
+    it. Its remarks (`workers: auto → N`, an algorithm's notes, warnings) go to `log`, by
+    default to stderr: stdout is left to the caller (`log=print` puts them there).
+    Invalid settings, data or partitions fail with a `FedhetError` before anything is
     written; `out` must be new or empty (`force=True` replaces a run fedhet made there).
 
     `callbacks`: called with each round's metrics row once it is saved (a callable, or an
@@ -61,17 +64,19 @@ def run(
              "data_dir": data_dir}
     values = settings_of(flags, settings, config)
     target = Path(out) if out is not None else new_run_dir(default_name(values))
-    execute(values, target, force=force, progress=progress, log=log, callbacks=list(callbacks))
+    execute(values, target, force=force, progress=progress, log=log or to_stderr,
+            callbacks=list(callbacks))
     return open_run(target)
 
 
 def resume(
     dir: str | Path, *, rounds: int | None = None, settings: Mapping[str, Any] | None = None,
     dataset: Any = None, model: Any = None, algorithm: Any = None, progress: bool = False,
-    callbacks: Sequence[Any] = (), log: Callable[[str], None] = print,
+    callbacks: Sequence[Any] = (), log: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Continue the run in `dir` from its newest checkpoint, exactly where it stopped, to its
-    own `rounds` or to more `rounds`. `settings` may change only what a resume can (more
+    own `rounds` or to more `rounds`; remarks go to `log` (default stderr), as for `run`.
+    `settings` may change only what a resume can (more
     rounds, evaluation and checkpoint intervals, data directory, device, executor).
 
     A run made with a component handed in from a script or notebook (not importable by name)
@@ -84,9 +89,15 @@ def resume(
     changes = dict(settings or {})
     if rounds is not None:
         changes["rounds"] = rounds
-    execute(changes or None, Path(dir), resume=True, progress=progress, log=log,
+    execute(changes or None, Path(dir), resume=True, progress=progress, log=log or to_stderr,
             callbacks=list(callbacks))
     return open_run(dir)
+
+
+def to_stderr(line: str) -> None:
+    """Where the API's runs say their remarks unless given a `log`: stderr, not the caller's
+    stdout."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _kind(obj: Any, dataset: Any, model: Any) -> str:

@@ -346,6 +346,9 @@ class Progress:
 
     def tick(self) -> None:
         if not self.live:
+            if time.monotonic() - self.last >= 0.5:  # the rate counts from the first round done
+                self.last = time.monotonic()
+                self._sample()
             if time.monotonic() - self.last_log >= self.every:  # a log file: a line now and then
                 self.last_log = time.monotonic()
                 self.stream.write(self._line(log=True) + "\n")
@@ -359,22 +362,29 @@ class Progress:
         self.stream.write("\r\x1b[K" + line[: width - 1])
         self.stream.flush()
 
+    def _sample(self) -> tuple[dict[str, tuple[int, float, float]], int]:
+        """Each run's status and the rounds done of all runs; the first time rounds are seen
+        done, that moment starts the rate behind the ETA (not the workers' start-up)."""
+        status = {name: self._status(job) for name, job in self.jobs.items()}
+        rounds_done = sum(self.rounds[name] if name in self.finished else status[name][0]
+                          for name in self.jobs)
+        if self.first is None and rounds_done > self.start_rounds:
+            self.first = (time.monotonic(), rounds_done)
+        return status, rounds_done
+
     def _line(self, log: bool) -> str:
         """The status: runs done, ETA, the running runs' rounds and accuracies; for a log file
         also the rounds done of all runs, s/round and each running run's loss."""
-        running, rounds_done = [], 0
-        for name, job in self.jobs.items():
-            r, acc, loss = self._status(job)
-            rounds_done += self.rounds[name] if name in self.finished else r
+        running = []
+        status, rounds_done = self._sample()
+        for name in self.jobs:
+            r, acc, loss = status[name]
             if name not in self.finished and r > 0:
                 where = f" @{self.where[name]}" if name in self.where else ""
                 running.append(
                     f"{_short(name)} round {r}/{self.rounds[name]} acc {acc:.4f} loss {loss:.4f}{where}"
                     if log else f"{_short(name)} r{r} {acc:.3f}{where}"
                 )
-        if self.first is None and rounds_done > self.start_rounds:
-            # the rate is measured from the first finished round on, not from worker start-up
-            self.first = (time.monotonic(), rounds_done)
         total = sum(self.rounds.values())
         eta, rate = "?", 0.0
         if self.first is not None and rounds_done > self.first[1]:
