@@ -136,3 +136,36 @@ def test_dry_run_lists_the_runs_and_writes_nothing(tmp_path, capsys, monkeypatch
     assert list(tmp_path.iterdir()) == []
     assert main(["compare", "-a", "fedavg,fedavgg", "--dry-run"]) == 2  # checked like a real run
     assert "(did you mean 'fedavg'" in capsys.readouterr().err
+
+
+def test_a_grid_files_relative_paths_are_relative_to_the_file(tmp_path, capsys, monkeypatch):
+    """`dataset`, `dataset.test` and `partition.path` in a grid file name files beside it, from
+    whichever directory the grid is run; the saved grid.toml and the runs record them absolute.
+    A path given on the command line stays relative to the current directory."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    project = tmp_path / "proj"
+    (project / "data").mkdir(parents=True)
+    x, y = load_digits(return_X_y=True)
+    header = ",".join([*(f"p{i}" for i in range(64)), "label"])
+    for name, rows in (("train", slice(0, 400)), ("test", slice(400, 500))):
+        np.savetxt(project / "data" / f"{name}.csv", np.column_stack([x[rows], y[rows]]),
+                   delimiter=",", header=header, comments="", fmt="%g")
+    (project / "parts.json").write_text(json.dumps({"0": list(range(0, 200)),
+                                                    "1": list(range(200, 400))}))
+    (project / "grid.toml").write_text(
+        '[base]\ndataset = "data/train.csv"\n"dataset.test" = "data/test.csv"\nclients = 2\n'
+        'rounds = 1\npartition = "file"\n"partition.path" = "parts.json"\n'
+        '[axes]\nalgorithm = ["fedavg"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["compare", "-c", str(project / "grid.toml"), "--out", "g"]) == 0, \
+        capsys.readouterr().err
+    (config,) = configs(elsewhere / "g").values()
+    assert config["dataset"] == str(project / "data" / "train.csv")
+    assert config["dataset_params"]["test"] == str(project / "data" / "test.csv")
+    assert config["partition_params"]["path"] == str(project / "parts.json")
+    saved = (elsewhere / "g" / "grid.toml").read_text()
+    assert str(project / "data" / "train.csv") in saved and str(project / "parts.json") in saved

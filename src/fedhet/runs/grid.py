@@ -206,20 +206,23 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
     """Parse, expand and validate a grid file (or, with `path` None, the grid `changes` alone
     make); raises `FedhetError` naming the line, or the flag, of the culprit."""
     changes = changes or Changes()
+    file_moved = False
     if path is None:
         text, path = "", Path("command line")
         doc: dict[str, Any] = {}
     else:
         path = Path(path)
-        text, doc = read_toml_file(path, "grid file")
+        text, raw = read_toml_file(path, "grid file")
+        doc = absolute_paths(raw, path.resolve().parent)  # the file's paths: beside it
+        file_moved = doc is not raw
     if changes:
         doc = apply_changes(doc, changes)
     if not text and changes.title:
         doc = {"title": changes.title, **doc}
     loc = _Locator(path, key_lines(text), changes.sources)
     grid = _grid(doc, path, loc)
-    travelling = absolute_paths(doc)
-    moved = ", its data paths made absolute" if travelling != doc else ""
+    travelling = absolute_paths(doc)  # the command line's: from the current directory
+    moved = ", its data paths made absolute" if travelling != doc or file_moved else ""
     if not changes and not moved:
         grid.text = text
     elif text:
@@ -230,22 +233,31 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
     return grid
 
 
-PATH_SETTINGS = ("dataset", "dataset.test")
-"""Settings whose value may be a file, relative to the directory a grid is run from."""
+PATH_SETTINGS = ("dataset", "dataset.test", "partition.path", "data_dir")
+"""Settings whose value may be a file or folder: in a grid file, relative to the file's
+directory; on the command line, to the current one."""
 
 
-def absolute_paths(doc: dict[str, Any]) -> dict[str, Any]:
-    """The grid document with each data file in `PATH_SETTINGS` (in `[base]`, `[axes]` and
-    every variant) made absolute, as the saved `grid.toml` records it: the grid then runs again
-    from any directory, as its runs' `config.json` do. `doc` itself when none is relative."""
+def absolute_paths(doc: dict[str, Any], base: Path | None = None) -> dict[str, Any]:
+    """The grid document with each path in `PATH_SETTINGS` (in `[base]`, `[axes]` and every
+    variant) made absolute, relative to `base` (None: the current directory), as the saved
+    `grid.toml` records it: the grid then runs again from any directory, as its runs'
+    `config.json` do. `doc` itself when none is relative."""
     moved = False
 
-    def fix(value: Any) -> Any:
+    def is_path(key: str, value: str) -> bool:
+        if key.startswith("dataset"):  # a registered name, or a file
+            beside = str(base / Path(value).expanduser()) if base is not None else value
+            return value not in REGISTRIES["dataset"] and (is_data_path(value) or is_data_path(beside))
+        return bool(value)
+
+    def fix(key: str, value: Any) -> Any:
         nonlocal moved
         if isinstance(value, list):
-            return [fix(v) for v in value]
-        if isinstance(value, str) and value not in REGISTRIES["dataset"] and is_data_path(value):
-            whole = absolute(value)
+            return [fix(key, v) for v in value]
+        if isinstance(value, str) and is_path(key, value):
+            here = Path(value).expanduser()
+            whole = absolute(str(here if base is None or here.is_absolute() else base / here))
             moved = moved or whole != value
             return whole
         return value
@@ -254,7 +266,7 @@ def absolute_paths(doc: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(section, dict):
             return section
         flat = flatten(section)
-        return {k: fix(v) if path_of(k) in PATH_SETTINGS else v for k, v in flat.items()}
+        return {k: fix(path_of(k), v) if path_of(k) in PATH_SETTINGS else v for k, v in flat.items()}
 
     out = dict(doc)
     for name in ("base", "axes"):
