@@ -6,6 +6,9 @@ is the same. Digits, 3 clients, 1 round."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -169,3 +172,85 @@ def test_a_grid_files_relative_paths_are_relative_to_the_file(tmp_path, capsys, 
     assert config["partition_params"]["path"] == str(project / "parts.json")
     saved = (elsewhere / "g" / "grid.toml").read_text()
     assert str(project / "data" / "train.csv") in saved and str(project / "parts.json") in saved
+
+
+MY_NET = '''
+from dataclasses import dataclass
+
+from torch import nn
+
+import fedhet
+
+
+@dataclass(frozen=True)
+class NetParams:
+    hidden: int = 8
+
+
+@fedhet.register_model("my-net", NetParams, "a small MLP of the user's")
+def my_net(input_shape, num_classes, params):
+    n = 1
+    for d in input_shape:
+        n *= d
+    return nn.Sequential(nn.Flatten(), nn.Linear(n, params.hidden), nn.ReLU(),
+                         nn.Linear(params.hidden, num_classes))
+'''
+
+
+def _fedhet(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`fedhet ARGS` in a fresh process (no plugin loaded, nothing registered)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "fedhet", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def test_a_saved_grid_records_its_plugins_and_loads_them_again(tmp_path):
+    """`--plugin` once: the saved grid.toml records it, so `compare -c that/grid.toml` from
+    another folder finds the model; a grid naming a component no plugin gave says `--plugin`."""
+    proj, other = tmp_path / "proj", tmp_path / "other"
+    proj.mkdir()
+    other.mkdir()
+    (proj / "my_nets.py").write_text(MY_NET)
+    done = _fedhet("--plugin", "my_nets.py", "compare", "-a", "fedavg", "-m", "my-net", "-d",
+                   "digits", "-n", "3", "-r", "1", "--out", "runs/g", cwd=proj)
+    assert done.returncode == 0, done.stderr
+    assert str(proj / "my_nets.py") in (proj / "runs" / "g" / "grid.toml").read_text()
+    done = _fedhet("compare", "-c", "../proj/runs/g/grid.toml", "--out", "newg", "-r", "2", cwd=other)
+    assert done.returncode == 0, done.stderr
+    (config,) = configs(other / "newg").values()
+    assert config["model"] == "my-net" and config["rounds"] == 2
+    assert str(proj / "my_nets.py") in (other / "newg" / "grid.toml").read_text()
+    (other / "bare.toml").write_text('[base]\nmodel = "my-net"\nclients = 3\nrounds = 1\n'
+                                     '[axes]\nalgorithm = ["fedavg"]\n')
+    done = _fedhet("compare", "-c", "bare.toml", "--out", "bare", cwd=other)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and not (other / "bare").exists(), done.stderr
+    assert "unknown model 'my-net'" in lines[0] and "--plugin" in lines[0], lines[0]
+
+
+def test_compare_resume_extends_a_finished_grid(tmp_path, capsys):
+    """`compare --resume DIR -r N` continues every run of a finished grid to N rounds (its
+    rounds so far kept, as `run --resume -r N` does); a change a resume cannot make is one line,
+    and changing the rounds without --resume says how to extend."""
+    grid = tmp_path / "g"
+    assert main(["compare", "-a", "fedavg,fedprox", "-d", "digits", "-n", "3", "-r", "2",
+                 "--out", str(grid)]) == 0
+    before = {n: (grid / "runs" / n / "metrics.csv").read_text().splitlines()
+              for n in ("fedavg__seed0", "fedprox__seed0")}
+    capsys.readouterr()
+    line = one_error_line(capsys, ["compare", "-a", "fedavg,fedprox", "-d", "digits", "-n", "3",
+                                   "-r", "4", "--out", str(grid)])
+    assert "other settings (rounds)" in line and f"fedhet compare --resume {grid} -r 4" in line
+    line = one_error_line(capsys, ["compare", "--resume", str(grid), "--set", "lr=0.5"])
+    assert "lr" in line and "a resume may change only" in line, line
+    capsys.readouterr()
+    assert main(["compare", "--resume", str(grid), "-r", "4"]) == 0, capsys.readouterr().err
+    for name, rows in before.items():
+        summary = json.loads((grid / "runs" / name / "summary.json").read_text())
+        assert summary["finished"] and summary["rounds_done"] == 4
+        now = (grid / "runs" / name / "metrics.csv").read_text().splitlines()
+        assert now[: len(rows)] == rows and len(now) == len(rows) + 2
+    assert all(r["settings"]["rounds"] == 4 for r in json.loads((grid / "grid.json").read_text())["runs"])
+    assert "rounds = 4" in (grid / "grid.toml").read_text()
+    assert main(["compare", "--resume", str(grid)]) == 0  # finished: nothing to do

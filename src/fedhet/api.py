@@ -110,7 +110,7 @@ def compare(
     force: bool = False, title: str | None = None, stream: Any = None,
     tensorboard: bool = False, batch_runs: int | None = None, cluster: Any = None,
     runtime: Mapping[str, Any] | None = None, sources: Mapping[str, str] | None = None,
-    hint: str | None = None,
+    hint: str | None = None, extend: bool = False,
 ) -> list[dict[str, Any]]:
     """Run a grid and return its table (`results.csv`'s rows). `base`: settings every run gets
     (`--set`'s keys, flag names, or Python objects for `dataset`/`model`/`algorithm`);
@@ -122,7 +122,9 @@ def compare(
     `runtime`: where every run computes (`device`, `executor`, `workers`), which a resumed grid
     may change; `batch_runs`: runs stepped as one cohort on the batched executor; `cluster`: a
     `ClusterOptions` to run on Ray; `tensorboard`: TensorBoard logs per run. `sources` names
-    each setting as the caller wrote it (for error lines) and `hint` the call that resumes."""
+    each setting as the caller wrote it (for error lines) and `hint` the call that resumes.
+    `extend=True` continues a grid's finished runs to more `rounds` (or other settings a resume
+    may change, `base={"rounds": 50}`), as `resume` does one run."""
     plugins.startup()
     fixed = {k: _named(k, v) for k, v in (base or {}).items()}
     axes = {k: [_named(k, v) for v in vs] for k, vs in (sweeps or {}).items()}
@@ -140,7 +142,7 @@ def compare(
     return run_grid(config, target, jobs, force, tensorboard, stream=stream,
                     overrides=dict(runtime) if runtime else None, changes=changes or None,
                     hint=hint or f"fedhet.compare(..., out={str(target)!r})", cluster=cluster,
-                    **extra)
+                    extend=extend, **extra)
 
 
 def setting_layers(

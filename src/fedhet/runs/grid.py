@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet import plugins
 from fedhet.algorithms import ALGORITHMS
 from fedhet.data import absolute, is_data_path
 from fedhet.engine import (
@@ -37,7 +38,7 @@ from fedhet.rundir import atomic_write_text, damaged, read_json, to_json
 from fedhet.rundir import ownership as rundir
 from fedhet.runs.presets import RunSpec
 
-TOP_KEYS = ("title", "target_accuracy", "columns", "base", "axes", "variant")
+TOP_KEYS = ("title", "target_accuracy", "columns", "plugins", "base", "axes", "variant")
 METHOD_PREFIX = "algorithm"
 
 
@@ -215,6 +216,12 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
         text, raw = read_toml_file(path, "grid file")
         doc = absolute_paths(raw, path.resolve().parent)  # the file's paths: beside it
         file_moved = doc is not raw
+        doc = _load_recorded_plugins(doc, path)
+    recorded = list(doc.get("plugins") or [])
+    now = plugins.loaded()
+    if now and not set(now) <= set(recorded):  # the saved grid names every plugin its runs use
+        doc = {**doc, "plugins": list(dict.fromkeys([*recorded, *now]))}
+        file_moved = True
     if changes:
         doc = apply_changes(doc, changes)
     if not text and changes.title:
@@ -222,7 +229,8 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
     loc = _Locator(path, key_lines(text), changes.sources)
     grid = _grid(doc, path, loc)
     travelling = absolute_paths(doc)  # the command line's: from the current directory
-    moved = ", its data paths made absolute" if travelling != doc or file_moved else ""
+    moved = ", its data paths made absolute and its plugins recorded" \
+        if travelling != doc or file_moved else ""
     if not changes and not moved:
         grid.text = text
     elif text:
@@ -231,6 +239,22 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
     else:
         grid.text = to_toml(travelling, f"a grid made on the command line{moved}")
     return grid
+
+
+def _load_recorded_plugins(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Import the plugins a grid file records (`plugins = ["my_nets.py", "mypkg.algos"]`, a
+    file relative to the grid file; fedhet saves them absolute in a grid directory's
+    grid.toml), so its components are known; returns `doc` with the files absolute."""
+    specs = doc.get("plugins")
+    if specs is None:
+        return doc
+    if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+        raise FedhetError(f"{path}: plugins must be a list of plugin files or modules, e.g. "
+                          f'plugins = ["my_algos.py"], got {specs!r}')
+    here = path.resolve().parent
+    specs = [str(here / Path(s).expanduser()) if plugins.is_file_spec(s) else s for s in specs]
+    plugins.ensure(specs, f"grid file {path}")
+    return {**doc, "plugins": [plugins.canonical(s) for s in specs]}
 
 
 PATH_SETTINGS = ("dataset", "dataset.test", "partition.path", "data_dir")
@@ -247,8 +271,9 @@ def absolute_paths(doc: dict[str, Any], base: Path | None = None) -> dict[str, A
 
     def is_path(key: str, value: str) -> bool:
         if key.startswith("dataset"):  # a registered name, or a file
-            beside = str(base / Path(value).expanduser()) if base is not None else value
-            return value not in REGISTRIES["dataset"] and (is_data_path(value) or is_data_path(beside))
+            datasets = REGISTRIES["dataset"]
+            beside = base is not None and (base / Path(value).expanduser()).exists()
+            return datasets.canonical(value) not in datasets and (is_data_path(value) or beside)
         return bool(value)
 
     def fix(key: str, value: Any) -> Any:
@@ -416,6 +441,10 @@ def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> str:
         return cell_key(cfg.to_dict())
     except FedhetError as e:
         message = str(e).removeprefix("grid: ")
+        if re.match(r"unknown (algorithm|model|dataset|partition) ", message):
+            message += ("; a component of your own comes from its plugin: name it "
+                        "(fedhet --plugin my_file.py compare ...) or record it in the grid file "
+                        '(plugins = ["my_file.py"])')
         culprit = _culprit(message, settings)
         if culprit is None:
             raise FedhetError(f"{loc.path}: {message}") from None
