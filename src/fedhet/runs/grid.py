@@ -442,9 +442,10 @@ def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> str:
     except FedhetError as e:
         message = str(e).removeprefix("grid: ")
         if re.match(r"unknown (algorithm|model|dataset|partition) ", message):
-            message += ("; a component of your own comes from its plugin: name it "
-                        "(fedhet --plugin my_file.py compare ...) or record it in the grid file "
-                        '(plugins = ["my_file.py"])')
+            head, sep, choices = message.partition("; choose one of")
+            message = (f"{head}; one of your own comes from its plugin: name it (fedhet --plugin "
+                       'my_file.py compare ...) or record it in the grid file (plugins = '
+                       f'["my_file.py"]){sep}{choices}')
         culprit = _culprit(message, settings)
         if culprit is None:
             raise FedhetError(f"{loc.path}: {message}") from None
