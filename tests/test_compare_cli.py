@@ -254,3 +254,7 @@ def test_compare_resume_extends_a_finished_grid(tmp_path, capsys):
     assert all(r["settings"]["rounds"] == 4 for r in json.loads((grid / "grid.json").read_text())["runs"])
     assert "rounds = 4" in (grid / "grid.toml").read_text()
     assert main(["compare", "--resume", str(grid)]) == 0  # finished: nothing to do
+    import fedhet
+
+    rows = fedhet.compare(base={"rounds": 5}, config=grid / "grid.toml", out=grid, extend=True)
+    assert [r["rounds_done"] for r in rows] == [5, 5]
