@@ -220,6 +220,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def _extend_grid(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     """`compare --resume [DIR]`: the grid in DIR (or --out) again, every run continued with
     what a resume may change (`-r N`, `--set eval_every=...`), as `run --resume` does one."""
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet import api
     from fedhet.engine import RESUMABLE
     from fedhet.rundir import resume_target
