@@ -258,3 +258,12 @@ def test_compare_resume_extends_a_finished_grid(tmp_path, capsys):
 
     rows = fedhet.compare(base={"rounds": 5}, config=grid / "grid.toml", out=grid, extend=True)
     assert [r["rounds_done"] for r in rows] == [5, 5]
+
+
+@pytest.mark.parametrize(("methods", "suggested"), [("fedprox,fedavg", True), ("fedavg,fedavgm", False)])
+def test_a_grids_suggestion_names_only_parameters_its_methods_have(tmp_path, capsys, methods,
+                                                                   suggested):
+    line = one_error_line(capsys, ["compare", "-a", methods, "--set", "mu=0.1", "--out",
+                                   str(tmp_path / "g")])
+    assert ("did you mean 'algorithm.mu'" in line) is suggested, line
+    assert suggested or "fedavg and fedavgm have no parameter mu" in line, line

@@ -266,7 +266,7 @@ def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def parse(source: Mapping[str, Any] | Sequence[str], where: str,
-          chosen: Mapping[str, str] | None = None) -> dict[str, Any]:
+          chosen: Mapping[str, str | tuple[str, ...]] | None = None) -> dict[str, Any]:
     """Settings from any source → `{path: value}`, engine fields already typed.
 
     `source` is a mapping (TOML, a preset, a grid cell, a saved `config.json`; nested or
@@ -341,25 +341,28 @@ def chosen_components(*sources: Mapping[str, Any]) -> dict[str, str]:
             if isinstance(v, str) and REGISTRIES[kind].canonical(v) in REGISTRIES[kind]}
 
 
-def _suggest_setting(key: str, chosen: Mapping[str, str]) -> str:
+def _suggest_setting(key: str, chosen: Mapping[str, str | tuple[str, ...]]) -> str:
     """The hint of an unknown setting: a parameter of that name of the run's chosen components
-    (`mu` → `algorithm.mu` for fedprox), a synonym (`learning_rate` → `lr`) or a close
-    spelling; a parameter only other components have is named with them, not suggested."""
+    (`mu` → `algorithm.mu` for fedprox; a grid's kind may name several, a tuple), a synonym
+    (`learning_rate` → `lr`) or a close spelling; a parameter only other components have is
+    named with them, not suggested."""
     def has(kind: str, name: str) -> bool:
         return key in {f.name for f in dataclasses.fields(REGISTRIES[kind].get(name).params)}
 
-    owners = [kind for kind, name in chosen.items() if has(kind, name)]
+    names = {kind: (v,) if isinstance(v, str) else tuple(v) for kind, v in chosen.items()}
+    owners = [kind for kind, these in names.items() if any(has(kind, n) for n in these)]
     if owners:
         return " (did you mean " + " or ".join(repr(f"{kind}.{key}") for kind in owners) + "?)"
     near = did_you_mean(key, ENGINE_FIELDS, SYNONYMS)
     if near:
         return near
-    for kind, name in chosen.items():
-        others = [entry.name for entry in REGISTRIES[kind] if entry.name != name
+    for kind, these in names.items():
+        others = [entry.name for entry in REGISTRIES[kind] if entry.name not in these
                   and key in {f.name for f in dataclasses.fields(entry.params)}]
-        if others:
+        if others and these:
             shown = ", ".join(others[:4]) + (", …" if len(others) > 4 else "")
-            return f" ({name} has no parameter {key}; {kind}.{key} is a parameter of {shown})"
+            return (f" ({' and '.join(these)} {'has' if len(these) == 1 else 'have'} no parameter "
+                    f"{key}; {kind}.{key} is a parameter of {shown})")
     return ""
 
 

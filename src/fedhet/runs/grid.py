@@ -27,6 +27,7 @@ from fedhet.engine import (
     ENGINE_FIELDS,
     REGISTRIES,
     RUNTIME,
+    chosen_components,
     config_of,
     flatten,
     parse,
@@ -330,9 +331,10 @@ def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:
     ):
         raise loc.fail("", "target_accuracy", f"target_accuracy must be a fraction in (0, 1], got {target!r}")
     title = doc.get("title", path.stem)
-    _check_keys(base, axes, loc)
+    chosen = _grid_components(doc)
+    _check_keys(base, axes, loc, chosen)
     methods = _methods(doc, axes, loc)
-    runs = _expand(base, axes, methods, loc)
+    runs = _expand(base, axes, methods, loc, chosen)
     keys = [_validate_run(settings, loc) for _, settings in runs]
     columns = doc.get("columns")
     if columns is not None and not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
@@ -409,20 +411,44 @@ def to_toml(doc: Mapping[str, Any], comment: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _check_keys(base: dict[str, _Setting], axes: dict[str, tuple[list[Any], str]], loc: _Locator) -> None:
-    """Each setting name and (top-level) value type on its own, so the error has its line."""
+def _check_keys(base: dict[str, _Setting], axes: dict[str, tuple[list[Any], str]], loc: _Locator,
+                chosen: Mapping[str, str | tuple[str, ...]] | None = None) -> None:
+    """Each setting name and (top-level) value type on its own, so the error has its line;
+    `chosen`: the grid's components (`_grid_components`), for the hint of an unknown one."""
     for key, s in base.items():
-        parse({key: s.value}, loc.where(s.section, key))
+        parse({key: s.value}, loc.where(s.section, key), chosen)
     for key, (values, section) in axes.items():
         for v in values:
-            parse(v if isinstance(v, dict) else {key: v}, loc.where(section, key))
+            parse(v if isinstance(v, dict) else {key: v}, loc.where(section, key), chosen)
 
 
-def _expand(base, axes, methods, loc) -> list[tuple[int, dict[str, _Setting]]]:
+def _grid_components(doc: Mapping[str, Any]) -> dict[str, str | tuple[str, ...]]:
+    """The components a grid's runs use, kind → name (one) or names (several: the methods of
+    its axes and variants), the defaults where the grid names none."""
+    found: dict[str, list[str]] = {}
+    tables = [doc.get("base"), doc.get("axes"), *(doc.get("variant") or [])]
+    for table in tables:
+        if not isinstance(table, Mapping):
+            continue
+        for key, value in flatten(table).items():
+            kind = path_of(key)
+            values = value if isinstance(value, list) else [value]
+            if kind in REGISTRIES:
+                found.setdefault(kind, []).extend(v for v in values if isinstance(v, str))
+    out: dict[str, str | tuple[str, ...]] = dict(chosen_components())
+    for kind, names in found.items():
+        known = tuple(dict.fromkeys(
+            c for c in (chosen_components({kind: n}).get(kind) for n in names) if c))
+        if known:
+            out[kind] = known[0] if len(known) == 1 else known
+    return out
+
+
+def _expand(base, axes, methods, loc, chosen=None) -> list[tuple[int, dict[str, _Setting]]]:
     """`(method index, settings)` for every run: base ← method ← method axes ← grid axes."""
     runs = []
     for m, method in enumerate(methods):
-        _check_keys(method["settings"], method["axes"], loc)
+        _check_keys(method["settings"], method["axes"], loc, chosen)
         for inner in _product(method["axes"]):
             for outer in _product(axes):
                 settings = {path_of(k): s for k, s in base.items()}
