@@ -355,8 +355,8 @@ class Progress:
 
     def tick(self) -> None:
         if not self.live:
-            if time.monotonic() - self.last >= 0.5:  # the rate counts from the first round done
-                self.last = time.monotonic()
+            if self.first is None and time.monotonic() - self.last >= 0.5:
+                self.last = time.monotonic()  # until the first round is seen done (the ETA's start)
                 self._sample()
             if time.monotonic() - self.last_log >= self.every:  # a log file: a line now and then
                 self.last_log = time.monotonic()
