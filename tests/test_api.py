@@ -190,3 +190,34 @@ def test_a_run_of_in_memory_data_says_how_to_resume_it_in_another_process(tmp_pa
     assert "'api-mem' was handed in from Python" in line and "fedhet.resume(" in line
     again = fedhet.resume(r.dir, rounds=2, dataset=data, log=lambda _: None)  # the same object
     assert again.metrics[-1]["round"] == 2
+
+
+API_SCRIPT = """
+import sys
+import fedhet
+loud = {"log": print} if sys.argv[1] == "asked" else {}
+fedhet.run("fedavg", "digits", clients=5, rounds=1, workers="auto", out="r", **loud)
+fedhet.resume("r", rounds=2, **loud)
+fedhet.compare({"dataset": "digits", "clients": 3, "rounds": 1}, {"algorithm": ["fedavg"]},
+               out="g")
+"""
+
+
+@pytest.mark.parametrize("asked", [False, True], ids=["default", "log=print"])
+def test_api_runs_print_nothing_on_stdout_unless_asked(tmp_path, asked):
+    """run, resume and compare from a script: their remarks (`workers: auto → N`, the resume's
+    changes) go to stderr, stdout stays the script's own; `log=print` puts them there."""
+    import os
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    done = subprocess.run([sys.executable, "-c", API_SCRIPT, "asked" if asked else "quiet"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": src, "OMP_NUM_THREADS": "1",
+                               "FEDHET_CORES": "4"})  # several cores: `workers: auto` weighs them
+    assert done.returncode == 0, done.stderr
+    if asked:
+        assert "workers: auto → " in done.stdout and "resuming with rounds 1 → 2" in done.stdout
+    else:
+        assert done.stdout == ""
+        assert "workers: auto → " in done.stderr and "resuming with rounds 1 → 2" in done.stderr

@@ -594,3 +594,23 @@ def test_a_sitting_in_a_session_of_its_own_lowers_the_whole_session(tmp_path: Pa
     shared = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env,
                             timeout=120)
     assert shared.stdout.split() == ["False", before], shared.stderr
+
+
+def test_reproduce_plan_without_records_says_where_it_looked(tmp_path: Path, capsys, monkeypatch) -> None:  # noqa: ANN001
+    """Outside the checkout there are no campaign records: one line naming the folder it read
+    and what it needs, instead of a plan where every run is left; with records, the total line
+    never reads `left: ;`."""
+    from cli_errors import one_error_line
+
+    from fedhet.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line(capsys, ["reproduce", "plan", "--cache", str(tmp_path / "c")])
+    assert str(tmp_path / "results" / "campaign") in line and "--results" in line, line
+    line = one_error_line(capsys, ["reproduce", "plan", "--results", str(tmp_path / "r"),
+                                   "--scale", "smoke", "--cache", str(tmp_path / "c")])
+    assert str(tmp_path / "r" / "campaign-smoke") in line, line
+    (tmp_path / "results" / "campaign").mkdir(parents=True)
+    assert main(["reproduce", "plan", "--cache", str(tmp_path / "c")]) == 0
+    total = next(ln for ln in capsys.readouterr().out.splitlines() if " runs recorded" in ln)
+    assert "left: ;" not in total and "run(s) unpriced" in total, total

@@ -41,7 +41,7 @@ def fedhet(*args: str, cwd: Path | None = None, env: dict[str, str] | None = Non
         (["-m", "cnn-mnst"], "(did you mean 'cnn-mnist'"),
         (["--set", "learning_rate=0.1"], "unknown setting 'learning_rate' (did you mean 'lr'?)"),
         (["--set", "lcoal_epochs=2"], "(did you mean 'local_epochs'"),
-        (["--set", "mu=0.1"], "unknown setting 'mu' (did you mean 'algorithm.mu'?)"),
+        (["-a", "fedprox", "--set", "mu=0.1"], "unknown setting 'mu' (did you mean 'algorithm.mu'?)"),
         (["-a", "fedprox", "--set", "algorithm.muu=0.1"],
          "unknown parameter algorithm.muu (did you mean 'mu'?)"),
         (["--set", "partition.aplha=0.1"], "unknown parameter partition.aplha (did you mean 'alpha'?)"),
@@ -50,6 +50,16 @@ def fedhet(*args: str, cwd: Path | None = None, env: dict[str, str] | None = Non
 def test_a_mistyped_name_gets_the_nearest_one(capsys, argv, hint):
     line = one_error_line(capsys, ["config", "show", *argv])
     assert hint in line, line
+
+
+@pytest.mark.parametrize("argv", [["-a", "fedavg", "--set", "mu=0.01"], ["--set", "mu=0.01"],
+                                  ["--set", "mu=0.01", "--set", "algorithm=fedavg"]])
+def test_a_suggestion_names_only_settings_the_chosen_algorithm_has(capsys, argv):
+    """fedavg (also as the default, and named after the mistake) has no `mu`: the line does not
+    suggest `algorithm.mu`, which would be refused next, but says which algorithms have it."""
+    line = one_error_line(capsys, ["config", "show", *argv])
+    assert "unknown setting 'mu'" in line and "did you mean 'algorithm.mu'" not in line, line
+    assert "fedavg has no parameter mu" in line and "fedprox" in line, line
 
 
 @pytest.mark.parametrize(

@@ -615,3 +615,132 @@ def test_reap_ends_what_a_dead_drivers_local_ray_left_and_nothing_else(tmp_path,
         for proc in (left, other):
             proc.kill()
             proc.wait(10)
+
+
+class _MemoryRay:
+    """A Ray stand-in for the driver loop (`cluster._drive`): one node with room for three
+    units; a task runs its jobs in this process, unless more than `slots` tasks were in flight
+    when it started: then `get` raises `OutOfMemoryError`, as when Ray's memory monitor kills
+    a worker (`slots=0`: every task is killed)."""
+
+    class exceptions:  # noqa: N801  (shaped as `ray.exceptions`)
+        class RayError(Exception):
+            pass
+
+        class RayTaskError(RayError):
+            pass
+
+        class TaskCancelledError(RayError):
+            pass
+
+        class OutOfMemoryError(RayError):
+            pass
+
+    def __init__(self, slots: int) -> None:
+        self.slots, self.live, self.started = slots, 0, []
+
+    def nodes(self) -> list[dict]:
+        return [{"NodeID": "n0" * 20, "Alive": True, "NodeManagerHostname": "vm",
+                 "Resources": {"CPU": 3.0}}]
+
+    def remote(self, fn):  # noqa: ANN001  (`ray.remote(run_task)`: the task is this object)
+        return self
+
+    def options(self, **_kw):  # noqa: ANN003
+        return _Placed(self)
+
+    def start(self, jobs):  # noqa: ANN001
+        self.live += 1
+        self.started.append(self.live)
+        return _Ref(jobs, killed=self.live > self.slots)
+
+    def wait(self, refs, num_returns, timeout):  # noqa: ANN001
+        return list(refs), []
+
+    def get(self, ref):  # noqa: ANN001
+        from fedhet.runs import runner
+
+        self.live -= 1
+        if ref.killed:
+            raise self.exceptions.OutOfMemoryError("Task was killed due to the node running low "
+                                                   "on memory.")
+        return [runner.run_job(job) for job in ref.jobs]
+
+    def cancel(self, ref, force=False):  # noqa: ANN001
+        pass
+
+
+class _Ref:
+    def __init__(self, jobs: list, killed: bool) -> None:
+        self.jobs, self.killed = jobs, killed
+
+
+class _Placed:
+    def __init__(self, ray: _MemoryRay) -> None:
+        self.ray = ray
+
+    def remote(self, jobs, *_a):  # noqa: ANN001, ANN002
+        return self.ray.start(jobs)
+
+
+class _Members:
+    labels: dict = {}  # noqa: RUF012
+
+    def __init__(self, *_a) -> None:  # noqa: ANN002
+        pass
+
+    def look(self):
+        return _MemoryRay(3).nodes()
+
+    def nowhere(self) -> bool:
+        return False
+
+    def selector(self):
+        return None
+
+
+def _memory_grid(tmp_path: Path, monkeypatch, slots: int):  # noqa: ANN001
+    """Three small runs through the driver loop on a `_MemoryRay` with `slots`."""
+    import io
+    import threading
+
+    from fedhet.runs import cluster, runner
+    from fedhet.runs.cluster import ClusterOptions
+    from fedhet.runs.presets import RunSpec
+
+    ray = _MemoryRay(slots)
+    monkeypatch.setattr(cluster, "check_nodes", lambda *a: "token")
+    monkeypatch.setattr(cluster, "Members", _Members)
+    specs = [RunSpec(f"s{seed}", "all", "fedavg", {"dataset": "digits", "clients": 3, "rounds": 1,
+                                                    "seed": seed}) for seed in range(3)]
+    runs = tmp_path / "g" / "runs"
+    jobs, _ = runner.plan_jobs(specs, runs, force=False)
+    stream = io.StringIO()
+    tally, progress = runner._Tally(), runner.Progress(3, 0, jobs, stream)
+    cluster._drive(ray, [[j] for j in jobs], ClusterOptions(cpus_per_run=1.0), runs,
+                   threading.Event(), [], tally, progress)
+    return ray, tally, stream.getvalue()
+
+
+def test_runs_killed_for_memory_run_fewer_at_once_and_finish(tmp_path, monkeypatch):
+    """Ray's memory monitor kills tasks while three run at once: the driver says so in one line
+    each time, runs fewer at once (3 → 2 → 1) and retries them, without counting those kills
+    against the runs; every run finishes."""
+    ray, tally, said = _memory_grid(tmp_path, monkeypatch, slots=1)
+    assert tally.errors == {}, tally.errors
+    assert all(json.loads((tmp_path / "g" / "runs" / f"s{i}" / "summary.json").read_text())["finished"]
+               for i in range(3))
+    notes = [ln for ln in said.splitlines() if "OutOfMemoryError" in ln]
+    assert notes and all("at most" in ln and "at a time" in ln and "resubmitted" in ln
+                         for ln in notes), said
+    assert "at most 1 unit(s) at a time" in said, said
+    assert ray.started[:3] == [1, 2, 3] and ray.started[3:] == [1, 1]  # then one at a time
+
+
+def test_runs_killed_for_memory_even_one_at_a_time_give_up_in_one_line(tmp_path, monkeypatch):
+    from fedhet.runs.cluster import MAX_ATTEMPTS
+
+    ray, tally, _ = _memory_grid(tmp_path, monkeypatch, slots=0)
+    assert sorted(tally.errors) == ["s0", "s1", "s2"]
+    assert all("OutOfMemoryError" in e and f"lost {MAX_ATTEMPTS} times" in e
+               for e in tally.errors.values()), tally.errors

@@ -561,6 +561,49 @@ def test_deploy_app_command_writes_the_app_and_refuses_bad_settings(tmp_path, ca
     assert "lr must be a positive number" in capsys.readouterr().err and not bad.exists()
 
 
+def test_deploy_auth_commands_and_refusals(tmp_path, capsys):
+    """`deploy app --auth` writes an app that records authentication and prints the key,
+    register and SuperNode commands; `--auth` with `--simulation` is one line, nothing written."""
+    from fedhet.cli import main
+
+    app = tmp_path / "app"
+    assert main(["deploy", "app", "--auth", "-n", "2", "-r", "1", "--out", str(tmp_path / "out"),
+                 "--app-dir", str(app)]) == 0
+    printed = capsys.readouterr().out
+    assert "--enable-supernode-auth" in printed and "ssh-keygen -t ecdsa -b 384" in printed
+    for i in (0, 1):
+        assert f"flwr supernode register keys/supernode-{i}.pub" in printed
+        assert f"--auth-supernode-private-key keys/supernode-{i} " in printed
+    assert '"supernode-auth" = true' in (app / "pyproject.toml").read_text()
+    out = tmp_path / "sim"
+    assert main(["deploy", "local", "--auth", "--simulation", "-n", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--auth" in err[0] and "--simulation" in err[0] and not out.exists()
+
+
+def test_supernode_keys_and_certificates_are_what_flower_reads(tmp_path):
+    """The key pair loads as Flower loads it (OpenSSH, NIST curve) and the certificate names
+    127.0.0.1 and is signed by the CA."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import load_ssh_private_key
+    from flwr.cli.supernode.register import try_load_public_key
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
+
+    from fedhet.deploy.auth import make_loopback_certificates, make_node_keys
+
+    private, public = make_node_keys(tmp_path / "keys", "n0")
+    key = load_ssh_private_key(private.read_bytes(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey) and key.curve.name == "secp384r1"
+    assert try_load_public_key(public) == public_key_to_bytes(key.public_key())
+    assert private.stat().st_mode & 0o077 == 0  # private: owner only
+    ca_path, cert_path, _ = make_loopback_certificates(tmp_path / "tls")
+    ca, cert = (x509.load_pem_x509_certificate(p.read_bytes()) for p in (ca_path, cert_path))
+    cert.verify_directly_issued_by(ca)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "127.0.0.1" in {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+
+
 def _make_certificates(d: Path) -> tuple[Path, Path, Path]:
     """A CA and a SuperLink certificate for 127.0.0.1, as docs/deploy.md generates them."""
     def ssl(*args: str) -> None:
@@ -615,3 +658,32 @@ def test_batchnorm_statistics_travel_with_the_messages():
     assert initial.numel() > 0 and not torch.equal(remote.buffers, initial)
     assert torch.equal(remote.buffers, local.buffers)
     assert torch.equal(remote.final_state.w, local.final_state.w)
+
+
+@pytest.mark.slow
+def test_only_registered_supernodes_join(tmp_path):
+    """`--auth`: the SuperLink (TLS, `--enable-supernode-auth`) refuses a SuperNode whose key
+    was never registered; the two registered ones train, and deploy.json says auth was on."""
+    from fedhet.deploy.launch import REFUSED, LocalFederation
+    from fedhet.deploy.project import write_app
+
+    settings = {**BASE, "algorithm": "fedavg", "clients": 2, "rounds": 1}
+    write_app(tmp_path / "app", settings, tmp_path / "out", round_timeout=300, supernode_auth=True)
+    with LocalFederation(2, workdir=tmp_path / "fed", auth=True, node_max_wait=60) as fed:
+        assert set(fed.registered) == {0, 1}
+        intruder = fed.start_node(2, register=False)
+        deadline = time.monotonic() + 90
+        while intruder.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert intruder.poll() is not None, "the unregistered SuperNode was not refused"
+        assert REFUSED in (fed.logs / "supernode-2.log").read_text()
+        assert "No SuperNode found with the given public key" in (fed.logs / "superlink.log").read_text()
+        fed.kill_node(2)  # gone: the run goes on without it
+        summary = fed.run(tmp_path / "app", tmp_path / "out", timeout=400)
+        assert summary["finished"] and summary["rounds_done"] == 1
+        deploy = json.loads((tmp_path / "out" / "deploy.json").read_text())
+        assert deploy["supernode_auth"] is True
+        assert sorted(map(str, deploy["nodes"].values())) == sorted(fed.registered.values())
+        pids = fed.all_pids()
+    time.sleep(0.5)
+    assert pids and not any(_alive(p) for p in pids), "Flower processes left running"

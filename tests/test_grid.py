@@ -267,6 +267,29 @@ def test_progress_on_a_terminal_shows_runs_accuracy_and_eta(tmp_path):
     assert "[1/3 runs]" in line and "a r5 0.625" in line and "ETA" in line and "ETA ?" not in line
 
 
+def test_progress_in_a_log_counts_the_eta_from_the_first_finished_round(tmp_path):
+    """Written to a log (a line every minute), the first line after the first finished rounds
+    has an ETA: the rate is measured from the first round seen finished, not from the first
+    line written."""
+    import time
+
+    run = tmp_path / "a"
+    run.mkdir()
+    job = Job("a", {"rounds": 10}, str(run), resume=False)
+    stream = io.StringIO()
+    progress = Progress(1, 0, [job], stream)
+    progress.every = 60.0  # no line before a minute has passed
+    for done in (1, 2, 3):
+        (run / "summary.json").write_text(json.dumps({"rounds_done": done, "final_accuracy": 0.5}))
+        progress.tick()
+        time.sleep(0.6)
+    assert stream.getvalue() == ""
+    progress.last_log -= 60.0  # a minute has passed: the line is due
+    progress.tick()
+    line = stream.getvalue().strip()
+    assert "[0/1 runs, 3/10 rounds]" in line and "ETA ?" not in line and "ETA " in line, line
+
+
 def test_tensorboard_flag_without_the_package_is_a_clear_error(tmp_path, monkeypatch, capsys):
     import importlib.util
 

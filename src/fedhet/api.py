@@ -20,6 +20,7 @@ points) are loaded before the first run, as the CLI loads them.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 
 from fedhet import plugins
 from fedhet.components import name_of
-from fedhet.engine import RunConfig, parse, read_toml_file
+from fedhet.engine import RunConfig, chosen_components, parse, read_toml_file
 from fedhet.errors import FedhetError
 from fedhet.rundir import RunResult, open_run
 from fedhet.runs import Changes, execute
@@ -45,10 +46,12 @@ def run(
     device: str | None = None, executor: str | None = None, workers: int | str | None = None,
     precision: str | None = None, data_dir: str | None = None, config: str | Path | None = None,
     settings: Mapping[str, Any] | None = None, out: str | Path | None = None, force: bool = False,
-    progress: bool = False, callbacks: Sequence[Any] = (), log: Callable[[str], None] = print,
+    progress: bool = False, callbacks: Sequence[Any] = (), log: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Run one experiment into `out` (default `runs/<algorithm>-<dataset>-<time>/`) and return
-    it. Invalid settings, data or partitions fail with a `FedhetError` before anything is
+    it. Its remarks (`workers: auto → N`, an algorithm's notes, warnings) go to `log`, by
+    default to stderr: stdout is left to the caller (`log=print` puts them there).
+    Invalid settings, data or partitions fail with a `FedhetError` before anything is
     written; `out` must be new or empty (`force=True` replaces a run fedhet made there).
 
     `callbacks`: called with each round's metrics row once it is saved (a callable, or an
@@ -61,17 +64,19 @@ def run(
              "data_dir": data_dir}
     values = settings_of(flags, settings, config)
     target = Path(out) if out is not None else new_run_dir(default_name(values))
-    execute(values, target, force=force, progress=progress, log=log, callbacks=list(callbacks))
+    execute(values, target, force=force, progress=progress, log=log or to_stderr,
+            callbacks=list(callbacks))
     return open_run(target)
 
 
 def resume(
     dir: str | Path, *, rounds: int | None = None, settings: Mapping[str, Any] | None = None,
     dataset: Any = None, model: Any = None, algorithm: Any = None, progress: bool = False,
-    callbacks: Sequence[Any] = (), log: Callable[[str], None] = print,
+    callbacks: Sequence[Any] = (), log: Callable[[str], None] | None = None,
 ) -> RunResult:
     """Continue the run in `dir` from its newest checkpoint, exactly where it stopped, to its
-    own `rounds` or to more `rounds`. `settings` may change only what a resume can (more
+    own `rounds` or to more `rounds`; remarks go to `log` (default stderr), as for `run`.
+    `settings` may change only what a resume can (more
     rounds, evaluation and checkpoint intervals, data directory, device, executor).
 
     A run made with a component handed in from a script or notebook (not importable by name)
@@ -84,9 +89,15 @@ def resume(
     changes = dict(settings or {})
     if rounds is not None:
         changes["rounds"] = rounds
-    execute(changes or None, Path(dir), resume=True, progress=progress, log=log,
+    execute(changes or None, Path(dir), resume=True, progress=progress, log=log or to_stderr,
             callbacks=list(callbacks))
     return open_run(dir)
+
+
+def to_stderr(line: str) -> None:
+    """Where the API's runs say their remarks unless given a `log`: stderr, not the caller's
+    stdout."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def _kind(obj: Any, dataset: Any, model: Any) -> str:
@@ -99,7 +110,7 @@ def compare(
     force: bool = False, title: str | None = None, stream: Any = None,
     tensorboard: bool = False, batch_runs: int | None = None, cluster: Any = None,
     runtime: Mapping[str, Any] | None = None, sources: Mapping[str, str] | None = None,
-    hint: str | None = None,
+    hint: str | None = None, extend: bool = False,
 ) -> list[dict[str, Any]]:
     """Run a grid and return its table (`results.csv`'s rows). `base`: settings every run gets
     (`--set`'s keys, flag names, or Python objects for `dataset`/`model`/`algorithm`);
@@ -111,7 +122,9 @@ def compare(
     `runtime`: where every run computes (`device`, `executor`, `workers`), which a resumed grid
     may change; `batch_runs`: runs stepped as one cohort on the batched executor; `cluster`: a
     `ClusterOptions` to run on Ray; `tensorboard`: TensorBoard logs per run. `sources` names
-    each setting as the caller wrote it (for error lines) and `hint` the call that resumes."""
+    each setting as the caller wrote it (for error lines) and `hint` the call that resumes.
+    `extend=True` continues a grid's finished runs to more `rounds` (or other settings a resume
+    may change, `base={"rounds": 50}`), as `resume` does one run."""
     plugins.startup()
     fixed = {k: _named(k, v) for k, v in (base or {}).items()}
     axes = {k: [_named(k, v) for v in vs] for k, vs in (sweeps or {}).items()}
@@ -129,7 +142,7 @@ def compare(
     return run_grid(config, target, jobs, force, tensorboard, stream=stream,
                     overrides=dict(runtime) if runtime else None, changes=changes or None,
                     hint=hint or f"fedhet.compare(..., out={str(target)!r})", cluster=cluster,
-                    **extra)
+                    extend=extend, **extra)
 
 
 def setting_layers(
@@ -143,18 +156,22 @@ def setting_layers(
     `fedhet.engine.config.parse`. `flag_source` names a flag's layer (`fedhet config show`
     prints it), `where` names the flags in error lines. The API and the CLI both build runs so."""
     layers: list[tuple[str, dict[str, Any]]] = []
+    given = {k: _named(k, v) for k, v in flags.items() if k in RUN_FLAGS and v is not None and v != ""}
+    if isinstance(settings, Mapping):
+        named = {k: _named(k, v) for k, v in settings.items()}
+    else:  # `key=value` pairs: the component names among them
+        named = {k.strip(): v.strip() for k, eq, v in (p.partition("=") for p in settings or ()) if eq}
+    chosen = chosen_components(config[1] if config is not None else {}, given, named)
     if config is not None:
         name, doc = config
-        layers.append((f"file {name}", parse(doc, name)))
+        layers.append((f"file {name}", parse(doc, name, chosen)))
     for k in RUN_FLAGS:
-        v = flags.get(k)
-        if v is not None and v != "":
-            layers.append((flag_source(k), parse({k: _named(k, v)}, where)))
+        if k in given:
+            layers.append((flag_source(k), parse({k: given[k]}, where, chosen)))
     if isinstance(settings, Mapping):
-        layers.append(("settings", parse({k: _named(k, v) for k, v in settings.items()},
-                                         "settings")))
+        layers.append(("settings", parse(named, "settings", chosen)))
     else:
-        layers += [("flag --set", parse([pair], "--set")) for pair in settings or ()]
+        layers += [("flag --set", parse([pair], "--set", chosen)) for pair in settings or ()]
     return layers
 
 

@@ -191,6 +191,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     flags = {k: getattr(args, k) for k in api.RUN_FLAGS
              if k not in ("device", "executor", "workers")  # where runs compute: `_overrides`
              and getattr(args, k, None) not in (None, "")}
+    if args.resume:
+        return _extend_grid(args, flags)
     changes = sweep.changes(flags, args.set, args.sweep, title=not args.config)
     if not args.config and not changes:
         raise FedhetError(
@@ -211,6 +213,36 @@ def cmd_compare(args: argparse.Namespace) -> int:
                        title=changes.title, config=config, out=out, jobs=args.jobs,
                        force=args.force, tensorboard=args.tensorboard, runtime=_overrides(args),
                        hint="fedhet " + shlex.join(argv), **_batch_runs(args), **_cluster(args))
+    print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
+    return 0
+
+
+def _extend_grid(args: argparse.Namespace, flags: dict[str, Any]) -> int:
+    """`compare --resume [DIR]`: the grid in DIR (or --out) again, every run continued with
+    what a resume may change (`-r N`, `--set eval_every=...`), as `run --resume` does one."""
+    # lazy: a command imports torch only when it runs (fast --help and flag errors)
+    from fedhet import api
+    from fedhet.engine import RESUMABLE
+    from fedhet.rundir import resume_target
+    from fedhet.runs import sweep
+
+    out = resume_target(args.resume, args.out, args.force)
+    if args.config or args.sweep:
+        raise FedhetError("--resume continues the grid DIR/grid.toml holds: leave out "
+                          f"{'--config' if args.config else '--sweep'} (or run a new grid)")
+    if not (out / "grid.toml").is_file():
+        raise FedhetError(f"--resume {out}: no grid.toml there, so it is no grid directory "
+                          "`fedhet compare` made; give the --out of the grid to continue")
+    changes = sweep.changes(flags, args.set, [], title=False)
+    other = sorted(k for k in changes.fixed if k not in RESUMABLE)
+    if other:
+        raise FedhetError(f"--resume {out}: a resume may change only {', '.join(sorted(RESUMABLE))}; "
+                          f"got {', '.join(other)} (run a new grid with --out for other settings)")
+    argv = [*args.argv] + ([] if args.out or isinstance(args.resume, str) else ["--out", str(out)])
+    rows = api.compare(base=changes.fixed, sources=changes.sources, config=out / "grid.toml",
+                       out=out, jobs=args.jobs, tensorboard=args.tensorboard,
+                       runtime=_overrides(args), hint="fedhet " + shlex.join(argv), extend=True,
+                       **_batch_runs(args), **_cluster(args))
     print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
     return 0
 
@@ -539,13 +571,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     check_timeouts(("round-timeout", args.round_timeout), ("node-wait", args.node_wait))
     values, out = _run_values(args), Path(args.out)
     if args.mode == "app":
-        deploy_app(values, out, Path(args.app_dir), args.round_timeout, args.node_wait, args.force)
+        deploy_app(values, out, Path(args.app_dir), args.round_timeout, args.node_wait, args.force,
+                   auth=args.auth)
         return 0
     keep = Path(args.keep_logs) if args.keep_logs else None
     summary = deploy_local(values, out, args.round_timeout, args.node_wait, args.timeout,
                            args.force, keep, simulation=args.simulation,
                            ray_address=args.ray_address, client_cpus=args.client_cpus,
-                           client_gpus=args.client_gpus)
+                           client_gpus=args.client_gpus, auth=args.auth)
     print(
         f"{summary['algorithm']} over Flower ({summary.get('supernodes_finished', summary['clients'])} of "
         f"{summary['clients']} SuperNodes finished): final accuracy "
@@ -728,6 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "default: a new runs/<name>-<time>/)")
     cmp.add_argument("--dry-run", action="store_true",
                      help="list the runs and their settings, checked, without running anything")
+    cmp.add_argument("--resume", nargs="?", const=True, metavar="DIR",
+                     help="continue the grid in DIR (or --out), its runs to more rounds with -r N "
+                          "(or other settings a resume may change, --set eval_every=5)")
     _add_pool_flags(cmp)
     cmp.set_defaults(func=cmd_compare)
     rep = sub.add_parser("reproduce", help="re-run a seed paper's experiment (a preset)")
@@ -832,6 +868,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--simulation: CPUs each virtual SuperNode's ClientApp holds (default 1)")
     dep.add_argument("--client-gpus", type=float, metavar="G",
                      help="--simulation: GPU share of each virtual SuperNode (e.g. 0.25; default 0)")
+    dep.add_argument("--auth", action="store_true",
+                     help="only registered SuperNodes join: TLS, --enable-supernode-auth and one "
+                          "registered key pair per SuperNode (docs/deploy.md)")
     dep.set_defaults(func=cmd_deploy)
     demo = sub.add_parser("demo", help="FedAvg vs FedNova on digits, Dirichlet 0.5 (embedded)")
     demo.add_argument("--out", default="runs/demo")

@@ -69,6 +69,8 @@ class ClientContext:
 
     client_id: int
     round: int
+    """The round's index from 0, as `configure` and `aggregate` get it: round k of the run (its
+    error lines, progress lines and metrics.csv row k) has index k − 1 (docs/library.md)."""
     indices: torch.Tensor
     trainer: LocalTrainer
     tau: int
@@ -144,6 +146,8 @@ class Algorithm:
         self, state: ServerState, round: int, replies: Iterable[Reply]
     ) -> tuple[ServerState, dict[str, Any]]:
         """The new server state and the round's diagnostics from the replies that came back.
+        `round` is the round's index from 0 (`ClientContext.round`): the state returned by
+        `aggregate(state, k - 1, ...)` is what metrics.csv reports as round k.
 
         The new state is a new object of the same class (`dataclasses.replace(state, w=…)`);
         `state` itself is left as it was.

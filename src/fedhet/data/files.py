@@ -284,22 +284,20 @@ def read_csv(path: Path, label: str, client: str = "", client_needed: bool = Tru
 
 
 def _refuse_row_index(path: Path, header: list[str], rows: list[tuple[int, list[str]]]) -> None:
-    """A first column with no name (or pandas' `Unnamed: 0`) that counts 0, 1, 2, … is the row
-    index `DataFrame.to_csv` writes by default, not a feature: read as one, it makes every
-    sample unlike every other and the run diverges; it is refused in one line."""
+    """A first column with no name (or pandas' `Unnamed: 0`) is the row index
+    `DataFrame.to_csv` writes by default, whatever it holds (0, 1, 2, … or a slice's or a
+    shuffle's labels), not a feature: read as one, it makes every sample unlike every other.
+    **[choice]** it is refused in one line rather than dropped, so that no column of the user's
+    file is left out without their word."""
     name = header[0].strip()
     if name and not name.startswith("Unnamed:"):
         return
-    try:
-        counts = all(float(fields[0]) == i for i, (_, fields) in enumerate(rows))
-    except (ValueError, IndexError):
-        return
-    if counts and len(rows) > 1:
-        raise FedhetError(
-            f"{path}: its first column {header[0]!r} has no name and counts 0, 1, 2, …: a row "
-            "index (pandas writes one unless to_csv(..., index=False)), not a feature; save the "
-            "file with index=False or remove that column"
-        )
+    first = [fields[0].strip() for _, fields in rows[:3]]
+    raise FedhetError(
+        f"{path}: its first column {header[0]!r} has no name (values {', '.join(first)}, …): the "
+        "row index pandas writes unless to_csv(..., index=False), not a feature; save the file "
+        "with index=False, or give that column a name if it is a feature"
+    )
 
 
 def _ids(values: list[str]) -> np.ndarray:

@@ -22,13 +22,17 @@ from fedhet.rundir import prepare_out
 
 
 def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: float,
-               node_wait: float, force: bool = False) -> Path:
-    """Write the Flower App for this run and print how to start the federation by hand."""
+               node_wait: float, force: bool = False, auth: bool = False) -> Path:
+    """Write the Flower App for this run and print how to start the federation by hand
+    (with `auth`, one where only SuperNodes whose keys were registered join)."""
 
     cfg = config_of(values)  # bad settings fail here, before anything is written
     path = write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait,
-                     force=force)
+                     force=force, supernode_auth=auth)
     q = shlex.quote
+    if auth:
+        _print_auth_commands(cfg.clients, node_wait, app_dir, out)
+        return path
     print(f"wrote {path}\nstart the federation (each in its own terminal; see docs/deploy.md for TLS):")
     print("  export FLWR_TELEMETRY_ENABLED=0")
     print("  flower-superlink --insecure --host 127.0.0.1 --port 9093 "
@@ -42,6 +46,23 @@ def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: 
     return path
 
 
+def _print_auth_commands(clients: int, node_wait: float, app_dir: Path, out: Path) -> None:
+    """How to start a federation that admits registered SuperNodes only (docs/deploy.md)."""
+    print("start the federation (TLS certificates in certificates/, as docs/deploy.md makes them; "
+          "only registered SuperNodes join):")
+    print("  export FLWR_TELEMETRY_ENABLED=0")
+    print("  flower-superlink --ssl-ca-certfile certificates/ca.crt --ssl-certfile "
+          "certificates/server.pem --ssl-keyfile certificates/server.key --host 0.0.0.0 --port 9093 "
+          "--disable-runtime-dependency-installation --enable-supernode-auth")
+    for i in range(clients):
+        print(f"  ssh-keygen -t ecdsa -b 384 -N '' -f keys/supernode-{i}   # on SuperNode {i}'s machine")
+        print(f"  flwr supernode register keys/supernode-{i}.pub <connection>   # where flwr runs")
+        print(f"  flower-supernode --root-certificates certificates/ca.crt --superlink SUPERLINK:9093 "
+              f"--auth-supernode-private-key keys/supernode-{i} --max-wait-time {node_wait:g} "
+              f"--node-config 'partition-id={i} num-partitions={clients}'")
+    print(f"then: flwr run {shlex.quote(str(app_dir))} <connection> --stream  (results in {out})")
+
+
 LOGS_DIR = "flower-logs"
 """Where `deploy local` keeps the Flower logs, inside the run directory."""
 
@@ -49,7 +70,8 @@ LOGS_DIR = "flower-logs"
 def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_wait: float,
                  timeout: float, force: bool, keep_logs: Path | None,
                  simulation: bool = False, ray_address: str | None = None,
-                 client_cpus: int | None = None, client_gpus: float | None = None) -> dict[str, Any]:
+                 client_cpus: int | None = None, client_gpus: float | None = None,
+                 auth: bool = False) -> dict[str, Any]:
     """Start a SuperLink and one SuperNode per client on 127.0.0.1 (or, with `simulation`,
     a SuperLink running Flower's Ray simulation runtime), run, stop everything.
 
@@ -63,14 +85,19 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     home). With `simulation`, `ray_address` (else `RAY_ADDRESS`) joins an existing Ray cluster
     and each virtual node's ClientApp holds `client_cpus` CPUs and `client_gpus` GPUs. The
     returned summary carries `supernodes_finished` (SuperNodes still in the run at its end).
+    With `auth`, the SuperLink runs with TLS (a throw-away CA for 127.0.0.1) and
+    `--enable-supernode-auth`, each SuperNode gets its own key pair, registered with the SuperLink
+    before it starts, and the run's `deploy.json` records `supernode_auth: true`.
     """
 
     # needs the optional extra fedhet[flower]
-    from fedhet.deploy.launch import LocalFederation, probe_ray_address
+    from fedhet.deploy.launch import AUTH_SIMULATION, LocalFederation, probe_ray_address
 
     check_timeouts(("timeout", timeout))
     cfg = config_of(values)
     ray = _ray_options(simulation, ray_address, client_cpus, client_gpus)
+    if auth and simulation:
+        raise FedhetError(AUTH_SIMULATION)
     if simulation and (ray_address or os.environ.get("RAY_ADDRESS")):
         # a cluster that is not there fails here, not after the SuperNodes' wait
         probe_ray_address(ray_address or os.environ["RAY_ADDRESS"],
@@ -79,16 +106,19 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     t0 = time.perf_counter()
     logs_to = None if keep_logs else out / LOGS_DIR
     with _stopped_cleanly(), LocalFederation(cfg.clients, workdir=keep_logs, simulation=simulation,
-                         node_max_wait=node_wait, logs_to=logs_to, **ray) as fed:
+                         node_max_wait=node_wait, logs_to=logs_to, auth=auth, **ray) as fed:
         app_dir = fed.workdir / "app"
         write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait,
-                  fast_pulls=not simulation, node_events=None if simulation else fed.events_file)
+                  fast_pulls=not simulation, node_events=None if simulation else fed.events_file,
+                  supernode_auth=auth)
         nodes = "simulated (Ray) " if simulation else ""
         cluster = f" on the Ray cluster at {fed.env['RAY_ADDRESS']}" \
             if simulation and fed.env["RAY_ADDRESS"] != "local" else ""
         where = f"{fed.logs} (copied to {logs_to} at the end)" if logs_to else str(fed.logs)
-        print(f"SuperLink on 127.0.0.1:{fed.port} with {cfg.clients} {nodes}SuperNodes{cluster}; "
-              f"logs in {where}", flush=True)
+        admitted = (f" (TLS; only registered SuperNodes join: {len(fed.registered)} public keys "
+                    "registered)") if auth else ""
+        print(f"SuperLink on 127.0.0.1:{fed.port} with {cfg.clients} {nodes}SuperNodes{cluster}"
+              f"{admitted}; logs in {where}", flush=True)
         echo = Echo()
         try:
             summary = fed.run(app_dir, out, timeout=timeout, echo=echo)

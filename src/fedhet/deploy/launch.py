@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import fedhet
+from fedhet.deploy.auth import make_loopback_certificates, make_node_keys
 from fedhet.errors import FedhetError
 from fedhet.procs import cmdline as _cmdline
 from fedhet.procs import process_table as _process_table
@@ -38,6 +39,11 @@ from fedhet.rundir import rows_saved
 
 HOST = "127.0.0.1"
 CONNECTION = "fedhet-local"
+AUTH_SIMULATION = ("--auth admits registered SuperNodes only, and --simulation starts none (its "
+                   "nodes are virtual, inside the SuperLink): leave out one of the two")
+REFUSED = "Failed to activate SuperNode"
+"""What a SuperNode logs when the SuperLink refuses it (with `--enable-supernode-auth`: its
+public key was not registered)."""
 
 
 def _parent_death_signal() -> Any:
@@ -196,8 +202,16 @@ class LocalFederation:
                  node_config: dict[int, dict[str, Any]] | None = None, simulation: bool = False,
                  cpus_per_node: int = 1, tls: tuple[Path, Path, Path] | None = None,
                  warm: bool = True, node_max_wait: float = 60.0, gpus_per_node: float = 0.0,
-                 ray_address: str | None = None, logs_to: Path | None = None) -> None:
+                 ray_address: str | None = None, logs_to: Path | None = None,
+                 auth: bool = False, register_timeout: float = 60.0) -> None:
+        if auth and simulation:
+            raise FedhetError(AUTH_SIMULATION)
         self.num_nodes = num_nodes
+        self.auth = auth
+        self.register_timeout = register_timeout
+        self.node_keys: dict[int, tuple[Path, Path]] = {}
+        self.registered: dict[int, str] = {}
+        """Partition id -> the node id the SuperLink gave its registered public key."""
         self.warm = warm and not simulation
         self.node_max_wait = node_max_wait
         self.tls = tuple(Path(p).resolve() for p in tls) if tls else None
@@ -276,6 +290,8 @@ class LocalFederation:
 
     def start(self) -> LocalFederation:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
+        if self.auth and self.tls is None:  # Flower authenticates SuperNodes over TLS only
+            self.tls = make_loopback_certificates(self.workdir / "tls")
         security = f'root-certificates = "{self.tls[0]}"' if self.tls else "insecure = true"
         (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
@@ -287,18 +303,22 @@ class LocalFederation:
             "flower-superlink", *(tls_args if self.tls else ["--insecure"]),
             "--host", HOST, "--port", str(self.port),
             "--disable-runtime-dependency-installation", *(["--simulation"] * self.simulation),
+            *(["--enable-supernode-auth"] * self.auth),
         ], "SuperLink")
         _wait_port(self.port, self.start_timeout, self.superlink, self.shown_logs / "superlink.log")
         for i in range(0 if self.simulation else self.num_nodes):
             self.start_node(i)
         return self
 
-    def start_node(self, partition_id: int, superlink: str | None = None) -> subprocess.Popen:
+    def start_node(self, partition_id: int, superlink: str | None = None,
+                   register: bool = True) -> subprocess.Popen:
         """Start the SuperNode of `partition_id` (and, with `warm`, its ClientApp worker).
 
         `superlink` overrides the address it connects to (tests use a wrong one). The node
         gives up (and exits) after `node_max_wait` s without reaching the SuperLink, which the
-        run's watchdog then reports with the address.
+        run's watchdog then reports with the address. With `auth`, the node signs its requests
+        with its own key pair (made here once, under `keys/`), whose public key is registered
+        with the SuperLink first unless `register` is False (a node the SuperLink must refuse).
         """
         items = {"partition-id": partition_id, "num-partitions": self.num_nodes,
                  **self.node_config.get(partition_id, {})}
@@ -313,6 +333,8 @@ class LocalFederation:
             "--superlink", address, "--max-wait-time", str(self.node_max_wait),
             "--node-config", config, "--host", HOST, "--port", str(runtime_port),
             *(["--isolation", "process"] if self.warm else []),
+            *(["--auth-supernode-private-key", str(self._node_key(partition_id, register))]
+              if self.auth else []),
         ]
         self.nodes[partition_id] = self._spawn(f"supernode-{partition_id}", args, name)
         if self.warm:
@@ -322,6 +344,36 @@ class LocalFederation:
                 "--node-pid", str(self.nodes[partition_id].pid),  # lives as long as its node
             ], f"ClientApp worker {partition_id}")
         return self.nodes[partition_id]
+
+    def _node_key(self, partition_id: int, register: bool) -> Path:
+        """The private key of `partition_id`'s SuperNode, made (and registered) once."""
+        if partition_id not in self.node_keys:
+            self.node_keys[partition_id] = make_node_keys(self.workdir / "keys",
+                                                          f"supernode-{partition_id}")
+        if register and partition_id not in self.registered:
+            self.registered[partition_id] = self.register(self.node_keys[partition_id][1])
+        return self.node_keys[partition_id][0]
+
+    def register(self, public_key: Path) -> str:
+        """`flwr supernode register PUBLIC_KEY`: let the SuperNode holding its private key
+        join; returns the node id the SuperLink gave it."""
+        args = ["flwr", "supernode", "register", str(public_key), CONNECTION, "--format", "json"]
+        try:
+            done = subprocess.run(args, env=self.env, cwd=self.workdir, capture_output=True,
+                                  text=True, timeout=self.register_timeout,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise FedhetError(f"`{' '.join(args)}` did not answer within "
+                              f"{self.register_timeout:.0f} s; see {self.shown_logs}") from None
+        try:
+            answer = json.loads(done.stdout[done.stdout.index("{"):])
+        except ValueError:
+            answer = {}
+        if done.returncode != 0 or not answer.get("success"):
+            why = (done.stdout + done.stderr).strip().splitlines()
+            raise FedhetError(f"could not register {public_key} with the SuperLink: "
+                              f"{why[-1] if why else f'exit code {done.returncode}'}")
+        return str(answer["node-id"])
 
     def kill_node(self, partition_id: int) -> None:
         """Stop one SuperNode (and its ClientApp processes) without notice: SIGKILL."""
@@ -341,6 +393,8 @@ class LocalFederation:
                  **self.node_config.get(partition_id, {})}
         config = " ".join(f"{k}={_config_value(v)}" for k, v in items.items())
         security = f"--root-certificates {self.tls[0]}" if self.tls else "--insecure"
+        if partition_id in self.node_keys:
+            security += f" --auth-supernode-private-key {self.node_keys[partition_id][0]}"
         return (f"FLWR_HOME={self.flwr_home} flower-supernode {security} --superlink "
                 f"{self.node_address.get(partition_id, f'{HOST}:{self.port}')} "
                 f"--node-config '{config}'")
@@ -554,6 +608,8 @@ class Watchdog:
                     continue
                 if unreachable:
                     hint = f"; it could not reach the SuperLink at {self.fed.node_address.get(i)}"
+                elif self.fed.auth and _log_mentions(self.fed.logs / f"supernode-{i}.log", (REFUSED,)):
+                    hint = "; the SuperLink refused it: its public key is not registered"
             raise FedhetError(f"{name} (PID {proc.pid}) died with {describe_status(status)}{hint}; "
                               f"stopped the other processes; see {log}")
 

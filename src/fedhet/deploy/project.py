@@ -27,7 +27,7 @@ def _toml_str(s: str) -> str:
 def app_pyproject(
     settings: dict[str, Any], out: Path, round_timeout: float = 600.0,
     node_wait_timeout: float = 300.0, force: bool = False, fast_pulls: bool = False,
-    node_events: Path | None = None,
+    node_events: Path | None = None, supernode_auth: bool = False,
 ) -> str:
     """The text of the Flower App's `pyproject.toml` for one fedhet run.
 
@@ -35,7 +35,8 @@ def app_pyproject(
     instead of Flower's 1 s, 2 s, … (`fedhet deploy local` sets it: free on loopback).
     `node_events` is a file where the launcher of a federation on this machine records each
     SuperNode it saw die (`launch.Watchdog`), so the server app drops its client at once instead
-    of waiting for the SuperLink to miss two heartbeats.
+    of waiting for the SuperLink to miss two heartbeats. `supernode_auth` says the federation
+    admits registered SuperNodes only (`--enable-supernode-auth`); the run records it.
     """
     loaded = plugins.loaded()  # the SuperNodes and the ServerApp import them again
     recorded = {**settings, "plugins": loaded} if loaded else settings
@@ -46,6 +47,7 @@ def app_pyproject(
         "node-wait-timeout": repr(float(node_wait_timeout)),
         "force": "true" if force else "false",
         "fast-pulls": "true" if fast_pulls else "false",
+        "supernode-auth": "true" if supernode_auth else "false",
     }
     if node_events is not None:
         config["node-events"] = _toml_str(str(Path(node_events).resolve()))

@@ -57,6 +57,9 @@ NODE_WAIT_KEY = "node-wait-timeout"
 FORCE_KEY = "force"
 FAST_PULLS_KEY = "fast-pulls"
 NODE_EVENTS_KEY = "node-events"
+SUPERNODE_AUTH_KEY = "supernode-auth"
+"""True when the federation was started so that only registered SuperNodes join (recorded in
+`deploy.json` as `supernode_auth`; the SuperLink, not the server app, enforces it)."""
 POLL_S = 0.1
 UNREACHABLE = "unreachable"
 """Error code reported for a node that did not reply in time (or that the SuperLink gave up on)."""
@@ -414,6 +417,7 @@ def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
         "dropped_nodes": sorted(flower.roster.ignored), "round_timeout_s": flower.round_timeout,
         "clients": cfg.clients, "supernodes_finished": finished_nodes,
         "node_events": flower.roster.events,
+        "supernode_auth": bool(context.run_config.get(SUPERNODE_AUTH_KEY, False)),
     }))
     say(f"fedhet: finished with {finished_nodes} of {cfg.clients} SuperNodes; final accuracy "
           f"{summary['final_accuracy']:.4f}; results in {out}")

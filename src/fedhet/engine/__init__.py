@@ -26,7 +26,8 @@ from fedhet.surface import offered
 
 _SURFACE = {
     **dict.fromkeys(
-        ("parse", "build", "RunConfig", "config_of", "flatten", "path_of", "canonical_config",
+        ("parse", "chosen_components", "build", "RunConfig", "config_of", "flatten", "path_of",
+         "canonical_config",
          "config_sources", "engine_defaults", "read_toml_file", "ENGINE_FIELDS", "FIELD_DOCS",
          "RECORD_KEYS", "RESUMABLE", "RUNTIME", "COMPONENTS", "REGISTRIES"), "config"),
     "assemble": "assembly", "assemble_clients": "assembly", "ClientSide": "assembly",

@@ -325,13 +325,16 @@ def flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, Any]:
+def parse(source: Mapping[str, Any] | Sequence[str], where: str,
+          chosen: Mapping[str, str | tuple[str, ...]] | None = None) -> dict[str, Any]:
     """Settings from any source → `{path: value}`, engine fields already typed.
 
     `source` is a mapping (TOML, a preset, a grid cell, a saved `config.json`; nested or
     dotted) or a sequence of `key=value` strings (`--set`). An unknown path or a value of the
     wrong type is one `FedhetError` naming `where`. Component parameters are checked by `build`,
-    once the component they belong to is known.
+    once the component they belong to is known. `chosen` names the run's components where the
+    caller knows them (`chosen_components`; else this source's own, or the defaults), so that an
+    unknown setting is only answered with a parameter those components have.
     """
     if isinstance(source, Mapping):
         flat = flatten({k: v for k, v in source.items() if k not in RECORD_KEYS})
@@ -343,6 +346,8 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
                 raise FedhetError(f"{where} expects key=value, got {pair!r}")
             flat[path_of(key.strip())] = value.strip()
     out: dict[str, Any] = {}
+    if chosen is None:
+        chosen = chosen_components(flat)
     for key, value in flat.items():
         head, dot, rest = key.partition(".")
         if dot and head in COMPONENTS and rest:
@@ -356,7 +361,7 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str) -> dict[str, An
             out[key] = _engine_value(key, value, f"{where}: {key}")
         else:
             raise FedhetError(
-                f"{where}: unknown setting {key!r}{_suggest_setting(key)}; valid settings: "
+                f"{where}: unknown setting {key!r}{_suggest_setting(key, chosen)}; valid settings: "
                 f"{', '.join(sorted(ENGINE_FIELDS))}, "
                 "or algorithm.<param>, dataset.<param>, partition.<param>, model.<param>"
             )
@@ -379,14 +384,46 @@ SYNONYMS = {
 with the setting's own name (never accepted silently)."""
 
 
-def _suggest_setting(key: str) -> str:
-    """The did-you-mean hint of an unknown setting: a component parameter of that name
-    (`mu` → `algorithm.mu`), a synonym (`learning_rate` → `lr`) or a close spelling."""
-    owners = sorted({kind for kind, registry in REGISTRIES.items() for entry in registry
-                     if key in {f.name for f in dataclasses.fields(entry.params)}})
+def chosen_components(*sources: Mapping[str, Any]) -> dict[str, str]:
+    """The components a run's settings name (`{"algorithm": "fedprox", ...}`), later sources
+    winning, `RunConfig`'s defaults for the others; a name no registry knows, a Python object
+    or `model = "auto"` leaves that kind out."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    out: dict[str, Any] = {kind: defaults.get(kind) for kind in REGISTRIES}
+    for source in sources:
+        for kind in REGISTRIES:
+            value = source.get(kind)
+            if isinstance(value, Mapping):
+                value = value.get("name")
+            if value is not None:
+                out[kind] = value
+    return {kind: REGISTRIES[kind].canonical(v) for kind, v in out.items()
+            if isinstance(v, str) and REGISTRIES[kind].canonical(v) in REGISTRIES[kind]}
+
+
+def _suggest_setting(key: str, chosen: Mapping[str, str | tuple[str, ...]]) -> str:
+    """The hint of an unknown setting: a parameter of that name of the run's chosen components
+    (`mu` → `algorithm.mu` for fedprox; a grid's kind may name several, a tuple), a synonym
+    (`learning_rate` → `lr`) or a close spelling; a parameter only other components have is
+    named with them, not suggested."""
+    def has(kind: str, name: str) -> bool:
+        return key in {f.name for f in dataclasses.fields(REGISTRIES[kind].get(name).params)}
+
+    names = {kind: (v,) if isinstance(v, str) else tuple(v) for kind, v in chosen.items()}
+    owners = [kind for kind, these in names.items() if any(has(kind, n) for n in these)]
     if owners:
         return " (did you mean " + " or ".join(repr(f"{kind}.{key}") for kind in owners) + "?)"
-    return did_you_mean(key, ENGINE_FIELDS, SYNONYMS)
+    near = did_you_mean(key, ENGINE_FIELDS, SYNONYMS)
+    if near:
+        return near
+    for kind, these in names.items():
+        others = [entry.name for entry in REGISTRIES[kind] if entry.name not in these
+                  and key in {f.name for f in dataclasses.fields(entry.params)}]
+        if others and these:
+            shown = ", ".join(others[:4]) + (", …" if len(others) > 4 else "")
+            return (f" ({' and '.join(these)} {'has' if len(these) == 1 else 'have'} no parameter "
+                    f"{key}; {kind}.{key} is a parameter of {shown})")
+    return ""
 
 
 AUTO = {"workers": 0}

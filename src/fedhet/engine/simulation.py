@@ -63,6 +63,10 @@ class LoopSettings:
         return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 
+NO_RESULT = ("final_accuracy", "final_loss", "best_accuracy", "best_round")
+"""Summary keys a failed run does not have (`Simulation._failed`)."""
+
+
 def sample_clients(settings: LoopSettings, num_clients: int, round: int) -> list[int]:
     """Round `round`'s clients: `max(1, ⌊C·N⌉)` of `N`, drawn from the stream `(seed, round)`."""
     m = max(1, round_half_up(settings.sample_fraction * num_clients))
@@ -340,8 +344,11 @@ class Simulation:
 
     def _failed(self, error: UserCodeFailed, rows: list[dict[str, Any]]) -> None:
         """Mark the run `failed` with the round and the error; every round already saved stays,
-        so a resume after the fix continues from the last checkpoint."""
-        summary = self.summary(rows, finished=False)
+        so a resume after the fix continues from the last checkpoint. **[choice]** A failed run
+        has no final or best accuracy (nor loss) in its summary: it produced no result, and the
+        rounds it did finish stay in metrics.csv."""
+        summary = {k: v for k, v in self.summary(rows, finished=False).items()
+                   if k not in NO_RESULT}
         summary.update(status="failed", failed=error.record())
         if self.store is not None:
             self.store.write_summary(summary)

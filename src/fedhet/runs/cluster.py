@@ -85,6 +85,36 @@ CAPACITY_EVERY_S = 2.0
 CONTROL = ".cluster"
 
 
+@dataclasses.dataclass
+class Throttle:
+    """How many units run at once once Ray's memory monitor killed some (`OutOfMemoryError`).
+
+    **[choice]** Each kill lowers the limit to one fewer than were running when it came, down
+    to one unit; a unit killed so is resubmitted without counting against its `MAX_ATTEMPTS`
+    (memory pressure is the grid's doing, not the run's). Killed while it runs alone, it counts
+    as any lost task, so a run too big for the node still ends in one error line."""
+
+    limit: int | None = None
+
+    def room(self, room: int) -> int:
+        return room if self.limit is None else min(room, self.limit)
+
+    def lower(self, running: int) -> bool:
+        """After a kill among `running` units: run fewer at once; False when one already ran
+        alone (nothing left to lower)."""
+        now = running if self.limit is None else min(self.limit, running)
+        if now <= 1:
+            return False
+        self.limit = now - 1
+        return True
+
+
+def killed_for_memory(ray: Any, error: BaseException) -> bool:
+    """Whether Ray's memory monitor killed the task (`ray.exceptions.OutOfMemoryError`)."""
+    kind = getattr(ray.exceptions, "OutOfMemoryError", None)
+    return kind is not None and isinstance(error, kind)
+
+
 def import_ray() -> Any:
     """Ray, or one line saying how to get it."""
     try:
@@ -484,6 +514,7 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
     attempts: dict[int, int] = {}
     inflight: dict[Any, list[Job]] = {}
     room, checked = capacity(nodes, options), time.monotonic()
+    throttle = Throttle()
     stopping = waiting = False
     progress.note(f"cluster: {len(nodes)} Ray node(s), {room} unit(s) at a time "
                   f"({options.cpus_per_run:g} CPU, {options.gpus_per_run:g} GPU each)")
@@ -501,10 +532,10 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
                     progress.note("cluster: no alive node has room for a run; waiting for nodes "
                                   "to join (Ctrl-C stops the grid)")
                 waiting = room < 1
-            if queue and len(inflight) < max(1, room) and not members.nowhere():
+            if queue and len(inflight) < max(1, throttle.room(room)) and not members.nowhere():
                 selector = members.selector()  # keeps runs off nodes not (yet) probed
                 placed = task.options(**where, **({"label_selector": selector} if selector else {}))
-                while queue and len(inflight) < max(1, room):
+                while queue and len(inflight) < max(1, throttle.room(room)):
                     unit = queue.popleft()
                     attempts[id(unit)] = attempts.get(id(unit), 0) + 1
                     ref = placed.remote([dataclasses.replace(j, out=str(Path(j.out).resolve()))
@@ -515,10 +546,11 @@ def _drive(ray: Any, units, options, runs_dir, requested, hard, tally, progress)
                 time.sleep(0.2)
             ready, _ = (ray.wait(list(inflight), num_returns=len(inflight), timeout=0.2)
                         if inflight else ([], []))
+            running = len(inflight)
             for ref in ready:
                 unit = inflight.pop(ref)
                 for result in _results(ray, ref, unit, attempts, queue, stopping, progress,
-                                       members, control):
+                                       members, control, throttle, running):
                     tally.add(result, progress, 0.0)
             _where(progress, control, labels)
             progress.tick()
@@ -542,10 +574,12 @@ def _clear(control: Path) -> None:
         control.rmdir()
 
 
-def _results(ray, ref, unit, attempts, queue, stopping, progress, members, control) -> list[dict]:
+def _results(ray, ref, unit, attempts, queue, stopping, progress, members, control,
+             throttle: Throttle | None = None, running: int = 1) -> list[dict]:
     """What a finished task means for its runs: their results, or (its node or worker lost)
     a resubmission that resumes them, or (stopping) runs stopped at their last checkpoint, or
-    (a node that cannot use the grid) the unit back in the queue, that node refused."""
+    (a node that cannot use the grid) the unit back in the queue, that node refused. A task
+    killed for memory among `running` units lowers `throttle` and is resubmitted (one line)."""
     labels = members.labels
     try:
         results = ray.get(ref)
@@ -559,10 +593,16 @@ def _results(ray, ref, unit, attempts, queue, stopping, progress, members, contr
         why = type(e).__name__
         if stopping:
             return [{"name": job.name, "stopped": _saved_round(job)} for job in unit]
+        runs = ", ".join(f"{job.name} (from round {_saved_round(job)})" for job in unit)
+        if throttle is not None and killed_for_memory(ray, e) and throttle.lower(running):
+            attempts[id(unit)] -= 1  # the grid ran too much at once: not the run's try
+            progress.note(f"lost on {where} ({why}: Ray's memory monitor killed it); at most "
+                          f"{throttle.limit} unit(s) at a time from now on; resubmitted: {runs}")
+            queue.appendleft(unit)
+            return []
         if attempts[id(unit)] >= MAX_ATTEMPTS:
             return [{"name": job.name, "error": f"lost {attempts[id(unit)]} times ({why}, last on "
                                                 f"{where}); see docs/cluster.md"} for job in unit]
-        runs = ", ".join(f"{job.name} (from round {_saved_round(job)})" for job in unit)
         progress.note(f"lost on {where} ({why}); resubmitted: {runs}")
         queue.appendleft(unit)
         return []

@@ -27,7 +27,7 @@ def compare(
     config: str | Path | None, out: str | Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
     batch_runs: int = DEFAULT_BATCH_RUNS, changes: Changes | None = None, hint: str | None = None,
-    cluster: Any = None,
+    cluster: Any = None, extend: bool = False,
 ) -> list[dict[str, Any]]:
     """Validate the whole grid, run what is not finished, write results; returns the rows.
 
@@ -38,6 +38,8 @@ def compare(
     `compare` (or `reproduce`) on it fails at once, naming this process. Ctrl-C stops the grid
     at the next saved round of each running run (`runner.Interrupted`); calling again resumes.
     `cluster` (`fedhet.runs.cluster.ClusterOptions`): run on a cluster, not in `jobs`.
+    `extend` (`compare --resume`): runs that differ from their saved settings only in what a
+    resume may change (more rounds, ...) are resumed with the new values (`plan_jobs`).
     """
     out = Path(out)
     import_recorded(out / "runs")
@@ -55,12 +57,15 @@ def compare(
     dry_check(config_of(spec.settings) for spec in grid.specs)  # a wrong model: nothing written
     with rundir.exclusive(out, "compare"):
         rundir.mark(out, "grid")
-        plan_jobs(grid.specs, out / "runs", force)  # settings clashes fail before anything runs
-        if config is None or Path(config).resolve() != (out / "grid.toml").resolve():
+        # settings clashes fail before anything runs
+        plan_jobs(grid.specs, out / "runs", force, extend=extend,
+                  resume_hint=f"fedhet compare --resume {shlex.quote(str(out))}")
+        if config is None or changes or Path(config).resolve() != (out / "grid.toml").resolve():
             atomic_write_text(out / "grid.toml", grid.text)
         write_manifest(out, grid.title, grid.specs, grid.target_accuracy)
         errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream, hint,
-                           batch_runs=batch_runs, cluster=cluster, backend=run_units)
+                           batch_runs=batch_runs, cluster=cluster, backend=run_units,
+                           extend=extend)
         return _finish(out, grid.title, grid.specs, grid.target_accuracy, errors)
 
 

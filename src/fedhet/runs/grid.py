@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedhet import plugins
 from fedhet.algorithms import ALGORITHMS
 from fedhet.data import absolute, is_data_path
 from fedhet.engine import (
     ENGINE_FIELDS,
     REGISTRIES,
     RUNTIME,
+    chosen_components,
     config_of,
     flatten,
     parse,
@@ -37,7 +39,7 @@ from fedhet.rundir import atomic_write_text, damaged, read_json, to_json
 from fedhet.rundir import ownership as rundir
 from fedhet.runs.presets import RunSpec
 
-TOP_KEYS = ("title", "target_accuracy", "columns", "base", "axes", "variant")
+TOP_KEYS = ("title", "target_accuracy", "columns", "plugins", "base", "axes", "variant")
 METHOD_PREFIX = "algorithm"
 
 
@@ -206,20 +208,30 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
     """Parse, expand and validate a grid file (or, with `path` None, the grid `changes` alone
     make); raises `FedhetError` naming the line, or the flag, of the culprit."""
     changes = changes or Changes()
+    file_moved = False
     if path is None:
         text, path = "", Path("command line")
         doc: dict[str, Any] = {}
     else:
         path = Path(path)
-        text, doc = read_toml_file(path, "grid file")
+        text, raw = read_toml_file(path, "grid file")
+        doc = absolute_paths(raw, path.resolve().parent)  # the file's paths: beside it
+        file_moved = doc is not raw
+        doc = _load_recorded_plugins(doc, path)
+    recorded = list(doc.get("plugins") or [])
+    now = plugins.loaded()
+    if now and not set(now) <= set(recorded):  # the saved grid names every plugin its runs use
+        doc = {**doc, "plugins": list(dict.fromkeys([*recorded, *now]))}
+        file_moved = True
     if changes:
         doc = apply_changes(doc, changes)
     if not text and changes.title:
         doc = {"title": changes.title, **doc}
     loc = _Locator(path, key_lines(text), changes.sources)
     grid = _grid(doc, path, loc)
-    travelling = absolute_paths(doc)
-    moved = ", its data paths made absolute" if travelling != doc else ""
+    travelling = absolute_paths(doc)  # the command line's: from the current directory
+    moved = ", its data paths made absolute and its plugins recorded" \
+        if travelling != doc or file_moved else ""
     if not changes and not moved:
         grid.text = text
     elif text:
@@ -230,22 +242,48 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
     return grid
 
 
-PATH_SETTINGS = ("dataset", "dataset.test")
-"""Settings whose value may be a file, relative to the directory a grid is run from."""
+def _load_recorded_plugins(doc: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Import the plugins a grid file records (`plugins = ["my_nets.py", "mypkg.algos"]`, a
+    file relative to the grid file; fedhet saves them absolute in a grid directory's
+    grid.toml), so its components are known; returns `doc` with the files absolute."""
+    specs = doc.get("plugins")
+    if specs is None:
+        return doc
+    if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
+        raise FedhetError(f"{path}: plugins must be a list of plugin files or modules, e.g. "
+                          f'plugins = ["my_algos.py"], got {specs!r}')
+    here = path.resolve().parent
+    specs = [str(here / Path(s).expanduser()) if plugins.is_file_spec(s) else s for s in specs]
+    plugins.ensure(specs, f"grid file {path}")
+    return {**doc, "plugins": [plugins.canonical(s) for s in specs]}
 
 
-def absolute_paths(doc: dict[str, Any]) -> dict[str, Any]:
-    """The grid document with each data file in `PATH_SETTINGS` (in `[base]`, `[axes]` and
-    every variant) made absolute, as the saved `grid.toml` records it: the grid then runs again
-    from any directory, as its runs' `config.json` do. `doc` itself when none is relative."""
+PATH_SETTINGS = ("dataset", "dataset.test", "partition.path", "data_dir")
+"""Settings whose value may be a file or folder: in a grid file, relative to the file's
+directory; on the command line, to the current one."""
+
+
+def absolute_paths(doc: dict[str, Any], base: Path | None = None) -> dict[str, Any]:
+    """The grid document with each path in `PATH_SETTINGS` (in `[base]`, `[axes]` and every
+    variant) made absolute, relative to `base` (None: the current directory), as the saved
+    `grid.toml` records it: the grid then runs again from any directory, as its runs'
+    `config.json` do. `doc` itself when none is relative."""
     moved = False
 
-    def fix(value: Any) -> Any:
+    def is_path(key: str, value: str) -> bool:
+        if key.startswith("dataset"):  # a registered name, or a file
+            datasets = REGISTRIES["dataset"]
+            beside = base is not None and (base / Path(value).expanduser()).exists()
+            return datasets.canonical(value) not in datasets and (is_data_path(value) or beside)
+        return bool(value)
+
+    def fix(key: str, value: Any) -> Any:
         nonlocal moved
         if isinstance(value, list):
-            return [fix(v) for v in value]
-        if isinstance(value, str) and value not in REGISTRIES["dataset"] and is_data_path(value):
-            whole = absolute(value)
+            return [fix(key, v) for v in value]
+        if isinstance(value, str) and is_path(key, value):
+            here = Path(value).expanduser()
+            whole = absolute(str(here if base is None or here.is_absolute() else base / here))
             moved = moved or whole != value
             return whole
         return value
@@ -254,7 +292,7 @@ def absolute_paths(doc: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(section, dict):
             return section
         flat = flatten(section)
-        return {k: fix(v) if path_of(k) in PATH_SETTINGS else v for k, v in flat.items()}
+        return {k: fix(path_of(k), v) if path_of(k) in PATH_SETTINGS else v for k, v in flat.items()}
 
     out = dict(doc)
     for name in ("base", "axes"):
@@ -293,9 +331,10 @@ def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:
     ):
         raise loc.fail("", "target_accuracy", f"target_accuracy must be a fraction in (0, 1], got {target!r}")
     title = doc.get("title", path.stem)
-    _check_keys(base, axes, loc)
+    chosen = _grid_components(doc)
+    _check_keys(base, axes, loc, chosen)
     methods = _methods(doc, axes, loc)
-    runs = _expand(base, axes, methods, loc)
+    runs = _expand(base, axes, methods, loc, chosen)
     keys = [_validate_run(settings, loc) for _, settings in runs]
     columns = doc.get("columns")
     if columns is not None and not (isinstance(columns, list) and all(isinstance(c, str) for c in columns)):
@@ -372,20 +411,44 @@ def to_toml(doc: Mapping[str, Any], comment: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _check_keys(base: dict[str, _Setting], axes: dict[str, tuple[list[Any], str]], loc: _Locator) -> None:
-    """Each setting name and (top-level) value type on its own, so the error has its line."""
+def _check_keys(base: dict[str, _Setting], axes: dict[str, tuple[list[Any], str]], loc: _Locator,
+                chosen: Mapping[str, str | tuple[str, ...]] | None = None) -> None:
+    """Each setting name and (top-level) value type on its own, so the error has its line;
+    `chosen`: the grid's components (`_grid_components`), for the hint of an unknown one."""
     for key, s in base.items():
-        parse({key: s.value}, loc.where(s.section, key))
+        parse({key: s.value}, loc.where(s.section, key), chosen)
     for key, (values, section) in axes.items():
         for v in values:
-            parse(v if isinstance(v, dict) else {key: v}, loc.where(section, key))
+            parse(v if isinstance(v, dict) else {key: v}, loc.where(section, key), chosen)
 
 
-def _expand(base, axes, methods, loc) -> list[tuple[int, dict[str, _Setting]]]:
+def _grid_components(doc: Mapping[str, Any]) -> dict[str, str | tuple[str, ...]]:
+    """The components a grid's runs use, kind → name (one) or names (several: the methods of
+    its axes and variants), the defaults where the grid names none."""
+    found: dict[str, list[str]] = {}
+    tables = [doc.get("base"), doc.get("axes"), *(doc.get("variant") or [])]
+    for table in tables:
+        if not isinstance(table, Mapping):
+            continue
+        for key, value in flatten(table).items():
+            kind = path_of(key)
+            values = value if isinstance(value, list) else [value]
+            if kind in REGISTRIES:
+                found.setdefault(kind, []).extend(v for v in values if isinstance(v, str))
+    out: dict[str, str | tuple[str, ...]] = dict(chosen_components())
+    for kind, names in found.items():
+        known = tuple(dict.fromkeys(
+            c for c in (chosen_components({kind: n}).get(kind) for n in names) if c))
+        if known:
+            out[kind] = known[0] if len(known) == 1 else known
+    return out
+
+
+def _expand(base, axes, methods, loc, chosen=None) -> list[tuple[int, dict[str, _Setting]]]:
     """`(method index, settings)` for every run: base ← method ← method axes ← grid axes."""
     runs = []
     for m, method in enumerate(methods):
-        _check_keys(method["settings"], method["axes"], loc)
+        _check_keys(method["settings"], method["axes"], loc, chosen)
         for inner in _product(method["axes"]):
             for outer in _product(axes):
                 settings = {path_of(k): s for k, s in base.items()}
@@ -404,6 +467,11 @@ def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> str:
         return cell_key(cfg.to_dict())
     except FedhetError as e:
         message = str(e).removeprefix("grid: ")
+        if re.match(r"unknown (algorithm|model|dataset|partition) ", message):
+            head, sep, choices = message.partition("; choose one of")
+            message = (f"{head}; one of your own comes from its plugin: name it (fedhet --plugin "
+                       'my_file.py compare ...) or record it in the grid file (plugins = '
+                       f'["my_file.py"]){sep}{choices}')
         culprit = _culprit(message, settings)
         if culprit is None:
             raise FedhetError(f"{loc.path}: {message}") from None

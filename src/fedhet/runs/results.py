@@ -62,8 +62,9 @@ def run_result(spec: RunSpec, run_dir: Path, target: float | None, error: str = 
     if summary.get("status") == "diverged":
         status = "diverged"  # its accuracies are those of the last finite round: not reported
         summary = {k: v for k, v in summary.items() if not k.endswith(("_accuracy", "_round"))}
-    elif error:
-        status = "failed"
+    elif error or summary.get("status") == "failed":
+        status = "failed"  # no result: its accuracies (if an older summary has them) are not one
+        summary = {k: v for k, v in summary.items() if not k.endswith(("_accuracy", "_round"))}
     elif not summary:
         status = "missing"
     else:
@@ -246,7 +247,9 @@ def summary_tables(rows: list[dict[str, Any]], target: float | None) -> list[Tab
                 runs = [r for r in rows if r["label"] == label and r["group"] == group]
                 vals = [float(r[key]) * scale for r in runs if _finite(r.get(key))]
                 show = _target_cell if to_target else _cell
-                line.append(show(vals, len(runs), fmt) if runs else "")
+                failed = bool(runs) and all(r.get("status") == "failed" for r in runs)
+                line.append("failed" if failed and not vals else show(vals, len(runs), fmt)
+                            if runs else "")
                 if runs and not reference[label]:
                     columns[j][label] = {
                         seed: float(r[key]) * scale if _finite(r.get(key)) else None

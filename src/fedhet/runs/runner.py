@@ -33,6 +33,7 @@ from fedhet.engine import (
     COMPONENTS,
     CORES_ENV,
     REGISTRIES,
+    RESUMABLE,
     RUNTIME,
     StopRun,
     batchable,
@@ -204,8 +205,8 @@ def run_unit(unit: list[Job]) -> list[dict[str, Any]]:
 
 def _settings(job: Job) -> dict[str, Any] | None:
     """What `execute` gets: a resumed run's own config, with this call's device and executor."""
-    if job.resume:
-        return {k: v for k, v in job.settings.items() if k in RUNTIME} or None
+    if job.resume:  # its RESUMABLE settings are its saved ones unless the grid is extended
+        return {k: v for k, v in job.settings.items() if k in RUNTIME | RESUMABLE} or None
     return job.settings
 
 
@@ -275,12 +276,16 @@ def with_overrides(specs: list[RunSpec], overrides: dict[str, Any] | None) -> li
 
 
 def plan_jobs(
-    specs: list[RunSpec], runs_dir: Path, force: bool, tensorboard: bool = False
+    specs: list[RunSpec], runs_dir: Path, force: bool, tensorboard: bool = False,
+    extend: bool = False, resume_hint: str | None = None,
 ) -> tuple[list[Job], int]:
     """Jobs still to do (fresh or resumed) and the number of runs already finished.
 
     A run directory whose saved config differs from the spec's is an error (unless `force`,
-    which starts every run again), so a changed grid never silently mixes settings.
+    which starts every run again), so a changed grid never silently mixes settings. With
+    `extend` (`compare --resume`), a run that differs only in what a resume may change
+    (`RESUMABLE`: more rounds, evaluation and checkpoint intervals) is resumed with them, as
+    `run --resume -r N` is; `resume_hint` is that command, named when the difference is refused.
     """
 
     jobs, done = [], 0
@@ -302,12 +307,16 @@ def plan_jobs(
             # a damaged config.json is one line, before anything runs (--force starts it again)
             saved = json.loads(to_json(canonical_config(RunStore(out).read_config())))
             diff = sorted(k for k in wanted if saved.get(k) != wanted[k] and k not in RUNTIME)
-            if diff:
+            if diff and not (extend and set(diff) <= RESUMABLE):
+                flags = " ".join(f"-r {wanted[k]}" if k == "rounds" else f"--set {k}={wanted[k]}"
+                                 for k in diff)
+                extending = f", or `{resume_hint} {flags}` to continue its runs" \
+                    if resume_hint and set(diff) <= RESUMABLE else ""
                 raise FedhetError(
                     f"{out} holds a run with other settings ({', '.join(diff)}); use --force to "
-                    "run the grid again from scratch, or another --out"
+                    f"run the grid again from scratch, or another --out{extending}"
                 )
-            if is_finished(out) and metrics_intact(out):
+            if not diff and is_finished(out) and metrics_intact(out):
                 done += 1
                 continue
             resume = True  # a damaged summary.json or metrics.csv is written again from the checkpoint
@@ -346,6 +355,9 @@ class Progress:
 
     def tick(self) -> None:
         if not self.live:
+            if self.first is None and time.monotonic() - self.last >= 0.5:
+                self.last = time.monotonic()  # until the first round is seen done (the ETA's start)
+                self._sample()
             if time.monotonic() - self.last_log >= self.every:  # a log file: a line now and then
                 self.last_log = time.monotonic()
                 self.stream.write(self._line(log=True) + "\n")
@@ -359,22 +371,29 @@ class Progress:
         self.stream.write("\r\x1b[K" + line[: width - 1])
         self.stream.flush()
 
+    def _sample(self) -> tuple[dict[str, tuple[int, float, float]], int]:
+        """Each run's status and the rounds done of all runs; the first time rounds are seen
+        done, that moment starts the rate behind the ETA (not the workers' start-up)."""
+        status = {name: self._status(job) for name, job in self.jobs.items()}
+        rounds_done = sum(self.rounds[name] if name in self.finished else status[name][0]
+                          for name in self.jobs)
+        if self.first is None and rounds_done > self.start_rounds:
+            self.first = (time.monotonic(), rounds_done)
+        return status, rounds_done
+
     def _line(self, log: bool) -> str:
         """The status: runs done, ETA, the running runs' rounds and accuracies; for a log file
         also the rounds done of all runs, s/round and each running run's loss."""
-        running, rounds_done = [], 0
-        for name, job in self.jobs.items():
-            r, acc, loss = self._status(job)
-            rounds_done += self.rounds[name] if name in self.finished else r
+        running = []
+        status, rounds_done = self._sample()
+        for name in self.jobs:
+            r, acc, loss = status[name]
             if name not in self.finished and r > 0:
                 where = f" @{self.where[name]}" if name in self.where else ""
                 running.append(
                     f"{_short(name)} round {r}/{self.rounds[name]} acc {acc:.4f} loss {loss:.4f}{where}"
                     if log else f"{_short(name)} r{r} {acc:.3f}{where}"
                 )
-        if self.first is None and rounds_done > self.start_rounds:
-            # the rate is measured from the first finished round on, not from worker start-up
-            self.first = (time.monotonic(), rounds_done)
         total = sum(self.rounds.values())
         eta, rate = "?", 0.0
         if self.first is not None and rounds_done > self.first[1]:
@@ -435,6 +454,8 @@ def _setting(job: Job, key: str, default: int) -> int:
 
 
 def _rounds(job: Job) -> int:
+    if job.resume and "rounds" in job.settings:  # an extended run's new length
+        return _setting(dataclasses.replace(job, resume=False), "rounds", 1)
     return _setting(job, "rounds", 30 if not job.resume else 1)
 
 
@@ -464,7 +485,7 @@ def run_specs(
     specs: list[RunSpec], runs_dir: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, resume_hint: str | None = None,
     batch_runs: int = DEFAULT_BATCH_RUNS, cluster: ClusterOptions | None = None,
-    backend: Callable[..., None] | None = None,
+    backend: Callable[..., None] | None = None, extend: bool = False,
 ) -> dict[str, str]:
     """Run every spec into `runs_dir/<name>`; returns `{name: error}` for runs that failed.
 
@@ -483,7 +504,7 @@ def run_specs(
     """
     if cluster is not None and backend is None:
         raise FedhetError("a cluster needs its backend: pass backend=fedhet.runs.cluster.run_units")
-    todo, done = plan_jobs(specs, runs_dir, force, tensorboard)
+    todo, done = plan_jobs(specs, runs_dir, force, tensorboard, extend=extend)
     progress = Progress(len(specs), done, todo, stream)
     if not todo:
         return {}

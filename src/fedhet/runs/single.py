@@ -24,6 +24,7 @@ from fedhet.engine import (
     build,
     canonical_config,
     check_resumable,
+    chosen_components,
     config_of,
     load,
     parse,
@@ -179,7 +180,8 @@ def resume_settings(
     plugins.ensure_recorded(record, out / "config.json")
     saved = canonical_config(record)
     try:
-        cfg = build(parse(saved, "config.json"), parse(changes or {}, "--resume"))
+        cfg = build(parse(saved, "config.json"),
+                    parse(changes or {}, "--resume", chosen_components(saved, changes or {})))
     except FedhetError as e:
         raise _handed_in(out, record, e) from None
     if changes:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from fedhet.errors import FedhetError
 from fedhet.papers.campaign.order import cpu_order
 from fedhet.papers.campaign.pricing import Pricer, kind_of, where
 from fedhet.papers.campaign.records import Store, default_cache, rounds_done
@@ -100,6 +101,12 @@ def print_plan(scale: str, device: str, results: Path, cache: Path | None, table
                batch_runs: int, stream: TextIO) -> None:
     chosen = tuple(table(k) for k in tables) if tables else default_tables(scale)
     store = Store(results, cache or default_cache(), scale)
+    if not store.root.is_dir():
+        raise FedhetError(
+            f"no campaign records in {store.root.resolve()}: `fedhet reproduce plan` reads what "
+            f"`fedhet reproduce all` recorded there (a fedhet checkout holds them under "
+            f"results/); run it in the checkout, or give --results DIR of the folder that holds "
+            f"{store.root.name}/")
     plan = plan_runs(scale, chosen, store.records)
     pricer = Pricer(store, plan, batch_runs if device.startswith("cuda") else 1)
     rows = cells(store, plan, device, pricer)
@@ -117,9 +124,9 @@ def print_plan(scale: str, device: str, results: Path, cache: Path | None, table
     total = {k: sum(c.minutes.get(k, 0.0) for c in rows) for k in ("cpu", "cuda")}
     done = sum(c.done for c in rows)
     runs = sum(c.done + c.running + c.left for c in rows)
-    stream.write(f"\n{done} of {runs} runs recorded; left: "
-                 + ", ".join(f"{m / 60:,.1f} {'core-hours' if k == 'cpu' else 'GPU-hours'}"
-                             for k, m in total.items() if m)
+    priced = ", ".join(f"{m / 60:,.1f} {'core-hours' if k == 'cpu' else 'GPU-hours'}"
+                       for k, m in total.items() if m)
+    stream.write(f"\n{done} of {runs} runs recorded; left: {priced or 'not priced yet'}"
                  + (f"; {sum(c.unpriced for c in rows)} run(s) unpriced (no bench record for the "
                     "kind: the first sitting measures it)" if any(c.unpriced for c in rows) else "")
                  + ". FedVeca's baselines join a group once its FedVeca run is recorded.\n")
