@@ -614,3 +614,39 @@ def test_reproduce_plan_without_records_says_where_it_looked(tmp_path: Path, cap
     assert main(["reproduce", "plan", "--cache", str(tmp_path / "c")]) == 0
     total = next(ln for ln in capsys.readouterr().out.splitlines() if " runs recorded" in ln)
     assert "left: ;" not in total and "run(s) unpriced" in total, total
+
+
+def test_a_gpu_batch_takes_runs_of_one_chain_shape(tmp_path: Path) -> None:
+    """Runs stepped together on a GPU wait for the batch's longest chain each round: a batch
+    takes runs of one topology, partition and local work (`chain_shape`), so a FedSR or
+    ring-optimization run never holds FedAvg-like runs for its ring's walk."""
+    from fedhet.papers.campaign.pricing import chain_shape
+
+    store = Store(tmp_path / "results", tmp_path / "cache")
+    s = Sitting("paper", "cpu", 600.0, store, tables=(tables.table("fedsr-mnist"),),
+                stream=io.StringIO(), commit="test")
+    s.kind, s.device, s.batch_runs = "cuda", "cuda", 8  # the GPU's batching, without a GPU here
+    plan = s.plan()
+
+    class Priced:
+        def price(self, r, kind):  # noqa: ANN001, ANN202
+            return types.SimpleNamespace(seconds_per_round=1.0 if kind == "cuda" else 100.0,
+                                         source="bench")
+
+    def settings(r):  # noqa: ANN001, ANN202
+        return r.spec.settings
+
+    fedavg = next(r for r in plan if settings(r)["algorithm"] == "fedavg")
+    ring = next(r for r in plan if settings(r)["algorithm"] == "ring"
+                and settings(r).get("partition") == settings(fedavg).get("partition"))
+    assert chain_shape(settings(fedavg)) != chain_shape(settings(ring))
+    assert chain_shape(settings(fedavg)) == chain_shape(
+        {**settings(fedavg), "algorithm": "fedprox", "algorithm.mu": 0.01, "seed": 7})
+    for first in (fedavg, ring):
+        s.order = lambda todo, pricer, first=first: [first, *[r for r in todo if r is not first]]
+        unit = s._next_unit(plan, set(), Priced())
+        assert unit[0] is first
+        assert {chain_shape(settings(r)) for r in unit} == {chain_shape(settings(first))}
+    s.order = lambda todo, pricer: [fedavg, *[r for r in todo if r is not fedavg]]
+    unit = s._next_unit(plan, set(), Priced())
+    assert len(unit) > 1 and not any(settings(r)["algorithm"] in ("ring", "fedsr") for r in unit)

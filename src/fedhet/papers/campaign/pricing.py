@@ -103,6 +103,28 @@ def run_work(settings: dict[str, Any]) -> Work:
                 evals, stacked, int(settings.get("rounds", 1)))
 
 
+CHAIN_SETTINGS = ("clients", "sample_fraction", "local_epochs", "local_steps", "client_steps",
+                  "batch_size", "algorithm.ring_passes", "algorithm.cluster_size",
+                  "algorithm.clusters", "algorithm.kappa2", "algorithm.tau_max")
+"""Settings besides the partition that set how long a round's chain of local steps is."""
+
+
+def chain_shape(settings: dict[str, Any]) -> str:
+    """What sets the longest chain of sequential local steps in a run's round: the topology
+    (a ring's hops follow one another; a centralized run is one client over all the data), the
+    partition (its largest client), the local epochs or steps and the mini-batch. Runs batched
+    on a GPU step together until the longest chain ends, so a batch takes runs of one shape
+    (`Sitting._next_unit`): a FedSR ring run beside FedAvg runs would hold each round of theirs
+    for its ring's whole walk."""
+    # lazy: the registries load only when a run is priced
+    from fedhet.algorithms import ALGORITHMS
+
+    algorithm = ALGORITHMS.get(str(settings.get("algorithm", "fedavg"))).factory
+    shape = {k: v for k, v in settings.items() if k.startswith("partition") or k in CHAIN_SETTINGS}
+    return json.dumps({"topology": algorithm.topology, "centralized": algorithm.centralized,
+                       **shape}, sort_keys=True, default=str)
+
+
 def read_bench(store: Store, kind: str) -> dict[str, Any]:
     path = store.bench_dir / f"{kind}.json"
     if not path.exists():

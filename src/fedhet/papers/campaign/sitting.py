@@ -35,7 +35,7 @@ from fedhet.errors import FedhetError, quiet
 from fedhet.papers.campaign.bench import CPU_WORKLOADS, GPU_WORKLOADS, device_name, measure
 from fedhet.papers.campaign.bench import record as record_bench
 from fedhet.papers.campaign.order import cpu_order
-from fedhet.papers.campaign.pricing import Pricer, kind_of, where
+from fedhet.papers.campaign.pricing import Pricer, chain_shape, kind_of, where
 from fedhet.papers.campaign.records import (
     Store,
     add_segment,
@@ -283,9 +283,10 @@ class Sitting:
         if self.kind == "cuda" and self.batch_runs > 1:
             def key(r: CampaignRun) -> str | None:
                 return batch_key(Job(r.name, self._settings(r), "", False), cuda=True)
-            k = key(first)
+            k, shape = key(first), chain_shape(first.spec.settings)
             if k is not None:
-                unit += [r for r in todo[1:] if r.table == first.table and key(r) == k][: self.batch_runs - 1]
+                unit += [r for r in todo[1:] if r.table == first.table and key(r) == k
+                         and chain_shape(r.spec.settings) == shape][: self.batch_runs - 1]
         return unit
 
     def order(self, todo: list[CampaignRun], pricer: Pricer) -> list[CampaignRun]:
