@@ -650,3 +650,13 @@ def test_a_gpu_batch_takes_runs_of_one_chain_shape(tmp_path: Path) -> None:
     s.order = lambda todo, pricer: [fedavg, *[r for r in todo if r is not fedavg]]
     unit = s._next_unit(plan, set(), Priced())
     assert len(unit) > 1 and not any(settings(r)["algorithm"] in ("ring", "fedsr") for r in unit)
+
+
+def test_a_gpu_run_checkpoints_about_once_a_minute() -> None:
+    from fedhet.papers.campaign.sitting import CHECKPOINT_S, checkpoint_every
+
+    assert CHECKPOINT_S == 60.0
+    assert checkpoint_every(0.25) == 240  # a batch's quarter-second rounds: every 240th
+    assert checkpoint_every(7.5) == 8
+    assert checkpoint_every(90.0) == 1  # rounds longer than a minute: every round
+    assert checkpoint_every(0.0) == checkpoint_every(float("nan")) == 1  # unpriced: every round

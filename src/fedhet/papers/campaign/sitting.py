@@ -67,6 +67,22 @@ def command(scale: str = "paper", device: str = "cpu", budget: float = 60, cores
     return cmd + (f" --tables {tables}" if tables else "")
 
 
+CHECKPOINT_S = 60.0
+"""**[choice]** On a GPU a run saves a checkpoint about once a minute, not every round: a
+round of a batch there takes a fraction of a second, and a checkpoint's writes and `fsync`s
+would cost as much. A sitting stopped by a signal or its budget still saves the round it
+stops after; killed outright, a run loses at most about a minute and resumes exactly from its
+last checkpoint."""
+
+
+def checkpoint_every(s_round: float) -> int:
+    """Rounds between checkpoints for rounds of `s_round` seconds: about `CHECKPOINT_S` apart
+    (every round when a round takes longer, or when it is unpriced)."""
+    if not (s_round > 0 and math.isfinite(s_round)):
+        return 1
+    return max(1, int(CHECKPOINT_S // s_round))
+
+
 def lower_session_priority(nice: int) -> bool:
     """Lower the priority of this process's whole session by `nice`, where Linux shares CPU time
     between sessions first (autogroup, `/proc/self/autogroup`): there a process's own nice counts
@@ -329,6 +345,9 @@ class Sitting:
         from fedhet.runs.runner import plan_jobs
 
         items = []
+        prices = [pricer.price(r, self.kind) for r in unit]
+        every = checkpoint_every(sum(p.seconds_per_round for p in prices if p)) \
+            if self.kind == "cuda" else 1
         for r in unit:
             self.store.restore(r)
             out = self.store.run_dir(r.table, r.name)
@@ -338,12 +357,12 @@ class Sitting:
                 self.failed[r.name] = str(e)
                 self.say(f"{r.table}: {r.name} not started: {e}")
                 return None
-            items.append((self._settings(r), str(out), (out / "config.json").exists()))
+            items.append(({**self._settings(r), "checkpoint_every": every}, str(out),
+                          (out / "config.json").exists()))
         queue = ctx.SimpleQueue()
         proc = ctx.Process(target=_worker, args=(items, stop, self.nice, queue), daemon=True)
         proc.start()
         before = {r.name: rounds_done(self.store.run_dir(r.table, r.name)) for r in unit}
-        prices = [pricer.price(r, self.kind) for r in unit]
         s_round = sum(p.seconds_per_round for p in prices if p)  # the runs' shares of one round
         for r, p in zip(unit, prices, strict=True):
             self.started.add(r.name)
