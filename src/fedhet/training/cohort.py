@@ -635,7 +635,7 @@ class _Schedule:
             return None  # batches of several sizes: grouped step by step
         width = widths.pop() if widths else 1
         steps = [len(t) if t is not None else 0 for t in tables]
-        table = torch.zeros(len(jobs), max(steps, default=0), width, dtype=torch.int64)
+        table = torch.zeros(len(jobs), max(steps, default=0), width, dtype=torch.int64, device="cpu")
         for c, t in enumerate(tables):
             if t is not None and len(t):
                 table[c, : len(t)] = t
