@@ -82,7 +82,7 @@ def test_headline_cells_first_then_their_seeds_then_the_rest(tmp_path: Path) -> 
     # every table's runs are the preset's at paper scale, on the table's datasets only
     fednnnn = [r for r in plan if r.table == "fednnnn-mnist"]
     preset = [r for r in fednnnn if not r.spec.group.endswith("(cut=label)")]
-    assert len(preset) == 4 * 5 * 3 and len(fednnnn) == len(preset) + 2  # + the alternative cell
+    assert len(preset) == 4 * 5 * 3 and len(fednnnn) == len(preset) + 4  # + the alternative cells
     assert all(r.rounds == 100 for r in fednnnn)
     assert all(r.spec.settings["precision"] == "bf16" for r in fednnnn)
     assert all(r.spec.settings["dataset"] == "mnist" for r in plan if r.table.endswith("-mnist")
@@ -220,13 +220,14 @@ def test_bherd_case3_also_runs_under_grab_stale_beside_the_recorded_greedy_runs(
 
 
 def test_another_reading_of_a_partition_runs_after_the_paper_seed_count_cells(tmp_path: Path) -> None:
-    """The alternative cells (`shards` with `cut=label`: FedNNNN NonIID-B FedAvg and FedNNNN,
+    """The alternative cells (`cut=label`: FedNNNN NonIID-B and NonIID-UB FedAvg and FedNNNN,
     FedSR xi=2 FedAvg and FedSR, seed 0) are cells of their own, planned after every run at the
     paper's seed count, each the preset's run of its cell but for the partition's cut."""
     plan = _plan(tmp_path)
     alt = [r for r in plan if r.spec.group.endswith("(cut=label)")]
     assert sorted((r.spec.group, r.spec.label) for r in alt) == [
         ("MNIST NonIID-B (cut=label)", "FedAvg"), ("MNIST NonIID-B (cut=label)", "FedNNNN"),
+        ("MNIST NonIID-UB (cut=label)", "FedAvg"), ("MNIST NonIID-UB (cut=label)", "FedNNNN"),
         ("MNIST xi=2 (cut=label)", "FedAvg"), ("MNIST xi=2 (cut=label)", "FedSR")]
     last_paper_count = max(r.order for r in plan if r.tier < 3)
     assert all(r.tier == 3 and r.seed == 0 and r.order > last_paper_count for r in alt)
