@@ -77,8 +77,11 @@ def test_headline_cells_first_then_their_seeds_then_the_rest(tmp_path: Path) -> 
     for r in plan:
         if r.table in ("fednnnn-mnist", "fedsr-mnist") and r.seed > 0:
             assert r.tier == 3
-    tier1 = {(r.table, r.seed) for r in plan if r.tier == 1}
+    tier1 = {(r.table, r.seed) for r in plan if r.tier == 1 and not r.variant}
     assert tier1 == {(t, s) for t in ("fedveca-cnn-mnist", "bherd-cnn-mnist") for s in range(1, 10)}
+    # and after them the headline's other reading (BHerd grab-stale, seeds 0-3)
+    beside = {(r.table, r.seed) for r in plan if r.tier == 1 and r.variant}
+    assert beside == {("bherd-cnn-mnist", s) for s in range(4)}
     # every table's runs are the preset's at paper scale, on the table's datasets only
     fednnnn = [r for r in plan if r.table == "fednnnn-mnist"]
     preset = [r for r in fednnnn if not r.spec.group.endswith("(cut=label)")]
@@ -206,7 +209,7 @@ def test_bherd_case3_also_runs_under_grab_stale_beside_the_recorded_greedy_runs(
     assert sorted(r.seed for r in stale) == [0, 1, 2, 3]
     assert {r.name for r in stale} == {"main-cnn-mnist-case3-bherd-grabstale",
                                        *(f"main-cnn-mnist-case3-bherd-grabstale_s{k}" for k in (1, 2, 3))}
-    assert all(r.spec.label == "BHerd-FedAvg[criterion=grab-stale]" and r.tier == 2
+    assert all(r.spec.label == "BHerd-FedAvg[criterion=grab-stale]" and r.tier == 1 and r.variant
                and r.spec.group == "CNN + MNIST case3" and r.serves == ("CNN + MNIST case3",)
                for r in stale)
     greedy = {r.seed: r for r in plan if r.spec.label == "BHerd-FedAvg" and r.spec.group.endswith("case3")}
@@ -217,6 +220,32 @@ def test_bherd_case3_also_runs_under_grab_stale_beside_the_recorded_greedy_runs(
     # the recorded greedy runs keep their names
     recorded = {p.name for p in (ROOT / "results" / "campaign" / "bherd-cnn-mnist").iterdir()}
     assert recorded and recorded <= {r.name for r in plan} - {r.name for r in stale}
+
+
+def test_the_grab_stale_runs_come_right_after_the_bherd_headline_seeds(tmp_path: Path) -> None:
+    """In the plan, in a CPU sitting's order and in `reproduce plan` (CPU and GPU), the four
+    grab-stale runs follow the BHerd headline cell's seeds at once, in a line of their own with
+    their price."""
+    store = Store(tmp_path / "results", tmp_path / "cache")
+    plan = plan_runs("paper", TABLES, store.records)
+
+    def bherd_head_then_stale(runs: list[tables.CampaignRun]) -> None:
+        head = [i for i, r in enumerate(runs) if r.table == "bherd-cnn-mnist" and r.headline]
+        stale = [i for i, r in enumerate(runs) if r.variant]
+        assert len(stale) == 4 and stale == list(range(max(head) + 1, max(head) + 5))
+
+    bherd_head_then_stale(plan)
+    # a CPU sitting after the tier-0 cells: every run 1 core-hour but Fashion-MNIST's (heavy)
+    heavy = {r.name: 12.0 for r in plan if r.table == "fedsr-fashion-mnist"}
+    s = Sitting("paper", "cpu", 600.0, store, stream=io.StringIO(), commit="test")
+    bherd_head_then_stale(s.order([r for r in plan if r.tier > 0], Hours(heavy)))
+    for device in ("cpu", "cuda"):
+        rows = plan_cells(store, [r for r in plan if r.tier > 0], device, Hours(heavy))
+        at = next(i for i, c in enumerate(rows) if c.variant)
+        assert rows[at].labels == ["BHerd-FedAvg[criterion=grab-stale]"] and rows[at].left == 4
+        assert rows[at].minutes == {"cpu": 4 * 60.0}
+        if device == "cpu":
+            assert (rows[at - 1].table, rows[at - 1].headline) == ("bherd-cnn-mnist", True)
 
 
 def test_another_reading_of_a_partition_runs_after_the_paper_seed_count_cells(tmp_path: Path) -> None:
