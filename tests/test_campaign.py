@@ -77,12 +77,15 @@ def test_headline_cells_first_then_their_seeds_then_the_rest(tmp_path: Path) -> 
     for r in plan:
         if r.table in ("fednnnn-mnist", "fedsr-mnist") and r.seed > 0:
             assert r.tier == 3
-    tier1 = {(r.table, r.seed) for r in plan if r.tier == 1}
+    tier1 = {(r.table, r.seed) for r in plan if r.tier == 1 and not r.variant}
     assert tier1 == {(t, s) for t in ("fedveca-cnn-mnist", "bherd-cnn-mnist") for s in range(1, 10)}
+    # and after them the headline's other reading (BHerd grab-stale, seeds 0-3)
+    beside = {(r.table, r.seed) for r in plan if r.tier == 1 and r.variant}
+    assert beside == {("bherd-cnn-mnist", s) for s in range(4)}
     # every table's runs are the preset's at paper scale, on the table's datasets only
     fednnnn = [r for r in plan if r.table == "fednnnn-mnist"]
     preset = [r for r in fednnnn if not r.spec.group.endswith("(cut=label)")]
-    assert len(preset) == 4 * 5 * 3 and len(fednnnn) == len(preset) + 2  # + the alternative cell
+    assert len(preset) == 4 * 5 * 3 and len(fednnnn) == len(preset) + 4  # + the alternative cells
     assert all(r.rounds == 100 for r in fednnnn)
     assert all(r.spec.settings["precision"] == "bf16" for r in fednnnn)
     assert all(r.spec.settings["dataset"] == "mnist" for r in plan if r.table.endswith("-mnist")
@@ -206,7 +209,7 @@ def test_bherd_case3_also_runs_under_grab_stale_beside_the_recorded_greedy_runs(
     assert sorted(r.seed for r in stale) == [0, 1, 2, 3]
     assert {r.name for r in stale} == {"main-cnn-mnist-case3-bherd-grabstale",
                                        *(f"main-cnn-mnist-case3-bherd-grabstale_s{k}" for k in (1, 2, 3))}
-    assert all(r.spec.label == "BHerd-FedAvg[criterion=grab-stale]" and r.tier == 2
+    assert all(r.spec.label == "BHerd-FedAvg[criterion=grab-stale]" and r.tier == 1 and r.variant
                and r.spec.group == "CNN + MNIST case3" and r.serves == ("CNN + MNIST case3",)
                for r in stale)
     greedy = {r.seed: r for r in plan if r.spec.label == "BHerd-FedAvg" and r.spec.group.endswith("case3")}
@@ -219,14 +222,41 @@ def test_bherd_case3_also_runs_under_grab_stale_beside_the_recorded_greedy_runs(
     assert recorded and recorded <= {r.name for r in plan} - {r.name for r in stale}
 
 
+def test_the_grab_stale_runs_come_right_after_the_bherd_headline_seeds(tmp_path: Path) -> None:
+    """In the plan, in a CPU sitting's order and in `reproduce plan` (CPU and GPU), the four
+    grab-stale runs follow the BHerd headline cell's seeds at once, in a line of their own with
+    their price."""
+    store = Store(tmp_path / "results", tmp_path / "cache")
+    plan = plan_runs("paper", TABLES, store.records)
+
+    def bherd_head_then_stale(runs: list[tables.CampaignRun]) -> None:
+        head = [i for i, r in enumerate(runs) if r.table == "bherd-cnn-mnist" and r.headline]
+        stale = [i for i, r in enumerate(runs) if r.variant]
+        assert len(stale) == 4 and stale == list(range(max(head) + 1, max(head) + 5))
+
+    bherd_head_then_stale(plan)
+    # a CPU sitting after the tier-0 cells: every run 1 core-hour but Fashion-MNIST's (heavy)
+    heavy = {r.name: 12.0 for r in plan if r.table == "fedsr-fashion-mnist"}
+    s = Sitting("paper", "cpu", 600.0, store, stream=io.StringIO(), commit="test")
+    bherd_head_then_stale(s.order([r for r in plan if r.tier > 0], Hours(heavy)))
+    for device in ("cpu", "cuda"):
+        rows = plan_cells(store, [r for r in plan if r.tier > 0], device, Hours(heavy))
+        at = next(i for i, c in enumerate(rows) if c.variant)
+        assert rows[at].labels == ["BHerd-FedAvg[criterion=grab-stale]"] and rows[at].left == 4
+        assert rows[at].minutes == {"cpu": 4 * 60.0}
+        if device == "cpu":
+            assert (rows[at - 1].table, rows[at - 1].headline) == ("bherd-cnn-mnist", True)
+
+
 def test_another_reading_of_a_partition_runs_after_the_paper_seed_count_cells(tmp_path: Path) -> None:
-    """The alternative cells (`shards` with `cut=label`: FedNNNN NonIID-B FedAvg and FedNNNN,
+    """The alternative cells (`cut=label`: FedNNNN NonIID-B and NonIID-UB FedAvg and FedNNNN,
     FedSR xi=2 FedAvg and FedSR, seed 0) are cells of their own, planned after every run at the
     paper's seed count, each the preset's run of its cell but for the partition's cut."""
     plan = _plan(tmp_path)
     alt = [r for r in plan if r.spec.group.endswith("(cut=label)")]
     assert sorted((r.spec.group, r.spec.label) for r in alt) == [
         ("MNIST NonIID-B (cut=label)", "FedAvg"), ("MNIST NonIID-B (cut=label)", "FedNNNN"),
+        ("MNIST NonIID-UB (cut=label)", "FedAvg"), ("MNIST NonIID-UB (cut=label)", "FedNNNN"),
         ("MNIST xi=2 (cut=label)", "FedAvg"), ("MNIST xi=2 (cut=label)", "FedSR")]
     last_paper_count = max(r.order for r in plan if r.tier < 3)
     assert all(r.tier == 3 and r.seed == 0 and r.order > last_paper_count for r in alt)

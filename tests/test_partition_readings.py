@@ -83,3 +83,15 @@ def test_a_split_is_counted_as_a_run_trains_on_it() -> None:
                             "partition.xi": 2, "seed": 0})
     assert counts.shape == (4, 10) and counts.sum() == 1_347
     assert ((counts > 0).sum(axis=1) <= 4).all()
+
+
+@pytest.mark.skipif(not (ROOT / "data" / "mnist" / "mnist.pkl.gz").exists(), reason="needs MNIST")
+def test_the_dirichlet_readings_need_no_minimum_at_seed_0() -> None:
+    """FedSR's α partitions (seed 0): the split with fedhet's minimum of 10 samples a device is
+    the split with none (`min_size=0`), the text's own words, as their choices say."""
+    alphas = [r for r in prd.readings() if r.settings.get("partition") == "dirichlet"]
+    assert sorted(r.settings["partition.alpha"] for r in alphas) == [0.1, 0.3]
+    for r in alphas:
+        ours = prd.counts_of(r.settings, str(ROOT / "data"))
+        bare = prd.counts_of({**r.settings, "partition.min_size": 0}, str(ROOT / "data"))
+        assert np.array_equal(ours, bare) and ours.sum(axis=1).min() >= 10

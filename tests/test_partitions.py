@@ -315,3 +315,48 @@ def test_shards_cut_by_label_against_the_sorted_cut():
     assert max(held) >= 3
     with pytest.raises(FedhetError, match="a shard per label"):
         split(labels, "shards", 2, 0, xi=2, cut="label")
+
+
+MNIST_CLASS_SIZES = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+"""MNIST's training samples per digit (60,000 in all)."""
+
+
+def test_unbalanced_cut_by_label_gives_every_client_exactly_xi_labels():
+    """`cut=label` on MNIST's class sizes, 100 clients, ξ = 2: every client, the largest
+    (≈ 11,400 samples, more than any class) included, holds exactly 2 labels; every sample goes
+    to one client; each client's size stays within 2 % of its power-law size (the same sizes,
+    in the same client order, as the default cut draws)."""
+    from fedhet.data.partition import unbalanced
+
+    labels = np.repeat(np.arange(10), MNIST_CLASS_SIZES)
+    for seed in range(3):
+        params = PARTITIONS.params("unbalanced", {"labels": "shards", "xi": 2, "cut": "label"})
+        parts = unbalanced(labels, 100, params, np.random.default_rng(seed))
+        assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(len(labels)))
+        assert ((label_counts(labels, parts, 10) > 0).sum(axis=1) == 2).all()
+        target = np.random.default_rng(seed).permutation(power_law_sizes(len(labels), 100, 1.0, 10))
+        sizes = np.array([len(p) for p in parts])
+        assert np.all(np.abs(sizes - target) <= 0.02 * target)
+        assert sizes.max() > max(MNIST_CLASS_SIZES)
+        sorted_cut = split(labels, "unbalanced", 100, seed, labels="shards", xi=2)
+        assert max(len(np.unique(labels[p])) for p in sorted_cut) > 2  # the default differs
+
+
+def test_unbalanced_cut_by_label_with_xi_three_and_its_default():
+    """ξ = 3 on a small ragged set: exactly 3 labels each; leaving `cut` out is `cut=sorted`."""
+    labels = ragged()
+    parts = split(labels, "unbalanced", 20, 4, labels="shards", xi=3, cut="label", min_size=10)
+    assert ((label_counts(labels, parts, 10) > 0).sum(axis=1) == 3).all()
+    assert sorted(np.concatenate(parts).tolist()) == list(range(len(labels)))
+    default = split(labels, "unbalanced", 20, 4, labels="shards", xi=3, min_size=10)
+    explicit = split(labels, "unbalanced", 20, 4, labels="shards", xi=3, min_size=10, cut="sorted")
+    assert all(np.array_equal(a, b) for a, b in zip(default, explicit, strict=True))
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"cut": "label"}, "partition.cut=label cuts label shards; set partition.labels=shards"),
+    ({"labels": "shards", "cut": "class"}, "partition.cut must be one of sorted, label"),
+])
+def test_unbalanced_cut_refuses(values, message):
+    with pytest.raises(FedhetError, match=message):
+        PARTITIONS.params("unbalanced", values)

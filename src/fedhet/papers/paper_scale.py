@@ -341,7 +341,7 @@ def _claim_values(c: Cell, claim: TableClaim) -> dict[int, float]:
     the claim's target (inf: never reached)."""
     out = {}
     for seed, cols in c.by_seed.items():
-        if claim.metric == "accuracy":
+        if claim.metric != "transfers":
             out[seed] = final(cols, "test_accuracy") * 100
             continue
         r = rounds_to(cols, cols.get("test_accuracy", []), claim.target, True)
@@ -409,11 +409,82 @@ class ClaimCell:
     row: Row
 
 
+def _drops(claim: TableClaim, values: dict[str, float]) -> dict[str, bool]:
+    """`drop`: per method, whether it keeps to its side of `tolerance` (winners lose at most it,
+    others more); `values`: each method's loss in points (not finite: it keeps to neither)."""
+    return {m: math.isfinite(d) and (d <= claim.tolerance) == (m in claim.winners)
+            for m, d in values.items()}
+
+
+def _paper_drop(claim: TableClaim, group: str) -> str:
+    """What the paper's own table says of a `drop` claim in `group`."""
+    here, there = claim.paper.get(group, {}), claim.paper.get(claim.beside.get(group, ""), {})
+    methods = (*claim.winners, *claim.others)
+    if any(m not in here or m not in there for m in methods):
+        return ""
+    lost = {m: there[m] - here[m] for m in methods}
+    against = [m for m, ok in _drops(claim, lost).items() if not ok]
+    text = "paper: loses " + ", ".join(f"{m} {lost[m]:.2f}" for m in methods)
+    return text + ("; holds in its table" if not against else
+                   f"; not in its own table ({', '.join(against)})")
+
+
+def read_drop_claim(claim: TableClaim, cs: list[Cell],
+                    missing: Callable[[str, tuple[str, ...]], str]) -> list[ClaimCell]:
+    """A `drop` claim per group: each method's final test accuracy (%) against its own in the
+    group's `beside` cell, the loss the mean over their common seeds; a winner holds when it loses
+    at most `tolerance` points, an other when it loses more. Not yet while a method of either
+    cell is not recorded."""
+    out = []
+    for group in claim.groups:
+        ref = claim.beside[group]
+        row = Row(group, f"{claim.quote} ({claim.source}); read against {ref}, "
+                  f"threshold {claim.tolerance:g} point **[choice]**")
+        paper = _paper_drop(claim, group)
+        row.published += f"; {paper}" if paper else ""
+        methods = (*claim.winners, *claim.others)
+        found = {(g, m): next((c for c in cs if c.setting == g and c.algorithm == m), None)
+                 for g in (group, ref) for m in methods}
+        lost: dict[str, float] = {}
+        seeds = 0
+        for m in methods:
+            here, there = found[(group, m)], found[(ref, m)]
+            if here is None or there is None:
+                continue
+            a, b = _claim_values(here, claim), _claim_values(there, claim)
+            common = sorted(set(a) & set(b))
+            if common:
+                lost[m] = statistics.fmean(b[s] - a[s] for s in common)
+                seeds = max(seeds, len(common))
+        ours = "loses " + ", ".join(f"{m} {d:+.2f}" for m, d in lost.items()) if lost else ""
+        absent = {g: tuple(m for m in methods if found[(g, m)] is None) for g in (group, ref)}
+        if any(absent.values()):
+            why = "; ".join(f"{g}: {', '.join(ms)} not recorded "
+                            f"({missing(g, ms).removeprefix('not run yet: ')})"
+                            for g, ms in absent.items() if ms)
+            row.ours = f"not yet: {why}" + (f"; so far: {ours}" if ours else "")
+            row.holds = "not yet"
+            out.append(ClaimCell(group, None, row))
+            continue
+        verdicts = _drops(claim, lost)
+        row.ours = ours + ("; single run (seed 0)" if seeds == 1 else f"; mean over {seeds} seeds")
+        holds = bool(verdicts) and all(verdicts.values())
+        against = [m for m, ok in verdicts.items() if not ok]
+        row.diff = f"against it: {', '.join(against)}" if against else ""
+        row.holds = _yes(holds) + (" (single run)" if seeds == 1 else "")
+        row.run = next(c for (g, m), c in found.items() if g == group and m == claim.winners[0]
+                       and c is not None).exp.run_info()
+        out.append(ClaimCell(group, holds, row))
+    return out
+
+
 def read_claim(claim: TableClaim, cs: list[Cell], missing: Callable[[str, tuple[str, ...]], str]
                ) -> list[ClaimCell]:
     """Every cell of `claim` read from the recorded cells `cs`: the best of its winners against
     each of its others (`beats`); not yet while a method of the cell is not recorded, `missing`
-    saying why (`(group, labels)` → text)."""
+    saying why (`(group, labels)` → text). A `drop` claim: `read_drop_claim`."""
+    if claim.metric == "drop":
+        return read_drop_claim(claim, cs, missing)
     out = []
     for group in claim.groups:
         row = Row(group, f"{claim.quote} ({claim.source})")
@@ -980,6 +1051,10 @@ CLAIMS_NOTE = (
     "each other method it names, by final test accuracy (or model transfers to the target). A "
     "single run (one seed, as the paper ran) is read by the sign of the difference and named as "
     "such; with more seeds, paired over seeds and outside the noise (`*`), as the other tables. "
+    "A claim that methods stay close to another cell while others degrade (FedSR at ξ = 4 against "
+    "IID) reads each method's final test accuracy against its own in that cell: close when it "
+    "loses at most the row's threshold, degrading when it loses more (**[choice]**: the paper "
+    "gives no number; declared with the claim). "
     "**not yet**: a method of the cell is not recorded (what is left is named).")
 
 

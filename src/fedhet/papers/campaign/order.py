@@ -10,7 +10,8 @@ On a CPU (one core a run) a sitting takes the runs left in this order **[choice]
    paper's own seed count, then the extra seeds);
 3. among runs of one tier, the cell nearest to completing its comparison first: the fewest
    core-hours left in the runs of its cell (the table's setting, at the paper's seed count or
-   among the extra seeds) still to run, a cell with an unpriced run after every priced one;
+   among the extra seeds) still to run, a cell with an unpriced run after every priced one (two
+   cells of the same hours by name, so a cell's runs stay together);
 4. within a cell, the runs under way first (the least time left first), then the plan's order.
 
 A GPU keeps its own order (`Sitting.under_way_first`): the runs under way, then the plan's.
@@ -61,9 +62,9 @@ def cpu_order(todo: list[CampaignRun], pricer: Pricer,
     hours = {r.name: core_hours(r, pricer, done[r.name]) for r in todo}
     cells = cell_hours(todo, hours)
 
-    def key(r: CampaignRun) -> tuple[bool, int, float, bool, float, int]:
+    def key(r: CampaignRun) -> tuple[bool, int, float, CellKey, bool, float, int]:
         heavy = math.isfinite(hours[r.name]) and hours[r.name] > HEAVY_CORE_HOURS
-        return (heavy, r.tier, cells[cell_of(r)], not done[r.name],
+        return (heavy, r.tier, cells[cell_of(r)], cell_of(r), not done[r.name],
                 hours[r.name] if done[r.name] else 0.0, r.order)
 
     return sorted(todo, key=key)

@@ -30,6 +30,8 @@ class Cell:
     setting: str
     headline: bool
     first: int
+    variant: bool = False
+    """The runs of another reading beside a preset run (`Table.variants`), a line of their own."""
     labels: list[str] = field(default_factory=list)
     done: int = 0
     running: int = 0
@@ -50,11 +52,11 @@ def rounds_saved(store: Store, travelling: dict[str, int], r: CampaignRun) -> in
 
 def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) -> list[Cell]:
     """The plan's runs gathered into cells, with their state and price (module doc)."""
-    out: dict[tuple[str, str, bool], Cell] = {}
+    out: dict[tuple[str, str, bool, bool], Cell] = {}
     travelling = store.inflight_runs()
     for r in plan:
-        cell = out.setdefault((r.table, r.spec.group, r.headline),
-                              Cell(r.table, r.spec.group, r.headline, r.order))
+        cell = out.setdefault((r.table, r.spec.group, r.headline, r.variant),
+                              Cell(r.table, r.spec.group, r.headline, r.order, r.variant))
         if r.spec.label not in cell.labels:
             cell.labels.append(r.spec.label)
         cell.rounds.add(r.rounds)
@@ -80,11 +82,12 @@ def cells(store: Store, plan: list[CampaignRun], device: str, pricer: Pricer) ->
     if kind_of(device) == "cpu":
         left = [r for r in plan if not store.is_recorded(r)]
         taken = cpu_order(left, pricer, lambda r: rounds_saved(store, travelling, r))
-        first: dict[tuple[str, str, bool], int] = {}
+        first: dict[tuple[str, str, bool, bool], int] = {}
         for i, r in enumerate(taken):
-            first.setdefault((r.table, r.spec.group, r.headline), i)
+            first.setdefault((r.table, r.spec.group, r.headline, r.variant), i)
         return sorted(rows, key=lambda c: (not (c.left + c.running),
-                                           first.get((c.table, c.setting, c.headline), 0), c.first))
+                                           first.get((c.table, c.setting, c.headline, c.variant), 0),
+                                           c.first))
     return sorted(rows, key=lambda c: (c.done and not (c.left + c.running), not c.running, c.first))
 
 
@@ -118,7 +121,8 @@ def print_plan(scale: str, device: str, results: Path, cache: Path | None, table
         dates = sorted(d for d in c.dates if d)
         when = (dates[0][:10] + (f" – {dates[-1][:10]}" if dates[-1][:10] != dates[0][:10] else "")) \
             if dates else "—"
-        stream.write(f"| {i} | {c.table} | {c.setting}{' (headline)' if c.headline else ''} | "
+        tag = " (headline)" if c.headline else " (another reading)" if c.variant else ""
+        stream.write(f"| {i} | {c.table} | {c.setting}{tag} | "
                      f"{', '.join(c.labels)} | {len(c.seeds)} | {c.done} | {c.running} | {c.left} | "
                      f"{'/'.join(str(k) for k in sorted(c.rounds))} | {kinds} | {_minutes(c)} | {when} |\n")
     total = {k: sum(c.minutes.get(k, 0.0) for c in rows) for k in ("cpu", "cuda")}

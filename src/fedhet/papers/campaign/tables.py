@@ -6,7 +6,9 @@ A table is one paper's preset restricted to the runs of one published table or f
 0. seed 0 of every headline cell (the cell that carries the paper's main claim: FedNNNN
    NonIID-UB FedAvg vs FedNNNN; FedSR ξ = 2 FedAvg vs FedSR; FedVeca CNN Case 3; BHerd CNN
    Case 3 FedAvg vs BHerd-FedAvg), in that order;
-1. the headline cells' other seeds up to the paper's own count (`Table.paper_seeds`);
+1. the headline cells' other seeds up to the paper's own count (`Table.paper_seeds`), then the
+   runs of another reading beside a headline run (`Table.variants`: BHerd-FedAvg under
+   `criterion=grab-stale`), which the headline row reads beside the preset's;
 2. the rest of each table, seeds up to the paper's count;
 3. extra seeds (the preset's beyond the paper's count), headline cells first, and the cells of
    another reading of the paper's words (`Table.alternatives`, seed 0), each before its table's
@@ -94,7 +96,8 @@ def variant(spec: RunSpec, tag: str, label: str, change: dict[str, Any], group: 
 
 
 LABEL_CUT = {"partition.cut": "label"}
-"""The other reading of "only ξ classes" (`shards`, `cut=label`): no shard straddles two labels."""
+"""The other reading of "only ξ classes" (`cut=label`): under `shards` no shard straddles two
+labels; under `unbalanced` (labels in shards) every client holds exactly ξ labels."""
 
 
 def label_cut(groups: tuple[str, ...], labels: tuple[str, ...]) -> Callable[[RunSpec], list[RunSpec]]:
@@ -132,7 +135,7 @@ CNN round's time in the preset, which logs the training loss for its SVM figures
 TABLES: tuple[Table, ...] = (
     Table("fednnnn-mnist", "fednnnn", "table2-mnist", "FedNNNN Table 2, MNIST", ("mnist",),
           _fednnnn_head, paper_seeds=1, bf16=True,
-          alternatives=label_cut(("MNIST NonIID-B",), ("FedAvg", "FedNNNN")),
+          alternatives=label_cut(("MNIST NonIID-B", "MNIST NonIID-UB"), ("FedAvg", "FedNNNN")),
           deviations="bf16 autocast (benchmarks/RESULTS.md: FedAvg and FedNova within 0.01 "
                      "points of fp32 on this CNN); seeds 1-2 are extras (the paper ran once)"),
     Table("fedsr-mnist", "fedsr", "table2-mnist", "FedSR Tables II-III, MNIST", ("mnist",),
@@ -196,6 +199,8 @@ class CampaignRun:
     after: str = ""
     """A run that must be recorded before this one can be planned exactly (FedVeca's baselines
     take their budget from the FedVeca run); '' when none."""
+    variant: bool = False
+    """A run of another reading beside a preset run (`Table.variants`)."""
 
     @property
     def name(self) -> str:
@@ -291,8 +296,12 @@ def plan_runs(scale: str, tables: tuple[Table, ...], records: Callable[[Table], 
         raise FedhetError(f"unknown scale {scale!r}; choose one of: {', '.join(SCALES)}")
     staged: list[tuple[int, Table, RunSpec, tuple[str, ...], str]] = []
     alternative: set[tuple[str, str]] = set()
+    beside_head: dict[tuple[str, str], bool] = {}
     for ti, t in enumerate(tables):
         base = first_stage(t, scale, data_dir)
+        for s in base:
+            beside_head.update({(t.key, v.name): t.headline(s)
+                                for v in (t.variants(s) if t.variants else [])})
         specs, serves = central_runs(base)
         for s in specs:
             staged.append((ti, t, s, serves[s.name], ""))
@@ -315,8 +324,9 @@ def plan_runs(scale: str, tables: tuple[Table, ...], records: Callable[[Table], 
         head = t.headline(s)
         tier = 3 if (t.key, s.name) in alternative else \
             (0 if rank == 0 else 1) if head and rank < t.paper_seeds else \
+            1 if beside_head.get((t.key, s.name)) and rank < t.paper_seeds else \
             2 if rank < t.paper_seeds else 3
         ranked.append(((tier, 0 if head else 1, ti, rank, i), t, s, serves, after, head))
     ranked.sort(key=lambda r: r[0])
-    return [CampaignRun(t.key, s, key[0], n, head, serves, after)
+    return [CampaignRun(t.key, s, key[0], n, head, serves, after, (t.key, s.name) in beside_head)
             for n, (key, t, s, serves, after, head) in enumerate(ranked)]

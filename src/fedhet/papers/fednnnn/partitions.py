@@ -24,8 +24,8 @@ POWER = ("unbalanced: sizes ∝ r^(−1) over the size rank r (`unbalanced`, exp
 UB_SHARDS = ("non-IID-UB: each client's size cut into 2 shards laid along the label-sorted data, so "
              "a shard longer than what is left of a class runs on into the next label; the text does "
              "not say how a client larger than two classes' worth (the largest holds about 11,000 "
-             "samples, a class about 6,000) keeps to 2 classes (no alternative split of it is run: "
-             "fedhet has none yet)")
+             "samples, a class about 6,000) keeps to 2 classes; the other reading is drawn and run "
+             "beside it (`cut=label`)")
 WEIGHTS = "the server weights every client 1/m (\"set n_k/n = 1/n\"), as the text says"
 
 
@@ -39,6 +39,12 @@ def _reading(scenario: str, choices: tuple[str, ...]) -> PartitionReading:
 LABEL_CUT = ("the other reading of \"only 2 classes\": each label cut into its own shards "
              "(`shards`, `cut=label`), so no shard straddles two labels and a client holds 1 or 2")
 
+UB_LABEL_CUT = ("the other reading of \"only 2 classes\" under UB: every client, large or small, holds "
+                "exactly 2 classes (`unbalanced`, `cut=label`): clients from the largest down take "
+                "the 2 classes with the most samples not yet asked for, half their size from each, "
+                "and each class is shared among its holders in proportion to what they asked, so "
+                "every sample is used and a size stays within about 1 % of its power-law value")
+
 READINGS = (
     _reading("IID-B", ("IID: a random, even share",)),
     _reading("NonIID-B", (SHARDS,)),
@@ -49,6 +55,11 @@ READINGS = (
                      ("fednnnn-mnist", "MNIST NonIID-B (cut=label)")),
     _reading("IID-UB", (POWER, "IID labels: a random permutation cut at those sizes", WEIGHTS)),
     _reading("NonIID-UB", (POWER, UB_SHARDS, WEIGHTS)),
+    PartitionReading("fednnnn-noniid-ub-cutlabel", "FedNNNN MNIST NonIID-UB (cut=label), alternative",
+                     f"{WORDS['NonIID']} {WORDS['UB']}", "§5.1",
+                     {"dataset": "mnist", "clients": 100, "seed": 0, **partition_settings("NonIID-UB"),
+                      "partition.cut": "label"}, (POWER, UB_LABEL_CUT, WEIGHTS),
+                     ("fednnnn-mnist", "MNIST NonIID-UB (cut=label)")),
 )
 """The four partitions of Table 2 (MNIST, 100 clients, seed 0)."""
 

@@ -34,6 +34,13 @@ def _groups(*tasks: str) -> tuple[str, ...]:
     return tuple(g for t in tasks for g in _cells(t))
 
 
+NEAR_IID = 1.0
+"""**[choice]** "close to that of the iid case" and "degrades dramatically", read with one
+threshold: a method is close when its final test accuracy is at most 1 point below its own IID
+cell, and degrades when it is more than 1 point below (the paper gives no number; its own
+Fashion-MNIST ξ = 4 cell bears the sentence out at 1 point, its MNIST cell does not: the
+baselines there lose 0.20-0.44)."""
+
 CLAIMS = (
     TableClaim("in most cases FedSR achieves higher model accuracy in both iid and non-iid "
                "settings compared to FedAvg, FedProx, MOON, and HierAVG", "§IV-D, Table II",
@@ -51,7 +58,14 @@ CLAIMS = (
                "§IV-G, Table III (Fashion-MNIST, target 80%)", ("FedSR",), AGGREGATED,
                ("Fashion-MNIST xi=2",), {"Fashion-MNIST xi=2": TABLE3["Fashion-MNIST xi=2"]},
                metric="transfers", target=TARGETS["Fashion-MNIST"]),
+    TableClaim("in non-iid setting (ξ=4) the model performance of FedSR and ring-optimization on "
+               "MNIST and FashionMNIST is still close to that of the iid case, however the model "
+               "performance of FedAvg, FedProx, MOON, and HierAVG degrades dramatically",
+               "§IV-D, Table II", ("FedSR", "ring-optimization"), AGGREGATED,
+               ("MNIST xi=4", "Fashion-MNIST xi=4"), PAPER, metric="drop",
+               beside={"MNIST xi=4": "MNIST IID", "Fashion-MNIST xi=4": "Fashion-MNIST IID"},
+               tolerance=NEAR_IID),
 )
 """Tables II and III's comparisons, read on docs/paper-scale.md (CIFAR cells: no data here)."""
 
-__all__ = ["AGGREGATED", "CLAIMS"]
+__all__ = ["AGGREGATED", "CLAIMS", "NEAR_IID"]

@@ -10,7 +10,11 @@ margin`), mean ± std over the seeds that reach it (`k never` counts the others:
 round `K + 1` in the paired differences). Paired differences are against FedVeca of the same
 seed, marked `*` outside the noise (`|mean Δ| > 2 · std(Δ)/√n`).
 
-    python -m fedhet.papers.fedveca.claims results/fedveca/svm-cases.csv
+`--reach` reads "reaches the centralized value" with docs/paper-scale.md's rule instead
+(`paper_scale.REACH`, `central_target`): within 5 % of the centralized run's own span of its
+final value, `acc ≥ c − 0.05·|c₀ − c|`, `loss ≤ c + 0.05·|c₀ − c|` (`reach_table`).
+
+    python -m fedhet.papers.fedveca.claims results/fedveca/svm-cases.csv [--reach]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from fedhet.papers.paper_results import Curves, read_results
+from fedhet.papers.paper_scale import REACH, central_target
 from fedhet.reports.seeds import mean_std, paired
 
 ACC_MARGINS = (0.01, 0.005, 0.0)
@@ -114,6 +119,55 @@ def claims_table(curves: Curves) -> str:
     return "\n".join(lines) + "\n"
 
 
+def reach_table(curves: Curves, reach: float = REACH) -> str:
+    """Per case and method: the first round at which the test accuracy and the training loss
+    reach the centralized run's `central_target` of the same seed (the page's rule), mean ± std
+    over the seeds that get there (`k never`), and the paired difference against FedVeca (a
+    seed that never gets there counts as round K + 1)."""
+    head = ["case", "method", "n", "centralized acc c₀ → c", "target acc", "rounds to acc",
+            "centralized train loss c₀ → c", "target loss", "rounds to loss",
+            "Δ rounds to acc vs FedVeca", "Δ rounds to loss vs FedVeca"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for case in sorted({s for s, _ in curves}):
+        labels = {m: method_label(curves, case, m) for m in METHODS}
+        if labels["central"] is None or labels["fedveca"] is None:
+            continue
+        central = curves[(case, labels["central"])]
+        per: dict[str, dict[int, dict[str, float]]] = {}
+        for m in METHODS[:3]:
+            if labels[m] is None:
+                continue
+            per[m] = {}
+            for seed, cols in curves[(case, labels[m])].items():
+                ref = central.get(seed)
+                if ref is None:
+                    continue
+                row: dict[str, float] = {"c0a": ref["test_accuracy"][0], "ca": ref["test_accuracy"][-1],
+                                         "c0l": ref["train_loss"][0], "cl": ref["train_loss"][-1]}
+                for key, column, accuracy in (("a", "test_accuracy", True), ("l", "train_loss", False)):
+                    target = central_target(ref, accuracy, reach)
+                    hit = first(cols[column], lambda v, t=target, up=accuracy: v >= t if up else v <= t)
+                    row["t" + key] = target
+                    row["r" + key] = float(hit) if hit is not None else math.nan
+                    row["p" + key] = float(hit) if hit is not None else float(len(cols[column]))
+                per[m][seed] = row
+        for m, by_seed in per.items():
+            rows = list(by_seed.values())
+            cells = [case, labels[m], str(len(rows)),
+                     f"{_ms([r['c0a'] for r in rows], 4)} → {_ms([r['ca'] for r in rows], 4)}",
+                     _ms([r["ta"] for r in rows], 4), _reach(rows, "ra"),
+                     f"{_ms([r['c0l'] for r in rows], 4)} → {_ms([r['cl'] for r in rows], 4)}",
+                     _ms([r["tl"] for r in rows], 4), _reach(rows, "rl")]
+            if m == "fedveca":
+                cells += ["—"] * 2
+            else:
+                base = per["fedveca"]
+                common = [s for s in by_seed if s in base]
+                cells += [paired([by_seed[s][k] - base[s][k] for s in common], 1) for k in ("pa", "pl")]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_mean_curves(curves: Curves, out: Path, columns: Sequence[str] = ("train_loss", "test_accuracy"),
                      rounds: int | None = None, ylims: dict[str, tuple[float, float]] | None = None) -> Path:
     """One panel per (setting, column): each algorithm's mean over seeds by round, with a band
@@ -174,12 +228,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--plot", type=Path, default=None, help="also write mean curves to this PNG")
     ap.add_argument("--rounds", type=int, default=None, help="--plot: rounds 0..N only")
     ap.add_argument("--ylim", default=None, help="--plot: e.g. train_loss=0.18:0.4")
+    ap.add_argument("--reach", action="store_true",
+                    help=f"read 'reaches the centralized value' with the page's rule (within "
+                         f"{REACH:.0%} of the centralized curve's span)")
     args = ap.parse_args(argv)
     curves = read_results(args.csv)
     if args.plot:
         plot_mean_curves(curves, args.plot, rounds=args.rounds, ylims=_lims(args.ylim))
         return
-    print(claims_table(curves), end="")
+    print(reach_table(curves) if args.reach else claims_table(curves), end="")
 
 
 if __name__ == "__main__":
