@@ -1,23 +1,30 @@
 """Stacked local SGD for a cohort of clients: `C` flat parameter vectors as one `(C, d)` tensor.
 
 `CohortTrainer.sgd_many(jobs)` runs several `LocalTrainer.sgd` calls side by side and returns
-what each would have returned. Per step it takes every active client's next mini-batch, computes
-all mini-batch gradients in one call, then runs the local step's chain (`fedhet.training.steps`)
-once for the whole stack: the clients' chains, `LocalStep.of(cfg, transforms)` each, are stacked
-into one with per-row coefficients and stacked anchors and shifts, so weight decay, FedProx's
-proximal term, SCAFFOLD's correction, momentum and the step are one tensor operation each, and
-each row gets the bits it gets alone. The `on_step` hooks that are `StackableHook`s
-(`fedhet.training.hooks`: BHerd's gradient store, GraB's balancing, FedVeca's estimates) run
-once per step for all the clients whose hooks are of one class, on their rows of the stack; only
-a `Custom` transform and any other `on_step(step, w, g, loss)` hook run per client, on row views
-`g[r]`, `w[r]` (the same live-buffer contract as the sequential loop). Clients whose batch
-stream ends earlier leave the stack (their rows of the parameters, buffers, momentum, chain
-and hooks are dropped; unequal `τ` is exact, not padded). Clients whose mini-batches differ
-in size (`min(B, n_i)`) are grouped by size within a step, so no loss is padded or reweighted.
+what each would have returned. Per step it takes every active client's next mini-batch (when
+every client's stream is a `BatchSchedule`, all of them were drawn once, as one table on the
+device), computes all mini-batch gradients in one call, then runs the local step's chain
+(`fedhet.training.steps`) once for the whole stack: the clients' chains, `LocalStep.of(cfg,
+transforms)` each, are stacked into one with per-row coefficients and stacked anchors and
+shifts, so weight decay, FedProx's proximal term, SCAFFOLD's correction, momentum and the step
+are one tensor operation each, and each row gets the bits it gets alone. The `on_step` hooks
+that are `StackableHook`s (`fedhet.training.hooks`: BHerd's gradient store, GraB's balancing,
+FedVeca's estimates) run once per step for all the clients whose hooks are of one class, on
+their rows of the stack; only a `Custom` transform and any other `on_step(step, w, g, loss)`
+hook run per client, on row views `g[r]`, `w[r]` (the same live-buffer contract as the
+sequential loop). Clients whose batch stream ends earlier leave the stack (their rows of the
+parameters, buffers, momentum, chain and hooks are dropped; unequal `τ` is exact, not padded).
+Clients whose mini-batches differ in size (`min(B, n_i)`) are grouped by size within a step, so
+no loss is padded or reweighted.
 
-Gradients come from `torch.func.vmap(grad(loss))` over `functional_call` of the shared module
-(the module's own `objective`, evaluated inside the functional call so that a loss that reads
-the module's weights, the squared SVM's `λ‖w‖²`, sees the client's weights). BatchNorm running
+The losses are summed on the device and read when a client leaves the stack, so a step makes
+no host synchronisation (unless a client's own `on_step` hook wants its loss as a number).
+
+Gradients come from the model's stacked program (`fedhet.training.program`: a sequence of known
+layers as a few batched operations) where it has one, else from `torch.func.vmap(grad(loss))`
+over `functional_call` of the shared module (the module's own `objective`, evaluated inside the
+functional call so that a loss that reads the module's weights, the squared SVM's `λ‖w‖²`,
+sees the client's weights). BatchNorm running
 statistics are per client: the stacked buffers go in with the parameters and the new running
 mean and (unbiased) variance are computed from each BatchNorm input seen by a forward pre-hook,
 with the module's own momentum, because the in-place update inside `vmap(grad(...))` does not
