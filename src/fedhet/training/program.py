@@ -18,8 +18,8 @@ operation per layer, the rows kept apart by the operations themselves:
 
 The loss is the model's cross-entropy (a model with a `loss` or `predict` of its own is not a
 program), the mean over each row's mini-batch; the rows' losses are summed and differentiated
-once by autograd, which gives each row the gradient of its own
-loss, since no row's loss depends on another row's weights: `∂(Σ_r ℓ_r)/∂w_r = ∂ℓ_r/∂w_r`.
+once by autograd, which gives each row the gradient of its own loss, since no row's loss depends
+on another row's weights: `∂(Σ_r ℓ_r)/∂w_r = ∂ℓ_r/∂w_r`.
 
 A sequence is what the module's forward does when `layer_sequence` can read it: an
 `nn.Sequential` of known layers, or a module that lists its steps in `stacked_layers()` (the
@@ -232,12 +232,13 @@ class StackedProgram:
 
     def _agrees(self, sample_shape: Sequence[int]) -> bool:
         """Whether the program's logits equal the module's forward on a random probe of two
-        samples (the model's own weights as a stack of one, float32, random state kept)."""
+        samples (the model's own weights as a stack of one, float32; torch's random state is
+        left alone)."""
         module = self.model.module
         params = self.model.params
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
-            torch.manual_seed(0)
-            probe = torch.rand(2, *sample_shape, device=params.device)
+        probe = torch.rand(2, *sample_shape, generator=torch.Generator().manual_seed(0))
+        probe = probe.to(params.device)  # drawn on the CPU from its own generator: no global state
+        with torch.no_grad():
             was_training = module.training
             module.train()
             try:
