@@ -8,6 +8,7 @@ fails in the middle of a ring the same way under both executors.
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import pytest
@@ -19,7 +20,7 @@ from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo, ServerSt
 from fedhet.engine.assembly import assemble
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import config_of
-from fedhet.engine.failures import ClientFailure
+from fedhet.engine.failures import ClientFailure, UserCodeFailed
 from fedhet.engine.rounds import edge_ring_round, edge_star_round
 from fedhet.engine.simulation import Simulation
 from fedhet.models.registry import MODELS
@@ -214,6 +215,28 @@ def test_failure_mid_ring_same_under_both_executors():
         assert [r[key] for r in seq_rows] == [r[key] for r in bat_rows]
     w_seq, w_bat = seq.final_state.w, bat.final_state.w
     assert float((w_bat - w_seq).norm() / w_seq.norm()) < 1e-5
+
+
+@pytest.mark.parametrize("method", ["edge_init", "edge_configure", "edge_aggregate"])
+@pytest.mark.parametrize("settings", [FEDSR, HIERFAVG], ids=["fedsr", "hierfavg"])
+def test_an_edge_method_that_raises_names_the_round_and_the_index_it_got(
+        monkeypatch, settings, method):
+    """The second round calls the edge role with `round=1`: its error line says both."""
+    sim = simulation(**settings, rounds=2)
+    original = getattr(type(sim.side.algorithm), method)
+
+    def broken(self, *args):
+        index = inspect.signature(original).bind(self, *args).arguments["round"]
+        if index >= 1:
+            raise RuntimeError(f"edge down at index {index}")
+        return original(self, *args)
+
+    monkeypatch.setattr(type(sim.side.algorithm), method, broken)
+    with pytest.raises(UserCodeFailed) as failed:
+        sim.run()
+    assert re.fullmatch(rf"round 2 \(round=1 in {method}'s arguments\): (tests/)?"
+                        r"test_edge_lockstep\.py:\d+ in broken: RuntimeError: edge down at index 1",
+                        str(failed.value)), str(failed.value)
 
 
 # -- billing: a hand count ------------------------------------------------------------------

@@ -357,6 +357,29 @@ def test_a_raising_client_is_dropped_and_the_run_finishes():
     assert [r["clients_returned"] for r in rows] == [6.0, 5.0]
 
 
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_a_client_update_that_raises_names_the_round_and_ctx_round(monkeypatch, executor):
+    """The algorithm's own client half raises for one client in the second round: its line
+    names the round as runs count it and the index `ctx.round` it got."""
+    cfg = config_of({**BASE, "algorithm": "fedavg", "executor": executor})
+    lines: list[str] = []
+    sim = assemble(cfg, store=None, log=lines.append)
+    cls = type(sim.side.algorithm)
+    update = cls.client_update
+
+    def client_update(self, message, ctx, state):
+        if ctx.client_id == 4 and ctx.round == 1:
+            raise ValueError("simulated crash")
+        return update(self, message, ctx, state)
+
+    monkeypatch.setattr(cls, "client_update", client_update)
+    assert sim.run()["finished"]
+    [line] = lines
+    assert re.fullmatch(r"round 2 \(ctx\.round=1 in client_update's arguments\): client 4 failed "
+                        r"and is dropped for the round: ValueError: simulated crash "
+                        r"\((tests/)?test_faults\.py:\d+ in client_update\)", line), line
+
+
 def test_a_resumed_run_drops_the_same_clients(tmp_path):
     from fedhet.rundir.store import RunStore
 

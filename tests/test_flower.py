@@ -335,7 +335,8 @@ def test_a_failing_client_fails_its_node_clearly(monkeypatch):
         log=lambda _: None,
     )
     remote.side.executor.roster.wait_for_all(1.0)
-    with pytest.raises(FedhetError, match=r"client 0 failed in round 1: .*bad local data"):
+    with pytest.raises(FedhetError, match=r"client 0 failed in round 1 \(ctx\.round=0 in "
+                       r"client_update's arguments\): ValueError: bad local data"):
         remote.run()
 
 

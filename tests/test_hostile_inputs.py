@@ -554,11 +554,13 @@ def test_force_puts_the_good_run_back_when_the_new_one_fails_before_it_saves_a_r
                                        "raises-in-update", rounds=3)
     plugin = tmp_path / "algos_raise.py"
     common = ["-d", "digits", "-r", "3", "-n", "3", "--out", str(out), "-q"]
-    assert "round 1: client 0: " in line and "RuntimeError: broken client_update" in line
+    assert line.startswith("error: round 1 (ctx.round=0 in client_update's arguments): client 0: ")
+    assert "RuntimeError: broken client_update" in line
     assert f"the new run saved no round, so the run that was in {out} is back as it was" in line
     assert pr_finished(out) and not (out / ".fedhet-replaced").exists()
     assert one_error_line(capsys, ["run", *common, "--force", "--plugin", str(plugin), "-a",
-                                   "raises-in-round-2"]).startswith("error: round 2: ")
+                                   "raises-in-round-2"]).startswith(
+        "error: round 2 (round=1 in aggregate's arguments): ")
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["algorithm"], summary["status"], summary["rounds_done"]) == \
         ("raises-in-round-2", "failed", 1)
@@ -786,6 +788,9 @@ class BadClient(Algorithm):
 '''
 RAISES_AT = {"bad-aggregate": ("bad_user.py:26 in aggregate", "ValueError: my aggregate is broken", 2),
              "bad-client": ("bad_user.py:35 in client_update", "KeyError: 'missing thing'", 1)}
+SAID = {"bad-aggregate": "round 2 (round=1 in aggregate's arguments): ",
+        "bad-client": "round 1 (ctx.round=0 in client_update's arguments): client 0: "}
+"""How the error line names the round (and the client) before the place in the user's code."""
 
 
 @pytest.fixture
@@ -814,7 +819,7 @@ def test_user_code_that_raises_mid_run_is_one_line_and_the_run_resumes_after_the
     line = one_error_line(capsys, ["--plugin", str(bad_plugin), "run", "-a", algorithm,
                                    "-d", "digits", "-n", "3", "-r", "3", "--out", str(run), "-q",
                                    *executor])
-    assert where in line and error in line and f"round {round}:" in line
+    assert line.startswith(f"error: {SAID[algorithm]}{where}: {error}")
     assert f"fedhet run --resume {run}" in line
     summary = summary_of(run)
     assert summary["status"] == "failed" and summary["finished"] is False
@@ -832,7 +837,45 @@ def test_debug_shows_the_traceback_of_user_code(capsys, bad_plugin, tmp_path):
                  "-n", "3", "-r", "2", "--out", str(tmp_path / "run"), "-q", "--debug"]) == 2
     err = capsys.readouterr().err
     assert "Traceback (most recent call last)" in err and 'bad_user.py", line 26, in aggregate' in err
-    assert err.strip().splitlines()[-1].startswith("error: round 2: bad_user.py:26 in aggregate")
+    assert err.strip().splitlines()[-1].startswith(
+        "error: round 2 (round=1 in aggregate's arguments): bad_user.py:26 in aggregate: ")
+
+
+LATE_PLUGIN = """\
+import fedhet
+
+FedAvg = fedhet.ALGORITHMS.get("fedavg").factory
+
+
+@fedhet.register_algorithm("breaks-late", fedhet.ALGORITHMS.get("fedavg").params)
+class BreaksLate(FedAvg):
+    def aggregate(self, state, round, replies):
+        if round >= 2:
+            raise RuntimeError(f"no aggregate once round >= 2 (got {round})")
+        return super().aggregate(state, round, replies)
+"""
+
+
+def test_an_error_in_the_algorithm_names_the_round_as_runs_count_and_as_its_argument(
+        capsys, tmp_path, own_registrations, monkeypatch):
+    """Runs count rounds from 1, the algorithm's `round` is the index from 0: an aggregate that
+    raises once `round >= 2` fails the third round, and the one error line says both."""
+    monkeypatch.setenv("FEDHET_DEBUG", "0")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "late_user.py").write_text(LATE_PLUGIN)
+    line_no = LATE_PLUGIN.splitlines().index(
+        '            raise RuntimeError(f"no aggregate once round >= 2 (got {round})")') + 1
+    line = one_error_line(capsys, ["--plugin", "late_user.py", "run", "-a", "breaks-late",
+                                   "-d", "digits", "-n", "3", "-r", "4", "--out", "run", "-q"])
+    assert line == (
+        f"error: round 3 (round=2 in aggregate's arguments): late_user.py:{line_no} in aggregate: "
+        "RuntimeError: no aggregate once round >= 2 (got 2); the run is marked failed in "
+        "run/summary.json and the rounds before it are kept: fix it, then `fedhet run --resume "
+        "run` continues (--debug shows the traceback)")
+    summary = summary_of(tmp_path / "run")
+    assert (summary["status"], summary["rounds_done"], summary["failed"]["round"]) == ("failed", 2, 3)
+    rounds = [int(r.split(",")[0]) for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
+    assert rounds == [0, 1, 2]  # the initial model, then the two rounds that finished
 
 
 def test_user_code_that_raises_through_the_library_keeps_its_cause(bad_plugin, tmp_path):
@@ -853,9 +896,9 @@ def test_a_grid_with_user_code_that_raises_marks_those_runs_failed_and_resumes(
             "-d", "digits", "-n", "3", "-r", "2", "--jobs", "2", "--out", str(grid)]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()  # compare's progress goes to stderr
-    assert any("bad-aggregate__seed0 failed: round 2: bad_user.py:26 in aggregate: ValueError"
-               in line for line in err)
-    assert any("bad-client__seed0 failed: round 1: client 0: bad_user.py:35 in client_update"
+    assert any(f"bad-aggregate__seed0 failed: {SAID['bad-aggregate']}bad_user.py:26 in aggregate: "
+               "ValueError" in line for line in err)
+    assert any(f"bad-client__seed0 failed: {SAID['bad-client']}bad_user.py:35 in client_update"
                in line for line in err)
     assert err[-1].startswith("error: 2 of 3 runs failed") and "Traceback" not in "".join(err)
     status = {d.name: summary_of(d)["status"] for d in (grid / "runs").iterdir()}

@@ -121,7 +121,7 @@ def train(msg: Message, context: Context) -> Message:
     ((_, up),) = world.executor.run(round, [(client_id, down)])
     work.take_buffers()  # the server averages what the reply carries
     if isinstance(up, ClientFailure):
-        raise FedhetError(f"client {client_id} failed in round {round + 1}: {up.error}")
+        raise FedhetError(f"client {client_id} failed in {up.when}: {up.error}")
     context.state[STATE] = pack_state(work.states[client_id])
     return Message(to_record(up, client_id=client_id), reply_to=msg)
 

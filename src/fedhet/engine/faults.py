@@ -112,8 +112,9 @@ class RoundTally:
 
 
 def failure_line(failure: ClientFailure) -> str:
+    """The one log line of a client dropped for a round because it raised."""
     return (
-        f"round {failure.round + 1}: client {failure.client_id} failed and is dropped for the "
+        f"{failure.when}: client {failure.client_id} failed and is dropped for the "
         f"round: {failure.error}" + (f" ({failure.where})" if failure.where else "")
     )
 

@@ -38,7 +38,13 @@ from fedhet.engine.config import RESUMABLE, canonical_config
 from fedhet.engine.evaluation import Evaluator
 from fedhet.engine.evaluation import summary as run_summary
 from fedhet.engine.executors import Executor
-from fedhet.engine.failures import ClientFailure, Diverged, UserCodeFailed, blame
+from fedhet.engine.failures import (
+    ClientFailure,
+    Diverged,
+    UserCodeFailed,
+    algorithm_call,
+    blame,
+)
 from fedhet.engine.faults import FaultModel
 from fedhet.engine.plan import Plan
 from fedhet.engine.rounds import RoundRunner, RunnerContext
@@ -297,7 +303,7 @@ class Simulation:
             if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise self._disk_full(e, k) from e
             where, user = blame(e)
-            failed = UserCodeFailed(k, one_line(e), where, user)
+            failed = UserCodeFailed(k, one_line(e), where, user, call=algorithm_call(e))
             self._failed(failed, rows)
             raise failed from e
         finally:
@@ -340,7 +346,7 @@ class Simulation:
         if first is None:
             return UserCodeFailed(round, every, "", False)
         return UserCodeFailed(round, f"{first.error}; {every}", first.where, first.user,
-                              client=first.client_id)
+                              client=first.client_id, call=first.call)
 
     def _failed(self, error: UserCodeFailed, rows: list[dict[str, Any]]) -> None:
         """Mark the run `failed` with the round and the error; every round already saved stays,
