@@ -690,3 +690,30 @@ def test_a_gpu_run_checkpoints_about_once_a_minute() -> None:
     assert checkpoint_every(7.5) == 8
     assert checkpoint_every(90.0) == 1  # rounds longer than a minute: every round
     assert checkpoint_every(0.0) == checkpoint_every(float("nan")) == 1  # unpriced: every round
+
+
+def test_the_plan_gives_each_tables_time_left_on_one_gpu_and_on_one_core(tmp_path: Path) -> None:
+    """`reproduce plan` ends with a line per table: its runs left, all on one GPU (each run's
+    share of a batched round) and all on one CPU core, each the sum of the runs' prices times
+    their rounds left (the repository's records and bench prices)."""
+    from fedhet.papers.campaign.plan import print_plan
+    from fedhet.papers.campaign.records import rounds_done
+
+    results = ROOT / "results"
+    stream = io.StringIO()
+    print_plan("paper", "cpu", results, tmp_path / "cache", ("fednnnn-mnist",), 8, stream)
+    line = next(x for x in stream.getvalue().splitlines() if x.startswith("fednnnn-mnist, "))
+    store = Store(results, tmp_path / "cache", "paper")
+    plan = plan_runs("paper", (tables.table("fednnnn-mnist"),), store.records)
+    pricer = Pricer(store, plan, 1)
+    left = [r for r in plan if not store.is_recorded(r)]
+    travelling = store.inflight_runs()
+
+    def total(kind: str) -> float:
+        return sum(pricer.price(r, kind).seconds_per_round
+                   * (r.rounds - max(travelling.get(f"{r.table}/{r.name}", 0),
+                                     rounds_done(store.run_dir(r.table, r.name)))) for r in left)
+
+    assert line == (f"fednnnn-mnist, {len(left)} run(s) left, all on one GPU: "
+                    f"{total('cuda') / 60:,.0f} GPU-min; all on one CPU core: "
+                    f"{total('cpu') / 3600:,.1f} core-hours")

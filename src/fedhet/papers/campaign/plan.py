@@ -134,6 +134,17 @@ def print_plan(scale: str, device: str, results: Path, cache: Path | None, table
                  + (f"; {sum(c.unpriced for c in rows)} run(s) unpriced (no bench record for the "
                     "kind: the first sitting measures it)" if any(c.unpriced for c in rows) else "")
                  + ". FedVeca's baselines join a group once its FedVeca run is recorded.\n")
+    travelling = store.inflight_runs()
+    for t in chosen:
+        left = [r for r in plan if r.table == t.key and not store.is_recorded(r)]
+        if not left:
+            continue
+        each = {kind: seconds_left(store, travelling, pricer, left, kind) for kind in ("cpu", "cuda")}
+        stream.write(f"{t.key}, {len(left)} run(s) left, all on one GPU: "
+                     + (f"{each['cuda'] / 60:,.0f} GPU-min" if each["cuda"] is not None else "unpriced")
+                     + "; all on one CPU core: "
+                     + (f"{each['cpu'] / 3600:,.1f} core-hours" if each["cpu"] is not None else "unpriced")
+                     + "\n")
     for why in NO_DATA.values():
         stream.write(f"not planned: {why}\n")
 
@@ -154,6 +165,19 @@ class TableStatus:
     """Left on one GPU; None when the GPU is unmeasured (no bench record)."""
 
 
+def seconds_left(store: Store, travelling: dict[str, int], pricer: Pricer, left: list[CampaignRun],
+                 kind: str) -> float | None:
+    """Seconds the runs `left` still take, all on one device of `kind` (each run's share of a
+    batched round on a GPU); None when one of them is unpriced there."""
+    total = 0.0
+    for r in left:
+        p = pricer.price(r, kind)
+        if p is None:
+            return None
+        total += p.seconds_per_round * (r.rounds - rounds_saved(store, travelling, r))
+    return total
+
+
 def status(results: Path, scale: str = "paper") -> list[TableStatus]:
     """Every default table's progress from the repository alone (records, travelling
     checkpoints, bench records; no cache), for the page (`paper_scale`)."""
@@ -172,16 +196,7 @@ def status(results: Path, scale: str = "paper") -> list[TableStatus]:
                    and not any(x.after == r.name for x in runs)]
         runs += waiting * 3
         left += waiting * 3
-        cost: dict[str, float | None] = {}
-        for kind in ("cpu", "cuda"):
-            total: float | None = 0.0
-            for r in left:
-                p = pricer.price(r, kind)
-                done = rounds_saved(store, travelling, r)
-                total = (None if p is None or total is None
-                         else total + p.seconds_per_round * (r.rounds - done))
-            cost[kind] = total
-        cpu, gpu = cost["cpu"], cost["cuda"]
+        cpu, gpu = (seconds_left(store, travelling, pricer, left, kind) for kind in ("cpu", "cuda"))
         out.append(TableStatus(t.key, t.title, f"results/{t.paper}/{t.experiment}.csv",
                                len(runs) - len(left),
                                sum(1 for r in left if f"{t.key}/{r.name}" in travelling),
