@@ -717,3 +717,24 @@ def test_the_plan_gives_each_tables_time_left_on_one_gpu_and_on_one_core(tmp_pat
     assert line == (f"fednnnn-mnist, {len(left)} run(s) left, all on one GPU: "
                     f"{total('cuda') / 60:,.0f} GPU-min; all on one CPU core: "
                     f"{total('cpu') / 3600:,.1f} core-hours")
+
+
+def test_a_bench_measured_again_prices_the_kind_anew(tmp_path: Path) -> None:
+    """Segments older than their kind's bench record do not price it (a bench measured again
+    after the executor changed); the ones since do."""
+    store = Store(tmp_path / "results", tmp_path / "cache")
+    plan = plan_runs("paper", (tables.table("fednnnn-mnist"),), store.records)
+    run = plan[0]
+    same = next(r for r in plan if r.spec.label == run.spec.label and r is not run)
+    _bench(store, "cuda", [{"model": "cnn-fednnnn-mnist", "precision": "bf16", "stacked": 100,
+                            "runs": 1, "passes": 10_000, "s_per_round": 1.0}])
+    record = json.loads((store.bench_dir / "cuda.json").read_text())
+    (store.bench_dir / "cuda.json").write_text(json.dumps({**record, "date": "2026-11-28 04:00 UTC"}))
+    old = {"kind": "cuda", "rounds": 10, "seconds": 80.0, "median_round_s": 8.0, "runs_batched": 1,
+           "date": "2026-11-27 17:08 UTC"}
+    pricer = Pricer(store, plan)
+    pricer.note(run, [old])
+    assert pricer.price(same, "cuda").source == "bench"  # the old executor's rounds left out
+    pricer.note(run, [{**old, "median_round_s": 2.0, "date": "2026-11-28 05:00 UTC"}])
+    price = pricer.price(same, "cuda")
+    assert price.source == "measured" and price.seconds_per_round == pytest.approx(2.0)

@@ -7,8 +7,9 @@ it evaluates (a forward pass). Its **price** on a device kind (`cpu`: one core; 
 GPU) is its rounds left times a measured seconds per round, the first of:
 
 1. **measured**: the median seconds per round of the same table's runs of the same method on
-   that kind (from the records and the cached and travelling runs' segments), each segment's
-   round divided among the runs batched in it (`runs_batched`): a run's share of the device;
+   that kind (from the records and the cached and travelling runs' segments, those since the
+   kind's bench record was measured), each segment's round divided among the runs batched in
+   it (`runs_batched`): a run's share of the device;
 2. **bench**: the device kind's committed bench record (`RESULTS/campaign/bench/<kind>.json`,
    `bench.py`): the seconds per sample-pass measured on the same model, with the nearest count
    of clients stepping at once (clients stacked × runs batched; on a CPU one at a time), times
@@ -176,8 +177,14 @@ class Pricer:
 
     def _add(self, table: str, label: str, segments: list[dict[str, Any]]) -> None:
         """Each segment's seconds per round as this run's share: a round of `runs_batched` runs
-        stepped together is counted once among them, so its time divided by them."""
+        stepped together is counted once among them, so its time divided by them. A segment
+        older than its kind's bench record is left out **[choice]**: a bench measured again
+        (`gpu_campaign.py --remeasure`, after the executor changed) prices the kind anew, and
+        the runs' own rounds count again from then on."""
         for s in segments:
+            since = str(self.bench.get(s.get("kind", ""), {}).get("date", ""))
+            if since and str(s.get("date", "")) < since:
+                continue
             v = segment_s_per_round(s)
             if v is not None:
                 share = v / max(1, int(s.get("runs_batched", 1) or 1))
