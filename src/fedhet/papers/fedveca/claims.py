@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +62,23 @@ def method_label(curves: Curves, case: str, method: str) -> str | None:
     return None
 
 
+def _per_seed(
+    curves: Curves, case: str, labels: dict[str, str | None],
+    row_of: Callable[[dict[str, list[float]], dict[str, list[float]]], dict[str, float]],
+) -> dict[str, dict[int, dict[str, float]]]:
+    """`row_of(central run, method run)` for each seed of the three federated methods of `case`
+    that the centralized run has too, by method and seed."""
+    central = curves[(case, str(labels["central"]))]
+    per: dict[str, dict[int, dict[str, float]]] = {}
+    for m in METHODS[:3]:
+        label = labels[m]
+        if label is None:
+            continue
+        per[m] = {seed: row_of(central[seed], cols)
+                  for seed, cols in curves[(case, label)].items() if seed in central}
+    return per
+
+
 def claims_table(curves: Curves) -> str:
     cases = sorted({s for s, _ in curves})
     head = ["case", "method", "n", "final acc", "final train loss", "central final acc",
@@ -76,33 +93,24 @@ def claims_table(curves: Curves) -> str:
         labels = {m: method_label(curves, case, m) for m in METHODS}
         if labels["central"] is None or labels["fedveca"] is None:
             continue
-        central = curves[(case, labels["central"])]
-        per: dict[str, dict[int, dict[str, float]]] = {}
-        for m in METHODS[:3]:
-            if labels[m] is None:
-                continue
-            per[m] = {}
-            for seed, cols in curves[(case, labels[m])].items():
-                if seed not in central:
-                    continue
-                c_acc = central[seed]["test_accuracy"][-1]
-                c_loss = central[seed]["train_loss"][-1]
-                acc, loss = cols["test_accuracy"], cols["train_loss"]
-                k_max = len(acc)
-                row = {"acc": acc[-1], "loss": loss[-1], "c_acc": c_acc, "c_loss": c_loss}
-                for j, mg in enumerate(ACC_MARGINS):
-                    hit = first(acc, lambda v, t=c_acc - mg: v >= t - 1e-12)
-                    row[f"ra{j}"] = float(hit) if hit is not None else math.nan
-                    row[f"ra{j}_pen"] = float(hit) if hit is not None else float(k_max)
-                for j, mg in enumerate(LOSS_MARGINS):
-                    hit = first(loss, lambda v, t=c_loss + mg: v <= t + 1e-12)
-                    row[f"rl{j}"] = float(hit) if hit is not None else math.nan
-                    row[f"rl{j}_pen"] = float(hit) if hit is not None else float(k_max)
-                per[m][seed] = row
+        def margins(ref: dict[str, list[float]], cols: dict[str, list[float]]) -> dict[str, float]:
+            c_acc, c_loss = ref["test_accuracy"][-1], ref["train_loss"][-1]
+            acc, loss = cols["test_accuracy"], cols["train_loss"]
+            k_max = len(acc)
+            row = {"acc": acc[-1], "loss": loss[-1], "c_acc": c_acc, "c_loss": c_loss}
+            for j, mg in enumerate(ACC_MARGINS):
+                hit = first(acc, lambda v, t=c_acc - mg: v >= t - 1e-12)
+                row[f"ra{j}"] = float(hit) if hit is not None else math.nan
+                row[f"ra{j}_pen"] = float(hit) if hit is not None else float(k_max)
+            for j, mg in enumerate(LOSS_MARGINS):
+                hit = first(loss, lambda v, t=c_loss + mg: v <= t + 1e-12)
+                row[f"rl{j}"] = float(hit) if hit is not None else math.nan
+                row[f"rl{j}_pen"] = float(hit) if hit is not None else float(k_max)
+            return row
+
+        per = _per_seed(curves, case, labels, margins)
         for m, by_seed in per.items():
             rows = list(by_seed.values())
-
-
             cells = [case, labels[m], str(len(rows)), _ms([r["acc"] for r in rows], 4),
                      _ms([r["loss"] for r in rows], 4), _ms([r["c_acc"] for r in rows], 4),
                      _ms([r["c_loss"] for r in rows], 4)]
@@ -132,25 +140,18 @@ def reach_table(curves: Curves, reach: float = REACH) -> str:
         labels = {m: method_label(curves, case, m) for m in METHODS}
         if labels["central"] is None or labels["fedveca"] is None:
             continue
-        central = curves[(case, labels["central"])]
-        per: dict[str, dict[int, dict[str, float]]] = {}
-        for m in METHODS[:3]:
-            if labels[m] is None:
-                continue
-            per[m] = {}
-            for seed, cols in curves[(case, labels[m])].items():
-                ref = central.get(seed)
-                if ref is None:
-                    continue
-                row: dict[str, float] = {"c0a": ref["test_accuracy"][0], "ca": ref["test_accuracy"][-1],
-                                         "c0l": ref["train_loss"][0], "cl": ref["train_loss"][-1]}
-                for key, column, accuracy in (("a", "test_accuracy", True), ("l", "train_loss", False)):
-                    target = central_target(ref, accuracy, reach)
-                    hit = first(cols[column], lambda v, t=target, up=accuracy: v >= t if up else v <= t)
-                    row["t" + key] = target
-                    row["r" + key] = float(hit) if hit is not None else math.nan
-                    row["p" + key] = float(hit) if hit is not None else float(len(cols[column]))
-                per[m][seed] = row
+        def reached(ref: dict[str, list[float]], cols: dict[str, list[float]]) -> dict[str, float]:
+            row = {"c0a": ref["test_accuracy"][0], "ca": ref["test_accuracy"][-1],
+                   "c0l": ref["train_loss"][0], "cl": ref["train_loss"][-1]}
+            for key, column, accuracy in (("a", "test_accuracy", True), ("l", "train_loss", False)):
+                target = central_target(ref, accuracy, reach)
+                hit = first(cols[column], lambda v, t=target, up=accuracy: v >= t if up else v <= t)
+                row["t" + key] = target
+                row["r" + key] = float(hit) if hit is not None else math.nan
+                row["p" + key] = float(hit) if hit is not None else float(len(cols[column]))
+            return row
+
+        per = _per_seed(curves, case, labels, reached)
         for m, by_seed in per.items():
             rows = list(by_seed.values())
             cells = [case, labels[m], str(len(rows)),
@@ -230,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--ylim", default=None, help="--plot: e.g. train_loss=0.18:0.4")
     ap.add_argument("--reach", action="store_true",
                     help=f"read 'reaches the centralized value' with the page's rule (within "
-                         f"{REACH:.0%} of the centralized curve's span)")
+                         f"{REACH * 100:g} %% of the centralized curve's span)")
     args = ap.parse_args(argv)
     curves = read_results(args.csv)
     if args.plot:
