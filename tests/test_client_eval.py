@@ -37,6 +37,10 @@ from fedhet.training.local import SGDConfig
 from tests.cli_errors import one_error_line
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+pytestmark = pytest.mark.usefixtures("own_registrations")
+"""Each test's metrics, and the plugins a resume of its runs loads (this module, which
+registered them), are gone after it: a later test in the same process would otherwise record
+this module as a plugin of its own runs."""
 BASE = {"algorithm": "fedavg", "dataset": "digits", "clients": 6, "rounds": 4, "lr": 0.1,
         "partition.alpha": 0.5}
 
