@@ -122,12 +122,17 @@ def plot_clients(runs: list[RunData], path: Path, title: str, styles: dict[str, 
     final.set_ylabel("client accuracy (%)")
     fit_title(final, "last evaluated round: mean (dot), ± std (thick), worst to best decile (thin)")
     final.grid(alpha=0.3, axis="y")
+    _save(plt, fig, handles, title, path)
+    return True
+
+
+def _save(plt: Any, fig: Any, handles: dict[str, Any], title: str, path: Path) -> None:
+    """The figure's legend below, its title above, saved to `path` and closed."""
     bottom = _figure_legend(fig, handles)
     top = fit_suptitle(fig, title, 12)
     fig.tight_layout(rect=(0, bottom, 1, 1 - top))
     fig.savefig(path, dpi=90)
     plt.close(fig)
-    return True
 
 
 def plot_metrics(runs: list[RunData], path: Path, title: str, styles: dict[str, Any]) -> bool:
@@ -159,11 +164,7 @@ def plot_metrics(runs: list[RunData], path: Path, title: str, styles: dict[str, 
         _integer_ticks(ax)
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
-    bottom = _figure_legend(fig, handles)
-    top = fit_suptitle(fig, title, 12)
-    fig.tight_layout(rect=(0, bottom, 1, 1 - top))
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    _save(plt, fig, handles, title, path)
     return True
 
 
