@@ -59,7 +59,7 @@ def test_three_seeds_in_one_cohort_give_the_runs_one_by_one(tmp_path, monkeypatc
     step = SharedCohort._step
 
     def spy(self):
-        sizes.append(sum(len(p) for p in self._parked))
+        sizes.append(sum(len(jobs) for jobs, _ in self._parked))
         step(self)
 
     monkeypatch.setattr(SharedCohort, "_step", spy)

@@ -119,6 +119,8 @@ class StackSpy:
         self.stacks: list[set[int]] = []
         self.sizes: list[int] = []
         """`len(jobs)` of each call, to check that the parked clients are exactly the stack."""
+        self.joined: list[list[int]] = []
+        """Per call, the number of jobs handed in each time jobs left the stack."""
         run_client, sgd_many = sim.side.clients.run_client, sim.side.executor.cohort.sgd_many
         spy = self
 
@@ -139,10 +141,19 @@ class StackSpy:
         def spied_run_client(client_id, message, round, trainer):
             return run_client(client_id, message, round, Trainer(trainer, client_id))
 
-        def stacked(jobs):
+        def stacked(jobs, next_jobs=None):
             self.sizes.append(len(jobs))
             self.stacks.append(set(self.parked))
-            return sgd_many(jobs)
+            self.joined.append([])
+            if next_jobs is None:
+                return sgd_many(jobs)
+
+            def spied_next(gone):
+                made = next_jobs(gone)
+                self.joined[-1].append(len(made))
+                return made
+
+            return sgd_many(jobs, spied_next)
 
         sim.side.clients.run_client = spied_run_client
         sim.side.executor.cohort.sgd_many = stacked
@@ -156,16 +167,21 @@ def edge_of(sim: Simulation) -> dict[int, int]:
     return {d: m for m, devices in enumerate(sim.side.algorithm.edges) for d in devices}
 
 
-def test_fedsr_stacks_one_hop_of_every_ring():
+def test_fedsr_trains_every_hop_of_a_round_in_one_stacked_call():
+    """The batched executor walks each ring as one chain: a round is one stacked call that
+    starts with one device per ring, and every later hop joins the stack as its predecessor
+    leaves (R·Q − 1 hand-offs per ring), with no call in between."""
     sim = simulation(**FEDSR, clients=9, rounds=2, executor="batched")
     spy = StackSpy(sim)
     sim.run()
     edge = edge_of(sim)
-    # 2 rounds × R·Q = 2·3 hops per ring, the three rings' hop h in one stack
-    assert len(spy.check()) == 2 * 2 * 3
-    for stack in spy.stacks:
-        edges = [edge[d] for d in stack]
-        assert sorted(edges) == [0, 1, 2]  # one device per ring: its hops stay in order
+    stacks = spy.check()
+    assert len(stacks) == 2  # one call per round
+    for stack, joined in zip(stacks, spy.joined, strict=True):
+        assert sorted(edge[d] for d in stack) == [0, 1, 2]  # the first hop of each ring
+        # local_steps = 3 on every device: the rings hand over together, each ring's next hop
+        # joining as its last leaves; R·Q − 1 = 5 hand-offs, then the walks end
+        assert joined == [3, 3, 3, 3, 3, 0]
 
 
 def test_hierfavg_stacks_every_edge_of_an_iteration():
@@ -176,11 +192,36 @@ def test_hierfavg_stacks_every_edge_of_an_iteration():
     assert len({edge_of(sim)[d] for d in spy.stacks[0]}) == 3
 
 
-def test_one_ring_has_nothing_to_stack():
+def test_one_ring_is_one_row_for_the_whole_round():
+    """ring-optimization's single ring: one stacked call a round, one row in it, each of the
+    4 hops taking the row its predecessor left."""
     sim = simulation(algorithm="ring", clients=4, rounds=2, executor="batched")
     spy = StackSpy(sim)
     sim.run()
-    assert [len(s) for s in spy.check()] == [1] * 8
+    assert [len(s) for s in spy.check()] == [1, 1]
+    assert spy.joined == [[1, 1, 1, 0]] * 2
+
+
+@pytest.mark.parametrize("batchnorm", [False, True])
+@pytest.mark.parametrize("settings", [FEDSR, {"algorithm": "ring"}])
+def test_batched_chains_follow_the_sequential_rings(request, settings, batchnorm):
+    """Rings walked as chains in one stacked call, hops of unequal length (τ_i of 2 to 7
+    steps, so hand-offs fall at different steps in different rings) and momentum restarting
+    at each hand-off: the sequential executor's model and BatchNorm statistics, to the
+    executors' tolerance (float32 rounding of stacks of another composition)."""
+    model = {"model": request.getfixturevalue("bn_model")} if batchnorm else {}
+    common = {**settings, **model, "clients": 9, "rounds": 2,
+              "client_steps": [2, 7, 3, 5, 4, 6, 2, 3, 7]}
+    runs = {}
+    for executor in ("sequential", "batched"):
+        sim = simulation(**common, executor=executor)
+        sim.run()
+        runs[executor] = sim
+    seq, bat = runs["sequential"], runs["batched"]
+    assert float((bat.final_state.w - seq.final_state.w).norm() / seq.final_state.w.norm()) < 1e-5
+    if batchnorm:
+        assert torch.allclose(bat.buffers, seq.buffers, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(seq.final_state.w, seq.w0)
 
 
 # -- a device failing in the middle of a ring -----------------------------------------------

@@ -71,8 +71,8 @@ CASES = {
 
 SEQUENTIAL_ANYWAY: set[str] = set()
 """Every algorithm reaches the stacked cohort (MOON's contrastive loss included). Rings go
-through it hop by hop: FedSR stacks hop h of every edge's ring, the single `ring` a stack of one
-per hop."""
+through it as chains: a round's hops of every ring train in one stacked call, each hop taking
+the row its predecessor left (Adam hops, which count the stack's steps, wait for the next call)."""
 
 
 def _run(case: str, executor: str) -> tuple[Simulation, list[dict]]:
@@ -84,9 +84,9 @@ def _run(case: str, executor: str) -> tuple[Simulation, list[dict]]:
     if executor == "batched":
         stacked = sim.side.executor.cohort.sgd_many
 
-        def counting(jobs):
+        def counting(jobs, *rest):
             sim.stacked_jobs += len(jobs)
-            return stacked(jobs)
+            return stacked(jobs, *rest)
 
         sim.side.executor.cohort.sgd_many = counting
     sim.run()

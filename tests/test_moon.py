@@ -184,9 +184,9 @@ def test_moon_contrastive_rounds_run_stacked():
     stacked = sim.side.executor.cohort.sgd_many
     seen = []
 
-    def counting(jobs):
+    def counting(jobs, *rest):
         seen.append(sum(j.loss is not None for j in jobs))
-        return stacked(jobs)
+        return stacked(jobs, *rest)
 
     sim.side.executor.cohort.sgd_many = counting
     sim.run()

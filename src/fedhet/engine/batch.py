@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fedhet.errors import FedhetError
-from fedhet.training.cohort import CohortTrainer, EvalJob, SGDJob, rows_that_fit, stacks_evaluation
+from fedhet.training.cohort import CohortTrainer, rows_that_fit, stacks_evaluation
+from fedhet.training.jobs import Continue, EvalJob, SGDJob
 
 if TYPE_CHECKING:
     from fedhet.engine.simulation import Simulation
@@ -42,7 +43,7 @@ class SharedCohort:
         """Held by the one run executing Python; released while a run waits at the barrier."""
         self._cond = threading.Condition()
         self._members = 0
-        self._parked: list[list[SGDJob] | list[EvalJob]] = []
+        self._parked: list[tuple[list[SGDJob] | list[EvalJob], Continue | None]] = []
         self._generation = 0
         self.steps = 0
         """Stacked calls made (each one holds the parked jobs of every run still going)."""
@@ -58,19 +59,20 @@ class SharedCohort:
             if self._members and len(self._parked) == self._members:
                 self._step()
 
-    def sgd_many(self, jobs: list[SGDJob]) -> None:
+    def sgd_many(self, jobs: list[SGDJob], next_jobs: Continue | None = None) -> None:
         """Park `jobs` until every run still going has parked, then run them all stacked.
-        Results and errors end up on the jobs, as with `CohortTrainer.sgd_many`."""
-        self._park(jobs)
+        Results and errors end up on the jobs, as with `CohortTrainer.sgd_many`; a job that
+        leaves the stack goes to its own run's `next_jobs`, whose jobs join the stack."""
+        self._park(jobs, next_jobs)
 
     def evaluate_many(self, jobs: list[EvalJob]) -> None:
         """Park a run's evaluations like `sgd_many`; at the barrier every parked evaluation
         runs stacked (`CohortTrainer.evaluate_many`), results and errors on the jobs."""
         self._park(jobs)
 
-    def _park(self, jobs: list[SGDJob] | list[EvalJob]) -> None:
+    def _park(self, jobs: list[SGDJob] | list[EvalJob], next_jobs: Continue | None = None) -> None:
         with self._cond:
-            self._parked.append(jobs)
+            self._parked.append((jobs, next_jobs))
             if len(self._parked) == self._members:
                 self._step()
                 return
@@ -81,12 +83,12 @@ class SharedCohort:
         self.turn.acquire()
 
     def _step(self) -> None:
-        jobs = [job for parked in self._parked for job in parked]
+        jobs = [job for parked, _ in self._parked for job in parked]
         sgd = [job for job in jobs if isinstance(job, SGDJob)]
         evals = [job for job in jobs if isinstance(job, EvalJob)]
         if sgd:
             try:
-                self.cohort.sgd_many(sgd)
+                self.cohort.sgd_many(sgd, _route([(p, n) for p, n in self._parked if n is not None]))
             except Exception as e:  # noqa: BLE001  (the stacked step failed: every job gets the error)
                 for job in sgd:
                     job.error = e
@@ -96,6 +98,27 @@ class SharedCohort:
         self._parked = []
         self._generation += 1
         self._cond.notify_all()
+
+
+def _route(owners: list[tuple[list, Continue]]) -> Continue:
+    """One `next_jobs` for the stacked call of several runs: each job that leaves goes to the
+    `next_jobs` of the run that parked it (or whose client made it), in the order they left."""
+    owner = {id(job): next_jobs for jobs, next_jobs in owners for job in jobs}
+    keep = [job for jobs, _ in owners for job in jobs]  # alive, so that no id() is reused
+
+    def next_jobs(gone: list[SGDJob]) -> list[SGDJob]:
+        made: list[SGDJob] = []
+        for job in gone:
+            run_next = owner.get(id(job))
+            if run_next is None:
+                continue
+            for new in run_next([job]):
+                owner[id(new)] = run_next
+                keep.append(new)
+                made.append(new)
+        return made
+
+    return next_jobs
 
 
 @dataclass

@@ -23,10 +23,12 @@ A model that `torch.func` cannot run at all (a user's forward with `.item()`, da
 Python control flow, in-place updates of its buffers) is refused when the executor is built:
 one stacked gradient on two samples (`CohortTrainer.check_stackable`) turns torch.func's error
 into one line that says to use `executor=sequential`, before any round is run.
-Ring topologies go through the executor hop by hop: each hop needs the previous hop's model,
-so the hops of one ring stay in order, but FedSR's edges run their rings in lockstep and hop
-`h` of every edge's ring is one stack (`engine.rounds.walk_rings`); HierFAVG stacks edge
-iteration `t` of all edges. The `ring` topology has a single ring: a stack of one per hop.
+Ring topologies hand the executor whole walks (`chains`): each ring's walk runs as one
+coroutine calling its devices one after another, and when a hop's SGD leaves the stack the
+coroutine is resumed at once, so the next hop's SGD takes the row its predecessor left in the
+same stacked call (`CohortTrainer.sgd_many`'s `next_jobs`): a round of every ring, and of
+every run of a batch, is one call with no barrier between hops. HierFAVG stacks edge iteration
+`t` of all edges (an edge's average needs all of its devices).
 
 A client that raises is reported as `(client_id, ClientFailure(...))`; the others go on.
 `Diverged`, `FedhetError` (a configuration error: the same for every client) and interrupts
@@ -38,6 +40,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -46,18 +49,18 @@ from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.errors import FedhetError
 from fedhet.training.cohort import (
     CohortTrainer,
-    GradJob,
-    SGDJob,
     rows_that_fit,
     stacks_full_gradients,
     unsupported_reason,
 )
+from fedhet.training.jobs import Continue, GradJob, SGDJob
 from fedhet.training.local import LocalTrainer
 from fedhet.training.losses import StackableLoss
 
 if TYPE_CHECKING:
     from fedhet.algorithms.base import Message
     from fedhet.engine.clients import ClientWork
+    from fedhet.engine.rounds import Chain
 
 EXECUTORS = ("sequential", "batched", "auto")
 
@@ -289,38 +292,111 @@ class BatchedExecutor(InProcess):
         for start in range(0, len(requests), size):
             yield from self._run_chunk(round, requests[start : start + size])
 
+    def chains(self, round: int, chains: Sequence[Chain]) -> None:
+        """Run independent chains of client halves (`fedhet.engine.rounds.Chain`: a ring's
+        walk), each as one coroutine that calls its clients one after another, `chunk` chains
+        at a time. A hop's local SGD parks; when it leaves the stack, its chain is resumed at
+        once and the next hop's SGD takes the row it left (`CohortTrainer.sgd_many`'s
+        `next_jobs`), so the hops of every chain (and of every run of a batch) train in one
+        stacked call, with no barrier between hops."""
+        size = self._chunk_size(len(chains))
+        self.cohort.chunk = size
+        for start in range(0, len(chains), size):
+            part = chains[start : start + size]
+            coroutines = [_Client(-1, None, None) for _ in part]  # type: ignore[arg-type]
+            self._drive(coroutines, [partial(self._chain_main, c, chain, round)
+                                     for c, chain in zip(coroutines, part, strict=True)])
+            for c in coroutines:
+                if c.error is not None:
+                    raise c.error
+
+    def _chain_main(self, coroutine: _Client, chain: Chain, round: int) -> None:
+        """A chain's coroutine: each `update(client_id, message)` runs that client's half
+        here, its SGD parked in the stack; a client that raises comes back as a
+        `ClientFailure` (`FATAL` errors end the chain and the run)."""
+        work = self.work
+        trainer = _ParkingTrainer(work.trainer, coroutine, self._park)
+
+        def update(client_id: int, message: Message) -> Message | ClientFailure:
+            coroutine.client_id = client_id
+            coroutine.buffers = work.initial_buffers(message)
+            if coroutine.buffers is not None:
+                work.model.buffers.copy_(coroutine.buffers)
+            try:
+                reply = work.run_client(client_id, message, round, trainer)
+            except FATAL:
+                raise
+            except Exception as e:  # noqa: BLE001  (one client's fault is not the chain's)
+                return failure(client_id, round, e)
+            return work.finish(client_id, reply, coroutine.buffers)
+
+        try:
+            chain(update)
+        except BaseException as e:  # noqa: BLE001  (reported to the executor's thread)
+            coroutine.error = e
+        finally:
+            coroutine.done = True
+            coroutine.yielded.set()
+
     # -- one chunk ------------------------------------------------------------------------
     def _run_chunk(self, round: int, requests: Sequence[tuple[int, Message]]):
         work = self.work
         clients = [_Client(cid, msg, work.initial_buffers(msg)) for cid, msg in requests]
+        self._drive(clients, [partial(self._client_main, c, round) for c in clients])
         for client in clients:
-            client.thread = threading.Thread(
-                target=self._client_main, args=(client, round), daemon=True,
-                name=f"fedhet-client-{client.client_id}",
-            )
-            self._switch_to(client, start=True)
-        while True:
-            parked = [c for c in clients if not c.done and c.job is not None]
-            if not parked:
-                break
-            sgd = [c.job for c in parked if isinstance(c.job, SGDJob)]
-            try:
-                if sgd:
-                    (self.shared or self.cohort).sgd_many(sgd)
-            except Exception as e:  # noqa: BLE001  (the stacked step itself failed)
-                for job in sgd:
-                    job.error = e
-            self.cohort.full_gradients([c.job for c in parked if isinstance(c.job, GradJob)])
-            for client in parked:
-                self._switch_to(client)
-        for client in clients:
-            client.thread.join()
             if client.error is not None:
                 if isinstance(client.error, FATAL):
                     raise client.error
                 yield client.client_id, failure(client.client_id, round, client.error)
             else:
                 yield client.client_id, work.finish(client.client_id, client.reply, client.buffers)
+
+    def _drive(self, clients: list[_Client], mains: list[Callable[[], None]]) -> None:
+        """Start each client's coroutine (`mains[i]` on a thread of its own, one running at a
+        time, in order), then run what they park, stacked, until every one has finished: a
+        client whose job leaves the stack is resumed at once (`_next_jobs`); what it parks
+        next joins the stack or waits for the next round of this loop."""
+        for client, main in zip(clients, mains, strict=True):
+            client.thread = threading.Thread(target=main, daemon=True,
+                                             name=f"fedhet-client-{client.client_id}")
+            self._switch_to(client, start=True)
+        while True:
+            waiting = [c.job for c in clients if not c.done and c.job is not None and not c.job.finished]
+            if not waiting:
+                break
+            sgd = [job for job in waiting if isinstance(job, SGDJob)]
+            try:
+                if sgd:
+                    (self.shared or self.cohort).sgd_many(sgd, self._next_jobs(clients))
+            except Exception as e:  # noqa: BLE001  (the stacked step itself failed)
+                for job in sgd:
+                    if not job.finished:
+                        job.error = e
+            self.cohort.full_gradients([c.job for c in clients if not c.done
+                                        and isinstance(c.job, GradJob) and not c.job.finished])
+            for client in clients:
+                if not client.done and client.job is not None and client.job.finished:
+                    self._switch_to(client)
+        for client in clients:
+            assert client.thread is not None
+            client.thread.join()
+
+    def _next_jobs(self, clients: list[_Client]) -> Continue:
+        """The cohort's `next_jobs` for `clients`: resume the client of each job that left the
+        stack, and hand back the SGD job it parks next (if any)."""
+        def resume(gone: list[SGDJob]) -> list[SGDJob]:
+            owner = {id(c.job): c for c in clients if not c.done and c.job is not None}
+            made = []
+            for job in gone:
+                client = owner.get(id(job))
+                if client is None:
+                    continue
+                self._switch_to(client)
+                if not client.done and isinstance(client.job, SGDJob) and not client.job.finished:
+                    made.append(client.job)
+            return made
+
+        return resume
 
     def _switch_to(self, client: _Client, start: bool = False) -> None:
         """Give `client` the baton and wait until it parks again or finishes."""
@@ -340,6 +416,7 @@ class BatchedExecutor(InProcess):
         client.baton.wait()
 
     def _client_main(self, client: _Client, round: int) -> None:
+        """A star round's client: its half, with `ctx.trainer` parking its SGD."""
         try:
             trainer = _ParkingTrainer(self.work.trainer, client, self._park)
             client.reply = self.work.run_client(client.client_id, client.message, round, trainer)

@@ -18,12 +18,14 @@ Topologies (an algorithm names one in its `topology` ClassVar):
   then the cloud's `aggregate` over the edges' reports, in edge order.
 - `edge-star` (HierFAVG): cloud → edge; `κ2` times: edge → each device and back
   (`device-edge`), `edge_aggregate`; edge → cloud; cloud `aggregate`.
-Edges are independent, so they run in lockstep: hop `h` of every edge's ring (`walk_rings`),
-or edge iteration `t` of every edge, goes into one `client_updates` call, and the batched
-executor stacks devices of all edges. Hops of one ring stay in order (each starts from the
-previous hop's reply; a round holds one model per ring); the single ring of `ring` gives one
-request per call. The result is that of running the edges one after another: they share no
-device and every client's randomness is keyed by (seed, round, client, purpose).
+Edges are independent. An executor that runs chains (`RoundContext.client_chains`: the
+batched one) gets each ring's walk as one chain and trains every hop of every ring in one
+stacked call; otherwise hop `h` of every edge's ring goes into one `client_updates` call
+(`walk_rings`, lockstep). Edge iteration `t` of every HierFAVG edge is one `client_updates`
+call, so the batched executor stacks devices of all edges. Hops of one ring stay in order
+(each starts from the previous hop's reply; a round holds one model per ring). The result is
+that of running the edges one after another: they share no device and every client's
+randomness is keyed by (seed, round, client, purpose).
 Hops from a device to itself (a ring of one device, or the same device ending one round and
 starting the next) move nothing and are not billed.
 
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from itertools import groupby
 from typing import Any, Protocol
 
@@ -71,6 +74,9 @@ class RoundContext(Protocol):
     """Optional (`print` when absent): one line per failed client or empty round."""
     round_failures: list[ClientFailure]
     """Optional: the round's client failures are appended here, first one first."""
+    client_chains: Callable[[int, Sequence[Chain]], None] | None
+    """Optional (None when absent): runs independent chains of client halves (ring walks) as
+    the executor pleases (`BatchedExecutor.chains`); without it rings go hop by hop."""
 
     def configure(self, state: ServerState, client_id: int, round: int) -> Message:
         """`algorithm.configure` plus what the engine adds to every downlink (BN statistics)."""
@@ -107,9 +113,18 @@ class RunnerContext:
                              Iterator[tuple[int, Message | ClientFailure]]]
     executor: Any
     """The run's executor itself, for a runner that drives it (Flower's star round)."""
+    client_chains: Callable[[int, Sequence[Chain]], None] | None = None
+    """The executor's way of running independent chains of client halves (a ring walk each),
+    when it has one (`BatchedExecutor.chains`); rings otherwise go hop by hop, in lockstep."""
 
 
 RoundRunner = Callable[[RoundContext, ServerState, int, Sequence[int]], tuple[ServerState, dict]]
+
+ChainUpdate = Callable[[int, Message], "Message | ClientFailure"]
+"""`update(client_id, message)`: one client's half, its reply or its `ClientFailure`."""
+Chain = Callable[[ChainUpdate], None]
+"""A sequence of client halves, each needing the previous one's reply (a ring's walk), run
+with `update`; chains given to `client_chains` together share no client."""
 
 
 def _faults(rc: RoundContext) -> FaultModel:
@@ -248,12 +263,20 @@ class RingWalk:
 
 
 def walk_rings(rc: RoundContext, round: int, walks: Sequence[RingWalk], tally: RoundTally) -> None:
-    """Run independent rings in lockstep: at each step, the next hop of every ring that has one
-    left goes into one `rc.client_updates` call (so the batched executor stacks them); hops of
-    one ring stay in order, each starting from the previous hop's reply. Failures are logged
-    and the failing device is skipped for the rest of the round; each reply is checked for
-    non-finite values. The result equals running the rings one after another: rings share no
-    device, and every client's randomness is keyed by (seed, round, client, purpose)."""
+    """Run independent rings. With an executor that runs chains (`rc.client_chains`), each
+    ring's walk is one chain, its hops one after another as the executor pleases (the batched
+    executor trains every hop of every ring in one stacked call). Otherwise in lockstep: at
+    each step, the next hop of every ring that has one left goes into one `rc.client_updates`
+    call (so the batched executor stacks them). Either way the hops of one ring stay in order,
+    each starting from the previous hop's reply; failures are logged and the failing device is
+    skipped for the rest of the round; each reply is checked for non-finite values. The result
+    equals running the rings one after another: rings share no device, and every client's
+    randomness is keyed by (seed, round, client, purpose)."""
+    _check_disjoint(walks)
+    chains = getattr(rc, "client_chains", None)
+    if chains is not None:
+        chains(round, [partial(_walk, rc, round, walk, tally) for walk in walks])
+        return
     while True:
         walk_of: dict[int, RingWalk] = {}
         requests = []
@@ -261,14 +284,34 @@ def walk_rings(rc: RoundContext, round: int, walks: Sequence[RingWalk], tally: R
             device = walk.next_device(tally.failed)
             if device is None:
                 continue
-            if device in walk_of:
-                raise ValueError(f"device {device} sits in two rings of one round")
             walk_of[device] = walk
             requests.append((device, walk.deliver(rc.comm, device)))
         if not requests:
             return
         for device, up in returned(rc, round, requests, tally):
             walk_of[device].accept(device, up)
+
+
+def _check_disjoint(walks: Sequence[RingWalk]) -> None:
+    seen: set[int] = set()
+    for walk in walks:
+        shared = seen & set(walk.ring)
+        if shared:
+            raise ValueError(f"device {min(shared)} sits in two rings of one round")
+        seen |= set(walk.ring)
+
+
+def _walk(rc: RoundContext, round: int, walk: RingWalk, tally: RoundTally, update: ChainUpdate) -> None:
+    """One ring's walk as a chain: deliver, run, check and accept hop after hop (`returned`'s
+    rules for one reply at a time)."""
+    while (device := walk.next_device(tally.failed)) is not None:
+        up = update(device, walk.deliver(rc.comm, device))
+        if isinstance(up, ClientFailure):
+            _fail(rc, tally, up)
+            continue
+        check_finite(up, round, device)
+        tally.returned.add(device)
+        walk.accept(device, up)
 
 
 def _admitted(rc: RoundContext, tally: RoundTally, devices: Sequence[int], round: int) -> list[int]:

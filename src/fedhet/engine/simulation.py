@@ -179,6 +179,7 @@ class Simulation:
             round_failures=self.round_failures, configure=self.configure,
             client_update=self.client_update, client_updates=self.client_updates,
             executor=self.side.executor,
+            client_chains=getattr(self.side.executor, "chains", None),
         )
 
     def configure(self, state: states.ServerState, client_id: int, round: int) -> Message:

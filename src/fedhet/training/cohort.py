@@ -42,8 +42,8 @@ transform at all is found by `check_stackable`, a one-row probe the batched exec
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -56,55 +56,11 @@ from fedhet.models.linear import LogisticRegression, SquaredSVM
 from fedhet.models.registry import objective, predictions
 from fedhet.training.flat import FlatModel
 from fedhet.training.hooks import StackableHook, StackedHook
-from fedhet.training.local import BatchSchedule, SGDConfig, StepHook, eval_batch
+from fedhet.training.jobs import Continue, EvalJob, GradJob, SGDJob, joinable
+from fedhet.training.local import eval_batch
 from fedhet.training.losses import StackableLoss
 from fedhet.training.program import StackedProgram
-from fedhet.training.steps import GradTransform, LocalStep, Transform
-
-
-@dataclass
-class SGDJob:
-    """One parked `LocalTrainer.sgd` call."""
-
-    w0: torch.Tensor
-    batches: Iterator[torch.Tensor]
-    cfg: SGDConfig
-    transforms: Sequence[Transform | GradTransform] = ()
-    """The algorithm's links of the chain (`LocalStep.of(cfg, transforms)`)."""
-    on_step: StepHook | None = None
-    buffers: torch.Tensor | None = None
-    """The client's BatchNorm running statistics before the call (flat; updated per step)."""
-    loss: StackableLoss | None = None
-    """Replaces the model's objective (`LocalTrainer.sgd(..., loss_fn=)`, e.g. MOON's)."""
-    result: tuple[torch.Tensor, int, float] | None = None
-    error: BaseException | None = None
-    buffers_out: torch.Tensor | None = field(default=None, repr=False)
-
-
-@dataclass
-class GradJob:
-    """One parked `LocalTrainer.full_gradient` call."""
-
-    params: torch.Tensor
-    indices: torch.Tensor
-    chunk: int = 1024
-    max_batches: int = 0
-    result: torch.Tensor | None = None
-    error: BaseException | None = None
-
-
-@dataclass
-class EvalJob:
-    """One model to score (`fedhet.training.local.evaluate`): `params` with BatchNorm statistics
-    `buffers` on `(x, y)`; `result` is `(mean loss, accuracy)`."""
-
-    params: torch.Tensor
-    buffers: torch.Tensor | None
-    x: torch.Tensor
-    y: torch.Tensor
-    result: tuple[float, float] | None = None
-    error: BaseException | None = None
-
+from fedhet.training.rows import BatchTable, Rows
 
 FULL_GRADIENT_SAMPLES = 16384
 """**[choice]** Samples in one stacked full-gradient call (clients × chunk), so that a cohort of
@@ -339,15 +295,20 @@ class CohortTrainer:
         return torch.cat([g_w.reshape(n_clients, -1), dscore.sum(dim=1)], dim=1), loss
 
     # -- SGD --------------------------------------------------------------------------------
-    def sgd_many(self, jobs: list[SGDJob]) -> None:
+    def sgd_many(self, jobs: list[SGDJob], next_jobs: Continue | None = None) -> None:
         """Run every job (results and errors are stored on the jobs), `chunk` at a time; on a
-        CUDA out-of-memory error in a chunk's first step, retry it with half the chunk."""
+        CUDA out-of-memory error in a chunk's first step, retry it with half the chunk.
+
+        `next_jobs` (`fedhet.training.jobs.Continue`) is called with the jobs that leave the
+        stack, as they leave; the jobs it returns join the running stack where `joinable` (a
+        ring's next hop trains on in the row its predecessor left, with no call in between)
+        and are left unfinished otherwise."""
         chunk = self.chunk if self.chunk > 0 else len(jobs)
         start = 0
         while start < len(jobs):
             part = jobs[start : start + chunk]
             try:
-                self._run(part)
+                self._run(part, next_jobs)
             except _FirstStepOOMError:
                 if chunk == 1:
                     raise
@@ -468,91 +429,86 @@ class CohortTrainer:
                     for c in part:
                         seen[c] += size
 
-    def _run(self, jobs: list[SGDJob]) -> None:
-        """Step the jobs' clients together; row `r` of the stack is client `rows[r]`, and every
-        row has taken `t` steps. A client leaves the stack (its result taken, its rows dropped
-        from `w`, the buffers, the momentum and the chain) when its batches run out or it fails."""
-        model = self.model
-        model.module.train()
-        device = model.params.device
-        w = torch.stack([j.w0.to(device) for j in jobs])
-        has_bufs = model.buffers.numel() > 0
-        bufs = (
-            torch.stack([(j.buffers if j.buffers is not None else model.buffers).to(device) for j in jobs])
-            if has_bufs else torch.zeros(len(jobs), 0, device=device)
-        )
-        chain = LocalStep.stack([LocalStep.of(j.cfg, j.transforms) for j in jobs], device)
-        v = chain.init(w)
+    def _run(self, jobs: list[SGDJob], next_jobs: Continue | None = None) -> None:
+        """Step the jobs' clients together (`Rows`: row `r` trains job `rows[r]`, `t` steps into
+        the call). A job leaves the stack when its batches run out or it fails; `next_jobs`
+        then hands in what its client does next, which joins at step `t` when every stream is
+        a `BatchTable`'s (`joinable`, `BatchTable.fits`)."""
+        jobs = list(jobs)
+        self.model.module.train()
+        stack = Rows(jobs, self.model, self.model.params.device)
         try:
             groups = _stack_hooks(jobs)
         except torch.cuda.OutOfMemoryError as e:
             raise _FirstStepOOMError from e
         stacked = {c for group in groups for c in group.jobs}
         hooked = any(j.on_step is not None and c not in stacked for c, j in enumerate(jobs))
-        rows = list(range(len(jobs)))
         frozen: dict[tuple, tuple[torch.Tensor, ...]] = {}
         """Stacked `StackableLoss.frozen` vectors per (key, member jobs), while those rows last."""
-        loss_sums = torch.zeros(len(jobs), dtype=torch.float64, device=device)
-        """Each job's summed mini-batch losses, kept on the device: read once, when it leaves."""
-        at = torch.arange(len(jobs), device=device)
-        """The job of each row, on the device (`loss_sums`' index)."""
-        schedule = _Schedule.of(jobs, self.x.device)
+        schedule = BatchTable.of(jobs, self.x.device)
         t = 0
-        while rows:
+        while stack.rows:
             batches: list[torch.Tensor] | torch.Tensor
             if schedule is not None:
-                keep = [r for r, c in enumerate(rows) if jobs[c].error is None and t < schedule.steps[c]]
+                keep = [r for r, c in enumerate(stack.rows)
+                        if jobs[c].error is None and t < schedule.ends[c]]
             else:
-                batches, keep = self._next_batches(jobs, rows)
-            if len(keep) < len(rows):
-                done = [(r, c) for r, c in enumerate(rows) if jobs[c].error is None and r not in keep]
-                sums = loss_sums[[c for _, c in done]].tolist() if done else []
-                for (r, c), total in zip(done, sums, strict=True):
-                    jobs[c].result = (w[r].clone(), t, total / max(t, 1))
-                    jobs[c].buffers_out = bufs[r].clone() if has_bufs else None
+                batches, keep = self._next_batches(jobs, stack.rows)
+            if len(keep) < len(stack.rows):
+                gone = stack.leave(keep, t)
                 frozen.clear()  # stacked for the rows that were
-                kept = {rows[r] for r in keep}
+                kept = set(stack.rows)
                 for group in groups:
                     group.leave([c for c in group.jobs if c not in kept], t, jobs)
-                if not keep:
-                    break
-                ix = torch.tensor(keep, device=device)
-                w, bufs = w.index_select(0, ix), bufs.index_select(0, ix)
-                v = v.index_select(0, ix) if v is not None else None
-                chain = chain.select(keep, device)
-                rows = [rows[r] for r in keep]
-                at = torch.tensor(rows, device=device)
                 if schedule is not None:
                     schedule.select(keep)
+                after = next_jobs(gone) if next_jobs is not None else []
+                if schedule is not None:
+                    joining = [j for j in after if joinable(j) and schedule.fits(j)]
+                    if joining:
+                        stack.join(joining, t)
+                        schedule.add(joining, t)
+                    continue  # the joined rows may have no step to take
+                if not stack.rows:
+                    break
             if schedule is not None:
-                batches = schedule.table[:, t]
+                batches = schedule.batches(t)
+            w = stack.w
             try:
-                g, loss, bufs = self._gradients(w, bufs, batches, [jobs[c] for c in rows], frozen)
+                g, loss, stack.bufs = self._gradients(w, stack.bufs, batches,
+                                                      [jobs[c] for c in stack.rows], frozen)
             except torch.cuda.OutOfMemoryError as e:
-                if t == 0:
+                if t == 0 and not (next_jobs is not None and stack.left):  # no client moved on
                     if schedule is None:  # put them back for the retry (a schedule was not read)
-                        for c, batch in zip(rows, batches, strict=True):
+                        for c, batch in zip(stack.rows, batches, strict=True):
                             jobs[c].batches = itertools.chain([batch], jobs[c].batches)
                     raise _FirstStepOOMError from e
                 raise
-            g = chain.gradient(g, w, t)
-            for r, e in chain.failures():
-                jobs[rows[r]].error = e
+            g = stack.chain.gradient(g, w, t)
+            for r, e in stack.chain.failures():
+                jobs[stack.rows[r]].error = e
             for group in groups:
-                group.step(t, w, g, rows, jobs)
+                group.step(t, w, g, stack.rows, jobs)
             if hooked:
-                losses = loss.tolist()
-                for r, c in enumerate(rows):
-                    job = jobs[c]
-                    if job.on_step is None or job.error is not None or c in stacked:
-                        continue
-                    try:
-                        job.on_step(t, w[r], g[r], losses[r])
-                    except Exception as e:  # noqa: BLE001  (one client's hook failed: drop it)
-                        job.error = e
-            chain.update(w, g, v)
-            loss_sums.index_add_(0, at, loss.to(torch.float64))
+                self._row_hooks(t, w, g, loss, stack.rows, jobs, stacked)
+            stack.chain.update(w, g, stack.v)
+            stack.add_losses(loss)
             t += 1
+
+    @staticmethod
+    def _row_hooks(t: int, w: torch.Tensor, g: torch.Tensor, loss: torch.Tensor, rows: list[int],
+                   jobs: list[SGDJob], stacked: set[int]) -> None:
+        """The `on_step(step, w, g, loss)` hooks that are not stacked, row by row (a hook that
+        raises fails its client)."""
+        losses = loss.tolist()
+        for r, c in enumerate(rows):
+            job = jobs[c]
+            if job.on_step is None or job.error is not None or c in stacked:
+                continue
+            try:
+                job.on_step(t, w[r], g[r], losses[r])
+            except Exception as e:  # noqa: BLE001  (one client's hook failed: drop it)
+                job.error = e
 
     @staticmethod
     def _next_batches(jobs: list[SGDJob], rows: list[int]) -> tuple[list[torch.Tensor], list[int]]:
@@ -611,46 +567,6 @@ class CohortTrainer:
                 torch.stack([j.loss.frozen[i] for j in jobs]) for i in range(len(loss.frozen))
             )
         return self.gradients(w, bufs, idx, loss, frozen[cache_key])
-
-
-class _Schedule:
-    """Every job's mini-batches for the whole call, on the device as one `(rows, τ_max, b)`
-    table (rows padded past their `τ`), so a step reads its batches with one indexing
-    operation: made when every job's stream is an unread `BatchSchedule` of one batch size
-    (`of`), else the jobs' streams are read step by step."""
-
-    def __init__(self, table: torch.Tensor, steps: list[int]) -> None:
-        self.table = table
-        self.steps = steps
-        """`τ` of each job (by job index; the table's rows follow the stack's rows)."""
-
-    @classmethod
-    def of(cls, jobs: list[SGDJob], device: torch.device) -> _Schedule | None:
-        streams = [j.batches for j in jobs]
-        if not all(isinstance(s, BatchSchedule) and s.position == 0 for s in streams):
-            return None
-        tables: list[torch.Tensor | None] = []
-        for job, stream in zip(jobs, streams, strict=True):
-            assert isinstance(stream, BatchSchedule)
-            try:
-                tables.append(stream.table())
-            except Exception as e:  # noqa: BLE001  (a client's batch stream failed)
-                job.error = e
-                tables.append(None)
-        widths = {t.shape[1] for t in tables if t is not None and len(t)}
-        if len(widths) > 1:
-            return None  # batches of several sizes: grouped step by step
-        width = widths.pop() if widths else 1
-        steps = [len(t) if t is not None else 0 for t in tables]
-        table = torch.zeros(len(jobs), max(steps, default=0), width, dtype=torch.int64, device="cpu")
-        for c, t in enumerate(tables):
-            if t is not None and len(t):
-                table[c, : len(t)] = t
-        return cls(table.to(device), steps)
-
-    def select(self, keep: list[int]) -> None:
-        """Keep the rows `keep` (the clients still stepping), in that order."""
-        self.table = self.table.index_select(0, torch.tensor(keep, device=self.table.device))
 
 
 @dataclass
