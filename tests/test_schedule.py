@@ -70,3 +70,62 @@ def test_a_stack_is_sized_to_the_memory_it_may_take(monkeypatch):
     for free in (8 << 30, 70 << 30):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None, free=free: (free, 80 << 30))
         assert cohort.rows_that_fit(dim, "cuda") == int(free * 0.5) // (12 * dim)
+
+
+def _hop(k: int, steps: int, start: torch.Tensor, momentum: float = 0.5) -> SGDJob:
+    """Client `k`'s `steps` local steps from `start` (batches of 4 of its 20 samples)."""
+    return SGDJob(start, BatchSchedule(torch.arange(k % 2, 40, 2), 4, steps, np.random.default_rng(k)),
+                  SGDConfig(lr=0.1, momentum=momentum, weight_decay=1e-3))
+
+
+def test_jobs_handed_in_as_others_leave_train_on_in_the_same_call():
+    """`next_jobs`: a ring's next hop joins the running stack when its predecessor leaves,
+    starts from the predecessor's model with momentum from zero and its own step count, and
+    ends as the hops run one by one would (two rings of unequal hops, one call)."""
+    torch.manual_seed(0)
+    model = FlatModel(torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3)))
+    x, y = torch.rand(40, 6), torch.randint(0, 3, (40,))
+    cohort = CohortTrainer(model, x, y, log=lambda _: None)
+    rings = {0: [(0, 3), (2, 5), (4, 2)], 1: [(1, 6), (3, 1)]}  # (client, τ) hop by hop
+    first = {r: _hop(*hops[0], model.params.clone()) for r, hops in rings.items()}
+    ring_of = {id(job): (r, 0) for r, job in first.items()}
+    done: dict[int, list[SGDJob]] = {0: [], 1: []}
+    calls = []
+
+    def next_jobs(gone):
+        calls.append(len(gone))
+        made = []
+        for job in gone:
+            r, h = ring_of[id(job)]
+            done[r].append(job)
+            if h + 1 < len(rings[r]):
+                new = _hop(*rings[r][h + 1], job.result[0].clone())
+                ring_of[id(new)] = (r, h + 1)
+                made.append(new)
+        return made
+
+    cohort.sgd_many(list(first.values()), next_jobs)
+    assert [[j.result[1] for j in done[r]] for r in (0, 1)] == [[3, 5, 2], [6, 1]]
+    assert calls == [1] * 5  # hops end at steps 3, 8, 10 (ring 0) and 6, 7 (ring 1)
+    for r, hops in rings.items():  # the same hops, one after another, each a call of its own
+        w = model.params.clone()
+        for (k, steps), joined in zip(hops, done[r], strict=True):
+            alone = _hop(k, steps, w)
+            cohort.sgd_many([alone])
+            assert torch.allclose(alone.result[0], joined.result[0], atol=1e-6)
+            assert alone.result[2] == pytest.approx(joined.result[2], rel=1e-6)
+            w = alone.result[0]
+
+
+def test_a_job_that_cannot_join_waits_for_the_next_call():
+    """A job with an `on_step` hook (it sees the stack's step count) is handed back unfinished."""
+    torch.manual_seed(0)
+    model = FlatModel(torch.nn.Sequential(torch.nn.Linear(6, 3)))
+    x, y = torch.rand(40, 6), torch.randint(0, 3, (40,))
+    cohort = CohortTrainer(model, x, y, log=lambda _: None)
+    hooked = _hop(1, 2, model.params.clone())
+    hooked.on_step = lambda *_: None
+    cohort.sgd_many([_hop(0, 3, model.params.clone())], lambda gone: [hooked])
+    assert not hooked.finished and hooked.batches.position == 0
+    cohort.sgd_many([hooked])
+    assert hooked.result is not None and hooked.result[1] == 2
