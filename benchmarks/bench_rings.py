@@ -9,7 +9,9 @@ local epochs a hop), `--partition` of the paper (`shards` ξ = 2 by default). Fo
 algorithm it times `--rounds` rounds of `--runs` seeds (one batch of runs when > 1) with
 (a) the sequential executor, (b) the batched executor walking the rings in lockstep, one
 executor call per hop (`client_chains` switched off), (c) the batched executor walking each
-ring as one chain, every hop of a round in one stacked call; `--repeats` times each, and
+ring as one chain, every hop of a round in one stacked call (on CUDA its steps replayed from a
+captured graph), (d) `chains-eager`: (c) with the graphs off (`FEDHET_CUDA_GRAPHS=0`; the same
+as (c) on a CPU); `--repeats` times each, and
 prints the median seconds per round and the ratios, with the relative difference of (c)'s
 final weights from (a)'s. MNIST must be in `--data-dir` (DATA.md).
 """
@@ -17,6 +19,7 @@ final weights from (a)'s. MNIST must be in `--data-dir` (DATA.md).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -63,8 +66,9 @@ def main() -> None:
         for _ in range(args.repeats):
             for mode in args.modes.split(","):
                 executor = "sequential" if mode == "sequential" else "batched"
+                os.environ["FEDHET_CUDA_GRAPHS"] = "0" if mode == "chains-eager" else "1"
                 sims = [assemble(config_of({**settings, "executor": executor, "seed": s}),
-                                 store=None, log=lambda _: None) for s in range(args.runs)]
+                                 store=None, log=print) for s in range(args.runs)]
                 if mode == "lockstep":
                     for sim in sims:
                         sim.side.executor.chains = None  # rings hop by hop

@@ -55,6 +55,7 @@ from fedhet.errors import FedhetError
 from fedhet.models.linear import LogisticRegression, SquaredSVM
 from fedhet.models.registry import objective, predictions
 from fedhet.training.flat import FlatModel
+from fedhet.training.graphs import StepGraphs, capturable
 from fedhet.training.hooks import StackableHook, StackedHook
 from fedhet.training.jobs import Continue, EvalJob, GradJob, SGDJob, joinable
 from fedhet.training.local import eval_batch
@@ -143,6 +144,10 @@ class CohortTrainer:
         self.program = None if self.linear else StackedProgram.of(model, tuple(x.shape[1:]))
         """The model's forward as a few batched operations (`fedhet.training.program`), or None:
         its gradients then come from `vmap`."""
+        self.graphs = StepGraphs(self.program, x, y, log) \
+            if self.program is not None and capturable(self.program, model.precision, x) else None
+        """Steps replayed from a captured CUDA graph where the step is a pure tensor program
+        (`fedhet.training.graphs`), or None."""
 
     def check_stackable(self) -> None:
         """Raise one `FedhetError` line when the model cannot run under `torch.func` (a forward
@@ -446,6 +451,9 @@ class CohortTrainer:
         frozen: dict[tuple, tuple[torch.Tensor, ...]] = {}
         """Stacked `StackableLoss.frozen` vectors per (key, member jobs), while those rows last."""
         schedule = BatchTable.of(jobs, self.x.device)
+        graphs = self.graphs if (
+            schedule is not None and not groups and not hooked and not stack.has_bufs
+            and all(j.loss is None for j in jobs)) else None
         t = 0
         while stack.rows:
             batches: list[torch.Tensor] | torch.Tensor
@@ -455,6 +463,8 @@ class CohortTrainer:
             else:
                 batches, keep = self._next_batches(jobs, stack.rows)
             if len(keep) < len(stack.rows):
+                if graphs is not None:
+                    graphs.flush(stack)
                 gone = stack.leave(keep, t)
                 frozen.clear()  # stacked for the rows that were
                 kept = set(stack.rows)
@@ -473,6 +483,9 @@ class CohortTrainer:
                     break
             if schedule is not None:
                 batches = schedule.batches(t)
+                if graphs is not None and graphs.step(stack, batches):
+                    t += 1
+                    continue
             w = stack.w
             try:
                 g, loss, stack.bufs = self._gradients(w, stack.bufs, batches,
@@ -536,8 +549,10 @@ class CohortTrainer:
         """`gradients` for one batch per row (`jobs[r]` is row `r`'s job; `batches` a list, or
         one `(rows, b)` tensor), rows grouped by batch size (no padding) and by objective (the
         model's, or a `StackableLoss` key)."""
-        keys = [(len(b), None if j.loss is None else (type(j.loss), j.loss.key))
-                for b, j in zip(batches, jobs, strict=True)]
+        sizes = [batches.shape[1]] * len(jobs) if isinstance(batches, torch.Tensor) \
+            else [len(b) for b in batches]
+        keys = [(n, None if j.loss is None else (type(j.loss), j.loss.key))
+                for n, j in zip(sizes, jobs, strict=True)]
         if len(set(keys)) == 1:
             return self._group_gradients(w, bufs, batches, jobs, frozen)
         g = torch.empty_like(w)

@@ -213,10 +213,7 @@ class StackedProgram:
             logits = self.forward(leaves, self.gather(x, batch))  # (R, K, B)
             losses = F.cross_entropy(logits, y[batch], reduction="none").mean(dim=1)
         grads = torch.autograd.grad(losses.sum(), leaves)
-        g = torch.empty_like(w)
-        for into, layer in zip(self.leaves(g), grads, strict=True):
-            into.copy_(layer)
-        return g, losses.detach().float()
+        return torch.cat([layer.reshape(rows, -1) for layer in grads], dim=1), losses.detach().float()
 
     def scores(
         self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
