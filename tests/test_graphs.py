@@ -67,14 +67,23 @@ def test_replayed_steps_give_the_eager_results():
     capture = Captures()
     cohort, model, lines = setup(capture)
     eager, _, _ = setup()
-    spec = [(0, 3, 0.0), (1, 7, 0.1), (2, 5, 0.0)]
+    spec = [(0, 20, 0.0), (1, 70, 0.1), (2, 45, 0.0)]
     replayed = [job(model, k, s, mu=mu) for k, s, mu in spec]
     plain = [job(model, k, s, mu=mu) for k, s, mu in spec]
     cohort.sgd_many(replayed)
     eager.sgd_many(plain)
     for a, b in zip(replayed, plain, strict=True):
         same(a, b)
-    assert capture.count == 3 and not lines  # 3 rows, then 2, then 1
+    assert capture.count == 3 and not lines  # 3 rows, then 2, then 1 (each ≥ MIN_STEPS steps)
+
+
+def test_a_stack_about_to_change_is_not_captured():
+    """Rows that leave within `MIN_STEPS` steps: no capture until the stack settles."""
+    capture = Captures()
+    cohort, model, _ = setup(capture)
+    jobs = [job(model, k, s) for k, s in ((0, 5), (1, 10), (2, 40))]
+    cohort.sgd_many(jobs)
+    assert capture.count == 1  # the last row alone, 30 steps left
 
 
 def test_a_rings_next_hop_reuses_the_captured_step():
@@ -83,7 +92,7 @@ def test_a_rings_next_hop_reuses_the_captured_step():
     capture = Captures()
     cohort, model, _ = setup(capture)
     eager, _, _ = setup()
-    hops = [(0, 3), (1, 4), (2, 2)]
+    hops = [(0, 20), (1, 24), (2, 5)]
 
     def walk(trainer):
         done = []
@@ -110,7 +119,7 @@ def test_a_rings_next_hop_reuses_the_captured_step():
 def test_a_capture_that_fails_or_disagrees_steps_eagerly_with_one_line(capture, why):
     cohort, model, lines = setup(capture)
     eager, _, _ = setup()
-    replayed, plain = [job(model, 0, 4), job(model, 1, 6)], [job(model, 0, 4), job(model, 1, 6)]
+    replayed, plain = [job(model, 0, 20), job(model, 1, 30)], [job(model, 0, 20), job(model, 1, 30)]
     cohort.sgd_many(replayed)
     eager.sgd_many(plain)
     for a, b in zip(replayed, plain, strict=True):

@@ -483,7 +483,8 @@ class CohortTrainer:
                     break
             if schedule is not None:
                 batches = schedule.batches(t)
-                if graphs is not None and graphs.step(stack, batches):
+                if graphs is not None and graphs.step(
+                        stack, batches, min(schedule.ends[c] for c in stack.rows) - t):
                     t += 1
                     continue
             w = stack.w

@@ -40,6 +40,10 @@ Capture = Callable[[Callable[[], None]], Replay]
 runs it again."""
 
 WARMUP = 3
+MIN_STEPS = 16
+"""**[choice]** A new capture (three warm-up steps and the recording, a few steps' time) is made
+only for a stack that keeps its rows at least this many steps; a stack about to change (a star
+round's clients leaving one by one) steps eagerly until it settles."""
 """Eager runs of the step on a side stream before capture (cuBLAS and autograd set up their
 workspaces there, as PyTorch's whole-network capture recipe asks)."""
 
@@ -103,16 +107,19 @@ class StepGraphs:
         self.chain: LocalStep | None = None
         """The chain the graph was captured with (its tensors must outlive the graph)."""
 
-    def step(self, stack: Rows, batch: torch.Tensor) -> bool:
+    def step(self, stack: Rows, batch: torch.Tensor, horizon: int) -> bool:
         """One step of `stack` on `batch` through the graph (capturing it first when the
-        signature is new); False when the graphs are off or this step cannot be captured (the
-        caller then steps eagerly). `stack.w` and `stack.v` become the captured tensors."""
+        signature is new and the stack keeps its rows for `horizon ≥ MIN_STEPS` steps); False
+        when the graphs are off or this step is not captured (the caller then steps eagerly).
+        `stack.w` and `stack.v` become the captured tensors."""
         if self.off:
             return False
         key = signature(stack, batch)
         if key is None:
             return False
         if key != self.key:
+            if horizon < MIN_STEPS:
+                return False
             self.flush(stack)
             if not self._capture(stack, batch, key):
                 return False
@@ -200,4 +207,4 @@ def capturable(program: StackedProgram | None, precision: str, x: torch.Tensor) 
     return program is not None and x.is_cuda and precision in ("fp32", "tf32") and enabled()
 
 
-__all__ = ["Capture", "StepGraphs", "capturable", "cuda_capture", "enabled", "signature"]
+__all__ = ["MIN_STEPS", "Capture", "StepGraphs", "capturable", "cuda_capture", "enabled", "signature"]
