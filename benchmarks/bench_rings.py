@@ -1,19 +1,19 @@
-"""A ring round walked as chains against the same round hop by hop (`fedhet.engine.rounds`).
+"""Rounds of ring and edge topologies walked as chains against the same rounds in lockstep.
 
     python benchmarks/bench_rings.py --rounds 1 --repeats 3                  # CPU, MNIST
     python benchmarks/bench_rings.py --device cuda --runs 8 ...               # one GPU
 
-FedSR's MNIST settings (Table II: 20 devices, the MLP, batch 32, momentum 0.5, one local epoch
-a hop, 5 edges of 4 devices, R = 5 passes; ring-optimization: one ring of the 20 devices, 5
-local epochs a hop), `--partition` of the paper (`shards` ξ = 2 by default). For each
-algorithm it times `--rounds` rounds of `--runs` seeds (one batch of runs when > 1) with
-(a) the sequential executor, (b) the batched executor walking the rings in lockstep, one
-executor call per hop (`client_chains` switched off), (c) the batched executor walking each
-ring as one chain, every hop of a round in one stacked call (on CUDA its steps replayed from a
+FedSR's MNIST settings (Table II: 20 devices, the MLP, batch 32, momentum 0.5; FedSR: one local
+epoch a hop, 5 edges of 4 devices, R = 5 passes; ring-optimization: one ring of the 20
+devices, 5 local epochs a hop; HierFAVG: 5 edges, κ2 = 5 edge averages of one local epoch),
+the paper's partition (`shards`, ξ = 2). For each algorithm it times `--rounds` rounds of
+`--runs` seeds (one batch of runs when > 1) with (a) `sequential`: the sequential executor,
+(b) `lockstep`: the batched executor with one executor call per ring hop or edge iteration
+(`client_chains` switched off), (c) `chains`: the batched executor with each ring's walk and
+each edge as one chain, a round in one stacked call (on CUDA its steps replayed from a
 captured graph), (d) `chains-eager`: (c) with the graphs off (`FEDHET_CUDA_GRAPHS=0`; the same
-as (c) on a CPU); `--repeats` times each, and
-prints the median seconds per round and the ratios, with the relative difference of (c)'s
-final weights from (a)'s. MNIST must be in `--data-dir` (DATA.md).
+as (c) on a CPU); `--repeats` times each, and prints the median seconds per round, the ratios,
+and the relative differences of the final weights. MNIST must be in `--data-dir` (DATA.md).
 """
 
 from __future__ import annotations
@@ -34,12 +34,14 @@ ALGORITHMS = {
     "fedsr": {"algorithm": "fedsr", "algorithm.clusters": 5, "algorithm.ring_passes": 5,
               "local_epochs": 1},
     "ring": {"algorithm": "ring", "local_epochs": 5},
+    "hierfavg": {"algorithm": "hierfavg", "algorithm.clusters": 5, "algorithm.kappa2": 5,
+                 "local_epochs": 1},
 }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--algorithms", default="fedsr,ring")
+    ap.add_argument("--algorithms", default="fedsr,ring,hierfavg")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--device", default="cpu")

@@ -184,11 +184,15 @@ def test_fedsr_trains_every_hop_of_a_round_in_one_stacked_call():
         assert joined == [3, 3, 3, 3, 3, 0]
 
 
-def test_hierfavg_stacks_every_edge_of_an_iteration():
+def test_hierfavg_trains_every_edge_iteration_of_a_round_in_one_stacked_call():
+    """Each edge is a chain: its devices side by side, its average once the last is back,
+    then its next iteration joins the same stacked call (κ1 = 2 steps everywhere, so the
+    three edges hand over together: 9 devices leave, the next iteration's 9 join)."""
     sim = simulation(**HIERFAVG, clients=9, rounds=2, executor="batched")
     spy = StackSpy(sim)
     sim.run()
-    assert spy.check() == [set(range(9))] * (2 * 2)  # rounds × κ2, all edges' devices each time
+    assert spy.check() == [set(range(9))] * 2  # one call per round, all edges' devices
+    assert spy.joined == [[9, 0]] * 2  # κ2 = 2 iterations
     assert len({edge_of(sim)[d] for d in spy.stacks[0]}) == 3
 
 
@@ -203,12 +207,13 @@ def test_one_ring_is_one_row_for_the_whole_round():
 
 
 @pytest.mark.parametrize("batchnorm", [False, True])
-@pytest.mark.parametrize("settings", [FEDSR, {"algorithm": "ring"}])
-def test_batched_chains_follow_the_sequential_rings(request, settings, batchnorm):
-    """Rings walked as chains in one stacked call, hops of unequal length (τ_i of 2 to 7
-    steps, so hand-offs fall at different steps in different rings) and momentum restarting
-    at each hand-off: the sequential executor's model and BatchNorm statistics, to the
-    executors' tolerance (float32 rounding of stacks of another composition)."""
+@pytest.mark.parametrize("settings", [FEDSR, {"algorithm": "ring"}, HIERFAVG])
+def test_batched_chains_follow_the_sequential_rounds(request, settings, batchnorm):
+    """Rings and HierFAVG edges as chains in one stacked call, clients of unequal τ_i (2 to 7
+    steps, so hand-offs and edge averages fall at different steps in different chains) and
+    momentum restarting at each hand-off: the sequential executor's model and BatchNorm
+    statistics, to the executors' tolerance (float32 rounding of stacks of another
+    composition)."""
     model = {"model": request.getfixturevalue("bn_model")} if batchnorm else {}
     common = {**settings, **model, "clients": 9, "rounds": 2,
               "client_steps": [2, 7, 3, 5, 4, 6, 2, 3, 7]}
@@ -253,6 +258,30 @@ def test_failure_mid_ring_same_under_both_executors():
     assert first["device_device_transfers"] == 7 + 6
     assert first["device_edge_transfers"] == 4 and first["edge_cloud_transfers"] == 4
     for key in ("clients_failed", "clients_returned", "device_device_transfers", "model_transfers"):
+        assert [r[key] for r in seq_rows] == [r[key] for r in bat_rows]
+    w_seq, w_bat = seq.final_state.w, bat.final_state.w
+    assert float((w_bat - w_seq).norm() / w_seq.norm()) < 1e-5
+
+
+def test_failure_in_a_hierfavg_edge_same_under_both_executors():
+    """A device of edge 0 raises in its first iteration: dropped for the round (not asked in
+    the second iteration), its edge averages the others; lockstep and chains agree."""
+    settings = {**HIERFAVG, "clients": 9, "rounds": 2}
+    culprit = 1
+    runs = {}
+    for executor in ("sequential", "batched"):
+        lines, rows = [], []
+        sim = assemble(config_of({**BASE, **MLP, **settings, "executor": executor}, "test"),
+                       store=None, log=lines.append, callbacks=[rows.append])
+        make_client_fail(sim, culprit, "disk on fire")
+        sim.run()
+        runs[executor] = (sim, lines, rows)
+    (seq, seq_lines, seq_rows), (bat, bat_lines, bat_rows) = runs["sequential"], runs["batched"]
+    assert seq_lines == bat_lines and len(seq_lines) == 2  # once a round
+    assert seq.parts.comm.state() == bat.parts.comm.state()
+    # κ2 = 2 iterations: 9 devices down and 8 up, then 8 down and 8 up
+    assert seq_rows[0]["clients_failed"] == 1 and seq_rows[0]["device_edge_transfers"] == 9 + 8 + 8 + 8
+    for key in ("clients_failed", "clients_returned", "device_edge_transfers", "model_transfers"):
         assert [r[key] for r in seq_rows] == [r[key] for r in bat_rows]
     w_seq, w_bat = seq.final_state.w, bat.final_state.w
     assert float((w_bat - w_seq).norm() / w_seq.norm()) < 1e-5

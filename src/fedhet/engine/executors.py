@@ -27,8 +27,9 @@ Ring topologies hand the executor whole walks (`chains`): each ring's walk runs 
 coroutine calling its devices one after another, and when a hop's SGD leaves the stack the
 coroutine is resumed at once, so the next hop's SGD takes the row its predecessor left in the
 same stacked call (`CohortTrainer.sgd_many`'s `next_jobs`): a round of every ring, and of
-every run of a batch, is one call with no barrier between hops. HierFAVG stacks edge iteration
-`t` of all edges (an edge's average needs all of its devices).
+every run of a batch, is one call with no barrier between hops. A HierFAVG edge is a chain
+too: its devices run side by side (`many`), and once the last is back the edge averages and
+its next iteration's devices join the same call, so edges never wait for each other.
 
 A client that raises is reported as `(client_id, ClientFailure(...))`; the others go on.
 `Diverged`, `FedhetError` (a configuration error: the same for every client) and interrupts
@@ -215,6 +216,10 @@ class _Client:
     reply: Any = None
     error: BaseException | None = None
     thread: threading.Thread | None = None
+    parent: _Client | None = None
+    """The chain whose fan-out (`_ChainClients.many`) started this client."""
+    children: list[_Client] | None = None
+    """A chain's clients of its current fan-out, while it waits for them."""
 
 
 class _ParkingTrainer:
@@ -294,13 +299,15 @@ class BatchedExecutor(InProcess):
 
     def chains(self, round: int, chains: Sequence[Chain]) -> None:
         """Run independent chains of client halves (`fedhet.engine.rounds.Chain`: a ring's
-        walk), each as one coroutine that calls its clients one after another, `chunk` chains
-        at a time. A hop's local SGD parks; when it leaves the stack, its chain is resumed at
-        once and the next hop's SGD takes the row it left (`CohortTrainer.sgd_many`'s
-        `next_jobs`), so the hops of every chain (and of every run of a batch) train in one
-        stacked call, with no barrier between hops."""
+        walk, a HierFAVG edge's iterations), each as one coroutine. A client's local SGD parks;
+        when it leaves the stack its client is resumed at once and what the chain does next
+        (the next hop; the edge's average and its next iteration, once the last of its devices
+        is back) parks SGD that joins the same stacked call (`CohortTrainer.sgd_many`'s
+        `next_jobs`), so a round of every chain, and of every run of a batch, is one call with
+        no barrier between hops or between edges."""
         size = self._chunk_size(len(chains))
-        self.cohort.chunk = size
+        # a chain may fan out to several rows (a HierFAVG edge's devices)
+        self.cohort.chunk = self._chunk_size(max(len(chains), len(self.work.client_indices)))
         for start in range(0, len(chains), size):
             part = chains[start : start + size]
             coroutines = [_Client(-1, None, None) for _ in part]  # type: ignore[arg-type]
@@ -311,27 +318,10 @@ class BatchedExecutor(InProcess):
                     raise c.error
 
     def _chain_main(self, coroutine: _Client, chain: Chain, round: int) -> None:
-        """A chain's coroutine: each `update(client_id, message)` runs that client's half
-        here, its SGD parked in the stack; a client that raises comes back as a
-        `ClientFailure` (`FATAL` errors end the chain and the run)."""
-        work = self.work
-        trainer = _ParkingTrainer(work.trainer, coroutine, self._park)
-
-        def update(client_id: int, message: Message) -> Message | ClientFailure:
-            coroutine.client_id = client_id
-            coroutine.buffers = work.initial_buffers(message)
-            if coroutine.buffers is not None:
-                work.model.buffers.copy_(coroutine.buffers)
-            try:
-                reply = work.run_client(client_id, message, round, trainer)
-            except FATAL:
-                raise
-            except Exception as e:  # noqa: BLE001  (one client's fault is not the chain's)
-                return failure(client_id, round, e)
-            return work.finish(client_id, reply, coroutine.buffers)
-
+        """A chain's coroutine: its clients run through `_ChainClients` (`FATAL` errors end
+        the chain and the run; any other client error comes back as a `ClientFailure`)."""
         try:
-            chain(update)
+            chain(_ChainClients(self, coroutine, round))
         except BaseException as e:  # noqa: BLE001  (reported to the executor's thread)
             coroutine.error = e
         finally:
@@ -361,7 +351,8 @@ class BatchedExecutor(InProcess):
                                              name=f"fedhet-client-{client.client_id}")
             self._switch_to(client, start=True)
         while True:
-            waiting = [c.job for c in clients if not c.done and c.job is not None and not c.job.finished]
+            live = _tree(clients)
+            waiting = [c.job for c in live if c.job is not None and not c.job.finished]
             if not waiting:
                 break
             sgd = [job for job in waiting if isinstance(job, SGDJob)]
@@ -372,28 +363,41 @@ class BatchedExecutor(InProcess):
                 for job in sgd:
                     if not job.finished:
                         job.error = e
-            self.cohort.full_gradients([c.job for c in clients if not c.done
-                                        and isinstance(c.job, GradJob) and not c.job.finished])
-            for client in clients:
+            self.cohort.full_gradients([c.job for c in _tree(clients)
+                                        if isinstance(c.job, GradJob) and not c.job.finished])
+            for client in _tree(clients):
                 if not client.done and client.job is not None and client.job.finished:
-                    self._switch_to(client)
+                    self._resume(client)
         for client in clients:
             assert client.thread is not None
             client.thread.join()
 
+    def _resume(self, client: _Client) -> None:
+        """Resume `client` until it parks again or finishes; a chain whose fan-out is then all
+        back is resumed in turn (its average, its next iteration)."""
+        self._switch_to(client)
+        parent = client.parent
+        while client.done and parent is not None and parent.children is not None \
+                and all(k.done for k in parent.children):
+            parent.children = None
+            self._switch_to(parent)
+            client, parent = parent, parent.parent
+
     def _next_jobs(self, clients: list[_Client]) -> Continue:
         """The cohort's `next_jobs` for `clients`: resume the client of each job that left the
-        stack, and hand back the SGD job it parks next (if any)."""
+        stack, and hand back the SGD jobs parked since (its next one, or a chain's next
+        fan-out)."""
         def resume(gone: list[SGDJob]) -> list[SGDJob]:
-            owner = {id(c.job): c for c in clients if not c.done and c.job is not None}
-            made = []
+            made: list[SGDJob] = []
             for job in gone:
-                client = owner.get(id(job))
-                if client is None:
+                live = _tree(clients)
+                owner = next((c for c in live if c.job is job), None)
+                if owner is None:
                     continue
-                self._switch_to(client)
-                if not client.done and isinstance(client.job, SGDJob) and not client.job.finished:
-                    made.append(client.job)
+                before = {id(c.job) for c in live if c.job is not None}
+                self._resume(owner)
+                made += [c.job for c in _tree(clients) if isinstance(c.job, SGDJob)
+                         and not c.job.finished and id(c.job) not in before]
             return made
 
         return resume
@@ -425,6 +429,71 @@ class BatchedExecutor(InProcess):
         finally:
             client.done = True
             client.yielded.set()
+
+
+class _ChainClients:
+    """What a chain calls its clients with (`fedhet.engine.rounds.ChainClients`), on the
+    chain's coroutine: one client at a time, run right here (`__call__`), or several at once
+    (`many`), each on a coroutine of its own whose SGD parks in the stack while the chain
+    waits for all of them."""
+
+    def __init__(self, executor: BatchedExecutor, coroutine: _Client, round: int) -> None:
+        self.executor = executor
+        self.coroutine = coroutine
+        self.round = round
+        self.trainer = _ParkingTrainer(executor.work.trainer, coroutine, executor._park)
+
+    def __call__(self, client_id: int, message: Message) -> Message | ClientFailure:
+        work, coroutine = self.executor.work, self.coroutine
+        coroutine.client_id = client_id
+        coroutine.buffers = work.initial_buffers(message)
+        if coroutine.buffers is not None:
+            work.model.buffers.copy_(coroutine.buffers)
+        try:
+            reply = work.run_client(client_id, message, self.round, self.trainer)
+        except FATAL:
+            raise
+        except Exception as e:  # noqa: BLE001  (one client's fault is not the chain's)
+            return failure(client_id, self.round, e)
+        return work.finish(client_id, reply, coroutine.buffers)
+
+    def many(self, requests: Sequence[tuple[int, Message]]) -> list[tuple[int, Message | ClientFailure]]:
+        """Every request's reply (or `ClientFailure`), in request order."""
+        executor, work = self.executor, self.executor.work
+        kids = [_Client(cid, msg, work.initial_buffers(msg), parent=self.coroutine)
+                for cid, msg in requests]
+        self.coroutine.children = kids
+        for kid in kids:
+            kid.thread = threading.Thread(target=executor._client_main, args=(kid, self.round),
+                                          daemon=True, name=f"fedhet-client-{kid.client_id}")
+            executor._switch_to(kid, start=True)
+        if all(k.done for k in kids):
+            self.coroutine.children = None
+        else:
+            executor._park(self.coroutine)  # resumed once the last of them is done
+        out: list[tuple[int, Message | ClientFailure]] = []
+        for kid in kids:
+            assert kid.thread is not None
+            kid.thread.join()
+            if kid.error is not None:
+                if isinstance(kid.error, FATAL):
+                    raise kid.error
+                out.append((kid.client_id, failure(kid.client_id, self.round, kid.error)))
+            else:
+                out.append((kid.client_id, work.finish(kid.client_id, kid.reply, kid.buffers)))
+        return out
+
+
+def _tree(clients: list[_Client]) -> list[_Client]:
+    """`clients` not yet done and, under each, the clients of its fan-out (depth first)."""
+    out: list[_Client] = []
+    for c in clients:
+        if c.done:
+            continue
+        out.append(c)
+        if c.children:
+            out += _tree(c.children)
+    return out
 
 
 def make_executor(work: ClientWork, name: str, chunk: int = 0) -> SequentialExecutor | BatchedExecutor:

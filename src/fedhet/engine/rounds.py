@@ -19,11 +19,11 @@ Topologies (an algorithm names one in its `topology` ClassVar):
 - `edge-star` (HierFAVG): cloud → edge; `κ2` times: edge → each device and back
   (`device-edge`), `edge_aggregate`; edge → cloud; cloud `aggregate`.
 Edges are independent. An executor that runs chains (`RoundContext.client_chains`: the
-batched one) gets each ring's walk as one chain and trains every hop of every ring in one
-stacked call; otherwise hop `h` of every edge's ring goes into one `client_updates` call
-(`walk_rings`, lockstep). Edge iteration `t` of every HierFAVG edge is one `client_updates`
-call, so the batched executor stacks devices of all edges. Hops of one ring stay in order
-(each starts from the previous hop's reply; a round holds one model per ring). The result is
+batched one) gets each ring's walk, and each HierFAVG edge's `κ2` iterations, as one chain,
+and trains a round of all of them in one stacked call; otherwise they go in lockstep: hop `h`
+of every edge's ring (`walk_rings`), or edge iteration `t` of every edge, in one
+`client_updates` call. Hops of one ring stay in order (each starts from the previous hop's
+reply; a round holds one model per ring). The result is
 that of running the edges one after another: they share no device and every client's
 randomness is keyed by (seed, round, client, purpose).
 Hops from a device to itself (a ring of one device, or the same device ending one round and
@@ -75,8 +75,9 @@ class RoundContext(Protocol):
     round_failures: list[ClientFailure]
     """Optional: the round's client failures are appended here, first one first."""
     client_chains: Callable[[int, Sequence[Chain]], None] | None
-    """Optional (None when absent): runs independent chains of client halves (ring walks) as
-    the executor pleases (`BatchedExecutor.chains`); without it rings go hop by hop."""
+    """Optional (None when absent): runs independent chains of client halves (ring walks,
+    HierFAVG edges) as the executor pleases (`BatchedExecutor.chains`); without it they go in
+    lockstep."""
 
     def configure(self, state: ServerState, client_id: int, round: int) -> Message:
         """`algorithm.configure` plus what the engine adds to every downlink (BN statistics)."""
@@ -114,17 +115,29 @@ class RunnerContext:
     executor: Any
     """The run's executor itself, for a runner that drives it (Flower's star round)."""
     client_chains: Callable[[int, Sequence[Chain]], None] | None = None
-    """The executor's way of running independent chains of client halves (a ring walk each),
-    when it has one (`BatchedExecutor.chains`); rings otherwise go hop by hop, in lockstep."""
+    """The executor's way of running independent chains of client halves (a ring's walk, a
+    HierFAVG edge), when it has one (`BatchedExecutor.chains`); otherwise they go in lockstep."""
 
 
 RoundRunner = Callable[[RoundContext, ServerState, int, Sequence[int]], tuple[ServerState, dict]]
 
-ChainUpdate = Callable[[int, Message], "Message | ClientFailure"]
-"""`update(client_id, message)`: one client's half, its reply or its `ClientFailure`."""
-Chain = Callable[[ChainUpdate], None]
-"""A sequence of client halves, each needing the previous one's reply (a ring's walk), run
-with `update`; chains given to `client_chains` together share no client."""
+class ChainClients(Protocol):
+    """How a chain runs its clients' halves (`RoundContext.client_chains`)."""
+
+    def __call__(self, client_id: int, message: Message) -> Message | ClientFailure:
+        """One client's half: its reply, or its `ClientFailure`."""
+        ...
+
+    def many(self, requests: Sequence[tuple[int, Message]]) -> list[tuple[int, Message | ClientFailure]]:
+        """Independent clients' halves, side by side: `(client_id, reply or ClientFailure)` in
+        request order, once all are back."""
+        ...
+
+
+Chain = Callable[[ChainClients], None]
+"""Client halves that depend on each other's replies (a ring's walk: each hop the previous
+one's reply; a HierFAVG edge: each iteration the average of the last), run through the
+`ChainClients` it is given; chains given to `client_chains` together share no client."""
 
 
 def _faults(rc: RoundContext) -> FaultModel:
@@ -301,7 +314,7 @@ def _check_disjoint(walks: Sequence[RingWalk]) -> None:
         seen |= set(walk.ring)
 
 
-def _walk(rc: RoundContext, round: int, walk: RingWalk, tally: RoundTally, update: ChainUpdate) -> None:
+def _walk(rc: RoundContext, round: int, walk: RingWalk, tally: RoundTally, update: ChainClients) -> None:
     """One ring's walk as a chain: deliver, run, check and accept hop after hop (`returned`'s
     rules for one reply at a time)."""
     while (device := walk.next_device(tally.failed)) is not None:
@@ -390,9 +403,10 @@ def edge_star_round(
     rc: RoundContext, state: ServerState, round: int, clients: Sequence[int]
 ) -> tuple[ServerState, dict[str, Any]]:
     """Cloud → edges; `κ2` edge aggregations of their devices; edges → cloud (HierFAVG).
-    Iteration `t` of every edge goes through one `rc.client_updates` call (requests edge by
-    edge, so the batched executor stacks all edges' devices); each edge aggregates its own
-    consecutive run of the reply stream. An edge iteration with no reply leaves the edge model
+    With `rc.client_chains` each edge is one chain (`_edge_walk`); otherwise iteration `t` of
+    every edge goes through one `rc.client_updates` call (requests edge by edge, so the
+    batched executor stacks all edges' devices) and each edge aggregates its own consecutive
+    run of the reply stream. An edge iteration with no reply leaves the edge model
     as it is; an edge none of whose devices ever returned sends no report."""
     role = _edge_role(rc)
     tally = RoundTally()
@@ -403,8 +417,12 @@ def edge_star_round(
         down = rc.configure(state, edge_id, round)
         rc.comm.send("edge-cloud", "down", down)
         edges.append(_StarEdge(edge_id, live, role.edge_init(down, edge_id, live, round)))
-    for iteration in range(role.edge_iterations()):
-        _edge_iteration(rc, role, edges, round, iteration, tally)
+    chains = getattr(rc, "client_chains", None)
+    if chains is not None:
+        chains(round, [partial(_edge_walk, rc, role, edge, round, tally) for edge in edges])
+    else:
+        for iteration in range(role.edge_iterations()):
+            _edge_iteration(rc, role, edges, round, iteration, tally)
     reports = []
     for edge in edges:
         if not edge.aggregated:
@@ -416,6 +434,38 @@ def edge_star_round(
         return _kept(rc, state, round, tally)
     state, diag = _with_groups(rc.algorithm.aggregate(state, round, iter(reports)), groups)
     return state, {**diag, **tally.diagnostics()}
+
+
+def _edge_walk(
+    rc: RoundContext, role: EdgeRole, edge: _StarEdge, round: int, tally: RoundTally,
+    clients: ChainClients,
+) -> None:
+    """One HierFAVG edge's `κ2` iterations as a chain: its devices side by side
+    (`clients.many`), then its average of those that returned (in request order, one pass),
+    then the next iteration from it; the same messages, bills and checks as the lockstep
+    iteration (`_edge_iteration`)."""
+    for iteration in range(role.edge_iterations()):
+        requests = []
+        for client_id in edge.live:
+            if client_id in tally.failed:
+                continue
+            message = role.edge_configure(edge.state, client_id, round, iteration)
+            rc.comm.send("device-edge", "down", message)
+            requests.append((client_id, message))
+        if not requests:
+            continue
+        replies = []
+        for client_id, up in clients.many(requests):
+            if isinstance(up, ClientFailure):
+                _fail(rc, tally, up)
+                continue
+            check_finite(up, round, client_id)
+            tally.returned.add(client_id)
+            rc.comm.send("device-edge", "up", up)
+            replies.append(Reply(client_id, up))
+        if replies:
+            edge.state = role.edge_aggregate(edge.state, round, iter(replies))
+            edge.aggregated = True
 
 
 def _edge_iteration(
