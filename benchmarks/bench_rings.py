@@ -55,7 +55,7 @@ def main() -> None:
     base = {"dataset": args.dataset, "data_dir": args.data_dir, "model": "mlp", "clients": 20,
             "batch_size": 32, "lr": 0.01, "momentum": 0.5, "partition": "shards",
             "partition.xi": 2, "rounds": args.rounds, "device": args.device,
-            "eval_every": 10**6}
+            "eval_every": 10**6, "workers": 1}
 
     def sync() -> None:
         if args.device == "cuda":

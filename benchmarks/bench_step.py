@@ -2,9 +2,13 @@
 
 Two figures per model and device:
 
-- **host**: a step whose arithmetic is negligible (4 rows, mini-batches of one sample), so the
-  time is what the step costs to issue: Python, autograd and dispatch, index gathers, the
-  chain's updates. It bounds how fast any stacked step can run, whatever the device.
+- **host**: a step whose arithmetic is negligible, so the time is what the step costs to
+  issue: Python, autograd and dispatch, index gathers, the chain's updates. It bounds how fast
+  any stacked step can run, whatever the device. Measured on the model's miniature (`mini`:
+  the same layers at the smallest input the model takes, 8 hidden units where it has a
+  `hidden` setting, a few thousand parameters), 1 and 4 rows, mini-batches of one sample; the
+  full-size model's one-sample step (`B=1` columns) adds the arithmetic of its weights (the
+  FedNNNN CNN's 431k-parameter gradient and two convolutions are not negligible on a CPU).
 - **ops**: the ATen operations one such step dispatches (`torch.profiler`), the device-free
   measure of that cost (each is a kernel launch on a GPU);
 - **per row**: steps at the papers' mini-batch (`B`) with 1, 8 and 32 rows stacked: the
@@ -51,6 +55,27 @@ def make(model_name: str, device: str, samples: int = 4096) -> tuple[CohortTrain
     x = torch.rand(samples, 1, 28, 28, device=device)
     y = torch.randint(0, 10, (samples,), device=device)
     return CohortTrainer(flat, x, y, log=lambda s: None), flat
+
+
+def mini(model_name: str, device: str) -> tuple[CohortTrainer, FlatModel]:
+    """The model's miniature (module doc): the same layers on the smallest square input it
+    builds and runs on, of 4, 8, …, 28 pixels."""
+    spec = MODELS.get(model_name)
+    fields = getattr(spec.params, "__dataclass_fields__", {})
+    params = spec.params(hidden=8) if "hidden" in fields else spec.params()
+    for side in (4, 8, 12, 16, 20, 24, 28):
+        torch.manual_seed(0)
+        try:
+            module = build_model(model_name, (1, side, side), 10, params).to(device)
+            with torch.no_grad():
+                module(torch.rand(2, 1, side, side, device=device))
+        except Exception:  # noqa: BLE001  (too small for this model: try a larger input)
+            continue
+        flat = FlatModel(module, channels_last=bool(spec.trait("channels_last")))
+        x = torch.rand(256, 1, side, side, device=device)
+        y = torch.randint(0, 10, (256,), device=device)
+        return CohortTrainer(flat, x, y, log=lambda s: None), flat
+    raise SystemExit(f"{model_name}: no input of 4 to 28 pixels builds")
 
 
 def _clock(cuda: bool) -> float:
@@ -128,9 +153,10 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     print(f"device {args.device} ({name}), torch {torch.__version__}, {args.threads} thread(s), "
           f"path {args.path}")
-    print("| model | path | ms/step, 1 row, B=1 | ms/step, 4 rows, B=1 | ops/step, 4 rows | " +
+    print("| model | path | host ms/step, 1 row | host ms/step, 4 rows | ms/step, 1 row, B=1 | "
+          "ms/step, 4 rows, B=1 | ops/step, 4 rows | " +
           " | ".join(f"ms/step/row, {r} rows" for r in rows) + " | ms/step, sequential |")
-    print("|---|---|---|---|---|" + "---|" * len(rows) + "---|")
+    print("|---|---|---|---|---|---|---|" + "---|" * len(rows) + "---|")
     for model_name in args.models.split(","):
         for path in ("auto", "vmap") if args.path == "both" else (args.path,):
             cohort, flat = make(model_name, args.device)
@@ -139,6 +165,10 @@ def main() -> None:
                     continue
                 cohort.program = None
             used = "program" if cohort.program is not None else "vmap"
+            small, small_flat = mini(model_name, args.device)
+            if path == "vmap":
+                small.program = None
+            host = [median_ms(small, small_flat, r, 1, args.steps, args.repeats) for r in (1, 4)]
             one = median_ms(cohort, flat, 1, 1, args.steps, args.repeats)
             four = median_ms(cohort, flat, 4, 1, args.steps, args.repeats)
             ops = ops_per_step(cohort, flat, 4)
@@ -146,7 +176,8 @@ def main() -> None:
             per_row = [median_ms(cohort, flat, r, b, max(5, args.steps // r), args.repeats) / r
                        for r in rows]
             seq = sequential_ms(cohort, flat, b, args.steps, args.repeats)
-            print(f"| {model_name} (B={b}) | {used} | {one:.2f} | {four:.2f} | {ops:.0f} | "
+            print(f"| {model_name} (B={b}) | {used} | {host[0]:.2f} | {host[1]:.2f} | {one:.2f} | "
+                  f"{four:.2f} | {ops:.0f} | "
                   + " | ".join(f"{v:.2f}" for v in per_row) + f" | {seq:.2f} |", flush=True)
 
 if __name__ == "__main__":
