@@ -17,7 +17,7 @@ from fedhet.registry import NoParams
 from fedhet.rundir.store import RunStore, read_metric_rows
 from fedhet.runs.comparison import compare
 from fedhet.runs.runner import Job, batch_units
-from fedhet.training.cohort import CohortTrainer, EvalJob
+from fedhet.training.cohort import CohortTrainer, EvalJob, stacks_evaluation
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import evaluate
 
@@ -193,3 +193,28 @@ def test_a_batch_evaluates_its_runs_stacked_where_evaluation_stacks(tmp_path, mo
         rows_alone = read_metric_rows(tmp_path / f"alone{i}" / "metrics.csv")
         assert [r["train_loss"] for r in rows] == pytest.approx(
             [r["train_loss"] for r in rows_alone], rel=1e-5)
+
+
+@pytest.mark.parametrize("settings", [
+    {"algorithm": "fedsr", "algorithm.clusters": 2, "algorithm.ring_passes": 2},
+    {"algorithm": "ring"},
+    {"algorithm": "hierfavg", "algorithm.clusters": 2, "algorithm.kappa2": 2},
+], ids=["fedsr", "ring", "hierfavg"])
+def test_chains_of_three_seeds_in_one_cohort_give_the_runs_one_by_one(tmp_path, monkeypatch, settings):
+    """Ring walks and HierFAVG edges of several runs as chains in one stacked call a round
+    (each run's chains resumed by its own `next_jobs`): each run as it is alone."""
+    calls: list[int] = []
+    step = SharedCohort._step
+
+    def spy(self):
+        calls.append(1)
+        step(self)
+
+    monkeypatch.setattr(SharedCohort, "_step", spy)
+    alone, together, outcomes = _alone_and_together(
+        tmp_path, [{**settings, "seed": s} for s in (0, 1, 2)])
+    assert same(together, alone)
+    assert all(isinstance(o, dict) and o["finished"] for o in outcomes)
+    assert len({tuple(c) for c in alone}) == 3
+    evaluations = BASE["rounds"] + 1 if stacks_evaluation("cpu") else 0
+    assert len(calls) == BASE["rounds"] + evaluations  # one stacked call a round
