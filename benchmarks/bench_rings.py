@@ -7,7 +7,8 @@ FedSR's MNIST settings (Table II: 20 devices, the MLP, batch 32, momentum 0.5; F
 epoch a hop, 5 edges of 4 devices, R = 5 passes; ring-optimization: one ring of the 20
 devices, 5 local epochs a hop; HierFAVG: 5 edges, κ2 = 5 edge averages of one local epoch),
 the paper's partition (`shards`, ξ = 2). For each algorithm it times `--rounds` rounds of
-`--runs` seeds (one batch of runs when > 1) with (a) `sequential`: the sequential executor,
+`--runs` seeds (one batch of runs when > 1), in this process's CPU time on a CPU and in wall
+time on a GPU, with (a) `sequential`: the sequential executor,
 (b) `lockstep`: the batched executor with one executor call per ring hop or edge iteration
 (`client_chains` switched off), (c) `chains`: the batched executor with each ring's walk and
 each edge as one chain, a round in one stacked call (on CUDA its steps replayed from a
@@ -57,9 +58,13 @@ def main() -> None:
             "partition.xi": 2, "rounds": args.rounds, "device": args.device,
             "eval_every": 10**6, "workers": 1}
 
-    def sync() -> None:
+    def clock() -> float:
+        """Wall time on a GPU (synchronised); on a CPU this process's CPU time, all its
+        threads (what other processes on a shared machine take is not counted)."""
         if args.device == "cuda":
             torch.cuda.synchronize()
+            return time.perf_counter()
+        return time.process_time()
 
     for name in args.algorithms.split(","):
         settings = {**base, **ALGORITHMS[name]}
@@ -74,11 +79,9 @@ def main() -> None:
                 if mode == "lockstep":
                     for sim in sims:
                         sim.side.executor.chains = None  # rings hop by hop
-                sync()
-                t0 = time.perf_counter()
+                t0 = clock()
                 _run(sims)
-                sync()
-                times.setdefault(mode, []).append((time.perf_counter() - t0) / args.rounds)
+                times.setdefault(mode, []).append((clock() - t0) / args.rounds)
                 finals[mode] = sims[0].final_state.w.detach().cpu()
         med = {m: statistics.median(v) for m, v in times.items()}
         line = ", ".join(f"{m} {s:.2f} s" for m, s in med.items())
