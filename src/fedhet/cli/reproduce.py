@@ -1,13 +1,15 @@
 """`fedhet reproduce PAPER`: a seed paper's preset, or one of its protocols on the user's settings.
 
 The papers, their setups and protocols are the registry's (`fedhet.papers.PAPERS`): each paper
-folder declares its one-line help, and `fedhet reproduce --help` lists them.
+folder registers its preset with a one-line help and declares what its setups mean
+(`folder.Paper.setup_help`), and `fedhet reproduce --help` lists them.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from fedhet.cli.common import (
@@ -29,22 +31,29 @@ CAMPAIGN_FLAGS = ("--budget", "--cores", "--nice", "--cache", "--tables", "--res
 
 
 def papers_help() -> str:
-    """Each paper of the registry: its help, setups and protocols."""
+    """Each paper of the registry: its preset's one line, its setups and protocols."""
     # lazy: the papers (their presets import torch) load only for this help
     from fedhet.papers import PAPERS
-    from fedhet.papers.base import PROTOCOLS, SETUPS
+    from fedhet.papers.base import PRESETS, PROTOCOLS, SETUPS
 
     lines = ["papers (PAPER):"]
     for name, paper in PAPERS.items():
-        lines.append(f"  {name:<10} {paper.help}")
+        lines.append(_wrapped(f"  {name:<10} ", PRESETS.get(name).doc))
         if name in SETUPS:
             first, *rest = SETUPS[name]
-            lines.append(f"  {'':<10} setups (--setup): {first} (default)"
-                         + "".join(f", {s}" for s in rest)
-                         + (f"; {paper.setup_help}" if paper.setup_help else ""))
+            lines.append(_wrapped(INDENT, f"setups (--setup): {first} (default)"
+                                  + "".join(f", {s}" for s in rest)
+                                  + (f"; {paper.setup_help}" if paper.setup_help else "")))
         for proto, entry in sorted(PROTOCOLS.get(name, {}).items()):
-            lines.append(f"  {'':<10} protocol (--protocol {proto}): {entry.help}")
+            lines.append(_wrapped(INDENT, f"protocol (--protocol {proto}): {entry.help}"))
     return "\n".join(lines)
+
+
+INDENT = " " * 13
+
+
+def _wrapped(first: str, text: str) -> str:
+    return textwrap.fill(text, 79, initial_indent=first.ljust(len(INDENT)), subsequent_indent=INDENT)
 
 
 def add(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
