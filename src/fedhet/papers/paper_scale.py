@@ -131,7 +131,7 @@ def _introduction(command: str) -> list[str]:
         "most claim per core-hour first (`campaign/order.py`, a choice): the paper's own seed "
         "count before extras, among those the cell with the fewest core-hours left first, and a "
         f"run of more than {HEAVY_CORE_HOURS:g} core-hours (the Fashion-MNIST CNN runs) waits for "
-        "a GPU unless nothing cheaper is left, even under way. `fedhet reproduce plan` "
+        "a GPU unless nothing cheaper is left, even under way. `fedhet campaign plan` "
         "lists every cell (`--device cpu`: in a CPU sitting's order); "
         f"`{campaign.command(budget=60, cores=2)}` runs a sitting (docs/gpu.md for a GPU). Prices "
         "come from measured seconds per round on the kind of device that runs them (the runs' "
@@ -197,7 +197,7 @@ def write_page(results: Path, out: Path, command: str = "") -> Path:
     if not res.experiments and not res.skipped:
         raise FedhetError(f"--results {results} holds no result files (`<paper>/<experiment>.csv` "
                           "with its json); give the directory that has them (a checkout's results/), "
-                          "or make some with `fedhet reproduce all` (docs/paper-scale.md)")
+                          "or make some with `fedhet campaign run` (docs/paper-scale.md)")
     text = render(res, command=command)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
