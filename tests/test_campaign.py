@@ -513,7 +513,7 @@ def test_reproduce_all_runs_the_real_tables_at_smoke_scale(tmp_path: Path, capsy
     (["reproduce", "all", "--budget", "5", "--tables", "nope"], "unknown campaign table 'nope'"),
     (["reproduce", "all", "--budget", "5", "--out", "x"], "--out: the campaign's run directories"),
     (["reproduce", "plan", "--budget", "5"], "--budget"),
-    (["reproduce", "fednova", "--cores", "2"], "--cores go with `fedhet reproduce all`"),
+    (["reproduce", "fednova", "--cores", "2"], "--cores goes with the campaign: `fedhet campaign run`"),
 ])
 def test_campaign_flags(argv, said, capsys, tmp_path) -> None:  # noqa: ANN001
     from fedhet.cli import main

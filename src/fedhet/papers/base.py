@@ -2,6 +2,8 @@
 
 - `PRESETS.get(paper).factory(scale)` is a paper's `Preset` (`fedhet reproduce PAPER`);
   `factory(scale, setup=NAME)` one of the setups in `SETUPS[paper]` (`--setup NAME`).
+- `REF40`, `SVM_SETUPS`: the SVM setup of reference [40], which the papers citing it for their
+  SVM (BHerd, FedVeca) share, and fedhet's own;
 - `protocol(paper, name)` is one of a paper's own procedures run on the user's settings
   (`fedhet reproduce PAPER --protocol NAME`), e.g. FedVeca's fair comparison.
 
@@ -49,6 +51,20 @@ def register_setups(paper: str, names: tuple[str, ...]) -> None:
     if paper in SETUPS:
         raise ValueError(f"setups of preset {paper} registered twice")
     SETUPS[paper] = tuple(names)
+
+
+REF40: dict[str, Any] = {
+    "dataset.normalize": False, "model.bias": False, "model.init": "zeros", "model.lam": 0.1,
+    "batch_size": 100, "lr": 0.01,
+}
+"""The SVM setup of the papers' reference [40] (Wang et al., "Adaptive federated learning in
+resource constrained edge computing systems", 2019, and its public code), which BHerd and
+FedVeca cite for their SVM: pixels in [0, 1] (not standardised), zero initial weights, no bias,
+`λ = 0.1`, `B = 100`, `η = 0.01`; its "loss" is the training loss over the whole training set
+(`train_loss`, logged by every SVM run here)."""
+SVM_SETUPS: dict[str, dict[str, Any]] = {"default": {}, "ref40": REF40}
+"""`setup` of the SVM runs: fedhet's (standardised pixels, PyTorch's initialisation, a bias,
+`B = 50`) or reference [40]'s."""
 
 
 def svm_setup(setups: Mapping[str, Mapping[str, Any]], scale: str, setup: str | None) -> dict[str, Any]:

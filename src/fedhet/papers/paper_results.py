@@ -204,6 +204,15 @@ def export_grid(
     return export_runs(runs, out_csv, setting_of, algorithm_of, extra_columns, merge=merge)
 
 
+def short(cell: str) -> str:
+    """A float cell with 6 significant digits (text cells unchanged)."""
+    try:
+        v = float(cell)
+    except ValueError:
+        return cell
+    return cell if cell.lstrip("-").isdigit() else f"{v:.6g}"
+
+
 def read_rows(path: Path) -> list[dict[str, str]]:
     """A results CSV as rows of text cells: the contract's columns, a whole last line, whole
     quoted fields, text only, at least one row, and whole-number seeds and rounds; anything

@@ -20,7 +20,7 @@ from typing import Any
 
 from fedhet.papers.bherd.preset import BEST_BATCH, CASES, common
 from fedhet.papers.bherd.readings import methods, parse_seeds, run_dir
-from fedhet.papers.paper_results import has_result, run_of, run_rows, write_meta, write_rows
+from fedhet.papers.paper_results import has_result, run_of, run_rows, short, write_meta, write_rows
 from fedhet.rundir import read_metric_rows
 
 DEFAULTS = {"alpha": 0.5, "reading": "mean-tau"}
@@ -40,15 +40,6 @@ def algorithm_label(method: dict[str, Any], case: str) -> str:
     if method.get("_batch") == "best" and BEST_BATCH[case] != common("paper")["batch_size"]:
         parts.append(f"B={BEST_BATCH[case]}")
     return method["algorithm"] + (f"[{','.join(parts)}]" if parts else "")
-
-
-def short(cell: str) -> str:
-    """A float cell with 6 significant digits (text cells unchanged)."""
-    try:
-        v = float(cell)
-    except ValueError:
-        return cell
-    return cell if cell.lstrip("-").isdigit() else f"{v:.6g}"
 
 
 def study_rows(root: Path, study: str, reading: str, seeds: Sequence[int],

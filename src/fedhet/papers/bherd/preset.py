@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.papers.base import PRESETS, register_setups, svm_setup
+from fedhet.papers.base import PRESETS, REF40, SVM_SETUPS, register_setups, svm_setup
 from fedhet.runs.presets import Preset, RunSpec, with_seeds
 
 CASES = {"case1": "iid", "case2": "label-per-client", "case3": "half-iid"}
@@ -53,18 +53,8 @@ EPOCHS = (0.1, 0.5, 1.0, 2.0)
 BATCHES = (10, 20, 50, 100)
 CLIENTS = (5, 10, 15, 20)
 ORDERS = {"non-RR": "fixed", "RR": "reshuffle"}
-REF40: dict[str, Any] = {
-    "dataset.normalize": False, "model.bias": False, "model.init": "zeros", "model.lam": 0.1,
-    "batch_size": 100, "lr": 0.01,
-}
-"""The SVM setup of the papers' reference [40] (Wang et al., "Adaptive federated learning in
-resource constrained edge computing systems", 2019, and its public code), which BHerd and
-FedVeca cite for their SVM: pixels in [0, 1] (not standardised), zero initial weights, no bias,
-`λ = 0.1`, `B = 100`, `η = 0.01`; its "loss" is the training loss over the whole training set
-(`train_loss`, logged by every SVM run here). Issue 26, 2b."""
-SETUPS: dict[str, dict[str, Any]] = {"default": {}, "ref40": REF40}
-"""`setup` of the SVM runs: fedhet's (standardised pixels, PyTorch's initialisation, a bias,
-`B = 50`) or reference [40]'s."""
+SETUPS = SVM_SETUPS
+"""`setup` of the SVM runs (`base.SVM_SETUPS`): fedhet's or reference [40]'s (`base.REF40`)."""
 PRESET_SETUPS: dict[str, dict[str, Any]] = {"ref40": REF40, "fedhet": {}}
 """`fedhet reproduce bherd --setup NAME`: the setup of the preset's SVM runs (`paper`,
 `small`), its default first. `ref40` (default): the text says its SVM and loss are "as detailed

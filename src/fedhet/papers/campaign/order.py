@@ -15,7 +15,7 @@ On a CPU (one core a run) a sitting takes the runs left in this order **[choice]
 4. within a cell, the runs under way first (the least time left first), then the plan's order.
 
 A GPU keeps its own order (`Sitting.under_way_first`): the runs under way, then the plan's.
-`fedhet reproduce plan --device cpu` lists the cells in the order of this one
+`fedhet campaign plan --device cpu` lists the cells in the order of this one
 (`plan.cells`).
 """
 

@@ -1,4 +1,4 @@
-"""`fedhet reproduce plan`: every cell of the campaign, what is done, what is left, where and how long.
+"""`fedhet campaign plan`: every cell of the campaign, what is done, what is left, where and how long.
 
 One line per table cell in the order the campaign runs them on the device kind given: on a GPU
 the cells with a run under way first, then by the cell of its first run left; on a CPU by the
@@ -106,8 +106,8 @@ def print_plan(scale: str, device: str, results: Path, cache: Path | None, table
     store = Store(results, cache or default_cache(), scale)
     if not store.root.is_dir():
         raise FedhetError(
-            f"no campaign records in {store.root.resolve()}: `fedhet reproduce plan` reads what "
-            f"`fedhet reproduce all` recorded there (a fedhet checkout holds them under "
+            f"no campaign records in {store.root.resolve()}: `fedhet campaign plan` reads what "
+            f"`fedhet campaign run` recorded there (a fedhet checkout holds them under "
             f"results/); run it in the checkout, or give --results DIR of the folder that holds "
             f"{store.root.name}/")
     plan = plan_runs(scale, chosen, store.records)

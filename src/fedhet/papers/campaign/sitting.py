@@ -1,6 +1,6 @@
 """One sitting of the campaign: run the plan's next runs on the cores (or GPU) given, within a budget.
 
-`fedhet reproduce all --device cpu --cores 2 --budget 120` keeps `cores` worker processes busy
+`fedhet campaign run --device cpu --cores 2 --budget 120` keeps `cores` worker processes busy
 (one torch thread each, at low priority: `nice`), each running the next run of the plan
 (`tables.plan_runs`) that is neither recorded nor running, the most claim per core-hour first
 (`order.cpu_order`: cheap cells at the paper's seed count first, runs of many core-hours last);
@@ -62,7 +62,7 @@ without importing torch again (tests/test_campaign.py)."""
 def command(scale: str = "paper", device: str = "cpu", budget: float = 60, cores: int = 1,
             tables: str = "") -> str:
     """The command line of a sitting (from the checkout)."""
-    cmd = (f"PYTHONPATH=src python -m fedhet reproduce all --scale {scale} --device {device} "
+    cmd = (f"PYTHONPATH=src python -m fedhet campaign run --scale {scale} --device {device} "
            f"--budget {budget:g}" + (f" --cores {cores}" if cores != 1 else ""))
     return cmd + (f" --tables {tables}" if tables else "")
 
@@ -481,7 +481,7 @@ class Sitting:
 def run_campaign(scale: str, device: str, budget: float, results: Path, cache: Path | None = None,
                  cores: int = 1, tables: tuple[str, ...] | None = None, batch_runs: int = 8,
                  data_dir: str | None = None, nice: int = 10, stream: TextIO | None = None) -> dict[str, Any]:
-    """`fedhet reproduce all`: one sitting of the campaign (module doc)."""
+    """`fedhet campaign run`: one sitting of the campaign (module doc)."""
     # lazy: tables by name
     from fedhet.papers.campaign.tables import table
 

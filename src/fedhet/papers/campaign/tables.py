@@ -1,168 +1,47 @@
 """The campaign's tables and the order of their runs: each paper's headline claim first.
 
 A table is one paper's preset restricted to the runs of one published table or figure
-(`reproduce --only mnist` at `paper` scale). Its runs are ordered in four tiers:
+(`reproduce --only mnist` at `paper` scale); each paper folder declares its own
+(`folder.Paper.tables`, a `folder.Table` each: its headline cell, variants and alternatives),
+and `TABLES` gathers them. Its runs are ordered in four tiers:
 
-0. seed 0 of every headline cell (the cell that carries the paper's main claim: FedNNNN
-   NonIID-UB FedAvg vs FedNNNN; FedSR ξ = 2 FedAvg vs FedSR; FedVeca CNN Case 3; BHerd CNN
-   Case 3 FedAvg vs BHerd-FedAvg), in that order;
+0. seed 0 of every headline cell (the cell that carries the paper's main claim,
+   `Table.headline`), in `TABLES`' order;
 1. the headline cells' other seeds up to the paper's own count (`Table.paper_seeds`), then the
-   runs of another reading beside a headline run (`Table.variants`: BHerd-FedAvg under
-   `criterion=grab-stale`), which the headline row reads beside the preset's;
+   runs of another reading beside a headline run (`Table.variants`), which the headline row
+   reads beside the preset's;
 2. the rest of each table, seeds up to the paper's count;
 3. extra seeds (the preset's beyond the paper's count), headline cells first, and the cells of
    another reading of the paper's words (`Table.alternatives`, seed 0), each before its table's
    second seed.
 
-Within a tier the tables keep `TABLES`' order and a table its preset's order. A GPU sitting takes
-the runs already under way (rounds saved) first, in this order, then the rest
+Within a tier the tables keep `TABLES`' order and a table its preset's order; a run that can be
+planned only once another is recorded (`Table.later`) follows it. A GPU sitting takes the runs
+already under way (rounds saved) first, in this order, then the rest
 (`Sitting.under_way_first`); a CPU sitting takes the most claim per core-hour first
-(`order.cpu_order`). The centralized
-reference ignores the partition, so a table whose preset repeats it per case or partition (BHerd,
-FedSR) runs it once per seed (`central_runs`), and the export puts that one run in every cell
-it serves **[choice]**.
+(`order.cpu_order`). The centralized reference ignores the partition, so a table whose preset
+repeats it per case or partition runs it once per seed (`central_runs`), and the export puts
+that one run in every cell it serves **[choice]**.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fedhet.errors import FedhetError
+from fedhet.papers import PAPERS
+from fedhet.papers.folder import LABEL_CUT, Table, label_cut, variant
 from fedhet.runs.presets import SCALES, RunSpec
 
-
-@dataclass(frozen=True)
-class Table:
-    """One table of the campaign: a preset restricted to some datasets, with its headline cell."""
-
-    key: str
-    paper: str
-    experiment: str
-    """Result file stem: `RESULTS/<paper>/<experiment>.csv`."""
-    title: str
-    only: tuple[str, ...]
-    """Datasets of the preset's runs at `paper` scale."""
-    headline: Callable[[RunSpec], bool]
-    """The runs of the cell carrying the paper's headline claim (at any scale)."""
-    paper_seeds: int
-    """Seeds the paper itself ran (its count comes first; the preset's others are extras)."""
-    keep: Callable[[RunSpec], bool] | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
-    """Settings the campaign changes in every run, each a faithful change named on the page."""
-    deviations: str = ""
-    """The page's line on `overrides` and other ways the runs differ from the preset."""
-    extra_columns: tuple[str, ...] = ()
-    bf16: bool = False
-    """Runs in `precision=bf16` (the precision study found no loss for this table's methods)."""
-    data: str = ""
-    """Why the table cannot run here when its data cannot be had offline ('' when it can)."""
-    variants: Callable[[RunSpec], list[RunSpec]] | None = None
-    """Runs the campaign adds beside a preset run: another reading the paper's text allows, each
-    named and labelled apart (`variant`), so no recorded run changes."""
-    alternatives: Callable[[RunSpec], list[RunSpec]] | None = None
-    """Cells of another reading of the paper's words (a partition the text also allows), in a
-    group of their own: planned after every cell at the paper's seed count (tier 3)."""
-
-
-def _fednnnn_head(s: RunSpec) -> bool:
-    return s.group.endswith("NonIID-UB") and s.label in ("FedAvg", "FedNNNN")
-
-
-def _fedsr_head(s: RunSpec) -> bool:
-    return s.group.endswith("xi=2") and s.label in ("FedAvg", "FedSR")
-
-
-def _fedveca_head(s: RunSpec) -> bool:
-    return s.group.endswith("Case 3")
-
-
-def _bherd_head(s: RunSpec) -> bool:
-    return s.group.endswith("case3") and s.label in ("FedAvg", "BHerd-FedAvg")
-
-
-def variant(spec: RunSpec, tag: str, label: str, change: dict[str, Any], group: str = "") -> RunSpec:
-    """`spec` with `change`, named `<name>-<tag>` before its seed suffix (`main-x_s2` →
-    `main-x-<tag>_s2`), labelled `label` and in `group` (default: the spec's): a run of its own
-    beside the preset's."""
-    m = re.fullmatch(r"(.*?)(_s\d+)?", spec.name)
-    assert m is not None  # the pattern matches every name
-    return RunSpec(f"{m.group(1)}-{tag}{m.group(2) or ''}", group or spec.group, label,
-                   {**spec.settings, **change})
-
-
-LABEL_CUT = {"partition.cut": "label"}
-"""The other reading of "only ξ classes" (`cut=label`): under `shards` no shard straddles two
-labels; under `unbalanced` (labels in shards) every client holds exactly ξ labels."""
-
-
-def label_cut(groups: tuple[str, ...], labels: tuple[str, ...]) -> Callable[[RunSpec], list[RunSpec]]:
-    """The alternative cells of a table: seed 0 of `labels` in `groups` under `LABEL_CUT`, in
-    the group `<group> (cut=label)`."""
-    def alternatives(s: RunSpec) -> list[RunSpec]:
-        if s.group not in groups or s.label not in labels or int(s.settings.get("seed", 0)) != 0:
-            return []
-        return [variant(s, "labelcut", s.label, LABEL_CUT, f"{s.group} (cut=label)")]
-
-    return alternatives
-
-
-BHERD_GRAB_SEEDS = 4
-"""Seeds of the BHerd CNN Case 3 run under GraB's reference criterion, as many as the greedy
-runs first recorded."""
-
-
-def _bherd_grab_stale(s: RunSpec) -> list[RunSpec]:
-    """BHerd-FedAvg at CNN + MNIST Case 3 under `criterion=grab-stale` beside the greedy run:
-    "offline herding" in the text points to GraB's reference sorter (docs/bherd.md), and the
-    greedy criterion diverges on this CNN."""
-    if not (_bherd_head(s) and s.label == "BHerd-FedAvg"
-            and int(s.settings.get("seed", 0)) < BHERD_GRAB_SEEDS):
-        return []
-    return [variant(s, "grabstale", "BHerd-FedAvg[criterion=grab-stale]",
-                    {"algorithm.criterion": "grab-stale"})]
-
-
-FEDVECA_EVAL = {"train_loss": False}
-"""FedVeca §IV-B computes "the loss function values and prediction accuracy values" of each
-round's model "on the test dataset": no pass over the 60,000 training samples (a third of a
-CNN round's time in the preset, which logs the training loss for its SVM figures)."""
-
-TABLES: tuple[Table, ...] = (
-    Table("fednnnn-mnist", "fednnnn", "table2-mnist", "FedNNNN Table 2, MNIST", ("mnist",),
-          _fednnnn_head, paper_seeds=1, bf16=True,
-          alternatives=label_cut(("MNIST NonIID-B", "MNIST NonIID-UB"), ("FedAvg", "FedNNNN")),
-          deviations="bf16 autocast (benchmarks/RESULTS.md: FedAvg and FedNova within 0.01 "
-                     "points of fp32 on this CNN); seeds 1-2 are extras (the paper ran once)"),
-    Table("fedsr-mnist", "fedsr", "table2-mnist", "FedSR Tables II-III, MNIST", ("mnist",),
-          _fedsr_head, paper_seeds=1, extra_columns=("cum_model_transfers",),
-          alternatives=label_cut(("MNIST xi=2",), ("FedAvg", "FedSR")),
-          deviations="the centralized reference runs once per seed and serves every partition; "
-                     "seeds 1-2 are extras (Table II gives one value per cell, no spread)"),
-    Table("fedveca-cnn-mnist", "fedveca", "cnn-mnist", "FedVeca Fig. 3, CNN + MNIST Case 3",
-          ("mnist",), _fedveca_head, paper_seeds=10, extra_columns=("tau_k",),
-          keep=lambda s: s.group.endswith("Case 3") and not s.group.startswith("SVM"),
-          overrides=FEDVECA_EVAL,
-          deviations="loss and accuracy on the test set only, as §IV-B says (the preset also "
-                     "logs the training loss)"),
-    Table("bherd-cnn-mnist", "bherd", "cnn-mnist", "BHerd Fig. 2, CNN + MNIST Cases 1-3",
-          ("mnist",), _bherd_head, paper_seeds=10,
-          keep=lambda s: s.name.startswith("main-") and "svm" not in s.name,
-          variants=_bherd_grab_stale,
-          deviations="the centralized reference runs once per seed and serves Cases 1-3; Case 3's "
-                     f"BHerd-FedAvg also runs under criterion=grab-stale (seeds 0-{BHERD_GRAB_SEEDS - 1}), "
-                     "beside the greedy criterion"),
-    Table("fedsr-fashion-mnist", "fedsr", "table2-fashion-mnist", "FedSR Tables II-III, Fashion-MNIST",
-          ("fashion-mnist",), _fedsr_head, paper_seeds=1, extra_columns=("cum_model_transfers",),
-          deviations="the centralized reference runs once per seed and serves every partition"),
-)
-"""The campaign's tables, MNIST headline tables first. CIFAR-10 (FedNNNN Table 2's other half,
-FedSR's CIFAR rows, the CNN + CIFAR-10 figures) is on no registry these machines reach
-(`NO_DATA`)."""
+TABLES: tuple[Table, ...] = tuple(sorted((t for p in PAPERS.values() for t in p.tables),
+                                         key=lambda t: (t.order, t.key)))
+"""The campaign's tables, every paper's (`folder.Paper.tables`) in their `order`: MNIST headline
+tables first. CIFAR-10 (FedNNNN Table 2's other half, FedSR's CIFAR rows, the CNN + CIFAR-10
+figures) is on no registry these machines reach (`NO_DATA`)."""
 
 NO_DATA = {
     "cifar10": "CIFAR-10 ships in no package on PyPI, Debian or npm (the archive is 170 MB, over "
@@ -271,21 +150,13 @@ def first_stage(t: Table, scale: str, data_dir: str | None = None) -> list[RunSp
     return [_settings(t, s, scale, data_dir) for s in specs]
 
 
-def fedveca_baselines(t: Table, scale: str, records: Path, data_dir: str | None = None) -> \
+def later_runs(t: Table, scale: str, records: Path, data_dir: str | None = None) -> \
         dict[str, list[RunSpec]]:
-    """FedVeca's baselines of each group whose FedVeca run is recorded under `records`
-    (`{fedveca run name: specs}`); they take their fair budget from that run (§IV-A1)."""
-    # lazy: the presets load only when a plan is made
-    from fedhet.papers.fedveca import preset as fv
-
-    out: dict[str, list[RunSpec]] = {}
-    for g in fv.groups(scale):
-        specs = _select(fv.fedveca_specs(g), t, scale)
-        if not specs or not (records / specs[0].name / "summary.json").exists():
-            continue
-        out[specs[0].name] = [_settings(t, s, scale, data_dir)
-                              for s in _select(fv.baseline_specs(g, records, write=False), t, scale)]
-    return out
+    """The table's runs that follow a recorded run (`Table.later`), `{recorded run: specs}`."""
+    if t.later is None:
+        return {}
+    return t.later(scale, records, lambda specs: [_settings(t, s, scale, data_dir)
+                                                  for s in _select(specs, t, scale)])
 
 
 def plan_runs(scale: str, tables: tuple[Table, ...], records: Callable[[Table], Path],
@@ -305,10 +176,8 @@ def plan_runs(scale: str, tables: tuple[Table, ...], records: Callable[[Table], 
         specs, serves = central_runs(base)
         for s in specs:
             staged.append((ti, t, s, serves[s.name], ""))
-        if t.paper == "fedveca":
-            for parent, baselines in fedveca_baselines(t, scale, records(t), data_dir).items():
-                staged += [(ti, t, b, (b.group,), parent) for b in baselines]
-            # a group whose FedVeca run is not recorded yet: its baselines follow it, priced alike
+        for parent, followers in later_runs(t, scale, records(t), data_dir).items():
+            staged += [(ti, t, b, (b.group,), parent) for b in followers]
         for a in (x for s in base for x in (t.alternatives(s) if t.alternatives else [])):
             staged.append((ti, t, a, (a.group,), ""))
             alternative.add((t.key, a.name))
@@ -330,3 +199,7 @@ def plan_runs(scale: str, tables: tuple[Table, ...], records: Callable[[Table], 
     ranked.sort(key=lambda r: r[0])
     return [CampaignRun(t.key, s, key[0], n, head, serves, after, (t.key, s.name) in beside_head)
             for n, (key, t, s, serves, after, head) in enumerate(ranked)]
+
+
+__all__ = ["DEBIAN_DATASETS", "FASHION_MNIST", "LABEL_CUT", "NO_DATA", "TABLES", "CampaignRun", "Table",
+           "central_runs", "first_stage", "label_cut", "later_runs", "plan_runs", "table", "variant"]

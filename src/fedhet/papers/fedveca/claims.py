@@ -11,7 +11,7 @@ round `K + 1` in the paired differences). Paired differences are against FedVeca
 seed, marked `*` outside the noise (`|mean Δ| > 2 · std(Δ)/√n`).
 
 `--reach` reads "reaches the centralized value" with docs/paper-scale.md's rule instead
-(`paper_scale.REACH`, `central_target`): within 5 % of the centralized run's own span of its
+(`page_cells.REACH`, `central_target`): within 5 % of the centralized run's own span of its
 final value, `acc ≥ c − 0.05·|c₀ − c|`, `loss ≤ c + 0.05·|c₀ − c|` (`reach_table`).
 
     python -m fedhet.papers.fedveca.claims results/fedveca/svm-cases.csv [--reach]
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedhet.papers.page_cells import REACH, central_target
 from fedhet.papers.paper_results import Curves, read_results
-from fedhet.papers.paper_scale import REACH, central_target
 from fedhet.reports.seeds import mean_std, paired
 
 ACC_MARGINS = (0.01, 0.005, 0.0)

@@ -19,9 +19,8 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedhet.papers.bherd.export import short
 from fedhet.papers.fedveca.study import PARTS, part_groups
-from fedhet.papers.paper_results import has_result, run_of, run_rows, write_meta, write_rows
+from fedhet.papers.paper_results import has_result, run_of, run_rows, short, write_meta, write_rows
 
 NAMES = {"cases": "svm-cases", "figs78": "svm-alpha-clients"}
 

@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.errors import FedhetError
-from fedhet.papers.base import PRESETS, register_setups, svm_setup
-from fedhet.papers.bherd.preset import REF40
+from fedhet.papers.base import PRESETS, REF40, register_setups, svm_setup
 from fedhet.papers.fedveca.protocol import (
     CENTRAL,
     FEDVECA,
@@ -124,7 +123,7 @@ def _base(dataset: str, model: str, case: int, rounds: int, lr: float, seed: int
 
 PRESET_SETUPS: dict[str, dict[str, Any]] = {"ref40": REF40, "fedhet": {}}
 """`fedhet reproduce fedveca --setup NAME`: the setup of the SVM groups (`small`, `paper`), the
-default first. `ref40` (default, issue 26): reference [40]'s (`bherd.preset.REF40`: pixels in
+default first. `ref40` (default, issue 26): reference [40]'s (`base.REF40`: pixels in
 [0, 1], no bias, zero initial weights, `λ = 0.1`, `B = 100`, `η = 0.01`). **[choice]** FedVeca
 gives no SVM details beyond its model; it cites [40] (its [35]), its authors' BHerd says its SVM
 is "as detailed in [40]", and both describe the same Raspberry Pi prototype; at 10 seeds this

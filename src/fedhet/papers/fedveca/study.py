@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from fedhet.papers.bherd.preset import SETUPS
+from fedhet.papers.base import SVM_SETUPS
 from fedhet.papers.fedveca.preset import Group, baseline_specs, fedveca_specs, groups
 from fedhet.runs.runner import run_specs
 
@@ -30,7 +30,7 @@ PARTS = ("cases", "figs78")
 
 def part_groups(part: str, seeds: Sequence[int] | None = None, setup: str = "default") -> list[Group]:
     """The paper-scale SVM groups of one part: `cases` (Figs. 3, 5) or `figs78` (Figs. 7, 8);
-    `setup="ref40"`: in reference [40]'s setup (`bherd.preset.REF40`: pixels in [0, 1], no bias,
+    `setup="ref40"`: in reference [40]'s setup (`base.REF40`: pixels in [0, 1], no bias,
     zero initial weights, `λ = 0.1`, `B = 100`, `η = 0.01`)."""
     out = []
     for g in groups("paper", "fedhet" if setup == "default" else setup):
@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     ap.add_argument("--seeds", default="0-9", help="e.g. 0-9 or 0,1")
     ap.add_argument("--batch-runs", type=int, default=30)
-    ap.add_argument("--setup", choices=list(SETUPS), default="default",
+    ap.add_argument("--setup", choices=list(SVM_SETUPS), default="default",
                     help="ref40: reference [40]'s SVM setup (use another --out)")
     args = ap.parse_args(argv)
     lo_hi = [p.partition("-") for p in args.seeds.split(",")]
