@@ -11,30 +11,43 @@
 - `demo`, `show`: the README's main job; `fedhet config show`.
 
 The names below are this layer's surface; importing the package imports none of its modules
-(and no torch) until one of them is first used.
+(and no torch) until one of them is first used (`fedhet.lazy`: `results` tabulates CSVs without
+torch); mypy and an IDE read them from the `TYPE_CHECKING` block.
 """
 
 from __future__ import annotations
 
-from fedhet.surface import offered
+from typing import TYPE_CHECKING
 
-_SURFACE = {
-    "execute": "single",
-    "compare": "comparison",
-    "Changes": "grid",
-    "Grid": "grid",
-    "load_grid": "grid",
-    "run_specs": "runner",
-    "run_units": "cluster",
-    "RunSpec": "presets",
-    "Preset": "presets",
-    "with_seeds": "presets",
-    "collect": "results",
-    "git_commit": "results",
-    "RoundLines": "progress",
-    "TensorBoardLogger": "tensorboard",
-}
+from fedhet.lazy import attach
 
-__all__ = sorted(_SURFACE)
+if TYPE_CHECKING:
+    from fedhet.runs.cluster import run_units
+    from fedhet.runs.comparison import compare
+    from fedhet.runs.grid import Changes, Grid, load_grid
+    from fedhet.runs.presets import Preset, RunSpec, with_seeds
+    from fedhet.runs.progress import RoundLines
+    from fedhet.runs.results import collect, git_commit
+    from fedhet.runs.runner import run_specs
+    from fedhet.runs.single import execute
+    from fedhet.runs.tensorboard import TensorBoardLogger
 
-__getattr__ = offered(__name__, _SURFACE)
+__all__ = [
+    "Changes",
+    "Grid",
+    "Preset",
+    "RoundLines",
+    "RunSpec",
+    "TensorBoardLogger",
+    "collect",
+    "compare",
+    "execute",
+    "git_commit",
+    "load_grid",
+    "run_specs",
+    "run_units",
+    "with_seeds",
+]
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = attach(__name__, __file__)
