@@ -72,11 +72,12 @@ from fedhet.reports.provenance import provenance_rows
 from fedhet.reports.settings import component, group_header, summarize
 from fedhet.rundir import (
     CONFIG_FIX,
-    SUMMARY_FIX,
     DamagedFileError,
     atomic_write_text,
+    metric_columns,
     read_json,
-    read_metric_columns,
+    read_metrics,
+    read_summary,
 )
 from fedhet.rundir import ownership as rundir
 from fedhet.runs.grid import read_manifest
@@ -131,12 +132,11 @@ def _load_run(path: Path, name: str, group: str, label: str) -> RunData:
         raise _not_ours(path, e.problem) from None
     if not is_fedhet_run(path, config):
         raise _not_ours(path, "does not hold fedhet settings")
-    summary_path = path / "summary.json"
-    summary = read_json(summary_path, SUMMARY_FIX) if summary_path.exists() else {}
+    summary = read_summary(path, missing_ok=True)
     if not (path / "metrics.csv").exists():
         raise FedhetError(f"{path} has no metrics.csv: the run saved no round yet; report it once "
                           "it has")
-    metrics = read_metric_columns(path / "metrics.csv")
+    metrics = metric_columns(read_metrics(path / "metrics.csv"))
     return RunData(name, group, label or str(config.get("algorithm", name)), path, config, summary,
                    metrics)
 

@@ -59,7 +59,7 @@ from fedhet.rundir import atomic_write_text
 from fedhet.rundir import ownership as rundir
 from fedhet.runs import raylink, runner
 from fedhet.runs.raylink import first_line
-from fedhet.runs.runner import Job, Progress, _checkpoint_every, _status_of, _Tally
+from fedhet.runs.runner import Job, Outcomes, Progress, checkpoint_every, status_of
 from fedhet.version import __version__
 
 if TYPE_CHECKING:
@@ -408,9 +408,9 @@ def run_task(
     os.environ[CORES_ENV] = str(cores)
     if gpus == 0:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    runner._limit_threads()  # one torch thread, as in a --jobs process (same results)
+    runner.limit_threads()  # one torch thread, as in a --jobs process (same results)
     ctl = Path(control)
-    runner._STOP = FileFlag(ctl / "stop")
+    runner.use_stop_flag(FileFlag(ctl / "stop"))
     node = ray.get_runtime_context().get_node_id()
     unit = [refreshed(job) for job in unit]
     for job in unit:
@@ -460,7 +460,7 @@ def session() -> Iterator[None]:
 
 def run_units(
     units: list[list[Job]], options: ClusterOptions, runs_dir: Path,
-    requested: threading.Event, hard: list[bool], tally: _Tally, progress: Progress,
+    requested: threading.Event, hard: list[bool], tally: Outcomes, progress: Progress,
 ) -> None:
     """Run `units` on the cluster until done, stopped (`requested`: Ctrl-C) or interrupted
     (a second Ctrl-C: `KeyboardInterrupt`; `hard` gets `True`); results go to `tally`. Inside
@@ -622,8 +622,8 @@ def _results(ray, ref, unit, attempts, queue, stopping, progress, members, contr
 
 def _saved_round(job: Job) -> int:
     """The round a run resumes from: its last checkpointed round (0: none yet)."""
-    done = _status_of(job)[0]
-    return done - done % _checkpoint_every(job)
+    done = status_of(job)[0]
+    return done - done % checkpoint_every(job)
 
 
 def _where_of(unit: list[Job], control: Path, labels: dict[str, str]) -> str:
