@@ -4,6 +4,7 @@ the type-only imports under `if TYPE_CHECKING:`)."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -271,3 +272,50 @@ def test_a_surface_name_is_what_it_names_whichever_module_was_imported_first():
 
     assert all(callable(f) and not hasattr(f, "__path__") and type(f).__name__ == "function"
                for f in (assemble, federate, compare, execute))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_reaches_a_private_name_of_another():
+    """A name with a leading underscore is its module's own: no module of src/fedhet imports
+    one from another module (`from fedhet.x import _y`) or reads one through a module it
+    imported (`x._y`); what a module shares is public, named and documented."""
+    modules = set(import_graph())
+    reached = []
+    for path in sorted((SRC / "fedhet").rglob("*.py")):
+        rel = path.relative_to(SRC)
+        tree = ast.parse(path.read_text())
+        imported = {}  # local name → the fedhet module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fedhet"):
+                for alias in node.names:
+                    if _private(alias.name):
+                        reached.append(f"{rel}:{node.lineno} {node.module}.{alias.name}")
+                    if f"{node.module}.{alias.name}" in modules:
+                        imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("fedhet"):
+                        imported[alias.asname or alias.name.split(".")[0]] = alias.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr)
+                    and isinstance(node.value, ast.Name) and node.value.id in imported):
+                reached.append(f"{rel}:{node.lineno} {imported[node.value.id]}.{node.attr}")
+    assert reached == [], f"private names used outside their module: {reached}"
+
+
+def test_the_private_name_check_finds_both_ways_of_reaching_one(tmp_path, monkeypatch):
+    """The check above on a tree of two modules, one reaching the other's `_helper` twice."""
+    package = tmp_path / "fedhet"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def _helper():\n    return 1\n")
+    (package / "b.py").write_text("from fedhet import a\nfrom fedhet.a import _helper\n"
+                                  "x = a._helper() + _helper()\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    with pytest.raises(AssertionError) as failed:
+        test_no_module_reaches_a_private_name_of_another()
+    assert "fedhet/b.py:2 fedhet.a._helper" in str(failed.value)
+    assert "fedhet/b.py:3 fedhet.a._helper" in str(failed.value)

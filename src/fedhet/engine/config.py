@@ -30,7 +30,7 @@ from fedhet.components import COMPONENTS, REGISTRIES
 from fedhet.data.files import absolute, is_data_path
 from fedhet.errors import FedhetError
 from fedhet.metrics import check_metrics
-from fedhet.registry import _coerce, build_params, did_you_mean, params_dict
+from fedhet.registry import build_params, coerce, did_you_mean, params_dict
 from fedhet.rundir.store import RECORD_KEYS
 
 RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpoint_every",
@@ -431,13 +431,13 @@ AUTO = {"workers": 0}
 
 
 def _engine_value(key: str, value: Any, where: str) -> Any:
-    """An engine field's value typed (`_coerce`), `auto` read as its number (`AUTO`)."""
+    """An engine field's value typed (`coerce`), `auto` read as its number (`AUTO`)."""
     if key not in AUTO:
-        return _coerce(value, _HINTS[key], where)
+        return coerce(value, _HINTS[key], where)
     if isinstance(value, str) and value.strip().lower() == "auto":
         return AUTO[key]
     try:
-        return _coerce(value, _HINTS[key], where)
+        return coerce(value, _HINTS[key], where)
     except FedhetError:
         raise FedhetError(f"{where} must be auto or a whole number ≥ 1, got {value!r}") from None
 

@@ -59,14 +59,14 @@ from fedhet.reports.figures import EXTRA_PLOTTERS, slug
 from fedhet.reports.plots import (  # noqa: F401  (re-exported)
     ACCURACY_SCALE,
     RunData,
-    _plt,
-    _series,
-    _styles,
     coinciding,
     fit_suptitle,
     has_train_loss,
+    method_styles,
     plot_curves,
     plot_overview,
+    pyplot,
+    seed_band,
 )
 from fedhet.reports.provenance import provenance_rows
 from fedhet.reports.settings import component, group_header, summarize
@@ -227,7 +227,7 @@ def partition_counts(config: dict[str, Any]):
 
 
 def plot_partition(counts, title: str, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator  # slow import (matplotlib): only when drawing
 
     n_clients, n_classes = counts.shape
@@ -531,7 +531,7 @@ def _tables_section(manifest: dict[str, Any], runs: list[RunData]) -> str:
 def _curves_section(runs: list[RunData], out: Path) -> str:
     """Accuracy and loss; with several settings an overview (accuracy per setting) is shown
     and each setting's full figure is folded away."""
-    styles = _styles(list(dict.fromkeys(r.label for r in runs)))
+    styles = method_styles(list(dict.fromkeys(r.label for r in runs)))
     groups = list(dict.fromkeys(r.group for r in runs))
     parts = ["<h2>Accuracy and loss</h2>"]
     if len(groups) > 1:
@@ -564,7 +564,7 @@ def _curves_section(runs: list[RunData], out: Path) -> str:
 def _clients_section(runs: list[RunData], out: Path) -> str:
     """Per-client accuracy and the runs' own metrics, a figure of each per setting (where any
     run of it recorded them); folded away when the page has several settings."""
-    styles = _styles(list(dict.fromkeys(r.label for r in runs)))
+    styles = method_styles(list(dict.fromkeys(r.label for r in runs)))
     groups = list(dict.fromkeys(r.group for r in runs))
     parts = []
     for group in groups:
@@ -594,7 +594,7 @@ def _clients_section(runs: list[RunData], out: Path) -> str:
 def _diagnostics_section(runs: list[RunData], out: Path) -> str:
     """A figure per setting (table column): the diagnostics that change, a line per method;
     folded away when the page has several settings."""
-    styles = _styles(list(dict.fromkeys(r.label for r in runs)))
+    styles = method_styles(list(dict.fromkeys(r.label for r in runs)))
     groups = list(dict.fromkeys(r.group for r in runs))
     parts = []
     flat_all: dict[str, list[float | None]] = {}
