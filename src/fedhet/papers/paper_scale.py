@@ -36,6 +36,8 @@ from typing import Any
 from fedhet.errors import FedhetError
 from fedhet.papers import paper_results as pr
 from fedhet.papers.claims import TableClaim
+from fedhet.reports.seeds import mean_std
+from fedhet.reports.seeds import paired_seeds as paired
 
 EARLY = 10
 """Rounds 1..EARLY make the "early loss"."""
@@ -229,28 +231,6 @@ def rounds_to(cols: dict[str, list[float]], values: list[float], target: float, 
     return max(cols["round"], default=0) + 1
 
 
-def mean_std(values: list[float], fmt: str = "{:.2f}") -> str:
-    vals = [v for v in values if math.isfinite(v)]
-    if not vals:
-        return "—"
-    text = fmt.format(statistics.fmean(vals))
-    if len(vals) > 1:
-        text += " ± " + fmt.format(statistics.stdev(vals))
-    return text + f" (n={len(vals)})"
-
-
-def paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int, bool]:
-    """Mean and std of Δ = a − b over common seeds, n, and whether it is outside the noise."""
-    seeds = sorted(s for s in set(a) & set(b) if math.isfinite(a[s]) and math.isfinite(b[s]))
-    d = [a[s] - b[s] for s in seeds]
-    if not d:
-        return math.nan, math.nan, 0, False
-    mean = statistics.fmean(d)
-    sd = statistics.stdev(d) if len(d) > 1 else math.nan
-    outside = len(d) > 1 and abs(mean) > 2 * sd / math.sqrt(len(d))
-    return mean, sd, len(d), outside
-
-
 # -- rows ----------------------------------------------------------------------------------
 @dataclass
 class Row:
@@ -312,7 +292,7 @@ def number_rows(res: Results, paper: str, published: list[dict[str, Any]],
         c = found[0]
         if is_acc:
             ours = [final(cols, "test_accuracy") * 100 for cols in c.by_seed.values()]
-            row.ours = mean_std(ours)
+            row.ours = mean_std(ours, 2, count=True)
             fin = [v for v in ours if math.isfinite(v)]
             if fin:
                 d = statistics.fmean(fin) - value_pct
@@ -326,7 +306,7 @@ def number_rows(res: Results, paper: str, published: list[dict[str, Any]],
                 rounds = cols["round"]
                 cum = cols.get("cum_model_transfers", [])
                 ours.append(cum[rounds.index(r)] if r in rounds and cum else math.nan)
-            row.ours = mean_std(ours, "{:.0f}") + f" (target {target:.0%})"
+            row.ours = mean_std(ours, 0, count=True) + f" (target {target:.0%})"
             fin = [v for v in ours if math.isfinite(v)]
             if fin:
                 row.diff = f"{(statistics.fmean(fin) - value) / value:+.0%}"
@@ -847,8 +827,8 @@ def quadratic(which: str) -> Check:
             else:
                 holds = all(r > 0.5 for r in rel_true) and (
                     which != "fedavg" or all(r < 0.05 for r in rel_sur))
-            ours = (f"‖x − x*‖/‖x* − x̃*‖ = {mean_std(rel_true, '{:.3f}')}; "
-                    f"‖x − x̃*‖/‖x* − x̃*‖ = {mean_std(rel_sur, '{:.3f}')}")
+            ours = (f"‖x − x*‖/‖x* − x̃*‖ = {mean_std(rel_true, 3, count=True)}; "
+                    f"‖x − x̃*‖/‖x* − x̃*‖ = {mean_std(rel_sur, 3, count=True)}")
             out.append((f"[{c.exp.name}]", Verdict(ours, holds, c.exp)))
         return out
 
@@ -1072,8 +1052,8 @@ def _alternative(res: Results, table_key: str, group: str) -> str:
     from fedhet.papers.campaign.tables import table
 
     found = [c for c in cells(res.of(table(table_key).paper)) if c.setting == group]
-    got = "; ".join(f"{c.algorithm} {mean_std([final(x, 'test_accuracy') * 100 for x in c.by_seed.values()])}"
-                    for c in found)
+    accuracies = [(c.algorithm, [final(x, "test_accuracy") * 100 for x in c.by_seed.values()]) for c in found]
+    got = "; ".join(f"{a} {mean_std(v, 2, count=True)}" for a, v in accuracies)
     left = cell_left(RESULTS, table_key, group)
     return (f"final test accuracy {got}; " if got else "") + left.replace("not run yet: ", "")
 
