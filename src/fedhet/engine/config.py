@@ -24,7 +24,7 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from fedhet.components import COMPONENTS, REGISTRIES
 from fedhet.data.files import absolute, is_data_path
@@ -53,6 +53,19 @@ MAX_LOCAL_STEPS = 10_000_000
 """The most local steps a client may take in a round (`local_steps`, each `client_steps` entry);
 `MAX_LOCAL_EPOCHS` bounds epochs likewise (the papers use at most 5)."""
 MAX_LOCAL_EPOCHS = 10_000
+
+
+class ConfigFields:
+    """A frozen dataclass of the settings one part of the engine reads (its fields are named as
+    the `RunConfig` fields they copy): `LocalWork`, `EvalSettings`, `LoopSettings`,
+    `FaultModel`. `from_config` builds one from a `RunConfig`, so a part never holds the whole
+    config and its settings are listed once, as its fields."""
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> Self:
+        """The fields of `cls`, each the `RunConfig` field of the same name."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # (each subclass is a dataclass)
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields})
 
 
 @dataclass(frozen=True)
