@@ -190,6 +190,56 @@ def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below
     assert reached == [], f"modules of lower layers imported directly: {reached}"
 
 
+SURFACES_ABOVE = {"runs": ("reports", "papers", "api", "deploy", "cli"),
+                  "reports": ("papers", "api", "deploy", "cli")}
+"""The layers above `runs` and `reports` (and each layer below, the lower ones above) reach
+them only through their package's names too."""
+
+
+def test_the_layers_above_the_runs_and_reports_use_their_surfaces():
+    """reports, papers, the api, deploy and the CLI import `fedhet.runs` names only from the
+    package (`from fedhet.runs import execute`), and papers, the api, deploy and the CLI
+    `fedhet.reports` names likewise: never one of their modules directly."""
+    reached = []
+    for path in (SRC / "fedhet").rglob("*.py"):
+        rel = path.relative_to(SRC / "fedhet")
+        above = rel.parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if (parts[0] == "fedhet" and len(parts) > 2 and parts[1] in SURFACES_ABOVE
+                        and above in SURFACES_ABOVE[parts[1]]):
+                    reached.append(f"{rel}:{node.lineno} {name}")
+    assert reached == [], f"modules of runs/reports imported directly from above: {reached}"
+
+
+@pytest.mark.parametrize("package", ["fedhet", "fedhet.engine", "fedhet.runs", "fedhet.reports"])
+def test_a_lazy_surface_lists_what_it_imports_and_names_no_module(package):
+    """A lazy package's `__all__` is its `TYPE_CHECKING` block's names (what mypy sees is what
+    runs), each one loads, and none is also the name of one of its modules: importing that
+    module would put the module where the name was (`from fedhet.reports import screenshot`
+    would give the module once `fedhet.reports.screenshot` was imported)."""
+    import importlib
+
+    from fedhet.lazy import sources
+
+    module = importlib.import_module(package)
+    offered = sources(module.__file__)
+    assert sorted(offered) == sorted(n for n in module.__all__ if n != "__version__")
+    folder = Path(module.__file__).parent
+    submodules = {p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")}
+    shadowed = sorted(n for n, (origin, attrs) in offered.items() if n in submodules and attrs)
+    assert shadowed == [], f"{package} offers names of its own modules: {shadowed}"
+    for name in module.__all__:
+        getattr(module, name)
+
+
 LAYERS = (
     ("fedhet", "errors", "procs", "lazy", "version"),
     ("registry", "rundir", "metrics"),

@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     logger = None
     if args.tensorboard:
         # optional extra: fedhet[tensorboard]
-        from fedhet.runs.tensorboard import TensorBoardLogger, require_tensorboard
+        from fedhet.runs import TensorBoardLogger, require_tensorboard
 
         require_tensorboard()
     try:
@@ -131,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not sys.stdout.isatty() and not args.quiet:
             # a log file or a batch job: a line every few rounds or seconds, on stdout (lazy, as
             # every command's imports)
-            from fedhet.runs.progress import RoundLines
+            from fedhet.runs import RoundLines
 
             callbacks.append(RoundLines(_total_rounds(values, out, bool(args.resume)), sys.stdout))
         try:
@@ -185,8 +185,7 @@ def _divergence_advice(round: int, values: dict[str, Any]) -> str:
 def cmd_compare(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet import api
-    from fedhet.runs import sweep
-    from fedhet.runs.grid import load_grid
+    from fedhet.runs import load_grid, sweep
 
     flags = {k: getattr(args, k) for k in api.RUN_FLAGS
              if k not in ("device", "executor", "workers")  # where runs compute: `_overrides`
@@ -428,12 +427,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors); the papers
     # register their report figures (`fedhet.reports.figures`) when imported
     from fedhet import papers  # noqa: F401
-    from fedhet.reports.report import write_report
+    from fedhet.reports import write_report
 
     page = write_report(Path(args.dir), Path(args.out) if args.out else None)
     print(f"report: {page}")
     if args.screenshot:
-        from fedhet.reports.screenshot import screenshot  # lazy, as above
+        from fedhet.reports import screenshot_page as screenshot  # lazy, as above
 
         print(f"screenshot: {screenshot(page, Path(args.screenshot))}")
     return 0
@@ -517,8 +516,10 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine import parse
     from fedhet.rundir import resume_target
-    from fedhet.runs.show import as_json, render, sections
-    from fedhet.runs.single import resume_settings
+    from fedhet.runs import render_settings as render
+    from fedhet.runs import resume_settings
+    from fedhet.runs import settings_json as as_json
+    from fedhet.runs import settings_sections as sections
 
     layers = _run_layers(args)
     if args.resume:
@@ -543,7 +544,7 @@ def _default(f: Any) -> Any:
 
 def cmd_partition(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.reports.partition import describe_partition
+    from fedhet.reports import describe_partition
 
     values = _run_values(args)
     describe_partition(values, heatmap=args.heatmap, indices=args.save_indices)
@@ -552,7 +553,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.runs.demo import run_demo
+    from fedhet.runs import run_demo
 
     run_demo(Path(args.out), rounds=args.rounds, force=args.force)
     return 0

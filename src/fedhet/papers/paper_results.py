@@ -264,7 +264,7 @@ def write_meta(
     """Write the experiment's json beside its CSV (commit: the checkout's HEAD when not given)."""
     if commit is None:
         # lazy: results imports engine.store (torch); this module runs on the standard library
-        from fedhet.runs.results import git_commit
+        from fedhet.runs import git_commit
 
         commit = git_commit()
     meta = {

@@ -36,8 +36,8 @@ from typing import Any
 from fedhet.errors import FedhetError
 from fedhet.papers import paper_results as pr
 from fedhet.papers.claims import TableClaim
-from fedhet.reports.seeds import mean_std
-from fedhet.reports.seeds import paired_seeds as paired
+from fedhet.reports import mean_std
+from fedhet.reports import paired_seeds as paired
 
 EARLY = 10
 """Rounds 1..EARLY make the "early loss"."""

@@ -24,18 +24,30 @@ from typing import TYPE_CHECKING
 from fedhet.lazy import attach
 
 if TYPE_CHECKING:
-    from fedhet.reports.figures import paper_figures
-    from fedhet.reports.partition import describe_partition
+    from fedhet.reports.diagnostics import split_key
+    from fedhet.reports.figures import paper_figures, slug
+    from fedhet.reports.partition import data_config, describe_partition
+    from fedhet.reports.plots import fit_suptitle, fit_title
     from fedhet.reports.report import RunData, write_report
-    from fedhet.reports.seeds import Stat, mean_std, paired
+    from fedhet.reports.screenshot import screenshot as screenshot_page
+    from fedhet.reports.seeds import Stat, mean_std, noise_pairs, paired, paired_seeds, stats_markdown
 
 __all__ = [
     "RunData",
     "Stat",
+    "data_config",
     "describe_partition",
+    "fit_suptitle",
+    "fit_title",
     "mean_std",
+    "noise_pairs",
     "paired",
+    "paired_seeds",
     "paper_figures",
+    "screenshot_page",
+    "slug",
+    "split_key",
+    "stats_markdown",
     "write_report",
 ]
 

@@ -80,11 +80,11 @@ from fedhet.rundir import (
     read_summary,
 )
 from fedhet.rundir import ownership as rundir
-from fedhet.runs.grid import read_manifest
-from fedhet.runs.presets import RunSpec
-from fedhet.runs.results import (
+from fedhet.runs import (
     RANKING_RULE,
+    RunSpec,
     compare_published,
+    read_manifest,
     run_result,
     summary_tables,
     tables_html,

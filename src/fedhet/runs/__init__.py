@@ -23,30 +23,80 @@ from fedhet.lazy import attach
 
 if TYPE_CHECKING:
     from fedhet.runs.cluster import run_units
+    from fedhet.runs.cluster import session as cluster_session
     from fedhet.runs.comparison import compare
-    from fedhet.runs.grid import Changes, Grid, load_grid
-    from fedhet.runs.presets import Preset, RunSpec, with_seeds
+    from fedhet.runs.demo import run_demo
+    from fedhet.runs.grid import (
+        Changes,
+        Grid,
+        cell_key,
+        duplicate_groups,
+        load_grid,
+        read_manifest,
+        write_manifest,
+    )
+    from fedhet.runs.presets import PAPER_SEEDS, SCALES, Preset, PresetFactory, RunSpec, with_seeds
     from fedhet.runs.progress import RoundLines
-    from fedhet.runs.results import collect, git_commit
-    from fedhet.runs.runner import run_specs
-    from fedhet.runs.single import execute
-    from fedhet.runs.tensorboard import TensorBoardLogger
+    from fedhet.runs.results import (
+        RANKING_RULE,
+        collect,
+        compare_published,
+        git_commit,
+        published_markdown,
+        run_result,
+        summary_tables,
+        tables_html,
+        uncovered_published,
+    )
+    from fedhet.runs.runner import DEFAULT_BATCH_RUNS, Job, batch_key, plan_jobs, run_specs, with_overrides
+    from fedhet.runs.show import as_json as settings_json
+    from fedhet.runs.show import render as render_settings
+    from fedhet.runs.show import sections as settings_sections
+    from fedhet.runs.single import execute, execute_together, resume_settings
+    from fedhet.runs.tensorboard import TensorBoardLogger, require_tensorboard
 
 __all__ = [
     "Changes",
+    "DEFAULT_BATCH_RUNS",
     "Grid",
+    "Job",
+    "PAPER_SEEDS",
     "Preset",
+    "PresetFactory",
+    "RANKING_RULE",
     "RoundLines",
     "RunSpec",
+    "SCALES",
     "TensorBoardLogger",
+    "batch_key",
+    "cell_key",
+    "cluster_session",
     "collect",
     "compare",
+    "compare_published",
+    "duplicate_groups",
     "execute",
+    "execute_together",
     "git_commit",
     "load_grid",
+    "plan_jobs",
+    "published_markdown",
+    "read_manifest",
+    "render_settings",
+    "require_tensorboard",
+    "resume_settings",
+    "run_demo",
+    "run_result",
     "run_specs",
     "run_units",
+    "settings_json",
+    "settings_sections",
+    "summary_tables",
+    "tables_html",
+    "uncovered_published",
+    "with_overrides",
     "with_seeds",
+    "write_manifest",
 ]
 
 if not TYPE_CHECKING:

@@ -20,7 +20,7 @@ import numpy as np  # noqa: E402
 
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.papers.bherd.preset import CASES, main_runs
-from fedhet.reports.plots import fit_suptitle, fit_title
+from fedhet.reports import fit_suptitle, fit_title
 from fedhet.rundir import damaged, metric_columns, read_json_lines, read_metrics
 
 

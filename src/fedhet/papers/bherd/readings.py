@@ -61,12 +61,9 @@ from fedhet.engine import assemble, config_of, load
 from fedhet.errors import FedhetError
 from fedhet.papers.bherd.plots import arrays, rounds_to_reach
 from fedhet.papers.bherd.preset import BEST_BATCH, CASES, SETUPS, common
-from fedhet.reports.seeds import mean_std, paired
+from fedhet.reports import mean_std, paired
 from fedhet.rundir import RunStore, prepare_out, read_metrics
-from fedhet.runs.presets import RunSpec
-from fedhet.runs.results import git_commit
-from fedhet.runs.runner import run_specs
-from fedhet.runs.single import execute
+from fedhet.runs import RunSpec, execute, git_commit, run_specs
 
 SVM = {"dataset": "mnist-even-odd", "model": "svm"}
 FIXED_POINT_LR = 0.005

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.errors import FedhetError
-from fedhet.runs.presets import SCALES, RunSpec
+from fedhet.runs import SCALES, RunSpec
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedhet.reports.plots import fit_suptitle  # noqa: E402
+from fedhet.reports import fit_suptitle  # noqa: E402
 from fedhet.rundir import metric_columns, read_config, read_metrics
 
 LABELS = {

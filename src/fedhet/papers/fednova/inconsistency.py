@@ -39,7 +39,7 @@ from fedhet.models import MODELS
 from fedhet.papers import paper_results
 from fedhet.registry import NoParams
 from fedhet.rundir import RunStore, read_metrics
-from fedhet.runs.results import git_commit
+from fedhet.runs import git_commit
 
 MODEL = "fednova-quadratic"
 METHODS = (("fedavg", {}), ("fednova", {}), ("fedprox", {"algorithm.mu": 1.0}))

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.papers.base import PRESETS
-from fedhet.runs.presets import PAPER_SEEDS, Preset, RunSpec, with_seeds
+from fedhet.runs import PAPER_SEEDS, Preset, RunSpec, with_seeds
 
 COMMON: dict[str, Any] = {
     "clients": 20, "batch_size": 32, "lr": 0.01, "lr_schedule": "cosine", "lr_min": 1e-5,

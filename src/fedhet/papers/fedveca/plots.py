@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from fedhet.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS
-from fedhet.reports.plots import fit_suptitle
+from fedhet.reports import fit_suptitle
 from fedhet.rundir import read_config, read_metrics
 
 TRACE_ROUNDS = 50

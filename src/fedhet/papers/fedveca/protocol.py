@@ -29,8 +29,7 @@ from fedhet.errors import FedhetError
 from fedhet.papers.base import Protocol, register_protocol
 from fedhet.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS
 from fedhet.rundir import RunStore, atomic_write_text, csv_table, is_finished, read_metrics, to_json
-from fedhet.runs.progress import RoundLines
-from fedhet.runs.single import execute
+from fedhet.runs import RoundLines, execute
 
 DEFAULT_BASELINES = ("fedavg", "fednova")
 PAPER_DEFAULTS: dict[str, Any] = {"clients": 5, "rounds": 100, "lr": 0.01}
