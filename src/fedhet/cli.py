@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import re
@@ -80,14 +79,14 @@ def _total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int
     the run then fails before its first line)."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine import RunConfig
+    from fedhet.rundir import read_config
 
     rounds = (values or {}).get("rounds")
     if rounds is None and resume:
         try:
-            saved = json.loads((out / "config.json").read_text())
-        except (OSError, ValueError):
-            saved = None
-        rounds = saved.get("rounds") if isinstance(saved, dict) else None
+            rounds = read_config(out).get("rounds")
+        except FedhetError:
+            rounds = None
     try:
         return max(1, int(rounds if rounds is not None else RunConfig.rounds))
     except (TypeError, ValueError):
