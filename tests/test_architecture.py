@@ -219,6 +219,20 @@ def test_the_layers_above_the_runs_and_reports_use_their_surfaces():
     assert reached == [], f"modules of runs/reports imported directly from above: {reached}"
 
 
+def test_every_package_lists_what_it_offers():
+    """`fedhet` and each of its packages names its public names in `__all__` (one way for every
+    package: plain imports, or the lazy `TYPE_CHECKING` block, with `__all__`)."""
+    inits = [SRC / "fedhet" / "__init__.py", *sorted((SRC / "fedhet").glob("*/__init__.py"))]
+    unlisted = []
+    for init in inits:
+        tree = ast.parse(init.read_text())
+        targets = [t for node in tree.body if isinstance(node, ast.Assign | ast.AnnAssign)
+                   for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+        if not any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            unlisted.append(str(init.relative_to(SRC)))
+    assert len(inits) > 10 and unlisted == [], f"packages without __all__: {unlisted}"
+
+
 @pytest.mark.parametrize("package", ["fedhet", "fedhet.engine", "fedhet.runs", "fedhet.reports"])
 def test_a_lazy_surface_lists_what_it_imports_and_names_no_module(package):
     """A lazy package's `__all__` is its `TYPE_CHECKING` block's names (what mypy sees is what
