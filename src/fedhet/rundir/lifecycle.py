@@ -31,7 +31,7 @@ def check_out(out: Path, force: bool) -> None:
             )
 
 
-def prepare_out(out: Path, force: bool, warn: Callable[[str], None] = print,
+def prepare_out(out: Path, force: bool, warn: Callable[[str], object] = print,
                 keep_replaced: bool = False) -> None:
     """Clear (with `force`, only what fedhet wrote) and create `out` with fedhet's marker; call
     once the run is known to be valid, while holding the directory's lock. With `keep_replaced`
