@@ -310,8 +310,8 @@ def test_the_run_directory_package_stands_on_errors_alone_and_reads_without_torc
     assert probe.stdout.strip() == "False", probe.stderr
 
 
-@pytest.mark.parametrize("module", ["fedhet.engine", "fedhet.runs", "fedhet.reports", "fedhet.runs.results",
-                                    "fedhet.reports.seeds"])
+@pytest.mark.parametrize("module", ["fedhet", "fedhet.engine", "fedhet.runs", "fedhet.reports",
+                                    "fedhet.runs.results", "fedhet.reports.seeds"])
 def test_a_package_surface_and_the_table_makers_import_without_torch(module):
     """The engine's, runs' and reports' surfaces load a module only when one of its names is
     first used, and the results table (CSV in, CSV and markdown out) needs no torch: a process
