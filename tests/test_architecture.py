@@ -4,6 +4,7 @@ the type-only imports under `if TYPE_CHECKING:`)."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,10 @@ def import_graph(type_only: bool = False) -> dict[str, set[str]]:
             if id(node) in typing_only:
                 continue
             if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                # `from package import module` reaches the module, as `from package.module
+                # import name` does (neither arrow runs to the package's `__init__` surface)
+                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules
+                           else node.module for a in node.names]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
@@ -186,8 +190,72 @@ def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below
     assert reached == [], f"modules of lower layers imported directly: {reached}"
 
 
+SURFACES_ABOVE = {"runs": ("reports", "papers", "api", "deploy", "cli"),
+                  "reports": ("papers", "api", "deploy", "cli")}
+"""The layers above `runs` and `reports` (and each layer below, the lower ones above) reach
+them only through their package's names too."""
+
+
+def test_the_layers_above_the_runs_and_reports_use_their_surfaces():
+    """reports, papers, the api, deploy and the CLI import `fedhet.runs` names only from the
+    package (`from fedhet.runs import execute`), and papers, the api, deploy and the CLI
+    `fedhet.reports` names likewise: never one of their modules directly."""
+    reached = []
+    for path in (SRC / "fedhet").rglob("*.py"):
+        rel = path.relative_to(SRC / "fedhet")
+        above = rel.parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if (parts[0] == "fedhet" and len(parts) > 2 and parts[1] in SURFACES_ABOVE
+                        and above in SURFACES_ABOVE[parts[1]]):
+                    reached.append(f"{rel}:{node.lineno} {name}")
+    assert reached == [], f"modules of runs/reports imported directly from above: {reached}"
+
+
+def test_every_package_lists_what_it_offers():
+    """`fedhet` and each of its packages names its public names in `__all__` (one way for every
+    package: plain imports, or the lazy `TYPE_CHECKING` block, with `__all__`)."""
+    inits = [SRC / "fedhet" / "__init__.py", *sorted((SRC / "fedhet").glob("*/__init__.py"))]
+    unlisted = []
+    for init in inits:
+        tree = ast.parse(init.read_text())
+        targets = [t for node in tree.body if isinstance(node, ast.Assign | ast.AnnAssign)
+                   for t in (node.targets if isinstance(node, ast.Assign) else [node.target])]
+        if not any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+            unlisted.append(str(init.relative_to(SRC)))
+    assert len(inits) > 10 and unlisted == [], f"packages without __all__: {unlisted}"
+
+
+@pytest.mark.parametrize("package", ["fedhet", "fedhet.engine", "fedhet.runs", "fedhet.reports"])
+def test_a_lazy_surface_lists_what_it_imports_and_names_no_module(package):
+    """A lazy package's `__all__` is its `TYPE_CHECKING` block's names (what mypy sees is what
+    runs), each one loads, and none is also the name of one of its modules: importing that
+    module would put the module where the name was (`from fedhet.reports import screenshot`
+    would give the module once `fedhet.reports.screenshot` was imported)."""
+    import importlib
+
+    from fedhet.lazy import sources
+
+    module = importlib.import_module(package)
+    offered = sources(module.__file__)
+    assert sorted(offered) == sorted(n for n in module.__all__ if n != "__version__")
+    folder = Path(module.__file__).parent
+    submodules = {p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")}
+    shadowed = sorted(n for n, (origin, attrs) in offered.items() if n in submodules and attrs)
+    assert shadowed == [], f"{package} offers names of its own modules: {shadowed}"
+    for name in module.__all__:
+        getattr(module, name)
+
+
 LAYERS = (
-    ("fedhet", "errors", "procs", "surface"),
+    ("fedhet", "errors", "procs", "lazy", "version"),
     ("registry", "rundir", "metrics"),
     ("data", "models", "training", "configs", "userdocs"),
     ("algorithms",),
@@ -242,8 +310,8 @@ def test_the_run_directory_package_stands_on_errors_alone_and_reads_without_torc
     assert probe.stdout.strip() == "False", probe.stderr
 
 
-@pytest.mark.parametrize("module", ["fedhet.engine", "fedhet.runs", "fedhet.reports", "fedhet.runs.results",
-                                    "fedhet.reports.seeds"])
+@pytest.mark.parametrize("module", ["fedhet", "fedhet.engine", "fedhet.runs", "fedhet.reports",
+                                    "fedhet.runs.results", "fedhet.reports.seeds"])
 def test_a_package_surface_and_the_table_makers_import_without_torch(module):
     """The engine's, runs' and reports' surfaces load a module only when one of its names is
     first used, and the results table (CSV in, CSV and markdown out) needs no torch: a process
@@ -268,3 +336,50 @@ def test_a_surface_name_is_what_it_names_whichever_module_was_imported_first():
 
     assert all(callable(f) and not hasattr(f, "__path__") and type(f).__name__ == "function"
                for f in (assemble, federate, compare, execute))
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_reaches_a_private_name_of_another():
+    """A name with a leading underscore is its module's own: no module of src/fedhet imports
+    one from another module (`from fedhet.x import _y`) or reads one through a module it
+    imported (`x._y`); what a module shares is public, named and documented."""
+    modules = set(import_graph())
+    reached = []
+    for path in sorted((SRC / "fedhet").rglob("*.py")):
+        rel = path.relative_to(SRC)
+        tree = ast.parse(path.read_text())
+        imported = {}  # local name → the fedhet module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fedhet"):
+                for alias in node.names:
+                    if _private(alias.name):
+                        reached.append(f"{rel}:{node.lineno} {node.module}.{alias.name}")
+                    if f"{node.module}.{alias.name}" in modules:
+                        imported[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("fedhet"):
+                        imported[alias.asname or alias.name.split(".")[0]] = alias.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr)
+                    and isinstance(node.value, ast.Name) and node.value.id in imported):
+                reached.append(f"{rel}:{node.lineno} {imported[node.value.id]}.{node.attr}")
+    assert reached == [], f"private names used outside their module: {reached}"
+
+
+def test_the_private_name_check_finds_both_ways_of_reaching_one(tmp_path, monkeypatch):
+    """The check above on a tree of two modules, one reaching the other's `_helper` twice."""
+    package = tmp_path / "fedhet"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def _helper():\n    return 1\n")
+    (package / "b.py").write_text("from fedhet import a\nfrom fedhet.a import _helper\n"
+                                  "x = a._helper() + _helper()\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    with pytest.raises(AssertionError) as failed:
+        test_no_module_reaches_a_private_name_of_another()
+    assert "fedhet/b.py:2 fedhet.a._helper" in str(failed.value)
+    assert "fedhet/b.py:3 fedhet.a._helper" in str(failed.value)

@@ -14,7 +14,7 @@ from fedhet.engine.batch import SharedCohort, run_together
 from fedhet.engine.config import config_of
 from fedhet.models.cnn import cnn_fednnnn_cifar
 from fedhet.registry import NoParams
-from fedhet.rundir.store import RunStore, read_metric_rows
+from fedhet.rundir.store import RunStore, read_metrics
 from fedhet.runs.comparison import compare
 from fedhet.runs.runner import Job, batch_units
 from fedhet.training.cohort import CohortTrainer, EvalJob, stacks_evaluation
@@ -28,7 +28,7 @@ BASE = {
 
 
 def _curves(out: Path) -> list[tuple[float, float]]:
-    return [(r["test_accuracy"], r["test_loss"]) for r in read_metric_rows(out / "metrics.csv")]
+    return [(r["test_accuracy"], r["test_loss"]) for r in read_metrics(out / "metrics.csv")]
 
 
 def same(a: list, b: list) -> bool:
@@ -189,8 +189,8 @@ def test_a_batch_evaluates_its_runs_stacked_where_evaluation_stacks(tmp_path, mo
     assert sizes and max(sizes) == 3 * 2  # three runs × (test split, training set)
     assert len(sizes) == BASE["rounds"] + 1  # round 0 and every round, one call each
     for i in range(3):
-        rows = read_metric_rows(tmp_path / f"batch{i}" / "metrics.csv")
-        rows_alone = read_metric_rows(tmp_path / f"alone{i}" / "metrics.csv")
+        rows = read_metrics(tmp_path / f"batch{i}" / "metrics.csv")
+        rows_alone = read_metrics(tmp_path / f"alone{i}" / "metrics.csv")
         assert [r["train_loss"] for r in rows] == pytest.approx(
             [r["train_loss"] for r in rows_alone], rel=1e-5)
 

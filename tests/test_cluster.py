@@ -716,7 +716,7 @@ def _memory_grid(tmp_path: Path, monkeypatch, slots: int):  # noqa: ANN001
     runs = tmp_path / "g" / "runs"
     jobs, _ = runner.plan_jobs(specs, runs, force=False)
     stream = io.StringIO()
-    tally, progress = runner._Tally(), runner.Progress(3, 0, jobs, stream)
+    tally, progress = runner.Outcomes(), runner.Progress(3, 0, jobs, stream)
     cluster._drive(ray, [[j] for j in jobs], ClusterOptions(cpus_per_run=1.0), runs,
                    threading.Event(), [], tally, progress)
     return ray, tally, stream.getvalue()

@@ -20,7 +20,7 @@ def run(tmp_path=None, **settings) -> tuple[Simulation, list[dict]]:
     sim.run()
     rows = []
     if tmp_path is not None:
-        from fedhet.reports.commcost import read_metrics
+        from fedhet.rundir import read_metrics
 
         rows = read_metrics(tmp_path)
     return sim, rows

@@ -100,3 +100,4 @@ def test_a_built_wheel_carries_the_docs(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"fedhet/docs/{p.name}" for p in (ROOT / "docs").glob("*.md")} <= names
     assert "fedhet/configs/grid-digits.toml" in names
+    assert "fedhet/py.typed" in names  # PEP 561: a user's mypy and IDE read fedhet's types

@@ -387,3 +387,30 @@ def test_the_bherd_cnn_rows_name_their_criterion_and_reading(tmp_path: Path) -> 
     page = ps.write_page(tmp_path / "results", tmp_path / "page.md").read_text()
     left = _line(page, "CNN Case 3: BHerd-FedAvg (criterion=grab-stale, reading=mean-tau) vs FedAvg |")
     assert "not run yet: 4 run(s) left in the campaign" in left
+
+
+def test_a_claim_in_most_cases_counts_its_cells(tmp_path: Path) -> None:
+    """A claim "in most cases" over three cells: a row per cell and one counting them; it holds
+    once more than half hold (FedSR above FedAvg in two of three), and does not once that can
+    no longer happen."""
+    from fedhet.papers.claims import TableClaim
+    from fedhet.papers.page_cells import load
+    from fedhet.papers.page_rows import table_claim_rows
+
+    groups = ("MNIST IID", "MNIST xi=2", "MNIST xi=4")
+    claim = TableClaim("in most cases FedSR is better", "test", ("FedSR",), ("FedAvg",), groups, most=True)
+
+    def summary(fedsr: dict[str, float]) -> tuple[str, str]:
+        rows = []
+        for g, acc in fedsr.items():
+            rows += _accuracy(g, "FedSR", 0, acc) + _accuracy(g, "FedAvg", 0, 0.95)
+        _write(tmp_path / "results", "fedsr", "table2-mnist", rows)
+        out = table_claim_rows(load(tmp_path / "results"), "fedsr", [claim], lambda g, absent: "")
+        (row,) = [r for r in out if r.setting == "all 3 cells"]
+        return row.ours, row.holds
+
+    assert summary({"MNIST IID": 0.97, "MNIST xi=2": 0.96, "MNIST xi=4": 0.90}) == (
+        "holds in 2, does not in 1, not yet in 0 of 3 cells", "**yes**")
+    assert summary({"MNIST IID": 0.97, "MNIST xi=2": 0.90, "MNIST xi=4": 0.90}) == (
+        "holds in 1, does not in 2, not yet in 0 of 3 cells", "**no**")
+    assert summary({"MNIST IID": 0.97})[1] == "not yet"

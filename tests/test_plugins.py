@@ -21,7 +21,7 @@ from fedhet import plugins
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg, FedAvgParams
 from fedhet.cli import main
-from fedhet.rundir.store import read_metric_rows
+from fedhet.rundir.store import read_metrics
 from fedhet.runs import cluster, runner
 from fedhet.runs.runner import Job
 
@@ -112,7 +112,7 @@ def test_a_plugin_run_resumes_and_reports_from_elsewhere_without_the_flag(plugin
     elsewhere.mkdir()
     resumed = fedhet("run", "--resume", str(out), "-r", "3", "-q", cwd=elsewhere)
     assert resumed.returncode == 0, resumed.stderr
-    assert [r["round"] for r in read_metric_rows(out)][-1] == 3.0
+    assert [r["round"] for r in read_metrics(out)][-1] == 3.0
     report = fedhet("report", str(out), cwd=elsewhere)
     assert report.returncode == 0 and "warning" not in report.stderr, report.stderr
     assert "my-avgm" in (out / "report.html").read_text()

@@ -13,7 +13,7 @@ from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS, build_model
-from fedhet.rundir.store import RunStore, read_metric_rows
+from fedhet.rundir.store import RunStore, read_metrics
 from fedhet.training.flat import FlatModel
 
 
@@ -63,6 +63,6 @@ def test_ref40_svm_learns_on_both_executors_alike(algorithm, tmp_path):
     assert w_b.shape == (64,)
     assert torch.allclose(w_b, w_s, rtol=1e-4, atol=1e-5)
     assert s_b["final_accuracy"] > 0.75
-    rows = read_metric_rows(tmp_path / "batched" / "metrics.csv")
+    rows = read_metrics(tmp_path / "batched" / "metrics.csv")
     train = [r["train_loss"] for r in rows]
     assert len(train) == 9 and all(math.isfinite(v) for v in train) and train[-1] < train[0]

@@ -252,7 +252,7 @@ def test_diagnostics_drop_flat_series_and_average_over_seeds(tmp_path):
     panels, flat = report.diagnostic_panels(runs)
     assert [(p.family, [line[0] for line in p.lines]) for p in panels] == [("local_steps_mean", ["A"])]
     assert flat == {"clients_sampled": [6.0, 6.0], "clients_dropped": [0.0, 0.0], "local_steps_mean": [5.0]}
-    x, mean, lo, hi = report._series(panels[0].lines[0][2], "round", "local_steps_mean")
+    x, mean, lo, hi = report.seed_band(panels[0].lines[0][2], "round", "local_steps_mean")
     assert list(x) == [1.0, 2.0, 3.0] and list(mean) == [3.0, 5.0, 7.0]
     assert list(lo) == [2.0, 4.0, 6.0] and list(hi) == [4.0, 6.0, 8.0]
     section = report._diagnostics_section(runs, tmp_path)
@@ -275,7 +275,7 @@ def test_loss_caption_matches_what_is_drawn_and_coinciding_lines_are_named(tmp_p
 
 
 def test_methods_get_distinct_dash_styles_and_markers():
-    styles = report._styles(["FedAvg", "FedProx", "MOON"])
+    styles = report.method_styles(["FedAvg", "FedProx", "MOON"])
     looks = {(s["linestyle"], s["marker"]) for s in styles.values()}
     assert len(looks) == 3
     assert styles["FedAvg"]["lw"] > styles["FedProx"]["lw"]  # the one drawn first shows around

@@ -9,7 +9,7 @@ import pytest
 
 from fedhet.papers.fedveca import seeds as fedveca_seeds
 from fedhet.reports import seeds
-from fedhet.reports.seeds import Stat, inside_noise
+from fedhet.reports.seeds import Stat, inside_noise, mean_std, outside_noise, paired, paired_seeds
 
 # per seed: FedVeca's and FedAvg's test accuracy/loss in rounds 0..3
 RUNS = {
@@ -51,6 +51,25 @@ def test_inside_noise_is_range_overlap():
     assert not inside_noise(a, b)
     assert inside_noise(a, Stat((3.0, 4.0, 5.0)))  # 2 ± 1 vs 4 ± 1 touch: inside
     assert inside_noise(a, Stat((3.0, None, 9.0)))  # a seed that never reached: no claim
+
+
+def test_paired_noise_rule_by_hand():
+    """Δ = (1.0, 0.9, 1.1): mean 1.0, std 0.1, 2·std/√3 ≈ 0.115 < 1.0: outside the noise;
+    Δ = (1, −1, 0.5): mean 1/6, std ≈ 1.04, 2·std/√3 ≈ 1.2: inside. Seeds pair by key; a seed
+    where either value is not finite is left out."""
+    mean, sd, n, outside = paired_seeds({0: 2.0, 1: 1.9, 2: 2.1, 3: 5.0}, {0: 1.0, 1: 1.0, 2: 1.0})
+    assert (n, outside) == (3, True) and mean == pytest.approx(1.0) and sd == pytest.approx(0.1)
+    assert outside_noise([1.0, 0.9, 1.1]) and not outside_noise([1.0, -1.0, 0.5])
+    assert not outside_noise([5.0])  # one seed: never outside
+    assert paired_seeds({0: 1.0, 1: math.nan}, {0: 0.5, 1: 0.0})[2:] == (1, False)
+    assert paired_seeds({0: 1.0}, {1: 1.0})[2:] == (0, False)
+    assert paired([1.0, 0.9, 1.1], 2) == "+1.00 ± 0.10 *" and paired([1.0, -1.0, 0.5], 1).endswith("1.0")
+
+
+def test_mean_std_over_the_finite_values_with_their_count():
+    assert mean_std([0.87, 0.89, 0.88, math.nan], 3) == "0.880 ± 0.010"
+    assert mean_std([0.87, 0.89, 0.88, math.inf], 2, count=True) == "0.88 ± 0.01 (n=3)"
+    assert mean_std([7.0], 0, count=True) == "7 (n=1)" and mean_std([math.nan]) == "—"
 
 
 def test_fedveca_table(tmp_path):

@@ -11,73 +11,91 @@ The public API (docs/library.md); everything else in the package is internal::
     rows = fedhet.compare(base={"dataset": data}, sweeps={"algorithm": ["fedavg", "fednova"]},
                           out="runs/grid", jobs=2)
 
-Names are imported on first use, so `import fedhet` (and the CLI's `--help`) stays instant.
+Each name is imported from its module when first used (`fedhet.lazy`), so `import fedhet` (and
+with it `fedhet.rundir`, which reads runs without torch, and the CLI's `--help`) imports no
+torch; mypy and an IDE read the names from the `TYPE_CHECKING` block below.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from fedhet.lazy import attach
+from fedhet.version import __version__
 
-_PUBLIC: dict[str, tuple[str, str]] = {
-    # running and reading runs
-    "run": ("fedhet.api", "run"),
-    "resume": ("fedhet.api", "resume"),
-    "open_run": ("fedhet.rundir", "open_run"),
-    "compare": ("fedhet.api", "compare"),
-    "RunResult": ("fedhet.rundir", "RunResult"),
-    "assemble": ("fedhet.engine.assembly", "assemble"),
-    "Callback": ("fedhet.engine.callbacks", "Callback"),
-    "config_of": ("fedhet.engine.config", "config_of"),
-    "RunConfig": ("fedhet.engine.config", "RunConfig"),
-    "load_plugins": ("fedhet.plugins", "load_plugins"),
-    "FedhetError": ("fedhet.errors", "FedhetError"),
-    # your own data
-    "Dataset": ("fedhet.data.base", "Dataset"),
-    "from_arrays": ("fedhet.data.arrays", "from_arrays"),
-    "from_huggingface": ("fedhet.data.hf", "from_huggingface"),
-    # the algorithm kit
-    "Algorithm": ("fedhet.algorithms.base", "Algorithm"),
-    "Message": ("fedhet.algorithms.base", "Message"),
-    "Reply": ("fedhet.algorithms.base", "Reply"),
-    "RunInfo": ("fedhet.algorithms.base", "RunInfo"),
-    "ClientContext": ("fedhet.algorithms.base", "ClientContext"),
-    "ServerState": ("fedhet.algorithms.state", "ServerState"),
-    "ClientState": ("fedhet.algorithms.state", "ClientState"),
-    "local_sgd_update": ("fedhet.algorithms.fedavg", "local_sgd_update"),
-    "mean_delta": ("fedhet.algorithms.fedavg", "mean_delta"),
-    "client_diagnostics": ("fedhet.algorithms.fedavg", "client_diagnostics"),
-    # the registries' decorators: register_algorithm("name", Params, "doc", **traits)(cls)
-    "register_algorithm": ("fedhet.algorithms.base", "ALGORITHMS.register"),
-    "register_model": ("fedhet.models.registry", "MODELS.register"),
-    "register_dataset": ("fedhet.data.registry", "DATASETS.register"),
-    "register_partition": ("fedhet.data.partition", "PARTITIONS.register"),
+if TYPE_CHECKING:
+    import fedhet.testing as testing
+    from fedhet.algorithms.base import (
+        ALGORITHMS,
+        Algorithm,
+        ClientContext,
+        Message,
+        Reply,
+        RunInfo,
+    )
+    from fedhet.algorithms.fedavg import client_diagnostics, local_sgd_update, mean_delta
+    from fedhet.algorithms.state import ClientState, ServerState
+    from fedhet.api import compare, resume, run
+    from fedhet.data.arrays import from_arrays
+    from fedhet.data.base import Dataset
+    from fedhet.data.hf import from_huggingface
+    from fedhet.data.partition import PARTITIONS
+    from fedhet.data.registry import DATASETS
+    from fedhet.engine.assembly import assemble
+    from fedhet.engine.callbacks import Callback
+    from fedhet.engine.config import RunConfig, config_of
+    from fedhet.errors import FedhetError
+    from fedhet.metrics import METRICS
+    from fedhet.models.registry import MODELS
+    from fedhet.plugins import load_plugins
+    from fedhet.rundir import RunResult, open_run
+
+    # the registries' decorators: register_algorithm("name", Params, "doc", **traits)(cls);
     # register_metric("name", scores=False)(fn): fn(y_true, y_pred) -> float (docs/library.md)
-    "register_metric": ("fedhet.metrics", "METRICS.register"),
-    "ALGORITHMS": ("fedhet.algorithms.base", "ALGORITHMS"),
-    "MODELS": ("fedhet.models.registry", "MODELS"),
-    "DATASETS": ("fedhet.data.registry", "DATASETS"),
-    "PARTITIONS": ("fedhet.data.partition", "PARTITIONS"),
-    "METRICS": ("fedhet.metrics", "METRICS"),
-}
+    register_algorithm = ALGORITHMS.register
+    register_model = MODELS.register
+    register_dataset = DATASETS.register
+    register_partition = PARTITIONS.register
+    register_metric = METRICS.register
 
-__all__ = ["__version__", "testing", *_PUBLIC]
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "Callback",
+    "ClientContext",
+    "ClientState",
+    "DATASETS",
+    "Dataset",
+    "FedhetError",
+    "METRICS",
+    "MODELS",
+    "Message",
+    "PARTITIONS",
+    "Reply",
+    "RunConfig",
+    "RunInfo",
+    "RunResult",
+    "ServerState",
+    "__version__",
+    "assemble",
+    "client_diagnostics",
+    "compare",
+    "config_of",
+    "from_arrays",
+    "from_huggingface",
+    "load_plugins",
+    "local_sgd_update",
+    "mean_delta",
+    "open_run",
+    "register_algorithm",
+    "register_dataset",
+    "register_metric",
+    "register_model",
+    "register_partition",
+    "resume",
+    "run",
+    "testing",
+]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "testing":
-        return importlib.import_module("fedhet.testing")
-    if name not in _PUBLIC:
-        raise AttributeError(f"module 'fedhet' has no attribute {name!r}")
-    module, path = _PUBLIC[name]
-    value: Any = importlib.import_module(module)  # a registry's package fills it on import
-    for part in path.split("."):
-        value = getattr(value, part)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = attach(__name__, __file__)

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import fedhet
 from fedhet import plugins
+from fedhet.version import __version__
 
 GIT_TIMEOUT_S = 5.0
 """How long `git` may take to name the commit before provenance says None."""
@@ -33,7 +33,7 @@ def provenance(device: str, plugin_files: Mapping[str, str] | None = None) -> di
 
     commit, dirty = git_state()
     return {
-        "fedhet": fedhet.__version__,
+        "fedhet": __version__,
         "commit": commit,
         "dirty": dirty,
         "torch": torch.__version__,
@@ -64,7 +64,7 @@ def git_state() -> tuple[str | None, bool | None]:
     """`(commit, dirty)` of the checkout fedhet's package lies in, or `(None, None)` when it is
     not in one (an installed wheel), git is missing, or git does not answer in time. Asked once
     per process."""
-    package = Path(fedhet.__file__).resolve().parent
+    package = Path(__file__).resolve().parent
     root = _checkout_root(package)
     if root is None:
         return None, None

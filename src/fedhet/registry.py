@@ -112,7 +112,7 @@ def source_of(factory: Any) -> str:
     return "fedhet" if module == "fedhet" or module.startswith("fedhet.") else module
 
 
-def _coerce(value: Any, hint: Any, where: str) -> Any:
+def coerce(value: Any, hint: Any, where: str) -> Any:
     """Turn `value` (from TOML or a `key=value` string) into the type `hint` names."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
@@ -122,7 +122,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         errors = []
         for arg in args:
             try:
-                return _coerce(value, arg, where)
+                return coerce(value, arg, where)
             except FedhetError as e:
                 errors.append(str(e))
         raise FedhetError(errors[0])
@@ -145,7 +145,7 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, list | tuple):
             raise FedhetError(f"{where} must be a list, got {value!r}")
         (item,) = typing.get_args(hint)[:1] or (Any,)
-        items = [_coerce(v, item, where) for v in value]
+        items = [coerce(v, item, where) for v in value]
         return tuple(items) if origin is tuple else items
     if hint is bool:
         if isinstance(value, bool):
@@ -261,7 +261,7 @@ def build_params(cls: type, values: Mapping[str, Any], where: str) -> Any:
             valid = ", ".join(names) if names else "none"
             hint = did_you_mean(key, names)
             raise FedhetError(f"unknown parameter {where}.{key}{hint}; valid parameters: {valid}")
-        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+        kwargs[key] = coerce(value, hints[key], f"{where}.{key}")
     if extra:
         kwargs["extra"] = tuple(sorted(extra.items()))
     params = cls(**kwargs)

@@ -48,8 +48,7 @@ def add(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def command(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet import api
-    from fedhet.runs import sweep
-    from fedhet.runs.grid import load_grid
+    from fedhet.runs import load_grid, sweep
 
     flags = {k: getattr(args, k) for k in api.RUN_FLAGS
              if k not in ("device", "executor", "workers")  # where runs compute: `overrides`

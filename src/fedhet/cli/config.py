@@ -33,8 +33,10 @@ def command(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine import parse
     from fedhet.rundir import resume_target
-    from fedhet.runs.show import as_json, render, sections
-    from fedhet.runs.single import resume_settings
+    from fedhet.runs import render_settings as render
+    from fedhet.runs import resume_settings
+    from fedhet.runs import settings_json as as_json
+    from fedhet.runs import settings_sections as sections
 
     layers = run_layers(args)
     if args.resume:

@@ -17,7 +17,7 @@ def add(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.runs.demo import run_demo
+    from fedhet.runs import run_demo
 
     run_demo(Path(args.out), rounds=args.rounds, force=args.force)
     return 0

@@ -19,7 +19,7 @@ def add(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def command(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.reports.partition import describe_partition
+    from fedhet.reports import describe_partition
 
     describe_partition(run_values(args), heatmap=args.heatmap, indices=args.save_indices)
     return 0

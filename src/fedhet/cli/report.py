@@ -21,12 +21,12 @@ def command(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors); the papers
     # register their report figures (`fedhet.reports.figures`) when imported
     from fedhet import papers  # noqa: F401
-    from fedhet.reports.report import write_report
+    from fedhet.reports import write_report
 
     page = write_report(Path(args.dir), Path(args.out) if args.out else None)
     print(f"report: {page}")
     if args.screenshot:
-        from fedhet.reports.screenshot import screenshot  # lazy, as above
+        from fedhet.reports import screenshot_page as screenshot  # lazy, as above
 
         print(f"screenshot: {screenshot(page, Path(args.screenshot))}")
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -84,7 +83,7 @@ def _execute(args: argparse.Namespace, out: Path, values: dict[str, Any] | None)
     logger = None
     if args.tensorboard:
         # optional extra: fedhet[tensorboard]
-        from fedhet.runs.tensorboard import TensorBoardLogger, require_tensorboard
+        from fedhet.runs import TensorBoardLogger, require_tensorboard
 
         require_tensorboard()
     try:
@@ -94,7 +93,7 @@ def _execute(args: argparse.Namespace, out: Path, values: dict[str, Any] | None)
         if not sys.stdout.isatty() and not args.quiet:
             # a log file or a batch job: a line every few rounds or seconds, on stdout (lazy, as
             # every command's imports)
-            from fedhet.runs.progress import RoundLines
+            from fedhet.runs import RoundLines
 
             callbacks.append(RoundLines(total_rounds(values, out, bool(args.resume)), sys.stdout))
         try:
@@ -122,14 +121,14 @@ def total_rounds(values: dict[str, Any] | None, out: Path, resume: bool) -> int:
     the run then fails before its first line)."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.engine import RunConfig
+    from fedhet.rundir import read_config
 
     rounds = (values or {}).get("rounds")
     if rounds is None and resume:
         try:
-            saved = json.loads((out / "config.json").read_text())
-        except (OSError, ValueError):
-            saved = None
-        rounds = saved.get("rounds") if isinstance(saved, dict) else None
+            rounds = read_config(out).get("rounds")
+        except FedhetError:
+            rounds = None
     try:
         return max(1, int(rounds if rounds is not None else RunConfig.rounds))
     except (TypeError, ValueError):

@@ -13,6 +13,8 @@ from pathlib import Path
 from fedhet.errors import FedhetError
 from fedhet.registry import did_you_mean
 
+__all__ = ["HERE", "is_grid", "resolve", "shipped"]
+
 HERE = Path(__file__).parent
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from fedhet.errors import FedhetError
 
+__all__ = ["FLOWER_VERSION", "require_flower"]
+
 FLOWER_VERSION = "1.41.0"
 """The Flower release this package is written against (the `flower` extra pins it)."""
 

@@ -35,7 +35,7 @@ from fedhet.errors import FedhetError
 from fedhet.procs import cmdline as _cmdline
 from fedhet.procs import process_table as _process_table
 from fedhet.procs import stat as _stat
-from fedhet.rundir import rows_saved
+from fedhet.rundir import read_summary, rows_saved
 
 HOST = "127.0.0.1"
 CONNECTION = "fedhet-local"
@@ -666,7 +666,7 @@ def wait_for_run(out: Path, timeout: float, procs: list[subprocess.Popen], logs:
     def finished() -> dict | None:
         path = out / "summary.json"
         if path.exists() and (out / "deploy.json").exists():
-            summary = json.loads(path.read_text())
+            summary = read_summary(out)
             if summary.get("finished"):
                 return summary
         return None

@@ -17,34 +17,93 @@ layers above import nothing else), as a user's code reaches fedhet only through
 - **where work runs** (`plan`, `workers`, `comm`): `ClusterOptions`, `batchable`,
   `describe_plan`, `host_port`, `ray_address`, `usable_cores`, `CORES_ENV`, `LINKS`.
 
-Importing the package imports none of its modules (and no torch) until a name is first used.
+Importing the package imports none of its modules (and no torch) until a name is first used
+(`fedhet.lazy`); mypy and an IDE read the names from the `TYPE_CHECKING` block below.
 """
 
 from __future__ import annotations
 
-from fedhet.surface import offered
+from typing import TYPE_CHECKING
 
-_SURFACE = {
-    **dict.fromkeys(
-        ("parse", "chosen_components", "build", "RunConfig", "config_of", "flatten", "path_of",
-         "canonical_config",
-         "config_sources", "engine_defaults", "read_toml_file", "ENGINE_FIELDS", "FIELD_DOCS",
-         "RECORD_KEYS", "RESUMABLE", "RUNTIME", "COMPONENTS", "REGISTRIES"), "config"),
-    "assemble": "assembly", "assemble_clients": "assembly", "ClientSide": "assembly",
-    "ClientWork": "clients",
-    "Simulation": "simulation", "check_resumable": "simulation",
-    "federate": "federation", "load": "federation",
-    "run_together": "batch",
-    "dry_check": "dry",
-    "RunnerContext": "rounds",
-    "CallbackLike": "callbacks", "StopRun": "callbacks",
-    "ClientFailure": "failures", "UserCodeFailed": "failures",
-    **dict.fromkeys(("ClusterOptions", "batchable", "describe_plan", "host_port", "ray_address"),
-                    "plan"),
-    "usable_cores": "workers", "CORES_ENV": "workers",
-    "LINKS": "comm",
-}
+from fedhet.lazy import attach
 
-__all__ = sorted(_SURFACE)
+if TYPE_CHECKING:
+    from fedhet.engine.assembly import ClientSide, assemble, assemble_clients
+    from fedhet.engine.batch import run_together
+    from fedhet.engine.callbacks import CallbackLike, StopRun
+    from fedhet.engine.clients import ClientWork
+    from fedhet.engine.comm import LINKS
+    from fedhet.engine.config import (
+        COMPONENTS,
+        ENGINE_FIELDS,
+        FIELD_DOCS,
+        RECORD_KEYS,
+        REGISTRIES,
+        RESUMABLE,
+        RUNTIME,
+        RunConfig,
+        build,
+        canonical_config,
+        chosen_components,
+        config_of,
+        config_sources,
+        engine_defaults,
+        flatten,
+        parse,
+        path_of,
+        read_toml_file,
+    )
+    from fedhet.engine.dry import dry_check
+    from fedhet.engine.failures import ClientFailure, UserCodeFailed
+    from fedhet.engine.federation import federate, load
+    from fedhet.engine.plan import ClusterOptions, batchable, describe_plan, host_port, ray_address
+    from fedhet.engine.rounds import RunnerContext
+    from fedhet.engine.simulation import Simulation, check_resumable
+    from fedhet.engine.workers import CORES_ENV, usable_cores
 
-__getattr__ = offered(__name__, _SURFACE)
+__all__ = [
+    "COMPONENTS",
+    "CORES_ENV",
+    "CallbackLike",
+    "ClientFailure",
+    "ClientSide",
+    "ClientWork",
+    "ClusterOptions",
+    "ENGINE_FIELDS",
+    "FIELD_DOCS",
+    "LINKS",
+    "RECORD_KEYS",
+    "REGISTRIES",
+    "RESUMABLE",
+    "RUNTIME",
+    "RunConfig",
+    "RunnerContext",
+    "Simulation",
+    "StopRun",
+    "UserCodeFailed",
+    "assemble",
+    "assemble_clients",
+    "batchable",
+    "build",
+    "canonical_config",
+    "check_resumable",
+    "chosen_components",
+    "config_of",
+    "config_sources",
+    "describe_plan",
+    "dry_check",
+    "engine_defaults",
+    "federate",
+    "flatten",
+    "host_port",
+    "load",
+    "parse",
+    "path_of",
+    "ray_address",
+    "read_toml_file",
+    "run_together",
+    "usable_cores",
+]
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = attach(__name__, __file__)

@@ -17,7 +17,6 @@ reads of the run's settings is `LocalWork`, nothing else.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import torch
 
 from fedhet.algorithms.base import BUFFERS, Algorithm, ClientContext, Message
 from fedhet.engine.client_store import ClientStateStore, holding
+from fedhet.engine.config import ConfigFields
 from fedhet.engine.failures import Diverged
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
@@ -35,7 +35,7 @@ _UNSET = object()
 
 
 @dataclass(frozen=True)
-class LocalWork:
+class LocalWork(ConfigFields):
     """The settings a client's local work reads (the `RunConfig` fields of the same names):
     the learning-rate schedule over `rounds`, the step count `τ_(k,i)`, the local step (SGD or
     Adam) and the seed of the client's random streams."""
@@ -58,11 +58,6 @@ class LocalWork:
     adam_eps: float
     seed: int
     batch_order: str
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> LocalWork:
-        """These fields of a `RunConfig`."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 
 def learning_rate(work: LocalWork, round: int) -> float:

@@ -24,13 +24,13 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from fedhet.components import COMPONENTS, REGISTRIES
 from fedhet.data.files import absolute, is_data_path
 from fedhet.errors import FedhetError
 from fedhet.metrics import check_metrics
-from fedhet.registry import _coerce, build_params, did_you_mean, params_dict
+from fedhet.registry import build_params, coerce, did_you_mean, params_dict
 from fedhet.rundir.store import RECORD_KEYS
 
 RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpoint_every",
@@ -53,6 +53,19 @@ MAX_LOCAL_STEPS = 10_000_000
 """The most local steps a client may take in a round (`local_steps`, each `client_steps` entry);
 `MAX_LOCAL_EPOCHS` bounds epochs likewise (the papers use at most 5)."""
 MAX_LOCAL_EPOCHS = 10_000
+
+
+class ConfigFields:
+    """A frozen dataclass of the settings one part of the engine reads (its fields are named as
+    the `RunConfig` fields they copy): `LocalWork`, `EvalSettings`, `LoopSettings`,
+    `FaultModel`. `from_config` builds one from a `RunConfig`, so a part never holds the whole
+    config and its settings are listed once, as its fields."""
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> Self:
+        """The fields of `cls`, each the `RunConfig` field of the same name."""
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # (each subclass is a dataclass)
+        return cls(**{f.name: getattr(cfg, f.name) for f in fields})
 
 
 @dataclass(frozen=True)
@@ -431,13 +444,13 @@ AUTO = {"workers": 0}
 
 
 def _engine_value(key: str, value: Any, where: str) -> Any:
-    """An engine field's value typed (`_coerce`), `auto` read as its number (`AUTO`)."""
+    """An engine field's value typed (`coerce`), `auto` read as its number (`AUTO`)."""
     if key not in AUTO:
-        return _coerce(value, _HINTS[key], where)
+        return coerce(value, _HINTS[key], where)
     if isinstance(value, str) and value.strip().lower() == "auto":
         return AUTO[key]
     try:
-        return _coerce(value, _HINTS[key], where)
+        return coerce(value, _HINTS[key], where)
     except FedhetError:
         raise FedhetError(f"{where} must be auto or a whole number ≥ 1, got {value!r}") from None
 

@@ -13,7 +13,6 @@ that is not finite. `summary` condenses the rows into `summary.json`.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from fedhet.engine.client_eval import (
     test_metrics,
 )
 from fedhet.engine.clients import LocalWork, learning_rate
+from fedhet.engine.config import ConfigFields
 from fedhet.engine.failures import Diverged
 from fedhet.metrics import client_columns, resolve
 from fedhet.training.cohort import EvalJob
@@ -39,7 +39,7 @@ from fedhet.training.local import SGDConfig, evaluate
 
 
 @dataclass(frozen=True)
-class EvalSettings:
+class EvalSettings(ConfigFields):
     """The settings evaluation reads (the `RunConfig` fields of the same names)."""
 
     eval_every: int
@@ -48,11 +48,6 @@ class EvalSettings:
     client_eval_every: int = 1
     client_eval_finetune_steps: int = 0
     metrics: tuple[str, ...] = ()
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> EvalSettings:
-        """These fields of a `RunConfig`."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 
 class Evaluator:

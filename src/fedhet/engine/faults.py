@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from fedhet.algorithms.base import Message
+from fedhet.engine.config import ConfigFields
 from fedhet.engine.failures import ClientFailure, Diverged
 from fedhet.errors import FedhetError
 from fedhet.training.local import stream_seed
@@ -42,20 +43,13 @@ OK, DROPPED, LATE = "ok", "dropped", "late"
 
 
 @dataclass(frozen=True)
-class FaultModel:
+class FaultModel(ConfigFields):
     """Which sampled clients drop out or miss the deadline in a round (module docstring)."""
 
     seed: int = 0
     client_dropout: float = 0.0
     straggler_fraction: float = 0.0
     straggler_policy: str = "drop"
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> FaultModel:
-        return cls(
-            seed=cfg.seed, client_dropout=cfg.client_dropout,
-            straggler_fraction=cfg.straggler_fraction, straggler_policy=cfg.straggler_policy,
-        )
 
     def outcome(self, client_id: int, round: int) -> str:
         """`ok`, `dropped` (offline) or `late` (missed the deadline) for one client and round.

@@ -464,7 +464,7 @@ def _edge_walk(
             rc.comm.send("device-edge", "up", up)
             replies.append(Reply(client_id, up))
         if replies:
-            edge.state = role.edge_aggregate(edge.state, round, iter(replies))
+            edge.state = role.edge_aggregate(edge.state, round, replies)
             edge.aggregated = True
 
 

@@ -34,7 +34,7 @@ from fedhet.engine.callbacks import CallbackLike, Callbacks, ProgressBar, RunVie
 from fedhet.engine.client_store import CLIENT_STATES
 from fedhet.engine.clients import ClientWork
 from fedhet.engine.comm import CommLedger
-from fedhet.engine.config import RESUMABLE, canonical_config
+from fedhet.engine.config import RESUMABLE, ConfigFields, canonical_config
 from fedhet.engine.evaluation import Evaluator
 from fedhet.engine.evaluation import summary as run_summary
 from fedhet.engine.executors import Executor
@@ -55,18 +55,13 @@ from fedhet.training.local import LocalTrainer, stream_seed
 
 
 @dataclass(frozen=True)
-class LoopSettings:
+class LoopSettings(ConfigFields):
     """The settings the round loop reads (the `RunConfig` fields of the same names)."""
 
     rounds: int
     seed: int
     sample_fraction: float
     checkpoint_every: int
-
-    @classmethod
-    def from_config(cls, cfg: Any) -> LoopSettings:
-        """These fields of a `RunConfig`."""
-        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
 
 NO_RESULT = ("final_accuracy", "final_loss", "best_accuracy", "best_round")

@@ -22,7 +22,7 @@ from typing import Any
 
 from fedhet.errors import FedhetError
 from fedhet.registry import Registry
-from fedhet.runs.presets import PresetFactory
+from fedhet.runs import PresetFactory
 
 PRESETS: Registry[PresetFactory] = Registry("paper")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.runs.presets import RunSpec
+from fedhet.runs import RunSpec
 
 Prepare = Callable[[list[RunSpec]], list[RunSpec]]
 """A table's selection of a preset's runs with the campaign's settings applied."""

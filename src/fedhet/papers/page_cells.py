@@ -225,28 +225,6 @@ def rounds_to(cols: dict[str, list[float]], values: list[float], target: float, 
     return max(cols["round"], default=0) + 1
 
 
-def mean_std(values: list[float], fmt: str = "{:.2f}") -> str:
-    vals = [v for v in values if math.isfinite(v)]
-    if not vals:
-        return "—"
-    text = fmt.format(statistics.fmean(vals))
-    if len(vals) > 1:
-        text += " ± " + fmt.format(statistics.stdev(vals))
-    return text + f" (n={len(vals)})"
-
-
-def paired(a: dict[int, float], b: dict[int, float]) -> tuple[float, float, int, bool]:
-    """Mean and std of Δ = a − b over common seeds, n, and whether it is outside the noise."""
-    seeds = sorted(s for s in set(a) & set(b) if math.isfinite(a[s]) and math.isfinite(b[s]))
-    d = [a[s] - b[s] for s in seeds]
-    if not d:
-        return math.nan, math.nan, 0, False
-    mean = statistics.fmean(d)
-    sd = statistics.stdev(d) if len(d) > 1 else math.nan
-    outside = len(d) > 1 and abs(mean) > 2 * sd / math.sqrt(len(d))
-    return mean, sd, len(d), outside
-
-
 def by_exp(cs: list[Cell]) -> dict[str, list[Cell]]:
     """Cells grouped by the experiment (result file) they come from."""
     out: dict[str, list[Cell]] = {}

@@ -30,13 +30,13 @@ from fedhet.papers.page_cells import (
     diverged,
     early_loss,
     final,
-    mean_std,
-    paired,
     pick,
     pm,
     rounds_to,
     where,
 )
+from fedhet.reports import mean_std
+from fedhet.reports import paired_seeds as paired
 
 
 # -- rows ----------------------------------------------------------------------------------
@@ -100,7 +100,7 @@ def number_rows(res: Results, paper: str, published: list[dict[str, Any]],
         c = found[0]
         if is_acc:
             ours = [final(cols, "test_accuracy") * 100 for cols in c.by_seed.values()]
-            row.ours = mean_std(ours)
+            row.ours = mean_std(ours, 2, count=True)
             fin = [v for v in ours if math.isfinite(v)]
             if fin:
                 d = statistics.fmean(fin) - value_pct
@@ -114,7 +114,7 @@ def number_rows(res: Results, paper: str, published: list[dict[str, Any]],
                 rounds = cols["round"]
                 cum = cols.get("cum_model_transfers", [])
                 ours.append(cum[rounds.index(r)] if r in rounds and cum else math.nan)
-            row.ours = mean_std(ours, "{:.0f}") + f" (target {target:.0%})"
+            row.ours = mean_std(ours, 0, count=True) + f" (target {target:.0%})"
             fin = [v for v in ours if math.isfinite(v)]
             if fin:
                 row.diff = f"{(statistics.fmean(fin) - value) / value:+.0%}"
@@ -332,16 +332,16 @@ def table_claim_rows(res: Results, paper: str, claims: Sequence[TableClaim],
             rows.append(Row(", ".join(groups), f"{claim.quote} ({claim.source})",
                             f"not yet: {why}", holds="not yet"))
         if claim.most:
-            yes = sum(1 for c in read if c.holds)
-            no = sum(1 for c in read if c.holds is False)
+            held = sum(1 for c in read if c.holds)
+            failed = sum(1 for c in read if c.holds is False)
             n = len(read)
-            holds = True if yes > n / 2 else False if n - no <= n / 2 else None
-            paper_yes = sum(1 for g in claim.groups
-                            if _paper_reading(claim, g).endswith("holds in its table"))
+            holds = True if held > n / 2 else False if n - failed <= n / 2 else None
+            paper_held = sum(1 for g in claim.groups
+                             if _paper_reading(claim, g).endswith("holds in its table"))
             rows.append(Row(f"all {n} cells", f"{claim.quote} ({claim.source}); paper: holds in "
-                            f"{paper_yes} of {n} of its cells",
-                            f"holds in {yes}, does not in {no}, not yet in {n - yes - no} of {n} cells",
-                            holds="not yet" if holds is None else yes(holds)))
+                            f"{paper_held} of {n} of its cells",
+                            f"holds in {held}, does not in {failed}, not yet in {n - held - failed} "
+                            f"of {n} cells", holds="not yet" if holds is None else yes(holds)))
     return rows
 
 

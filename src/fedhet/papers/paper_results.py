@@ -74,7 +74,7 @@ RESULTS_FIX = ("fedhet writes a result file as whole CSV rows `setting,algorithm
                "results/` in a checkout) or export the experiment again")
 
 
-def _read_json(path: Path, fix: str = RUN_FIX) -> dict[str, Any]:
+def read_object(path: Path, fix: str = RUN_FIX) -> dict[str, Any]:
     """A JSON object file (`{}` when there is none); a damaged one is one `FedhetError`."""
     if not path.exists():
         return {}
@@ -85,7 +85,7 @@ def run_of(run_dir: Path, group: str = "", label: str = "",
            settings: dict[str, Any] | None = None) -> Run:
     """The `Run` in `run_dir` (its config.json; the directory name when no label is given)."""
     run_dir = Path(run_dir)
-    config = _read_json(run_dir / "config.json")
+    config = read_object(run_dir / "config.json")
     return Run(run_dir, run_dir.name, group or run_dir.name, label or str(config.get("algorithm", "")),
                config, dict(settings or {}))
 
@@ -93,7 +93,7 @@ def run_of(run_dir: Path, group: str = "", label: str = "",
 def has_result(run_dir: Path) -> bool:
     """Whether the run is a result to export: its summary.json says it ran all its rounds, or
     that it diverged (a result too; `rundir.is_finished` says only the first)."""
-    summary = _read_json(Path(run_dir) / "summary.json")
+    summary = read_object(Path(run_dir) / "summary.json")
     return bool(summary.get("finished")) or summary.get("status") == "diverged"
 
 
@@ -183,7 +183,7 @@ def export_runs(
 def grid_runs(grid_dir: Path, runs_dir: str = "runs") -> list[Run]:
     """The runs a preset/grid directory lists in its grid.json (group, label, settings)."""
     grid_dir = Path(grid_dir)
-    manifest = _read_json(grid_dir / "grid.json")
+    manifest = read_object(grid_dir / "grid.json")
     if not manifest:
         raise FedhetError(f"{grid_dir} has no grid.json (not a finished `reproduce`/`compare`/`grid`)")
     out = []
@@ -273,7 +273,7 @@ def write_meta(
     """Write the experiment's json beside its CSV (commit: the checkout's HEAD when not given)."""
     if commit is None:
         # lazy: results imports engine.store (torch); this module runs on the standard library
-        from fedhet.runs.results import git_commit
+        from fedhet.runs import git_commit
 
         commit = git_commit()
     meta = {
@@ -290,14 +290,14 @@ def write_meta(
 
 def read_meta(path: Path) -> dict[str, Any]:
     """An experiment's json (`{}` when there is none; a damaged one is one `FedhetError`)."""
-    return _read_json(Path(path), RESULTS_FIX)
+    return read_object(Path(path), RESULTS_FIX)
 
 
 def grid_minutes(grid_dir: Path) -> float:
     """Wall minutes the runs of a preset/grid directory took (sum of their `total_time_s`)."""
     total = 0.0
     for run in grid_runs(grid_dir):
-        t = _read_json(run.dir / "summary.json").get("total_time_s")
+        t = read_object(run.dir / "summary.json").get("total_time_s")
         if isinstance(t, int | float) and math.isfinite(t):
             total += float(t)
     return total / 60.0

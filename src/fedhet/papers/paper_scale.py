@@ -33,12 +33,12 @@ from fedhet.papers.page_cells import (
     early_loss,
     final,
     load,
-    mean_std,
-    paired,
     parse_label,
     rounds_to,
 )
 from fedhet.papers.page_rows import Row, Section, beats, cell_left, table_claim_rows
+from fedhet.reports import mean_std
+from fedhet.reports import paired_seeds as paired
 
 COUNTS = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
 
@@ -59,8 +59,8 @@ def _alternative(res: Results, table_key: str, group: str) -> str:
     from fedhet.papers.campaign.tables import table
 
     found = [c for c in cells(res.of(table(table_key).paper)) if c.setting == group]
-    got = "; ".join(f"{c.algorithm} {mean_std([final(x, 'test_accuracy') * 100 for x in c.by_seed.values()])}"
-                    for c in found)
+    accuracies = [(c.algorithm, [final(x, "test_accuracy") * 100 for x in c.by_seed.values()]) for c in found]
+    got = "; ".join(f"{a} {mean_std(v, 2, count=True)}" for a, v in accuracies)
     left = cell_left(res, table_key, group)
     return (f"final test accuracy {got}; " if got else "") + left.replace("not run yet: ", "")
 

@@ -71,7 +71,7 @@ def counts_of(settings: dict[str, Any], data_dir: str | None = None) -> np.ndarr
     # lazy: the engine (torch) loads only when a partition is drawn
     from fedhet.data import label_counts
     from fedhet.engine import federate
-    from fedhet.reports.partition import data_config
+    from fedhet.reports import data_config
 
     values = {**settings, **({"data_dir": data_dir} if data_dir else {})}
     fed = federate(data_config(values))
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--figures", default=str(FIGURES))
     a = ap.parse_args(argv)
     # lazy: the commit is read only when drawing
-    from fedhet.runs.results import git_commit
+    from fedhet.runs import git_commit
 
     commit = git_commit()
     for r in readings():

@@ -19,20 +19,27 @@ from fedhet.engine import RunConfig, config_of, load
 from fedhet.errors import FedhetError
 from fedhet.papers.base import PRESETS, SETUPS
 from fedhet.registry import did_you_mean
-from fedhet.reports.report import write_report
+from fedhet.reports import write_report
 from fedhet.rundir import atomic_write_text
 from fedhet.rundir import ownership as rundir
-from fedhet.runs.cluster import run_units
-from fedhet.runs.cluster import session as cluster_session
-from fedhet.runs.grid import cell_key, duplicate_groups, write_manifest
-from fedhet.runs.presets import SCALES, Preset, RunSpec
-from fedhet.runs.results import (
+from fedhet.runs import (
+    DEFAULT_BATCH_RUNS,
+    SCALES,
+    Preset,
+    RunSpec,
+    cell_key,
+    cluster_session,
     collect,
     compare_published,
+    duplicate_groups,
+    plan_jobs,
     published_markdown,
+    run_specs,
+    run_units,
     uncovered_published,
+    with_overrides,
+    write_manifest,
 )
-from fedhet.runs.runner import DEFAULT_BATCH_RUNS, plan_jobs, run_specs, with_overrides
 
 
 def load_preset(paper: str, scale: str, setup: str | None = None) -> Preset:
@@ -124,7 +131,7 @@ def reproduce(
     preset = load_preset(paper, scale, setup)
     if tensorboard:
         # optional extra: fedhet[tensorboard]
-        from fedhet.runs.tensorboard import require_tensorboard
+        from fedhet.runs import require_tensorboard
 
         require_tensorboard()
     if out.exists() and not out.is_dir():

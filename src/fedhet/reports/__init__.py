@@ -12,23 +12,44 @@ the papers).
 
 The report does not import the papers: a paper's figures appear once `fedhet.papers` is
 imported (the CLI and `fedhet reproduce` do). The names below are this layer's surface;
-importing the package imports none of its modules until one of them is first used.
+importing the package imports none of its modules until one of them is first used
+(`fedhet.lazy`: `seeds` and the tables read CSVs without torch); mypy and an IDE read them from
+the `TYPE_CHECKING` block.
 """
 
 from __future__ import annotations
 
-from fedhet.surface import offered
+from typing import TYPE_CHECKING
 
-_SURFACE = {
-    "write_report": "report",
-    "RunData": "report",
-    "paper_figures": "figures",
-    "describe_partition": "partition",
-    "mean_std": "seeds",
-    "paired": "seeds",
-    "Stat": "seeds",
-}
+from fedhet.lazy import attach
 
-__all__ = sorted(_SURFACE)
+if TYPE_CHECKING:
+    from fedhet.reports.diagnostics import split_key
+    from fedhet.reports.figures import paper_figures, slug
+    from fedhet.reports.partition import data_config, describe_partition
+    from fedhet.reports.plots import fit_suptitle, fit_title
+    from fedhet.reports.report import RunData, write_report
+    from fedhet.reports.screenshot import screenshot as screenshot_page
+    from fedhet.reports.seeds import Stat, mean_std, noise_pairs, paired, paired_seeds, stats_markdown
 
-__getattr__ = offered(__name__, _SURFACE)
+__all__ = [
+    "RunData",
+    "Stat",
+    "data_config",
+    "describe_partition",
+    "fit_suptitle",
+    "fit_title",
+    "mean_std",
+    "noise_pairs",
+    "paired",
+    "paired_seeds",
+    "paper_figures",
+    "screenshot_page",
+    "slug",
+    "split_key",
+    "stats_markdown",
+    "write_report",
+]
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = attach(__name__, __file__)

@@ -27,13 +27,13 @@ import numpy as np
 from fedhet.reports.plots import (
     ACCURACY_SCALE,
     RunData,
-    _figure_legend,
-    _integer_ticks,
-    _markevery,
-    _plt,
-    _series,
+    figure_legend,
     fit_suptitle,
     fit_title,
+    integer_ticks,
+    markevery,
+    pyplot,
+    seed_band,
 )
 
 CLIENT_COLUMNS = ("client_acc_mean", "client_acc_std", "client_acc_worst10", "client_acc_best10")
@@ -81,29 +81,29 @@ def plot_clients(runs: list[RunData], path: Path, title: str, styles: dict[str, 
               if has_client_evaluation([r for r in runs if r.label == lb])]
     if not labels:
         return False
-    plt = _plt()
+    plt = pyplot()
     fig, (over, final) = plt.subplots(1, 2, figsize=(11, 4.2), width_ratios=(2, 1))
     handles: dict[str, Any] = {}
     for i, label in enumerate(labels):
         mine = [r for r in runs if r.label == label]
         style = styles[label]
         seeds = f" ({len(mine)} seeds)" if len(mine) > 1 else ""
-        mean = _series(mine, "round", "client_acc_mean", ACCURACY_SCALE)
-        worst = _series(mine, "round", "client_acc_worst10", ACCURACY_SCALE)
-        best = _series(mine, "round", "client_acc_best10", ACCURACY_SCALE)
+        mean = seed_band(mine, "round", "client_acc_mean", ACCURACY_SCALE)
+        worst = seed_band(mine, "round", "client_acc_worst10", ACCURACY_SCALE)
+        best = seed_band(mine, "round", "client_acc_best10", ACCURACY_SCALE)
         if mean is None:
             continue
         x, m, _, _ = mean
-        (line,) = over.plot(x, m, markevery=_markevery(len(x)), **style)
+        (line,) = over.plot(x, m, markevery=markevery(len(x)), **style)
         handles[f"{label}{seeds}"] = line
         if worst is not None and best is not None and len(worst[0]) == len(best[0]) == len(x):
             over.fill_between(x, worst[1], best[1], color=style["color"], alpha=0.12, lw=0)
             over.plot(x, worst[1], color=style["color"], lw=0.9, linestyle="-", marker="v",
-                      markersize=3, alpha=0.7, markevery=_markevery(len(x)))
-        tuned = _series(mine, "round", "client_pacc_mean", ACCURACY_SCALE)
+                      markersize=3, alpha=0.7, markevery=markevery(len(x)))
+        tuned = seed_band(mine, "round", "client_pacc_mean", ACCURACY_SCALE)
         if tuned is not None:
             (dotted,) = over.plot(tuned[0], tuned[1], color=style["color"], lw=1.2, linestyle=":",
-                                  marker="x", markevery=_markevery(len(tuned[0])))
+                                  marker="x", markevery=markevery(len(tuned[0])))
             handles[f"{label} after local fine-tuning{seeds}"] = dotted
         ends = [e for e in (_last_evaluated(r) for r in mine) if e]
         if ends:
@@ -117,7 +117,7 @@ def plot_clients(runs: list[RunData], path: Path, title: str, styles: dict[str, 
     fit_title(over, "mean over clients (line), worst- to best-decile mean (band), worst decile "
                     "(thin, ▽), after local fine-tuning (dotted, ×)")
     over.grid(alpha=0.3)
-    _integer_ticks(over)
+    integer_ticks(over)
     final.set_xticks(range(len(labels)), labels, rotation=30, ha="right", fontsize=8)
     final.set_ylabel("client accuracy (%)")
     fit_title(final, "last evaluated round: mean (dot), ± std (thick), worst to best decile (thin)")
@@ -128,7 +128,7 @@ def plot_clients(runs: list[RunData], path: Path, title: str, styles: dict[str, 
 
 def _save(plt: Any, fig: Any, handles: dict[str, Any], title: str, path: Path) -> None:
     """The figure's legend below, its title above, saved to `path` and closed."""
-    bottom = _figure_legend(fig, handles)
+    bottom = figure_legend(fig, handles)
     top = fit_suptitle(fig, title, 12)
     fig.tight_layout(rect=(0, bottom, 1, 1 - top))
     fig.savefig(path, dpi=90)
@@ -141,7 +141,7 @@ def plot_metrics(runs: list[RunData], path: Path, title: str, styles: dict[str, 
     names = metric_names(runs)
     if not names:
         return False
-    plt = _plt()
+    plt = pyplot()
     ncols = min(3, len(names))
     nrows = math.ceil(len(names) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.4 * nrows + 0.6), squeeze=False)
@@ -149,11 +149,11 @@ def plot_metrics(runs: list[RunData], path: Path, title: str, styles: dict[str, 
     for ax, name in zip(axes.flat, names, strict=False):
         for label in dict.fromkeys(r.label for r in runs):
             mine = [r for r in runs if r.label == label]
-            s = _series(mine, "round", f"test_{name}")
+            s = seed_band(mine, "round", f"test_{name}")
             if s is None:
                 continue
             x, mean, lo, hi = s
-            (line,) = ax.plot(x, mean, markevery=_markevery(len(x)), **styles[label])
+            (line,) = ax.plot(x, mean, markevery=markevery(len(x)), **styles[label])
             handles.setdefault(f"{label}" + (f" ({len(mine)} seeds)" if len(mine) > 1 else ""), line)
             if len(mine) > 1:
                 ax.fill_between(x, lo, hi, color=styles[label]["color"], alpha=0.15, lw=0)
@@ -161,7 +161,7 @@ def plot_metrics(runs: list[RunData], path: Path, title: str, styles: dict[str, 
         ax.set_xlabel("round")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
-        _integer_ticks(ax)
+        integer_ticks(ax)
     for ax in list(axes.flat)[len(names):]:
         ax.set_visible(False)
     _save(plt, fig, handles, title, path)

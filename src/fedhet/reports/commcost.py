@@ -16,14 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.engine import LINKS
-from fedhet.rundir import read_metric_rows
+from fedhet.rundir import read_metrics
 
 LINK_KEYS = tuple(link.replace("-", "_") for link in LINKS)
-
-
-def read_metrics(path: Path | str) -> list[dict[str, float]]:
-    """`metrics.csv` (or a run directory holding one) as rows of floats (blank → NaN)."""
-    return read_metric_rows(path)
 
 
 def transfers_to_target(

@@ -20,14 +20,14 @@ from fedhet.reports.clients import is_evaluation_column
 from fedhet.reports.plots import (
     ACCURACY_SCALE,
     RunData,
-    _figure_legend,
-    _integer_ticks,
-    _markevery,
-    _plt,
-    _series,
-    _styles,
+    figure_legend,
     fit_suptitle,
     fit_title,
+    integer_ticks,
+    markevery,
+    method_styles,
+    pyplot,
+    seed_band,
 )
 from fedhet.rundir import TIME_COLUMNS
 
@@ -196,8 +196,8 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
     panels, _ = diagnostic_panels(runs)
     if not panels:
         return False
-    plt = _plt()
-    styles = styles or _styles(list(dict.fromkeys(r.label for r in runs)))
+    plt = pyplot()
+    styles = styles or method_styles(list(dict.fromkeys(r.label for r in runs)))
     items = panels[:MAX_PANELS]
     ncols = min(3, len(items))
     nrows = math.ceil(len(items) / ncols)
@@ -213,7 +213,7 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
         per_method = panel.per_method
         n = len(panel.lines)
         for j, (legend, col, mine) in enumerate(panel.lines):
-            got = _series(mine, "round", col, scale)
+            got = seed_band(mine, "round", col, scale)
             if got is None:
                 continue
             x, mean, lo, hi = got
@@ -224,7 +224,7 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
                 style = {"color": cmap(j / max(n - 1, 1)) if n > 1 else "C0",
                          "marker": "." if len(x) < 40 else None}
             style.setdefault("lw", 1.0 if n > 8 else 1.5)
-            ax.plot(x, mean, markevery=_markevery(len(x)), label=legend, **style)
+            ax.plot(x, mean, markevery=markevery(len(x)), label=legend, **style)
             if len(mine) > 1 and (per_method or n <= 2):
                 ax.fill_between(x, lo, hi, color=style["color"], alpha=0.15, lw=0)
         if per_method:
@@ -239,14 +239,14 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
         fit_title(ax, name + (f" — {where}" if where else ""), 9)
         ax.set_xlabel("round", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
-        _integer_ticks(ax)
+        integer_ticks(ax)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(items):]:
         ax.set_visible(False)
     seeds = max(sum(1 for r in runs if r.label == label) for label in {r.label for r in runs})
     head = title or (runs[0].group or runs[0].name)
     top = fit_suptitle(fig, f"diagnostics: {head}" + (f", mean over {seeds} seeds" if seeds > 1 else ""), 10)
-    bottom = _figure_legend(fig, shared_legend)
+    bottom = figure_legend(fig, shared_legend)
     fig.tight_layout(rect=(0, bottom, 1, 1 - top))
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -27,7 +27,8 @@ class RunData:
         return str(self.config.get("algorithm", ""))
 
 
-def _plt():
+def pyplot() -> Any:
+    """`matplotlib.pyplot` on the Agg backend (files, no window), imported on first use."""
     # slow import (matplotlib): only when drawing
     import matplotlib
 
@@ -42,10 +43,10 @@ LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
 
 
-def _styles(labels: list[str]) -> dict[str, dict[str, Any]]:
+def method_styles(labels: list[str]) -> dict[str, dict[str, Any]]:
     """Per method a colour, a dash style and a marker, so that two lines drawn over each
     other (FedAvg under an identical FedProx) both stay visible."""
-    cmap = _plt().get_cmap("tab10" if len(labels) <= 10 else "tab20")
+    cmap = pyplot().get_cmap("tab10" if len(labels) <= 10 else "tab20")
     n = max(len(labels) - 1, 1)
     return {
         # earlier methods drawn wider with bigger markers: they show around a later line on top
@@ -60,7 +61,7 @@ ACCURACY_SCALE = 100.0
 """Accuracies are shown in percent everywhere on a page (plots and tables)."""
 
 
-def _series(runs: list[RunData], x_col: str, y_col: str, scale: float = 1.0):
+def seed_band(runs: list[RunData], x_col: str, y_col: str, scale: float = 1.0):
     """Mean, min and max of `y_col` (times `scale`) over runs (seeds), on the rounds all of
     them reached and all of them logged."""
 
@@ -78,7 +79,7 @@ def _series(runs: list[RunData], x_col: str, y_col: str, scale: float = 1.0):
     return x[ok], ys.mean(axis=0)[ok], ys.min(axis=0)[ok], ys.max(axis=0)[ok]
 
 
-def _figure_legend(fig: Any, handles: dict[str, Any]) -> float:
+def figure_legend(fig: Any, handles: dict[str, Any]) -> float:
     """One legend for the whole figure, below its panels (never over a line); returns the
     share of the figure's height it takes."""
     if not handles:
@@ -113,14 +114,15 @@ def fit_title(ax: Any, text: str, fontsize: float = 9) -> None:
     ax.set_title(textwrap.fill(text, chars), fontsize=fontsize)
 
 
-def _integer_ticks(ax: Any) -> None:
+def integer_ticks(ax: Any) -> None:
     """Rounds are whole numbers: no 1.5 on a round axis."""
     from matplotlib.ticker import MaxNLocator  # slow import (matplotlib): only when drawing
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _markevery(n: int) -> int:
+def markevery(n: int) -> int:
+    """Every how many of a line's `n` points a marker is drawn (about ten a line)."""
     return max(1, n // 10)
 
 
@@ -130,7 +132,7 @@ def coinciding(runs: list[RunData], column: str = "test_accuracy", tol: float = 
     labels = list(dict.fromkeys(r.label for r in runs))
     curves = {}
     for label in labels:
-        s = _series([r for r in runs if r.label == label], "round", column, ACCURACY_SCALE)
+        s = seed_band([r for r in runs if r.label == label], "round", column, ACCURACY_SCALE)
         if s is not None:
             curves[label] = s
     sets: list[list[str]] = []
@@ -152,7 +154,7 @@ def has_train_loss(runs: list[RunData]) -> bool:
 def plot_curves(runs: list[RunData], path: Path, title: str, styles: dict[str, Any]) -> None:
     """2×2: accuracy (%) and loss against the round and against communication (MB); a line per
     method (mean over seeds), band min–max over seeds; train loss thin and faded where logged."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     panels = [
         (axes[0, 0], "round", "test_accuracy", "round", "test accuracy (%)"),
@@ -171,26 +173,26 @@ def plot_curves(runs: list[RunData], path: Path, title: str, styles: dict[str, A
                 columns.append(("train_loss", " train", 0.45))
             for col, suffix, alpha in columns:
                 scale = ACCURACY_SCALE if "accuracy" in col else 1.0
-                s = _series(mine, x_col, col, scale)
+                s = seed_band(mine, x_col, col, scale)
                 if s is None:
                     continue
                 x, mean, lo, hi = s
                 look = {**style, "lw": style.get("lw", 1.6) if alpha == 1.0 else 1.0}
                 ax.plot(x, mean, label=f"{label}{suffix}{seeds}", alpha=alpha,
-                        markevery=_markevery(len(x)), **look)
+                        markevery=markevery(len(x)), **look)
                 if len(mine) > 1 and alpha == 1.0:
                     ax.fill_between(x, lo, hi, color=style["color"], alpha=0.15, lw=0)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         if x_col == "round":
-            _integer_ticks(ax)
+            integer_ticks(ax)
     if has_train_loss(runs):
         axes[1, 0].set_title("loss (thick: test; thin, faded: train)", fontsize=9)
     handles, names = axes[0, 0].get_legend_handles_labels()
     if has_train_loss(runs):
         handles, names = axes[1, 0].get_legend_handles_labels()
-    bottom = _figure_legend(fig, dict(zip(names, handles, strict=True)))
+    bottom = figure_legend(fig, dict(zip(names, handles, strict=True)))
     top = fit_suptitle(fig, title, 12)
     fig.tight_layout(rect=(0, bottom, 1, 1 - top))
     fig.savefig(path, dpi=90)
@@ -200,7 +202,7 @@ def plot_curves(runs: list[RunData], path: Path, title: str, styles: dict[str, A
 def plot_overview(runs: list[RunData], path: Path, styles: dict[str, Any]) -> None:
     """Test accuracy (%) against the round, a small panel per setting (table column), a line
     per method (mean over seeds, band min–max): a grid page's curves at a glance."""
-    plt = _plt()
+    plt = pyplot()
     groups = list(dict.fromkeys(r.group for r in runs))
     ncols = min(4, len(groups))
     nrows = math.ceil(len(groups) / ncols)
@@ -212,13 +214,13 @@ def plot_overview(runs: list[RunData], path: Path, styles: dict[str, Any]) -> No
     for ax, group in zip(axes.flat, groups, strict=False):
         for label in labels:
             mine = [r for r in runs if r.group == group and r.label == label]
-            s = _series(mine, "round", "test_accuracy", ACCURACY_SCALE) if mine else None
+            s = seed_band(mine, "round", "test_accuracy", ACCURACY_SCALE) if mine else None
             if s is None:
                 continue
             x, mean, lo, hi = s
             style = {**styles[label], "lw": 1.4, "markersize": 3.5}
             seeds = f" ({len(mine)} seeds)" if len(mine) > 1 else ""
-            (line,) = ax.plot(x, mean, markevery=_markevery(len(x)), **style)
+            (line,) = ax.plot(x, mean, markevery=markevery(len(x)), **style)
             handles.setdefault(f"{label}{seeds}", line)
             if len(mine) > 1:
                 ax.fill_between(x, lo, hi, color=style["color"], alpha=0.15, lw=0)
@@ -226,12 +228,12 @@ def plot_overview(runs: list[RunData], path: Path, styles: dict[str, Any]) -> No
         ax.set_xlabel("round", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-        _integer_ticks(ax)
+        integer_ticks(ax)
     for ax in axes[:, 0]:
         ax.set_ylabel("test accuracy (%)", fontsize=8)
     for ax in list(axes.flat)[len(groups):]:
         ax.set_visible(False)
-    bottom = _figure_legend(fig, handles)
+    bottom = figure_legend(fig, handles)
     fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=80)
     plt.close(fig)

@@ -59,31 +59,32 @@ from fedhet.reports.figures import EXTRA_PLOTTERS, slug
 from fedhet.reports.plots import (  # noqa: F401  (re-exported)
     ACCURACY_SCALE,
     RunData,
-    _plt,
-    _series,
-    _styles,
     coinciding,
     fit_suptitle,
     has_train_loss,
+    method_styles,
     plot_curves,
     plot_overview,
+    pyplot,
+    seed_band,
 )
 from fedhet.reports.provenance import provenance_rows
 from fedhet.reports.settings import component, group_header, summarize
 from fedhet.rundir import (
     CONFIG_FIX,
-    SUMMARY_FIX,
     DamagedFileError,
     atomic_write_text,
+    metric_columns,
     read_json,
-    read_metric_columns,
+    read_metrics,
+    read_summary,
 )
 from fedhet.rundir import ownership as rundir
-from fedhet.runs.grid import read_manifest
-from fedhet.runs.presets import RunSpec
-from fedhet.runs.results import (
+from fedhet.runs import (
     RANKING_RULE,
+    RunSpec,
     compare_published,
+    read_manifest,
     run_result,
     summary_tables,
     tables_html,
@@ -131,12 +132,11 @@ def _load_run(path: Path, name: str, group: str, label: str) -> RunData:
         raise _not_ours(path, e.problem) from None
     if not is_fedhet_run(path, config):
         raise _not_ours(path, "does not hold fedhet settings")
-    summary_path = path / "summary.json"
-    summary = read_json(summary_path, SUMMARY_FIX) if summary_path.exists() else {}
+    summary = read_summary(path, missing_ok=True)
     if not (path / "metrics.csv").exists():
         raise FedhetError(f"{path} has no metrics.csv: the run saved no round yet; report it once "
                           "it has")
-    metrics = read_metric_columns(path / "metrics.csv")
+    metrics = metric_columns(read_metrics(path / "metrics.csv"))
     return RunData(name, group, label or str(config.get("algorithm", name)), path, config, summary,
                    metrics)
 
@@ -227,7 +227,7 @@ def partition_counts(config: dict[str, Any]):
 
 
 def plot_partition(counts, title: str, path: Path) -> None:
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.ticker import MaxNLocator  # slow import (matplotlib): only when drawing
 
     n_clients, n_classes = counts.shape
@@ -531,7 +531,7 @@ def _tables_section(manifest: dict[str, Any], runs: list[RunData]) -> str:
 def _curves_section(runs: list[RunData], out: Path) -> str:
     """Accuracy and loss; with several settings an overview (accuracy per setting) is shown
     and each setting's full figure is folded away."""
-    styles = _styles(list(dict.fromkeys(r.label for r in runs)))
+    styles = method_styles(list(dict.fromkeys(r.label for r in runs)))
     groups = list(dict.fromkeys(r.group for r in runs))
     parts = ["<h2>Accuracy and loss</h2>"]
     if len(groups) > 1:
@@ -564,7 +564,7 @@ def _curves_section(runs: list[RunData], out: Path) -> str:
 def _clients_section(runs: list[RunData], out: Path) -> str:
     """Per-client accuracy and the runs' own metrics, a figure of each per setting (where any
     run of it recorded them); folded away when the page has several settings."""
-    styles = _styles(list(dict.fromkeys(r.label for r in runs)))
+    styles = method_styles(list(dict.fromkeys(r.label for r in runs)))
     groups = list(dict.fromkeys(r.group for r in runs))
     parts = []
     for group in groups:
@@ -594,7 +594,7 @@ def _clients_section(runs: list[RunData], out: Path) -> str:
 def _diagnostics_section(runs: list[RunData], out: Path) -> str:
     """A figure per setting (table column): the diagnostics that change, a line per method;
     folded away when the page has several settings."""
-    styles = _styles(list(dict.fromkeys(r.label for r in runs)))
+    styles = method_styles(list(dict.fromkeys(r.label for r in runs)))
     groups = list(dict.fromkeys(r.group for r in runs))
     parts = []
     flat_all: dict[str, list[float | None]] = {}

@@ -6,9 +6,11 @@ adds what the docs need beyond that:
 - `grid_noise(results_csv, metric)`: from a grid's `results.csv`, the pairs of methods whose
   difference is outside the noise, per setting.
 
-The noise rule (one rule for every doc): two methods differ **outside the noise** when their
-mean ± std ranges (sample std, n − 1) do not overlap; otherwise the difference is **inside the
-noise**. A "first round to X" value counts only when every seed reaches X.
+The noise rules (one module for every doc and page): two methods' cells differ **outside the
+noise** when their mean ± std ranges (sample std, n − 1) do not overlap (`inside_noise`);
+paired over seeds, a difference Δ = A − B is outside the noise when `|mean Δ| > 2·std(Δ)/√n`
+(`outside_noise`, `paired`, `paired_seeds`). A "first round to X" value counts only when every
+seed reaches X.
 
     python -m fedhet.reports.seeds grid runs/fednnnn-mnist-noniid-b --metric final_accuracy
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,24 +121,43 @@ def grid_noise(results_csv: Path, metric: str = "final_accuracy") -> list[str]:
     return out
 
 
-def mean_std(values: Sequence[float], digits: int = 4) -> str:
-    """Mean ± std (ddof 1) over seeds as text; one value alone, "—" for none."""
-    v = np.asarray(values, dtype=float)
+def mean_std(values: Sequence[float], digits: int = 4, count: bool = False) -> str:
+    """Mean ± std (ddof 1) over seeds as text, over the finite values (a seed that never reached
+    a target, or diverged, is left out); one value alone, "—" for none. `count`: ` (n=k)`
+    after it, k the values it is over."""
+    v = np.asarray([x for x in values if math.isfinite(x)], dtype=float)
     if len(v) == 0:
         return "—"
-    if len(v) == 1:
-        return f"{v[0]:.{digits}f}"
-    return f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
+    text = f"{v[0]:.{digits}f}" if len(v) == 1 else f"{v.mean():.{digits}f} ± {v.std(ddof=1):.{digits}f}"
+    return text + (f" (n={len(v)})" if count else "")
+
+
+def outside_noise(diffs: Sequence[float]) -> bool:
+    """Whether paired differences Δ (one per seed) are outside the noise: `|mean Δ| > 2·std(Δ)/√n`
+    with the sample std (n − 1); never for fewer than two."""
+    d = np.asarray(diffs, dtype=float)
+    return len(d) > 1 and bool(abs(d.mean()) > 2 * d.std(ddof=1) / np.sqrt(len(d)))
 
 
 def paired(diffs: Sequence[float], digits: int = 4) -> str:
-    """Mean ± std of paired differences; `*` when `|mean| > 2 · std/√n` (outside the noise)."""
+    """Mean ± std of paired differences; `*` when outside the noise (`outside_noise`)."""
     d = np.asarray(diffs, dtype=float)
     if len(d) < 2:
         return "—"
-    se = d.std(ddof=1) / np.sqrt(len(d))
-    mark = " *" if abs(d.mean()) > 2 * se else ""
+    mark = " *" if outside_noise(diffs) else ""
     return f"{d.mean():+.{digits}f} ± {d.std(ddof=1):.{digits}f}{mark}"
+
+
+def paired_seeds(a: Mapping[int, float], b: Mapping[int, float]) -> tuple[float, float, int, bool]:
+    """Δ = a − b paired by seed over the seeds where both are finite: its mean, its std (n − 1;
+    NaN for one seed), n, and whether it is outside the noise (`outside_noise`); `(nan, nan, 0,
+    False)` when no seed pairs."""
+    seeds = sorted(s for s in set(a) & set(b) if math.isfinite(a[s]) and math.isfinite(b[s]))
+    d = [a[s] - b[s] for s in seeds]
+    if not d:
+        return math.nan, math.nan, 0, False
+    sd = statistics.stdev(d) if len(d) > 1 else math.nan
+    return statistics.fmean(d), sd, len(d), outside_noise(d)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

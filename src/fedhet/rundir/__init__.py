@@ -4,9 +4,11 @@ It imports nothing of fedhet but `errors`, and reads without torch (only checkpo
 
 - who owns a directory: `ownership` (`mark`, `is_ours`, `exclusive`, `clear`, the marker and lock);
 - the one writer: `RunStore` (config, metrics, diagnostics, summary, plan, checkpoints);
-- the readers: `read_json`, `read_json_lines`, `read_csv` (any file fedhet writes, damage as one
-  line, with the `*_FIX` advice), `read_metric_text`, `read_metric_rows`, `read_metric_columns`,
-  `rows_saved`, `read_checkpoint` (`SAFE_GLOBALS`: what its states may hold); `TIME_COLUMNS`
+- the readers: `read_config`, `read_summary`, `read_metrics` (a run's files as Python values,
+  `metric_columns` the metrics by column), `read_metric_text` (the cells as fedhet wrote them),
+  `read_json`, `read_json_lines`, `read_csv` (any file fedhet writes, damage as one line, with
+  the `*_FIX` advice), `rows_saved`, `read_checkpoint` (`SAFE_GLOBALS`: what its states may
+  hold); `TIME_COLUMNS`
   (the metrics that vary run to run), `csv_table` and `format_value` (how fedhet writes CSV);
 - a directory's life: `check_out`, `prepare_out`, `resume_target`, `is_finished`,
   `metrics_intact`;
@@ -26,10 +28,12 @@ from fedhet.rundir.store import (
     atomic_write_text,
     csv_table,
     format_value,
+    metric_columns,
     read_checkpoint,
-    read_metric_columns,
-    read_metric_rows,
+    read_config,
     read_metric_text,
+    read_metrics,
+    read_summary,
     rows_saved,
     to_json,
 )
@@ -52,13 +56,15 @@ __all__ = [
     "open_run",
     "ownership",
     "prepare_out",
+    "metric_columns",
     "read_checkpoint",
+    "read_config",
     "read_csv",
     "read_json",
     "read_json_lines",
-    "read_metric_columns",
-    "read_metric_rows",
     "read_metric_text",
+    "read_metrics",
+    "read_summary",
     "resume_target",
     "rows_saved",
     "to_json",

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import fedhet.rundir.ownership as rundir
 from fedhet.errors import FedhetError
-from fedhet.rundir.reading import read_json
-from fedhet.rundir.store import SUMMARY_FIX, read_metric_rows
+from fedhet.rundir.store import read_metrics, read_summary
 
 
 def check_out(out: Path, force: bool) -> None:
@@ -32,7 +31,7 @@ def check_out(out: Path, force: bool) -> None:
             )
 
 
-def prepare_out(out: Path, force: bool, warn: Callable[[str], None] = print,
+def prepare_out(out: Path, force: bool, warn: Callable[[str], object] = print,
                 keep_replaced: bool = False) -> None:
     """Clear (with `force`, only what fedhet wrote) and create `out` with fedhet's marker; call
     once the run is known to be valid, while holding the directory's lock. With `keep_replaced`
@@ -65,7 +64,7 @@ def is_finished(out: Path) -> bool:
     """Whether the run's summary.json says it ran all its rounds (a missing or damaged one:
     not finished, so that a resume writes it again from the checkpoint)."""
     try:
-        return read_json(out / "summary.json", SUMMARY_FIX).get("finished") is True
+        return read_summary(out).get("finished") is True
     except FedhetError:
         return False
 
@@ -74,7 +73,7 @@ def metrics_intact(out: Path) -> bool:
     """Whether the run's metrics.csv reads whole (`fedhet.rundir.reading.read_csv`); a resume
     rebuilds one that does not from the checkpoint."""
     try:
-        read_metric_rows(out / "metrics.csv")
+        read_metrics(out / "metrics.csv")
     except FedhetError:
         return False
     return True

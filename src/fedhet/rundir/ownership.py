@@ -90,7 +90,7 @@ def check_removable(path: Path) -> None:
         )
 
 
-def clear(path: Path, warn: Callable[[str], None] = print) -> None:
+def clear(path: Path, warn: Callable[[str], object] = print) -> None:
     """Remove what fedhet wrote in the fedhet directory `path` (for `--force`).
 
     Raises when `path` is not a directory fedhet made or is a dangerous target; entries fedhet
@@ -100,7 +100,7 @@ def clear(path: Path, warn: Callable[[str], None] = print) -> None:
         _remove(entry)
 
 
-def set_aside(path: Path, warn: Callable[[str], None] = print) -> None:
+def set_aside(path: Path, warn: Callable[[str], object] = print) -> None:
     """`clear`, except that what fedhet wrote moves into `path/REPLACED` (renames, on the same
     disk) until the new run saves a round (`drop_replaced`) or fails first (`put_back`). When
     `REPLACED` is already there (a replacement killed before it saved a round), it keeps the run
@@ -135,7 +135,7 @@ def drop_replaced(path: Path) -> None:
         shutil.rmtree(aside)
 
 
-def _written(path: Path, warn: Callable[[str], None], keep: tuple[str, ...]) -> list[Path]:
+def _written(path: Path, warn: Callable[[str], object], keep: tuple[str, ...]) -> list[Path]:
     """The entries fedhet wrote in its directory `path`, but the lock, the marker and `keep`;
     refuses a directory fedhet did not make or a dangerous one, and warns of foreign entries."""
     path = Path(path)
@@ -145,7 +145,8 @@ def _written(path: Path, warn: Callable[[str], None], keep: tuple[str, ...]) -> 
             f"refusing to clear {path}: it was not created by fedhet (no {MARKER} marker); "
             "remove it yourself or choose another --out"
         )
-    foreign, out = [], []
+    foreign: list[Path] = []
+    out: list[Path] = []
     for entry in path.iterdir():
         if entry.name in (LOCK, MARKER, *keep):
             continue
@@ -166,7 +167,7 @@ def _remove(entry: Path) -> None:
 
 def remove_temporaries(path: Path) -> list[str]:
     """Delete temporary files that a killed writer left (`.<owned name>.<random>`) in `path`."""
-    removed = []
+    removed: list[str] = []
     if not Path(path).is_dir():
         return removed
     for entry in Path(path).iterdir():

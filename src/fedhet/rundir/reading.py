@@ -18,7 +18,7 @@ from typing import Any
 
 from fedhet.errors import FedhetError
 
-KINDS = {dict: "a JSON object ({...})", list: "a JSON list ([...])"}
+KINDS: dict[type, str] = {dict: "a JSON object ({...})", list: "a JSON list ([...])"}
 
 
 class DamagedFileError(FedhetError):

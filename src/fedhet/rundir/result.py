@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.errors import FedhetError
-from fedhet.rundir.reading import read_json
-from fedhet.rundir.store import CONFIG_FIX, SUMMARY_FIX, read_metric_rows
+from fedhet.rundir.store import read_config, read_metrics, read_summary
 
 
 @dataclass
@@ -42,6 +41,5 @@ def open_run(dir: str | Path) -> RunResult:
     path = Path(dir)
     if not (path / "config.json").is_file():
         raise FedhetError(f"{path} has no config.json: it is not a fedhet run directory")
-    summary = read_json(path / "summary.json", SUMMARY_FIX) if (path / "summary.json").is_file() else {}
-    return RunResult(path, read_json(path / "config.json", CONFIG_FIX), summary,
-                     read_metric_rows(path, missing_ok=True))
+    summary = read_summary(path) if (path / "summary.json").is_file() else {}
+    return RunResult(path, read_config(path), summary, read_metrics(path, missing_ok=True))

@@ -150,13 +150,23 @@ def read_metric_text(path: Path | str) -> list[dict[str, str]]:
     return rows
 
 
-def read_metric_rows(path: Path | str, missing_ok: bool = False) -> list[dict[str, float]]:
-    """`metrics.csv` (or the run directory holding it) as rows of floats; blank cells are NaN
-    (`read_metric_text`). With `missing_ok`, a run that wrote none yet has no rows."""
+def read_metrics(path: Path | str, missing_ok: bool = False) -> list[dict[str, float]]:
+    """The one reader of a run's metrics as numbers: `metrics.csv` (or the run directory
+    holding it) as one row per evaluated round, each `{column: float}`, a blank cell NaN (the
+    shape of `RunResult.metrics`; `metric_columns` turns it into columns). A missing or
+    damaged file is one `FedhetError` (`read_metric_text`); with `missing_ok`, a run that wrote
+    none yet has no rows."""
     path = Path(path)
     if missing_ok and not (path / "metrics.csv" if path.is_dir() else path).exists():
         return []
     return [{k: _cell(v) for k, v in row.items()} for row in read_metric_text(path)]
+
+
+def metric_columns(rows: list[dict[str, float]]) -> dict[str, list[float]]:
+    """`read_metrics`' rows as `{column: one float per row}` (NaN where a row lacks the
+    column); no rows, no columns."""
+    names = list(dict.fromkeys(k for row in rows for k in row))
+    return {n: [r.get(n, math.nan) for r in rows] for n in names}
 
 
 def rows_saved(run_dir: Path | str) -> int:
@@ -167,13 +177,6 @@ def rows_saved(run_dir: Path | str) -> int:
             return max(0, sum(1 for _ in f) - 2)
     except OSError:
         return 0
-
-
-def read_metric_columns(path: Path | str) -> dict[str, list[float]]:
-    """`metrics.csv` (or the run directory holding it) as columns of floats; blank cells are NaN."""
-    rows = read_metric_rows(path)
-    names = list(rows[0]) if rows else []
-    return {n: [r.get(n, math.nan) for r in rows] for n in names}
 
 
 def format_value(v: Any) -> str:
@@ -231,6 +234,25 @@ SUMMARY_FIX = ("fedhet writes it as a JSON object after every round: `fedhet run
                "writes it again from the checkpoint")
 
 
+def read_config(run_dir: Path | str) -> dict[str, Any]:
+    """A run directory's `config.json`: the JSON object of settings fedhet wrote. Missing or
+    damaged is one `FedhetError` line (`DamagedFileError` when damaged)."""
+    path = Path(run_dir) / "config.json"
+    if not path.exists():
+        raise FedhetError(f"{run_dir} has no config.json: it is not a fedhet run directory")
+    return read_json(path, CONFIG_FIX)
+
+
+def read_summary(run_dir: Path | str, missing_ok: bool = False) -> dict[str, Any]:
+    """A run directory's `summary.json`: the JSON object fedhet writes after every round;
+    damaged is one `DamagedFileError` line, missing too unless `missing_ok` (then `{}`: the run
+    finished no round yet)."""
+    path = Path(run_dir) / "summary.json"
+    if missing_ok and not path.exists():
+        return {}
+    return read_json(path, SUMMARY_FIX)
+
+
 RECORD_KEYS = ("plugins", "provenance")
 """The keys of `config.json` that record what made the run, beside its settings."""
 
@@ -270,10 +292,7 @@ class RunStore:
 
     def read_config(self) -> dict[str, Any]:
         """`config.json` as the JSON object fedhet wrote; missing or damaged is one line."""
-        path = self.out / "config.json"
-        if not path.exists():
-            raise FedhetError(f"{self.out} has no config.json: it is not a fedhet run directory")
-        return read_json(path, CONFIG_FIX)
+        return read_config(self.out)
 
     def write_metrics(self, rows: list[dict[str, Any]]) -> None:
         """Rewrite `metrics.csv` with all rows; columns are the union, in order of appearance."""
@@ -382,7 +401,7 @@ class RunStore:
 
     def read_summary(self) -> dict[str, Any]:
         """`summary.json` as the JSON object fedhet wrote; missing or damaged is one line."""
-        return read_json(self.out / "summary.json", SUMMARY_FIX)
+        return read_summary(self.out)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """`summary.json`, with the run's `provenance` (as in `config.json`, for the process

@@ -11,30 +11,93 @@
 - `demo`, `show`: the README's main job; `fedhet config show`.
 
 The names below are this layer's surface; importing the package imports none of its modules
-(and no torch) until one of them is first used.
+(and no torch) until one of them is first used (`fedhet.lazy`: `results` tabulates CSVs without
+torch); mypy and an IDE read them from the `TYPE_CHECKING` block.
 """
 
 from __future__ import annotations
 
-from fedhet.surface import offered
+from typing import TYPE_CHECKING
 
-_SURFACE = {
-    "execute": "single",
-    "compare": "comparison",
-    "Changes": "grid",
-    "Grid": "grid",
-    "load_grid": "grid",
-    "run_specs": "runner",
-    "run_units": "cluster",
-    "RunSpec": "presets",
-    "Preset": "presets",
-    "with_seeds": "presets",
-    "collect": "results",
-    "git_commit": "results",
-    "RoundLines": "progress",
-    "TensorBoardLogger": "tensorboard",
-}
+from fedhet.lazy import attach
 
-__all__ = sorted(_SURFACE)
+if TYPE_CHECKING:
+    from fedhet.runs.cluster import run_units
+    from fedhet.runs.cluster import session as cluster_session
+    from fedhet.runs.comparison import compare
+    from fedhet.runs.demo import run_demo
+    from fedhet.runs.grid import (
+        Changes,
+        Grid,
+        cell_key,
+        duplicate_groups,
+        load_grid,
+        read_manifest,
+        write_manifest,
+    )
+    from fedhet.runs.presets import PAPER_SEEDS, SCALES, Preset, PresetFactory, RunSpec, with_seeds
+    from fedhet.runs.progress import RoundLines
+    from fedhet.runs.results import (
+        RANKING_RULE,
+        collect,
+        compare_published,
+        git_commit,
+        published_markdown,
+        run_result,
+        summary_tables,
+        tables_html,
+        uncovered_published,
+    )
+    from fedhet.runs.runner import DEFAULT_BATCH_RUNS, Job, batch_key, plan_jobs, run_specs, with_overrides
+    from fedhet.runs.show import as_json as settings_json
+    from fedhet.runs.show import render as render_settings
+    from fedhet.runs.show import sections as settings_sections
+    from fedhet.runs.single import execute, execute_together, resume_settings
+    from fedhet.runs.tensorboard import TensorBoardLogger, require_tensorboard
 
-__getattr__ = offered(__name__, _SURFACE)
+__all__ = [
+    "Changes",
+    "DEFAULT_BATCH_RUNS",
+    "Grid",
+    "Job",
+    "PAPER_SEEDS",
+    "Preset",
+    "PresetFactory",
+    "RANKING_RULE",
+    "RoundLines",
+    "RunSpec",
+    "SCALES",
+    "TensorBoardLogger",
+    "batch_key",
+    "cell_key",
+    "cluster_session",
+    "collect",
+    "compare",
+    "compare_published",
+    "duplicate_groups",
+    "execute",
+    "execute_together",
+    "git_commit",
+    "load_grid",
+    "plan_jobs",
+    "published_markdown",
+    "read_manifest",
+    "render_settings",
+    "require_tensorboard",
+    "resume_settings",
+    "run_demo",
+    "run_result",
+    "run_specs",
+    "run_units",
+    "settings_json",
+    "settings_sections",
+    "summary_tables",
+    "tables_html",
+    "uncovered_published",
+    "with_overrides",
+    "with_seeds",
+    "write_manifest",
+]
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = attach(__name__, __file__)

@@ -52,7 +52,6 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import fedhet
 from fedhet import plugins
 from fedhet.engine import CORES_ENV, ClusterOptions
 from fedhet.errors import FedhetError
@@ -60,7 +59,8 @@ from fedhet.rundir import atomic_write_text
 from fedhet.rundir import ownership as rundir
 from fedhet.runs import raylink, runner
 from fedhet.runs.raylink import first_line
-from fedhet.runs.runner import Job, Progress, _checkpoint_every, _status_of, _Tally
+from fedhet.runs.runner import Job, Outcomes, Progress, checkpoint_every, status_of
+from fedhet.version import __version__
 
 if TYPE_CHECKING:
     import threading
@@ -213,9 +213,9 @@ def probe(marker: str, token: str, cwd: str, version: str) -> dict[str, Any]:
         return {"node": node, "ok": False, "why": f"cannot write in {path.parent} ({e.strerror or e})"}
     if not Path(cwd).is_dir():
         return {"node": node, "ok": False, "why": f"the driver's working directory {cwd} is missing"}
-    if fedhet.__version__ != version:
+    if __version__ != version:
         return {"node": node, "ok": False,
-                "why": f"fedhet {fedhet.__version__} is installed there, the driver runs {version}"}
+                "why": f"fedhet {__version__} is installed there, the driver runs {version}"}
     return {"node": node, "ok": True, "host": socket.gethostname()}
 
 
@@ -237,7 +237,7 @@ def send_probes(ray: Any, node_ids: list[str], control: Path, token: str, cwd: s
     task = ray.remote(probe)
     return {
         task.options(num_cpus=0, max_retries=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-            node, soft=False)).remote(str(control / "probe"), token, cwd, fedhet.__version__): node
+            node, soft=False)).remote(str(control / "probe"), token, cwd, __version__): node
         for node in node_ids
     }
 
@@ -396,7 +396,7 @@ def run_task(
     back as `{"misplaced": why}`."""
     import ray  # optional extra: fedhet[cluster]
 
-    answer = probe(str(Path(control) / "probe"), token, cwd, fedhet.__version__)
+    answer = probe(str(Path(control) / "probe"), token, cwd, __version__)
     if not answer["ok"]:
         return [{"name": job.name, "misplaced": answer["why"], "at": answer["node"]}
                 for job in unit]
@@ -408,9 +408,9 @@ def run_task(
     os.environ[CORES_ENV] = str(cores)
     if gpus == 0:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    runner._limit_threads()  # one torch thread, as in a --jobs process (same results)
+    runner.limit_threads()  # one torch thread, as in a --jobs process (same results)
     ctl = Path(control)
-    runner._STOP = FileFlag(ctl / "stop")
+    runner.use_stop_flag(FileFlag(ctl / "stop"))
     node = ray.get_runtime_context().get_node_id()
     unit = [refreshed(job) for job in unit]
     for job in unit:
@@ -460,7 +460,7 @@ def session() -> Iterator[None]:
 
 def run_units(
     units: list[list[Job]], options: ClusterOptions, runs_dir: Path,
-    requested: threading.Event, hard: list[bool], tally: _Tally, progress: Progress,
+    requested: threading.Event, hard: list[bool], tally: Outcomes, progress: Progress,
 ) -> None:
     """Run `units` on the cluster until done, stopped (`requested`: Ctrl-C) or interrupted
     (a second Ctrl-C: `KeyboardInterrupt`; `hard` gets `True`); results go to `tally`. Inside
@@ -622,8 +622,8 @@ def _results(ray, ref, unit, attempts, queue, stopping, progress, members, contr
 
 def _saved_round(job: Job) -> int:
     """The round a run resumes from: its last checkpointed round (0: none yet)."""
-    done = _status_of(job)[0]
-    return done - done % _checkpoint_every(job)
+    done = status_of(job)[0]
+    return done - done % checkpoint_every(job)
 
 
 def _where_of(unit: list[Job], control: Path, labels: dict[str, str]) -> str:

@@ -7,7 +7,6 @@ as fedhet's and `DIR/.fedhet.lock` keeps a second `compare` out while one runs.
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 from typing import Any, TextIO
@@ -15,7 +14,7 @@ from typing import Any, TextIO
 from fedhet import plugins
 from fedhet.engine import config_of, dry_check
 from fedhet.errors import FedhetError
-from fedhet.rundir import atomic_write_text
+from fedhet.rundir import atomic_write_text, read_config
 from fedhet.rundir import ownership as rundir
 from fedhet.runs.cluster import run_units
 from fedhet.runs.grid import Changes, load_grid, write_manifest
@@ -74,11 +73,10 @@ def import_recorded(runs_dir: Path) -> None:
     so the grid runs again without `--plugin`."""
     for config_path in sorted(runs_dir.glob("*/config.json")):
         try:
-            record = json.loads(config_path.read_text())
-        except (OSError, ValueError):
+            record = read_config(config_path.parent)
+        except FedhetError:
             continue  # the run reports its own damage
-        if isinstance(record, dict):
-            plugins.ensure_recorded(record, config_path)
+        plugins.ensure_recorded(record, config_path)
 
 
 def _finish(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fedhet.rundir import check_out, read_metric_columns
+from fedhet.rundir import check_out, metric_columns, read_metrics
 from fedhet.runs.single import execute
 
 DEMO_ALGORITHMS = ("fedavg", "fednova")
@@ -43,7 +43,7 @@ def run_demo(out: Path, rounds: int = 30, force: bool = False) -> dict[str, dict
 def _table(out: Path, rounds: int) -> str:
     acc = {}
     for name in DEMO_ALGORITHMS:
-        columns = read_metric_columns(out / name)
+        columns = metric_columns(read_metrics(out / name))
         acc[name] = dict(zip(map(int, columns["round"]), columns["test_accuracy"], strict=True))
     shown = sorted({0, 1, 2, 5, *range(10, rounds + 1, 10), rounds} & set(range(rounds + 1)))
     lines = ["round  " + "  ".join(f"{n:>8}" for n in DEMO_ALGORITHMS)]

@@ -22,18 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.rundir import SUMMARY_FIX, atomic_write_text, format_value, read_json, read_metric_columns
+from fedhet.rundir import atomic_write_text, format_value, metric_columns, read_metrics, read_summary
 from fedhet.runs.presets import RunSpec
 
 RESULT_COLUMNS = (
     "status", "final_accuracy", "best_accuracy", "best_round", "rounds_done", "rounds_to_target",
     "bytes_to_target", "transfers_to_target", "cum_bytes", "cum_model_transfers", "wall_time_s",
 )
-
-
-def read_metrics(path: Path) -> dict[str, list[float]]:
-    """metrics.csv as columns of floats (empty cells are NaN); `{}` when there is none yet."""
-    return read_metric_columns(path) if path.exists() else {}
 
 
 def to_target(metrics: dict[str, list[float]], target: float | None) -> dict[str, float]:
@@ -57,8 +52,7 @@ def run_result(spec: RunSpec, run_dir: Path, target: float | None, error: str = 
     """One results.csv row for the run in `run_dir` (missing runs give status `missing`)."""
     row: dict[str, Any] = {"name": spec.name, "group": spec.group, "label": spec.label}
     row.update(spec.settings)
-    summary_path = run_dir / "summary.json"
-    summary = read_json(summary_path, SUMMARY_FIX) if summary_path.exists() else {}
+    summary = read_summary(run_dir, missing_ok=True)
     if summary.get("status") == "diverged":
         status = "diverged"  # its accuracies are those of the last finite round: not reported
         summary = {k: v for k, v in summary.items() if not k.endswith(("_accuracy", "_round"))}
@@ -75,7 +69,8 @@ def run_result(spec: RunSpec, run_dir: Path, target: float | None, error: str = 
         row[key] = summary.get(key, math.nan)
     row["wall_time_s"] = summary.get("total_time_s", math.nan)
     if status != "diverged":
-        row.update(to_target(read_metrics(run_dir / "metrics.csv"), target))
+        columns = metric_columns(read_metrics(run_dir / "metrics.csv", missing_ok=True))
+        row.update(to_target(columns, target))
     if error:
         row["error"] = error
     return row

@@ -44,7 +44,7 @@ from fedhet.engine import (
     usable_cores,
 )
 from fedhet.errors import FedhetError, quiet
-from fedhet.rundir import RunStore, is_finished, metrics_intact, to_json
+from fedhet.rundir import RunStore, is_finished, metrics_intact, read_config, read_summary, to_json
 from fedhet.rundir import ownership as rundir
 from fedhet.runs.presets import RunSpec
 from fedhet.runs.progress import every_s
@@ -91,7 +91,16 @@ _TICK: Callable[[], None] | None = None
 """Runs in this process (`--jobs 1`): the grid's `Progress.tick`, called after each round."""
 
 
-def _limit_threads() -> None:
+def use_stop_flag(flag: Any) -> None:
+    """Make `flag` (an object with `is_set()`: an `Event`, a file flag) the stop flag this
+    process's runs check between rounds."""
+    global _STOP
+    _STOP = flag
+
+
+def limit_threads() -> None:
+    """One torch (OpenMP, MKL) thread in this process, as a `--jobs` worker runs (results do not
+    depend on the thread count)."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["MKL_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
@@ -118,7 +127,7 @@ def _init_worker(stop: Any, cores: int, plugin_files: Mapping[str, str] | None =
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked while it started
     _STOP = stop
     os.environ[CORES_ENV] = str(cores)
-    _limit_threads()
+    limit_threads()
     try:
         plugins.ensure(list(plugin_files or {}), "the grid's process", plugin_files)
     except FedhetError as e:
@@ -133,7 +142,7 @@ _quiet = quiet
 def _stopper(job: Job, then: Callable[[dict[str, Any]], None] | None) -> Callable[[dict], None]:
     """A callback that raises `StopRun` once the stop flag is set and the round just finished has
     been checkpointed (every round by default), so a resume continues exactly there."""
-    every, total = _checkpoint_every(job), _rounds(job)
+    every, total = checkpoint_every(job), _rounds(job)
 
     def on_round(row: dict[str, Any]) -> None:
         if then is not None:
@@ -233,7 +242,7 @@ def batch_key(job: Job, cuda: bool | None = None) -> str | None:
     `cuda`: whether `device = auto` finds a GPU where the job runs (None: on this machine)."""
     try:
         if job.resume:
-            saved = canonical_config(json.loads((Path(job.out) / "config.json").read_text()))
+            saved = canonical_config(read_config(job.out))
             runtime = {k: v for k, v in job.settings.items() if k in RUNTIME}
             cfg = build(parse(saved, "config.json"), parse(runtime, "settings"))
         else:
@@ -344,7 +353,7 @@ class Progress:
         self.last_log = time.monotonic()
 
     def _status(self, job: Job) -> tuple[int, float, float]:
-        return _status_of(job)
+        return status_of(job)
 
     def note(self, text: str) -> None:
         """A line about the grid itself (a backend's start, a lost node), above the status."""
@@ -430,13 +439,13 @@ class Progress:
             self.stream.flush()
 
 
-def _status_of(job: Job) -> tuple[int, float, float]:
+def status_of(job: Job) -> tuple[int, float, float]:
     """A run's rounds done, latest accuracy and loss, from its summary.json (0, nan, nan: none yet)."""
     try:
-        s = json.loads((Path(job.out) / "summary.json").read_text())
+        s = read_summary(job.out, missing_ok=True)
         return (int(s.get("rounds_done", 0)), float(s.get("final_accuracy", float("nan"))),
                 float(s.get("final_loss", float("nan"))))
-    except (OSError, ValueError, TypeError, AttributeError):  # damaged: the run rewrites it
+    except (FedhetError, ValueError, TypeError):  # damaged: the run rewrites it
         return 0, float("nan"), float("nan")
 
 
@@ -444,8 +453,8 @@ def _setting(job: Job, key: str, default: int) -> int:
     """An integer setting of a job: from the saved config when it resumes."""
     if job.resume:
         try:
-            return int(json.loads((Path(job.out) / "config.json").read_text())[key])
-        except (OSError, ValueError, KeyError, TypeError):
+            return int(read_config(job.out)[key])
+        except (FedhetError, ValueError, KeyError, TypeError):
             return default
     try:
         return int(job.settings.get(key, default))
@@ -459,7 +468,8 @@ def _rounds(job: Job) -> int:
     return _setting(job, "rounds", 30 if not job.resume else 1)
 
 
-def _checkpoint_every(job: Job) -> int:
+def checkpoint_every(job: Job) -> int:
+    """Every how many rounds a job's run saves a checkpoint (its `checkpoint_every`, at least 1)."""
     return max(1, _setting(job, "checkpoint_every", 1))
 
 
@@ -513,7 +523,7 @@ def run_specs(
     cuda = cluster.gpus_per_run > 0 if cluster is not None else None
     units = batch_units(todo, batch_runs, cuda)
     n = max(1, min(jobs or default_jobs(), len(units)))
-    tally = _Tally()
+    tally = Outcomes()
     with _graceful_sigint(progress) as (requested, hard):
         global _STOP
         if cluster is not None and backend is not None:
@@ -586,7 +596,7 @@ def clear_cells(cells: list[Path], stream: TextIO) -> None:
             rundir.clear(cell, warn=lambda m: stream.write(m + "\n"))
 
 
-class _Tally:
+class Outcomes:
     """What became of each job: finished, failed, stopped at a round, cancelled."""
 
     def __init__(self) -> None:
@@ -618,7 +628,7 @@ class _Tally:
                 f"{stopped}, {self.cancelled} queued run(s) cancelled; run {again} to resume")
 
 
-def _drain(pending: dict[Future, list[Job]], requested: threading.Event, stop: Any, tally: _Tally,
+def _drain(pending: dict[Future, list[Job]], requested: threading.Event, stop: Any, tally: Outcomes,
            progress: Progress) -> None:
     """Collect results as workers finish; once a stop is `requested`, pass it on to the workers
     (`stop`) and cancel what has not started."""
@@ -760,8 +770,8 @@ def components_of(job: Job) -> list[tuple[str, str, str]]:
     settings: Mapping[str, Any] = job.settings
     if job.resume:
         try:
-            settings = json.loads((Path(job.out) / "config.json").read_text())
-        except (OSError, ValueError):
+            settings = read_config(job.out)
+        except FedhetError:
             return []
     out = []
     for kind in COMPONENTS:

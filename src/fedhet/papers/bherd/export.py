@@ -21,7 +21,7 @@ from typing import Any
 from fedhet.papers.bherd.preset import BEST_BATCH, CASES, common
 from fedhet.papers.bherd.readings import methods, parse_seeds, run_dir
 from fedhet.papers.paper_results import has_result, run_of, run_rows, short, write_meta, write_rows
-from fedhet.rundir import read_metric_rows
+from fedhet.rundir import read_metrics
 
 DEFAULTS = {"alpha": 0.5, "reading": "mean-tau"}
 """BHerd's option values left out of the bracket."""
@@ -64,7 +64,7 @@ def study_rows(root: Path, study: str, reading: str, seeds: Sequence[int],
 def _kept(run: Path, clients: int) -> list[str]:
     """Per round, `Σ_i kept_i` (BHerd's kept local steps) or empty."""
     out = []
-    for m in read_metric_rows(run):
+    for m in read_metrics(run):
         vals = [v for i in range(clients) if not math.isnan(v := m.get(f"kept_{i}", math.nan))]
         out.append(str(int(sum(vals))) if vals else "")
     return out

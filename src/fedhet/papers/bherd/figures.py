@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedhet.reports.figures import paper_figures, slug
+from fedhet.reports import paper_figures, slug
 
 if TYPE_CHECKING:
-    from fedhet.reports.report import RunData
+    from fedhet.reports import RunData
 
 
 @paper_figures("bherd", "bherd-fednova", "bherd-scaffold")

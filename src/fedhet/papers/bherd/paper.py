@@ -3,7 +3,7 @@ campaign table (Fig. 2, CNN + MNIST Cases 1–3), with GraB's criterion beside t
 
 from fedhet.papers.bherd.page import sections
 from fedhet.papers.folder import Paper, Table, variant
-from fedhet.runs.presets import RunSpec
+from fedhet.runs import RunSpec
 
 SETUPS = ("ref40: reference [40]'s (pixels in [0, 1], no bias, zero start, B = 100); fedhet: "
           "standardised pixels, a bias")

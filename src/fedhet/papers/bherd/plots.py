@@ -20,16 +20,13 @@ import numpy as np  # noqa: E402
 
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.papers.bherd.preset import CASES, main_runs
-from fedhet.reports.plots import fit_suptitle, fit_title
-from fedhet.rundir import damaged, read_json_lines, read_metric_columns
+from fedhet.reports import fit_suptitle, fit_title
+from fedhet.rundir import damaged, metric_columns, read_json_lines, read_metrics
 
 
-def read_metrics(run_dir: Path) -> dict[str, np.ndarray]:
-    """`metrics.csv` as columns of floats (empty cells → NaN)."""
-    path = Path(run_dir) / "metrics.csv"
-    if not path.exists():
-        raise FedhetError(f"{run_dir} has no metrics.csv: is it a fedhet run directory?")
-    return {k: np.array(v) for k, v in read_metric_columns(path).items()}
+def arrays(rows: list[dict[str, float]]) -> dict[str, np.ndarray]:
+    """A run's metrics (`fedhet.rundir.read_metrics`' rows) as one NumPy array per column."""
+    return {k: np.array(v) for k, v in metric_columns(rows).items()}
 
 
 def read_kept(run_dir: Path) -> list[dict[int, list[int]]]:
@@ -84,7 +81,7 @@ def herd_distance(
     """Fig. 4d: `‖G_i − mean_λ g^λ‖` per client vs round, one panel per run (e.g. Cases 1–3)."""
     fig, axes = plt.subplots(1, len(run_dirs), figsize=(4.2 * len(run_dirs), 3.4), squeeze=False)
     for j, (ax, run) in enumerate(zip(axes[0], run_dirs, strict=True)):
-        m = read_metrics(run)
+        m = arrays(read_metrics(run))
         cols = sorted((k for k in m if k.startswith("herd_dist_")), key=lambda k: int(k[10:]))
         if not cols:
             raise FedhetError(f"{run} has no herd_dist_<i> columns: was it a BHerd run?")
@@ -103,7 +100,7 @@ def curves(runs: Mapping[str, Path], out: Path, title: str = "") -> Path:
     """Test loss and accuracy vs round for labelled runs (a centralized run drawn dashed)."""
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(9, 3.4))
     for label, run in runs.items():
-        m = read_metrics(run)
+        m = arrays(read_metrics(run))
         ok = ~np.isnan(m["test_accuracy"])
         style = "--" if label.lower().startswith("central") else "-"
         loss_ax.plot(m["round"][ok], m["test_loss"][ok], style, label=label)
@@ -137,7 +134,7 @@ def main_report(root: Path, scale: str = "paper", setup: str = "svm-mnist",
     pngs: list[Path] = []
     for case in CASES:
         runs = {s.label: Path(root) / s.name for s in specs if f"-{case}-" in s.name}
-        metrics = {label: read_metrics(run) for label, run in runs.items()}
+        metrics = {label: arrays(read_metrics(run)) for label, run in runs.items()}
         target = _last(metrics["FedAvg"], "test_accuracy")
         for label, m in metrics.items():
             reach = rounds_to_reach(m, target) if not label.startswith("Central") else None

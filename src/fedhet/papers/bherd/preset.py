@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.papers.base import PRESETS, REF40, SVM_SETUPS, register_setups, svm_setup
-from fedhet.runs.presets import Preset, RunSpec, with_seeds
+from fedhet.runs import Preset, RunSpec, with_seeds
 
 CASES = {"case1": "iid", "case2": "label-per-client", "case3": "half-iid"}
 METHODS = {

@@ -59,14 +59,11 @@ import numpy as np
 from fedhet import provenance
 from fedhet.engine import assemble, config_of, load
 from fedhet.errors import FedhetError
-from fedhet.papers.bherd.plots import read_metrics, rounds_to_reach
+from fedhet.papers.bherd.plots import arrays, rounds_to_reach
 from fedhet.papers.bherd.preset import BEST_BATCH, CASES, SETUPS, common
-from fedhet.reports.seeds import mean_std, paired
-from fedhet.rundir import RunStore, prepare_out
-from fedhet.runs.presets import RunSpec
-from fedhet.runs.results import git_commit
-from fedhet.runs.runner import run_specs
-from fedhet.runs.single import execute
+from fedhet.reports import mean_std, paired
+from fedhet.rundir import RunStore, prepare_out, read_metrics
+from fedhet.runs import RunSpec, execute, git_commit, run_specs
 
 SVM = {"dataset": "mnist-even-odd", "model": "svm"}
 FIXED_POINT_LR = 0.005
@@ -262,7 +259,7 @@ def seed_metrics(out: Path) -> dict[str, Any] | None:
     """Final accuracy and loss, losses at `EARLY` rounds; None when the run is missing."""
     if status(out) not in ("finished", "diverged"):
         return None
-    m = read_metrics(out)
+    m = arrays(read_metrics(out))
     by_round = dict(zip(m["round"].astype(int), m["test_loss"], strict=True))
     if status(out) == "diverged":
         return {"diverged": True, "m": m}
@@ -376,7 +373,7 @@ def run_values(out: Path) -> dict[str, float] | None:
         return None
     if st == "diverged":
         return {col: float("nan") for col, _, _ in PAIRED_METRICS}
-    m = read_metrics(out)
+    m = arrays(read_metrics(out))
     rounds = m["round"].astype(int)
     values = {}
     for col, key, when in PAIRED_METRICS:

@@ -83,7 +83,7 @@ def measure(device: str, workloads: tuple[Workload, ...], data_dir: str | None =
             say: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Time each workload on `device`; one row per workload (module doc)."""
     # lazy: the engine (torch) loads only when a bench runs
-    from fedhet.runs.single import execute, execute_together
+    from fedhet.runs import execute, execute_together
 
     rows = []
     for w in workloads:

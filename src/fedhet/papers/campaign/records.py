@@ -110,7 +110,7 @@ class Store:
         return (self.records(run.table) / run.name / RECORD).exists()
 
     def read_record(self, table: str, name: str) -> dict[str, Any]:
-        return paper_results._read_json(self.records(table) / name / RECORD, RECORD_FIX)
+        return paper_results.read_object(self.records(table) / name / RECORD, RECORD_FIX)
 
     def recorded(self, table: str) -> dict[str, dict[str, Any]]:
         """`{run name: record}` of a table (names may hold `/`: FedVeca's groups)."""
@@ -192,7 +192,7 @@ class Store:
         exported = []
         for name, rec in records.items():
             run_dir = self.records(t.key) / name
-            config = paper_results._read_json(run_dir / "config.json")
+            config = paper_results.read_object(run_dir / "config.json")
             label = rec.get("label") or (by_name[name].spec.label if name in by_name else name)
             for setting in rec.get("settings") or [name]:
                 exported.append(paper_results.Run(run_dir, name, setting, label, config))

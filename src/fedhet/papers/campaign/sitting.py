@@ -110,7 +110,7 @@ def _worker(items: list[tuple[dict[str, Any], str, bool]], stop: Any, nice: int,
     # lazy: the engine (torch) loads in the worker only
     import torch
 
-    from fedhet.runs.single import execute, execute_together  # lazy, as torch above
+    from fedhet.runs import execute, execute_together  # lazy, as torch above
 
     torch.set_num_threads(1)
     outcomes: list[dict[str, Any]] = []
@@ -224,7 +224,7 @@ class Sitting:
     def run(self) -> dict[str, Any]:
         # lazy: results imports the engine's store (torch)
         from fedhet.rundir import ownership as rundir
-        from fedhet.runs.results import git_commit
+        from fedhet.runs import git_commit
 
         self.commit = self.commit or git_commit()
         lower_session_priority(self.nice)
@@ -281,7 +281,7 @@ class Sitting:
 
     def _next_unit(self, plan: list[CampaignRun], busy: set[str], pricer: Pricer) -> list[CampaignRun]:
         # lazy: the runner's batching rule
-        from fedhet.runs.runner import Job, batch_key
+        from fedhet.runs import Job, batch_key
 
         todo = [r for r in plan if r.name not in busy and r.name not in self.failed
                 and not self.store.is_recorded(r)]
@@ -342,7 +342,7 @@ class Sitting:
 
     def _launch(self, unit: list[CampaignRun], stop: Any, ctx: Any, pricer: Pricer) -> Active | None:
         # lazy: the runner's check that a cached run has the plan's settings
-        from fedhet.runs.runner import plan_jobs
+        from fedhet.runs import plan_jobs
 
         items = []
         prices = [pricer.price(r, self.kind) for r in unit]

@@ -35,7 +35,7 @@ from typing import Any
 from fedhet.errors import FedhetError
 from fedhet.papers import PAPERS
 from fedhet.papers.folder import LABEL_CUT, Table, label_cut, variant
-from fedhet.runs.presets import SCALES, RunSpec
+from fedhet.runs import SCALES, RunSpec
 
 TABLES: tuple[Table, ...] = tuple(sorted((t for p in PAPERS.values() for t in p.tables),
                                          key=lambda t: (t.order, t.key)))

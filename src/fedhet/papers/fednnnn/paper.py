@@ -2,7 +2,7 @@
 
 from fedhet.papers.fednnnn.page import sections
 from fedhet.papers.folder import Paper, Table, label_cut
-from fedhet.runs.presets import RunSpec
+from fedhet.runs import RunSpec
 
 
 def headline(s: RunSpec) -> bool:

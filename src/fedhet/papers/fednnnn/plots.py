@@ -14,7 +14,6 @@ out of the norm figures.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,8 +24,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from fedhet.reports.plots import fit_suptitle  # noqa: E402
-from fedhet.rundir import read_metric_columns
+from fedhet.reports import fit_suptitle  # noqa: E402
+from fedhet.rundir import metric_columns, read_config, read_metrics
 
 LABELS = {
     "fedavg": "FedAvg", "fedprox": "FedProx", "norm-norm": "Norm-Norm", "fedavgm": "Momentum",
@@ -34,15 +33,6 @@ LABELS = {
 }
 ORDER = list(LABELS)
 COLORS = dict(zip(ORDER, ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red"), strict=True))
-
-
-def read_metrics(run: Path) -> dict[str, list[float]]:
-    """metrics.csv as columns of floats (empty cells become NaN)."""
-    return read_metric_columns(run)
-
-
-def read_config(run: Path) -> dict:
-    return json.loads((Path(run) / "config.json").read_text())
 
 
 def label(run: Path) -> str:
@@ -92,7 +82,7 @@ def plot_accuracy(
     """Test accuracy (the §4.1 evaluation model) vs round, one line per run."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for run in _sorted(runs):
-        m = read_metrics(run)
+        m = metric_columns(read_metrics(run))
         _line(ax, run, m["round"], [100 * a for a in m.get(column, [])] or [math.nan] * len(m["round"]))
     ax.set_xlabel("communication round t")
     ax.set_ylabel("test accuracy (%)")
@@ -104,7 +94,7 @@ def plot_accuracy(
 
 def _seeds_line(ax, runs: list[Path], column: str) -> None:
     """One method's runs (seeds): their mean per round, with a band min–max when several."""
-    cols = [read_metrics(r) for r in runs]
+    cols = [metric_columns(read_metrics(r)) for r in runs]
     n = min(len(c["round"]) for c in cols)
     ys = np.array([c[column][:n] for c in cols], dtype=float)
     x = np.array(cols[0]["round"][:n], dtype=float)
@@ -126,7 +116,7 @@ def plot_norms(runs: Sequence[Path], out: Path, kind: str = "fc", title: str | N
     suffix = "" if kind == "all" else f"_{kind}"
     by_method: dict[str, list[Path]] = {}
     for run in _sorted(runs):
-        if f"E{suffix}" in read_metrics(run):
+        if f"E{suffix}" in metric_columns(read_metrics(run)):
             by_method.setdefault(read_config(run)["algorithm"], []).append(run)
     for method_runs in by_method.values():
         _seeds_line(ax_n, method_runs, f"move{suffix}")
@@ -147,7 +137,7 @@ def plot_cumulative(runs: Sequence[Path], out: Path, title: str | None = None) -
     """The integrated server movement `𝒩 = Σ_t ‖w_(t+1) − w_t‖` vs round (Fig. 4)."""
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for run in _sorted(runs):
-        m = read_metrics(run)
+        m = metric_columns(read_metrics(run))
         if "cum_move" in m:
             _line(ax, run, m["round"], m["cum_move"])
     ax.set_xlabel("communication round t")
@@ -174,7 +164,7 @@ def plot_study(root: Path, out_dir: Path | None = None) -> list[Path]:
     for name, runs in sorted(groups.items()):
         slug = name.lower().replace(" ", "_")
         made.append(plot_accuracy(runs, out_dir / f"{slug}_accuracy.png", f"accuracy, {name}"))
-        columns = set().union(*(read_metrics(r).keys() for r in runs))
+        columns = set().union(*(metric_columns(read_metrics(r)).keys() for r in runs))
         for kind in ("fc", "conv"):
             if f"E_{kind}" in columns:
                 made.append(plot_norms(runs, out_dir / f"{slug}_norms_{kind}.png", kind, name))

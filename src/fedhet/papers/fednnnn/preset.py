@@ -23,7 +23,7 @@ from typing import Any
 from fedhet.algorithms import ALGORITHMS
 from fedhet.errors import FedhetError
 from fedhet.papers.base import PRESETS
-from fedhet.runs.presets import PAPER_SEEDS, Preset, RunSpec, with_seeds
+from fedhet.runs import PAPER_SEEDS, Preset, RunSpec, with_seeds
 
 SCENARIOS = ("IID-B", "NonIID-B", "IID-UB", "NonIID-UB")
 METHODS = ("FedAvg", "FedProx", "Norm-Norm", "Momentum", "FedNNNN")

@@ -38,8 +38,8 @@ from fedhet.engine import assemble, config_of
 from fedhet.models import MODELS
 from fedhet.papers import paper_results
 from fedhet.registry import NoParams
-from fedhet.rundir import RunStore, read_metric_rows
-from fedhet.runs.results import git_commit
+from fedhet.rundir import RunStore, read_metrics
+from fedhet.runs import git_commit
 
 MODEL = "fednova-quadratic"
 METHODS = (("fedavg", {}), ("fednova", {}), ("fedprox", {"algorithm.mu": 1.0}))
@@ -114,7 +114,7 @@ def rows_of(run_dir: Path, algorithm: str, seed: int, clients: int, dim: int) ->
     e, tau = problem(seed, clients, dim)
     f_true, f_sur, gap = optima(e, tau)
     out = []
-    for m in read_metric_rows(run_dir / "metrics.csv"):
+    for m in read_metrics(run_dir / "metrics.csv"):
         out.append({
             "setting": SETTING, "algorithm": LABELS[algorithm], "seed": seed, "round": int(m["round"]),
             "test_accuracy": math.nan, "test_loss": m["test_loss"], "train_loss": m["train_loss"],

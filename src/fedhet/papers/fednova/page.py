@@ -8,8 +8,10 @@ and the synthetic experiment's training loss.
 
 from __future__ import annotations
 
-from fedhet.papers.page_cells import Cell, by_exp, final, loss_column, mean_std, paired, pm
+from fedhet.papers.page_cells import Cell, by_exp, final, loss_column, pm
 from fedhet.papers.page_rows import Check, Section, Verdict, claim_rows, not_run
+from fedhet.reports import mean_std
+from fedhet.reports import paired_seeds as paired
 
 FEDNOVA_Q = "PYTHONPATH=src python -m fedhet.papers.fednova.inconsistency --out results/fednova"
 FEDNOVA_SYN = ("PYTHONPATH=src python -m fedhet reproduce fednova --scale paper --out runs/fednova-paper && "
@@ -35,8 +37,8 @@ def quadratic(which: str) -> Check:
             else:
                 holds = all(r > 0.5 for r in rel_true) and (
                     which != "fedavg" or all(r < 0.05 for r in rel_sur))
-            ours = (f"‖x − x*‖/‖x* − x̃*‖ = {mean_std(rel_true, '{:.3f}')}; "
-                    f"‖x − x̃*‖/‖x* − x̃*‖ = {mean_std(rel_sur, '{:.3f}')}")
+            ours = (f"‖x − x*‖/‖x* − x̃*‖ = {mean_std(rel_true, 3, count=True)}; "
+                    f"‖x − x̃*‖/‖x* − x̃*‖ = {mean_std(rel_sur, 3, count=True)}")
             out.append((f"[{c.exp.name}]", Verdict(ours, holds, c.exp)))
         return out
 

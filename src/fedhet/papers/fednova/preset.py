@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fedhet.papers.base import PRESETS
-from fedhet.runs.presets import Preset, RunSpec
+from fedhet.runs import Preset, RunSpec
 
 METHODS = (
     ("FedAvg", {"algorithm": "fedavg"}),

@@ -12,7 +12,7 @@ transfers until the target accuracy (ring-optimization, serial, is not one of th
 from __future__ import annotations
 
 from fedhet.papers.claims import TableClaim
-from fedhet.papers.fedsr.preset import _T2, TABLE3, TARGETS, TASKS
+from fedhet.papers.fedsr.preset import TABLE2, TABLE3, TARGETS, TASKS
 
 AGGREGATED = ("FedAvg", "FedProx", "MOON", "HierFAVG")
 """The model-aggregated baselines §IV-D and §IV-G compare FedSR with."""
@@ -23,10 +23,10 @@ def _cells(task: str) -> dict[str, dict[str, float]]:
     """Table II of one task by cell: `{group: {method: accuracy %}}`."""
     xi_a, xi_b = TASKS[task][4]
     names = ("IID", f"xi={xi_a}", f"xi={xi_b}", "alpha=0.3", "alpha=0.1")
-    return {f"{task} {n}": {m: row[i] for m, row in _T2[task].items()} for i, n in enumerate(names)}
+    return {f"{task} {n}": {m: row[i] for m, row in TABLE2[task].items()} for i, n in enumerate(names)}
 
 
-PAPER = {g: v for task in _T2 for g, v in _cells(task).items()}
+PAPER = {g: v for task in TABLE2 for g, v in _cells(task).items()}
 """Table II by cell."""
 
 

@@ -3,7 +3,7 @@ II–III on MNIST and on Fashion-MNIST)."""
 
 from fedhet.papers.fedsr.page import sections
 from fedhet.papers.folder import Paper, Table, label_cut
-from fedhet.runs.presets import RunSpec
+from fedhet.runs import RunSpec
 
 
 def headline(s: RunSpec) -> bool:

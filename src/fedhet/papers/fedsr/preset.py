@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.papers.base import PRESETS
-from fedhet.runs.presets import PAPER_SEEDS, Preset, RunSpec, with_seeds
+from fedhet.runs import PAPER_SEEDS, Preset, RunSpec, with_seeds
 
 COMMON: dict[str, Any] = {
     "clients": 20, "batch_size": 32, "lr": 0.01, "lr_schedule": "cosine", "lr_min": 1e-5,
@@ -192,7 +192,7 @@ def _pct(group: str, values: dict[str, list[float]]) -> list[dict[str, Any]]:
     return rows
 
 
-_T2 = {
+TABLE2 = {
     "MNIST": {
         "Centralized": [97.53] * 5,
         "FedAvg": [97.64, 97.38, 93.52, 97.50, 96.87],
@@ -258,7 +258,7 @@ TABLE4 = {
 
 def published() -> list[dict[str, Any]]:
     rows = []
-    for task, table in _T2.items():
+    for task, table in TABLE2.items():
         xi_a, xi_b = TASKS[task][4]
         for row in _pct(task, table):
             row["group"] = row["group"].replace(" A", f" xi={xi_a}").replace(" B", f" xi={xi_b}")

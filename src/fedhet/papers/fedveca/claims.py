@@ -28,7 +28,7 @@ import numpy as np
 
 from fedhet.papers.page_cells import REACH, central_target
 from fedhet.papers.paper_results import Curves, read_results
-from fedhet.reports.seeds import mean_std, paired
+from fedhet.reports import mean_std, paired
 
 ACC_MARGINS = (0.01, 0.005, 0.0)
 LOSS_MARGINS = (0.01, 0.005, 0.0)

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedhet.reports.diagnostics import split_key
-from fedhet.reports.figures import paper_figures, slug
+from fedhet.reports import paper_figures, slug, split_key
 
 if TYPE_CHECKING:
-    from fedhet.reports.report import RunData
+    from fedhet.reports import RunData
 
 MAX_CELLS = 8
 """Fig. 6 is drawn for this many cells at most (a page of a large grid stays readable)."""

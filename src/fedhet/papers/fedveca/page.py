@@ -23,7 +23,6 @@ from fedhet.papers.page_cells import (
     final,
     loss_column,
     median,
-    paired,
     pick,
     plain,
     pm,
@@ -44,6 +43,7 @@ from fedhet.papers.page_rows import (
     order_claim,
     svm_files,
 )
+from fedhet.reports import paired_seeds as paired
 
 FEDVECA_SVM = "PYTHONPATH=src python -m fedhet.papers.fedveca.study --out runs/fedveca-paper"
 TODO = not_run(FEDVECA_SVM, EXPORT.format("fedveca"))

@@ -8,7 +8,7 @@ from pathlib import Path
 from fedhet.papers.fedveca import preset
 from fedhet.papers.fedveca.page import sections
 from fedhet.papers.folder import Paper, Prepare, Table
-from fedhet.runs.presets import RunSpec
+from fedhet.runs import RunSpec
 
 SETUPS = ("ref40: reference [40]'s (pixels in [0, 1], no bias, zero start, B = 100); fedhet: "
           "standardised pixels, a bias")

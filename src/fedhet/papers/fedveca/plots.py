@@ -15,15 +15,15 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedhet.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
-from fedhet.reports.plots import fit_suptitle
+from fedhet.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS
+from fedhet.reports import fit_suptitle
+from fedhet.rundir import read_config, read_metrics
 
 TRACE_ROUNDS = 50
 """Fig. 6 shows the first 50 rounds."""
@@ -44,12 +44,8 @@ def is_run_dir(path: Path) -> bool:
     return (path / "metrics.csv").exists() and (path / "config.json").exists()
 
 
-def _config(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / "config.json").read_text())
-
-
 def is_fedveca_run(run_dir: Path) -> bool:
-    return is_run_dir(run_dir) and _config(run_dir).get("algorithm") == FEDVECA
+    return is_run_dir(run_dir) and read_config(run_dir).get("algorithm") == FEDVECA
 
 
 def columns(run_dir: Path) -> dict[str, np.ndarray]:
@@ -65,7 +61,7 @@ def _runs_in(group_dir: Path) -> list[Path]:
 
 def run_labels(runs: list[Path]) -> dict[Path, str]:
     """Method names, plus whatever tells runs of one method apart (α, clients, seed)."""
-    configs = {r: _config(r) for r in runs}
+    configs = {r: read_config(r) for r in runs}
 
     def facts(cfg: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -96,7 +92,7 @@ def plot_loss_accuracy(group_dir: Path, out_path: Path, title: str | None = None
     for run in runs:
         c = columns(run)
         ok = np.isfinite(c["test_accuracy"])
-        central = _config(run)["algorithm"] == CENTRAL
+        central = read_config(run)["algorithm"] == CENTRAL
         for ax, key, scale in zip(axes, ("test_loss", "test_accuracy"), (1.0, 100.0), strict=True):
             if central:
                 ax.axhline(scale * c[key][ok][-1], color="black", ls="--", lw=1.2, label=labels[run])
@@ -192,7 +188,7 @@ def plot_client_traces(run_dir: Path | list[Path], out_path: Path, max_rounds: i
         ax.grid(alpha=0.3)
     head = title or f"{runs[0].parent.name}/{runs[0].name}"
     if len(runs) > 1:
-        first = _config(runs[0]).get("seed", runs[0].name)
+        first = read_config(runs[0]).get("seed", runs[0].name)
         clients_from = (f"per-client panels: mean over the {len(runs)} seeds (one data split)"
                         if same_split else
                         f"per-client panels: seed {first} (each seed splits the data anew)")

@@ -43,7 +43,7 @@ from fedhet.papers.fedveca.protocol import (
     fedveca_settings,
 )
 from fedhet.rundir import atomic_write_text
-from fedhet.runs.presets import SCALES, Preset, RunSpec
+from fedhet.runs import SCALES, Preset, RunSpec
 
 CASES = {1: "iid", 2: "label-per-client", 3: "half-iid"}
 BASELINES = (CENTRAL, "fedavg", "fednova")

@@ -27,10 +27,9 @@ from typing import Any
 from fedhet.engine import RECORD_KEYS, config_of, federate
 from fedhet.errors import FedhetError
 from fedhet.papers.base import Protocol, register_protocol
-from fedhet.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
-from fedhet.rundir import RunStore, atomic_write_text, csv_table, is_finished, to_json
-from fedhet.runs.progress import RoundLines
-from fedhet.runs.single import execute
+from fedhet.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS
+from fedhet.rundir import RunStore, atomic_write_text, csv_table, is_finished, read_metrics, to_json
+from fedhet.runs import RoundLines, execute
 
 DEFAULT_BASELINES = ("fedavg", "fednova")
 PAPER_DEFAULTS: dict[str, Any] = {"clients": 5, "rounds": 100, "lr": 0.01}
@@ -125,8 +124,7 @@ _SIZES: dict[str, tuple[int, ...]] = {}
 # -- reading runs ----------------------------------------------------------------------------
 def read_tau_all(run_dir: Path) -> int:
     """`τ_all = Σ_k Σ_i τ_(k,i)` of a finished FedVeca run."""
-    summary = Path(run_dir) / "summary.json"
-    if not summary.exists() or not json.loads(summary.read_text()).get("finished"):
+    if not is_finished(Path(run_dir)):
         raise FedhetError(
             f"the FedVeca run in {run_dir} is not finished; finish it (fedhet run --resume "
             f"{run_dir}) before running the fair baselines"

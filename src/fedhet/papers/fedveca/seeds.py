@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fedhet.papers.fedveca.protocol import first_round
-from fedhet.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS, read_metrics
-from fedhet.reports.seeds import Stat, noise_pairs, stats_markdown
+from fedhet.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS
+from fedhet.reports import Stat, noise_pairs, stats_markdown
+from fedhet.rundir import read_metrics
 
 FEDVECA_METHODS = (FEDVECA, "fednova", "fedavg", CENTRAL)
 

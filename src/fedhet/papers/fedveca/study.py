@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fedhet.papers.base import SVM_SETUPS
 from fedhet.papers.fedveca.preset import Group, baseline_specs, fedveca_specs, groups
-from fedhet.runs.runner import run_specs
+from fedhet.runs import run_specs
 
 PARTS = ("cases", "figs78")
 
