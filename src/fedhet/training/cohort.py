@@ -1,13 +1,17 @@
 """Stacked local SGD for a cohort of clients: `C` flat parameter vectors as one `(C, d)` tensor.
 
 `CohortTrainer.sgd_many(jobs)` runs several `LocalTrainer.sgd` calls side by side and returns
-what each would have returned. Per step it takes every active client's next mini-batch (when
-every client's stream is a `BatchSchedule`, all of them were drawn once, as one table on the
-device), computes all mini-batch gradients in one call, then runs the local step's chain
-(`fedhet.training.steps`) once for the whole stack: the clients' chains, `LocalStep.of(cfg,
-transforms)` each, are stacked into one with per-row coefficients and stacked anchors and
-shifts, so weight decay, FedProx's proximal term, SCAFFOLD's correction, momentum and the step
-are one tensor operation each, and each row gets the bits it gets alone. The `on_step` hooks
+what each would have returned (the jobs: `fedhet.training.jobs`; the stack's rows, its batch
+table and hook groups: `fedhet.training.rows`; a job handed in as another leaves takes a row at
+once, `next_jobs`; on CUDA the step is replayed from a graph where it can be,
+`fedhet.training.graphs`; stacked evaluation: `fedhet.training.scoring`). Per step it takes
+every active client's next mini-batch (when every client's stream is a `BatchSchedule`, all of
+them were drawn once, as one table on the device), computes all mini-batch gradients in one
+call, then runs the local step's chain (`fedhet.training.steps`) once for the whole stack: the
+clients' chains, `LocalStep.of(cfg, transforms)` each, are stacked into one with per-row
+coefficients and stacked anchors and shifts, so weight decay, FedProx's proximal term,
+SCAFFOLD's correction, momentum and the step are one tensor operation each, and each row gets
+the bits it gets alone. The `on_step` hooks
 that are `StackableHook`s (`fedhet.training.hooks`: BHerd's gradient store, GraB's balancing,
 FedVeca's estimates) run once per step for all the clients whose hooks are of one class, on
 their rows of the stack; only a `Custom` transform and any other `on_step(step, w, g, loss)`
@@ -43,7 +47,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -53,15 +56,14 @@ from torch.nn import functional as F
 
 from fedhet.errors import FedhetError
 from fedhet.models.linear import LogisticRegression, SquaredSVM
-from fedhet.models.registry import objective, predictions
+from fedhet.models.registry import objective
 from fedhet.training.flat import FlatModel
 from fedhet.training.graphs import StepGraphs, capturable
-from fedhet.training.hooks import StackableHook, StackedHook
 from fedhet.training.jobs import Continue, EvalJob, GradJob, SGDJob, joinable
-from fedhet.training.local import eval_batch
 from fedhet.training.losses import StackableLoss
 from fedhet.training.program import StackedProgram
-from fedhet.training.rows import BatchTable, Rows
+from fedhet.training.rows import BatchTable, Rows, rows_that_fit, stack_hooks
+from fedhet.training.scoring import evaluate_many, stacks_evaluation
 
 FULL_GRADIENT_SAMPLES = 16384
 """**[choice]** Samples in one stacked full-gradient call (clients × chunk), so that a cohort of
@@ -99,18 +101,6 @@ class _WithLoss(nn.Module):
 
     def forward(self, x: torch.Tensor, y: torch.Tensor, targets: tuple) -> torch.Tensor:
         return self.stackable.loss(self.inner, x, y, targets)
-
-
-class _Scores(nn.Module):
-    """`forward(x, y) = (Σ loss, number correct)` of `inner` on one batch, for stacked evaluation."""
-
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
-
-    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.inner(x)
-        return objective(self.inner, out, y) * len(y), (predictions(self.inner, out) == y).sum()
 
 
 class CohortTrainer:
@@ -358,63 +348,9 @@ class CohortTrainer:
             job.result = total[c].div(max(seen[c], 1))
 
     def evaluate_many(self, jobs: list[EvalJob]) -> None:
-        """Every job's `evaluate` (mean loss and accuracy, BatchNorm in eval mode, float32
-        under `torch.inference_mode`), the jobs that score on the same `(x, y)` stacked: one
-        `vmap` of the module's forward over their parameters per slice of samples, each slice
-        `EVAL_BATCH // jobs` samples so the stack's activations stay those of one evaluation.
-        Results (or the error) go on the jobs; equal to `evaluate` job by job to float32
-        rounding."""
-        groups: list[list[EvalJob]] = []
-        for job in jobs:
-            group = next((g for g in groups if _same_data(g[0], job)), None)
-            if group is None:
-                groups.append([job])
-            else:
-                group.append(job)
-        module = self.model.module
-        was_training = module.training
-        module.eval()
-        try:
-            for group in groups:
-                try:
-                    self._evaluate_group(group)
-                except Exception as e:  # noqa: BLE001  (reported on every job, as in sgd_many)
-                    for job in group:
-                        job.error = e
-        finally:
-            module.train(was_training)
-
-    def _evaluate_group(self, jobs: list[EvalJob]) -> None:
-        device = self.model.params.device
-        x, y = jobs[0].x, jobs[0].y
-        w = torch.stack([j.params.to(device) for j in jobs])
-        n_bufs = self.model.buffers.numel()
-        bufs = torch.stack([
-            (j.buffers if j.buffers is not None and j.buffers.numel() else self.model.buffers).to(device)
-            for j in jobs
-        ]) if n_bufs else torch.zeros(len(jobs), 0, device=device)
-        scores = _Scores(self.model.module)
-
-        def score(ws, bs, xb, yb):
-            slices = zip(self.param_names, self.param_slices, strict=True)
-            tensors = {n: ws[a:b].view(shape) for n, (a, b, shape) in slices}
-            tensors.update({n: bs[a:b].view(shape) for n, a, b, shape in self.buffer_specs})
-            return functional_call(scores, tensors, (xb, yb))
-
-        stacked = vmap(score, in_dims=(0, 0, None, None))
-        if self.program is not None and not n_bufs:
-            stacked = partial(_program_scores, self.program)
-        per_call = max(1, eval_batch(x.device) // len(jobs))
-        loss_sum = torch.zeros(len(jobs), dtype=torch.float64, device=y.device)
-        correct = torch.zeros(len(jobs), dtype=torch.int64, device=y.device)
-        with torch.inference_mode():
-            for start in range(0, len(y), per_call):
-                loss, right = stacked(w, bufs, x[start : start + per_call], y[start : start + per_call])
-                loss_sum += loss.double()
-                correct += right
-        n = max(len(y), 1)
-        for j, job in enumerate(jobs):
-            job.result = (float(loss_sum[j]) / n, int(correct[j]) / n)
+        """Every job's `evaluate`, the jobs that score on the same samples stacked
+        (`fedhet.training.scoring.evaluate_many`); results or errors on the jobs."""
+        evaluate_many(self, jobs)
 
     def _accumulate(self, w, total, seen, chunks, no_bufs) -> None:
         device = w.device
@@ -443,7 +379,7 @@ class CohortTrainer:
         self.model.module.train()
         stack = Rows(jobs, self.model, self.model.params.device)
         try:
-            groups = _stack_hooks(jobs)
+            groups = stack_hooks(jobs)
         except torch.cuda.OutOfMemoryError as e:
             raise _FirstStepOOMError from e
         stacked = {c for group in groups for c in group.jobs}
@@ -585,85 +521,6 @@ class CohortTrainer:
         return self.gradients(w, bufs, idx, loss, frozen[cache_key])
 
 
-@dataclass
-class _HookGroup:
-    """The jobs whose `on_step` hooks are of one `StackableHook` class, run as one `StackedHook`."""
-
-    hook: StackedHook
-    jobs: list[int]
-    """The members' job indices, in stack order."""
-
-    def step(self, t: int, w: torch.Tensor, g: torch.Tensor, rows: list[int], jobs: list[SGDJob]) -> None:
-        if not self.jobs:
-            return
-        if self.jobs == rows:
-            wv, gv = w, g
-        else:
-            where = {c: r for r, c in enumerate(rows)}
-            ix = torch.tensor([where[c] for c in self.jobs], device=w.device)
-            wv, gv = w.index_select(0, ix), g.index_select(0, ix)
-        try:
-            self.hook(t, wv, gv)
-        except Exception as e:  # noqa: BLE001  (the stacked hook failed: its clients fail)
-            for c in self.jobs:
-                jobs[c].error = jobs[c].error or e
-
-    def leave(self, gone: list[int], t: int, jobs: list[SGDJob]) -> None:
-        if not gone:
-            return
-        leaving = set(gone)
-        members = [k for k, c in enumerate(self.jobs) if c in leaving]
-        self.jobs = [c for c in self.jobs if c not in leaving]
-        try:
-            self.hook.leave(members, t)
-        except Exception as e:  # noqa: BLE001
-            for c in gone:
-                jobs[c].error = jobs[c].error or e
-
-
-def _stack_hooks(jobs: list[SGDJob]) -> list[_HookGroup]:
-    """One group per `StackableHook` class among the jobs' hooks (others run row by row)."""
-    by_class: dict[type, list[int]] = {}
-    for c, job in enumerate(jobs):
-        if isinstance(job.on_step, StackableHook):
-            by_class.setdefault(type(job.on_step), []).append(c)
-    groups = []
-    for cls, members in by_class.items():
-        try:
-            hook = cls.stack([jobs[c].on_step for c in members])
-        except torch.cuda.OutOfMemoryError:
-            raise
-        except Exception as e:  # noqa: BLE001  (reported on its clients, as a failing hook)
-            for c in members:
-                jobs[c].error = e
-            continue
-        groups.append(_HookGroup(hook, members))
-    return groups
-
-
-HOST_STACK_BYTES = 1 << 30
-"""**[choice]** On a CPU, the stacked state (`w`, `g`, momentum) kept under ~1 GiB: beyond it
-rows run in chunks, one after another (a CPU gains nothing from wider stacks once the rows'
-arithmetic dominates, and the machine's memory is shared with everything else)."""
-DEVICE_STACK_SHARE = 0.5
-"""**[choice]** On a GPU, the stacked state may take half of the device memory free when the
-stack is sized; the other half is for the activations and the data. A first step that runs
-out of memory anyway halves the stack and retries (`CohortTrainer.sgd_many`)."""
-
-
-def rows_that_fit(dim: int, device: torch.device | str, vectors: int = 3) -> int:
-    """How many rows of a `dim`-parameter model one stack holds: its state of `vectors`
-    float32 vectors a row (`w`, `g` and momentum; Adam's two moments instead of momentum:
-    4) within `HOST_STACK_BYTES` on a CPU, within `DEVICE_STACK_SHARE` of the free memory on
-    a GPU (`torch.cuda.mem_get_info`)."""
-    per_row = vectors * 4 * max(dim, 1)
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return max(1, int(free * DEVICE_STACK_SHARE) // per_row)
-    return max(1, HOST_STACK_BYTES // per_row)
-
-
 def stacks_full_gradients(model: FlatModel) -> bool:
     """Whether `CohortTrainer.full_gradients` computes this model's full gradients stacked: not
     with BatchNorm, whose eval-mode pass reads each client's own running statistics (those
@@ -677,12 +534,6 @@ def _chunks(job: GradJob) -> list[torch.Tensor]:
     return chunks[: job.max_batches] if job.max_batches else chunks
 
 
-def _program_scores(program: StackedProgram, w: torch.Tensor, _bufs: torch.Tensor,
-                    x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """`StackedProgram.scores` in the evaluation's calling convention (no buffers)."""
-    return program.scores(w, x, y)
-
-
 def _first_sentence(error: BaseException) -> str:
     """`Type: the first sentence of the message` (torch.func's messages run on for lines)."""
     text = " ".join(str(error).split())
@@ -692,25 +543,6 @@ def _first_sentence(error: BaseException) -> str:
 
 class _FirstStepOOMError(Exception):
     pass
-
-
-def _same_data(a: EvalJob, b: EvalJob) -> bool:
-    """Whether two evaluations score on the same samples (the same tensors, or equal ones: runs
-    of a batch may each hold their own copy of a dataset)."""
-    return all(
-        u is v or (u.shape == v.shape and u.dtype == v.dtype and u.device == v.device and bool(u.equal(v)))
-        for u, v in ((a.x, b.x), (a.y, b.y))
-    )
-
-
-def stacks_evaluation(device: torch.device | str) -> bool:
-    """Whether the runs of a batch on `device` evaluate stacked (`CohortTrainer.evaluate_many`)
-    rather than one by one. **[choice]** CUDA only: on a CPU, `vmap` turns a convolution over
-    stacked weights into a grouped convolution, and stacking 4 runs took 2.0–2.6× the time of
-    their channels-last evaluations one after another for the paper CNNs and 1.6× for the MLP
-    (`benchmarks/bench_eval_stack.py`, one core, benchmarks/RESULTS.md); on a GPU one stacked
-    forward replaces `runs` small launch-bound ones, as the stacked training step does."""
-    return torch.device(device).type == "cuda"
 
 
 __all__ = [

@@ -12,13 +12,19 @@ chain, and its step count starting at 0.
 `BatchTable` is every row's mini-batches as one `(R, steps, b)` index tensor on the device:
 column `k` is step `base + k` of the call, so a step reads its batches with one indexing
 operation and a joining job's batches are appended to the columns still to come.
+
+`HookGroup` runs the `on_step` hooks of one `StackableHook` class as one `StackedHook` on their
+rows; `rows_that_fit` sizes a stack to the memory it may take.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from fedhet.training.flat import FlatModel
+from fedhet.training.hooks import StackableHook, StackedHook
 from fedhet.training.jobs import SGDJob
 from fedhet.training.local import BatchSchedule
 from fedhet.training.steps import LocalStep
@@ -185,4 +191,88 @@ class Rows:
         self.loss_sums.index_add_(0, self.at, loss.to(torch.float64))
 
 
-__all__ = ["BatchTable", "Rows"]
+@dataclass
+class HookGroup:
+    """The jobs whose `on_step` hooks are of one `StackableHook` class, run as one `StackedHook`."""
+
+    hook: StackedHook
+    jobs: list[int]
+    """The members' job indices, in stack order."""
+
+    def step(self, t: int, w: torch.Tensor, g: torch.Tensor, rows: list[int], jobs: list[SGDJob]) -> None:
+        if not self.jobs:
+            return
+        if self.jobs == rows:
+            wv, gv = w, g
+        else:
+            where = {c: r for r, c in enumerate(rows)}
+            ix = torch.tensor([where[c] for c in self.jobs], device=w.device)
+            wv, gv = w.index_select(0, ix), g.index_select(0, ix)
+        try:
+            self.hook(t, wv, gv)
+        except Exception as e:  # noqa: BLE001  (the stacked hook failed: its clients fail)
+            for c in self.jobs:
+                jobs[c].error = jobs[c].error or e
+
+    def leave(self, gone: list[int], t: int, jobs: list[SGDJob]) -> None:
+        if not gone:
+            return
+        leaving = set(gone)
+        members = [k for k, c in enumerate(self.jobs) if c in leaving]
+        self.jobs = [c for c in self.jobs if c not in leaving]
+        try:
+            self.hook.leave(members, t)
+        except Exception as e:  # noqa: BLE001
+            for c in gone:
+                jobs[c].error = jobs[c].error or e
+
+
+def stack_hooks(jobs: list[SGDJob]) -> list[HookGroup]:
+    """One group per `StackableHook` class among the jobs' hooks (others run row by row)."""
+    by_class: dict[type[StackableHook], list[int]] = {}
+    hooks: dict[int, StackableHook] = {}
+    for c, job in enumerate(jobs):
+        if isinstance(job.on_step, StackableHook):
+            by_class.setdefault(type(job.on_step), []).append(c)
+            hooks[c] = job.on_step
+    groups = []
+    for cls, members in by_class.items():
+        try:
+            hook = cls.stack([hooks[c] for c in members])
+        except torch.cuda.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001  (reported on its clients, as a failing hook)
+            for c in members:
+                jobs[c].error = e
+            continue
+        groups.append(HookGroup(hook, members))
+    return groups
+
+
+HOST_STACK_BYTES = 1 << 30
+"""**[choice]** On a CPU, the stacked state (`w`, `g`, momentum) kept under ~1 GiB: beyond it
+rows run in chunks, one after another (a CPU gains nothing from wider stacks once the rows'
+arithmetic dominates, and the machine's memory is shared with everything else)."""
+DEVICE_STACK_SHARE = 0.5
+"""**[choice]** On a GPU, the stacked state may take half of the device memory free when the
+stack is sized; the other half is for the activations and the data. A first step that runs
+out of memory anyway halves the stack and retries (`CohortTrainer.sgd_many`)."""
+
+
+def rows_that_fit(dim: int, device: torch.device | str, vectors: int = 3) -> int:
+    """How many rows of a `dim`-parameter model one stack holds: its state of `vectors`
+    float32 vectors a row (`w`, `g` and momentum; Adam's two moments instead of momentum:
+    4) within `HOST_STACK_BYTES` on a CPU, within `DEVICE_STACK_SHARE` of the free memory on
+    a GPU (`torch.cuda.mem_get_info`)."""
+    per_row = vectors * 4 * max(dim, 1)
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return max(1, int(free * DEVICE_STACK_SHARE) // per_row)
+    return max(1, HOST_STACK_BYTES // per_row)
+
+
+__all__ = [
+    "DEVICE_STACK_SHARE", "HOST_STACK_BYTES", "BatchTable", "HookGroup", "Rows", "rows_that_fit",
+    "stack_hooks",
+]
