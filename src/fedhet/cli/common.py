@@ -109,15 +109,21 @@ def read_toml(given: str) -> dict[str, Any]:
     return doc
 
 
+SETTING_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed",
+                 "device", "executor", "workers", "precision", "data_dir")
+"""The command line's flags that are settings (`-a`, `-d`, ..., `--data-dir`), in the order
+their layers apply; every other setting is a `--set`."""
+
+
 def run_layers(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """The run's settings as `(source, {path: value})` layers, later wins: the `--config` file,
     then each flag, then each `--set` (`fedhet.api.setting_layers`, as a Python caller's). The
     source is what `fedhet config show` prints."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.api import RUN_FLAGS, setting_layers
+    from fedhet.api import setting_layers
 
     config = (args.config, read_toml(args.config)) if args.config else None
-    flags = {k: getattr(args, k, None) for k in RUN_FLAGS}
+    flags = {k: getattr(args, k, None) for k in SETTING_FLAGS}
     return setting_layers(flags, list(args.set), config, where="command line",
                           flag_source=lambda k: f"flag --{k.replace('_', '-')}")
 
