@@ -109,10 +109,10 @@ def read_toml(given: str) -> dict[str, Any]:
     return doc
 
 
-SETTING_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed",
-                 "device", "executor", "workers", "precision", "data_dir")
-"""The command line's flags that are settings (`-a`, `-d`, ..., `--data-dir`), in the order
-their layers apply; every other setting is a `--set`."""
+RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
+             "executor", "workers", "precision", "data_dir")
+"""The settings the command line takes as flags of their own (`-a`, `-d`, ..., `--data-dir`),
+by their names in `args`, in the order their layers apply; every other setting is a `--set`."""
 
 
 def run_layers(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
@@ -123,7 +123,7 @@ def run_layers(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     from fedhet.api import setting_layers
 
     config = (args.config, read_toml(args.config)) if args.config else None
-    flags = {k: getattr(args, k, None) for k in SETTING_FLAGS}
+    flags = {k: getattr(args, k, None) for k in RUN_FLAGS}
     return setting_layers(flags, list(args.set), config, where="command line",
                           flag_source=lambda k: f"flag --{k.replace('_', '-')}")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.cli.common import (
-    SETTING_FLAGS,
+    RUN_FLAGS,
     add_pool_flags,
     add_precision_flag,
     add_setting_flags,
@@ -52,7 +52,7 @@ def command(args: argparse.Namespace) -> int:
     from fedhet.runs import sweep
     from fedhet.runs.grid import load_grid
 
-    flags = {k: getattr(args, k) for k in SETTING_FLAGS
+    flags = {k: getattr(args, k) for k in RUN_FLAGS
              if k not in ("device", "executor", "workers")  # where runs compute: `overrides`
              and getattr(args, k, None) not in (None, "")}
     if args.resume:
