@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_executors import BASE, CASES
+from registered import explained
+from test_executors import BASE, CASES, WRITTEN
 
 from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
@@ -42,9 +43,10 @@ def test_no_tensor_is_created_off_the_run_device(case, executor):
     settings = EXTRA.get(case) or {"algorithm": case, **CASES[case]}
     values = {**BASE, **settings, "executor": executor, "rounds": 1}
     lines: list[str] = []
-    sim = assemble(config_of(values), log=lines.append)
-    sim.parts.runner = _on_meta(sim.parts.runner)
-    sim.side.algorithm.init = _on_meta(sim.side.algorithm.init)
-    sim.side.clients.run_client = _on_meta(sim.side.clients.run_client)
-    sim.run()
+    with explained(case, "tests/test_executors.py", {**WRITTEN, **EXTRA}):
+        sim = assemble(config_of(values), log=lines.append)
+        sim.parts.runner = _on_meta(sim.parts.runner)
+        sim.side.algorithm.init = _on_meta(sim.side.algorithm.init)
+        sim.side.clients.run_client = _on_meta(sim.side.clients.run_client)
+        sim.run()
     assert lines == []  # no client failed (a failure is logged and the round goes on)

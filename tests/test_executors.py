@@ -8,13 +8,16 @@ switched on where the algorithm allows them.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 from faulty import make_client_fail
+from registered import every_algorithm, explained, shipped
 
 from fedhet.algorithms.base import ALGORITHMS
+from fedhet.algorithms.fedavg import FedAvg, FedAvgParams
 from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.engine.failures import ClientFailure
@@ -30,7 +33,7 @@ BASE = {
     "model_params": {"hidden": 32}, "partition": "iid",
 }
 
-CASES = {
+WRITTEN = {
     "fedavg": {},
     "fedavgm": {},
     "fedprox": {"algorithm_params": {"mu": 0.1}},
@@ -67,6 +70,12 @@ CASES = {
     "fedsr-adam": {"algorithm": "fedsr", "algorithm_params": {"clusters": 2, "ring_passes": 2},
                    "client_optimizer": "adam", "momentum": 0.0, "lr": 0.01, "adam_eps": 1e-4},
 }
+"""The hand-written cases: options with code paths of their own, and what BASE's momentum and
+unequal τ need for the algorithms whose rule assumes plain SGD or equal local work."""
+
+CASES = every_algorithm(WRITTEN)
+"""`WRITTEN`, and for every other registered algorithm the case its registered `example`
+settings give (tests/registered.py): a new algorithm is covered without a line here."""
 
 
 SEQUENTIAL_ANYWAY: set[str] = set()
@@ -75,9 +84,14 @@ through it as chains: a round's hops of every ring train in one stacked call, ea
 the row its predecessor left (Adam hops, which count the stack's steps, wait for the next call)."""
 
 
-def _run(case: str, executor: str) -> tuple[Simulation, list[dict]]:
-    values = {**BASE, "algorithm": case, **CASES[case], "executor": executor}
-    cfg = config_of(values)
+def _run(case: str, executor: str, cases: dict[str, dict] = CASES) -> tuple[Simulation, list[dict]]:
+    values = {**BASE, "algorithm": case, **cases[case], "executor": executor}
+    with explained(case, "tests/test_executors.py", WRITTEN):
+        cfg = config_of(values)
+        return _simulate(cfg, executor)
+
+
+def _simulate(cfg, executor: str) -> tuple[Simulation, list[dict]]:
     rows: list[dict] = []
     sim = assemble(cfg, log=lambda _: None, callbacks=[rows.append])
     sim.stacked_jobs = 0
@@ -95,13 +109,56 @@ def _run(case: str, executor: str) -> tuple[Simulation, list[dict]]:
 
 def test_every_registered_algorithm_is_covered():
     algorithms = {CASES[c].get("algorithm", c) for c in CASES}
-    assert set(ALGORITHMS.names()) <= algorithms
+    assert set(shipped()) <= algorithms
+
+
+class HalfStep(FedAvg):
+    """A throw-away algorithm: FedAvg taking half the mean client change, which only runs
+    with plain local SGD (as BHerd or FedVeca)."""
+
+    name = "half-step"
+
+    def __init__(self, params, run):
+        super().__init__(params, run)
+        if run.momentum:
+            raise FedhetError(f"half-step takes plain SGD steps; set momentum=0 (got {run.momentum})")
+
+    def aggregate(self, state, round, replies):
+        new, diagnostics = super().aggregate(state, round, replies)
+        return replace(new, w=(state.w + new.w) / 2), diagnostics
+
+
+def test_an_algorithm_registered_with_its_example_is_covered_without_a_case():
+    """An algorithm registered (here for the length of a block) with the settings a small run
+    of it needs gets its case from the registry, and the executors' check runs on it."""
+    with ALGORITHMS.added("half-step", HalfStep, FedAvgParams, "test only", example={"momentum": 0.0}):
+        cases = every_algorithm(WRITTEN, names=ALGORITHMS.names)
+        assert cases["half-step"] == {"algorithm": "half-step", "momentum": 0.0}
+        check_batched_follows_sequential("half-step", cases)
+
+
+def test_an_algorithm_whose_case_fails_says_what_to_add_and_where():
+    with ALGORITHMS.added("half-step", HalfStep, FedAvgParams, "test only"):
+        cases = every_algorithm(WRITTEN, names=ALGORITHMS.names)
+        with pytest.raises(pytest.fail.Exception) as failed:
+            _run("half-step", "sequential", cases)
+    message = str(failed.value)
+    assert message.startswith(
+        "algorithm 'half-step' has no case of its own in tests/test_executors.py, so it ran with "
+        "the test's BASE settings and its registered example {}, and failed: FedhetError: "
+        "half-step takes plain SGD steps; set momentum=0 (got 0.5). Declare the settings a "
+        "small run of it needs when it registers (`@ALGORITHMS.register('half-step', Params, "
+        "doc, example={'model': ...})`), or add a case for it to tests/test_executors.py")
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_batched_follows_sequential(case):
-    seq, seq_rows = _run(case, "sequential")
-    bat, bat_rows = _run(case, "batched")
+    check_batched_follows_sequential(case, CASES)
+
+
+def check_batched_follows_sequential(case: str, cases: dict[str, dict]) -> None:
+    seq, seq_rows = _run(case, "sequential", cases)
+    bat, bat_rows = _run(case, "batched", cases)
     assert seq.side.executor.name == "sequential" and bat.side.executor.name == "batched"
     assert (bat.stacked_jobs == 0) == (case in SEQUENTIAL_ANYWAY)
     w_seq = seq.side.algorithm.eval_params(seq.final_state)

@@ -23,6 +23,7 @@ flwr = pytest.importorskip("flwr", reason="Flower is not installed (pip install 
 from flwr.app import ConfigRecord, Context, RecordDict  # noqa: E402
 from flwr.serverapp import Grid  # noqa: E402
 from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
+from registered import example  # noqa: E402
 from same import assert_same  # noqa: E402
 
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, ClientState, Message, weighted_sum  # noqa: E402
@@ -88,7 +89,7 @@ def test_every_algorithms_client_state_survives_packing():
     """Each registered algorithm's client state after a real round comes back from the node's
     `Context.state` record as the same typed state with equal fields."""
     for name in ALGORITHMS.names():
-        settings = {**BASE, "algorithm": name, "clients": 4, "rounds": 1, **ALGORITHM_SETTINGS.get(name, {})}
+        settings = {**BASE, "algorithm": name, "clients": 4, "rounds": 1, **example(name)}
         sim = assemble(config_of(settings), store=None, log=lambda _: None)
         sim.run()
         for client_id, state in sim.side.clients.states.items():
@@ -209,20 +210,13 @@ def test_server_app_matches_in_process_engine(algorithm):
     assert [t for _, t in grid.pushed].count("train") == BASE["clients"] * BASE["rounds"]
 
 
-ALGORITHM_SETTINGS = {
-    "fedsr": {"algorithm.clusters": 2}, "hierfavg": {"algorithm.clusters": 2},
-    "moon": {"model": "moon-mlp"},
-}
-"""What some algorithms need to run with 4 clients on digits (used when they are registered)."""
-
-
 @pytest.mark.parametrize(
     "algorithm", [n for n in ALGORITHMS.names() if not ALGORITHMS.get(n).factory.centralized]
 )
 def test_every_registered_algorithm_runs_through_flower_messages(algorithm):
     """Each algorithm (star, ring and hierarchical topologies alike): the same model and the
     same communication count as the in-process engine, bit for bit."""
-    settings = {**BASE, "algorithm": algorithm, "clients": 4, **ALGORITHM_SETTINGS.get(algorithm, {})}
+    settings = {**BASE, "algorithm": algorithm, "clients": 4, **example(algorithm)}
     local, remote, _, _ = run_both(settings)
     assert torch.equal(remote.final_state.w, local.final_state.w)
     assert remote.parts.comm.state() == local.parts.comm.state()

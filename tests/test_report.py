@@ -9,6 +9,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from registered import example
 
 from fedhet.cli import main
 from fedhet.errors import FedhetError
@@ -63,11 +64,9 @@ def test_report_renders_every_registered_algorithms_outputs(tmp_path):
     """Each algorithm's own diagnostics (and its paper plotter, if any) go through the report."""
     from fedhet.algorithms.base import ALGORITHMS
 
-    needs = {"moon": {"model": "moon-mlp"}, "fedsr": {"algorithm.clusters": 2},
-             "hierfavg": {"algorithm.clusters": 2}}
     names = ALGORITHMS.names()
     for name in names:
-        settings = {**BASE, "algorithm": name, **needs.get(name, {})}
+        settings = {**BASE, "algorithm": name, **example(name)}  # what a small run of it needs
         execute(settings, tmp_path / "runs" / name, log=lambda _: None)
     warnings: list[str] = []
     page = report.write_report(tmp_path / "runs", tmp_path / "page", warn=warnings.append)

@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 import torch
+from registered import explained
 from same import assert_same
-from test_executors import BASE, CASES
+from test_executors import BASE, CASES, WRITTEN
 
 from fedhet.algorithms.base import ALGORITHMS, Algorithm, Message, NoParams, ServerState
 from fedhet.algorithms.state import (
@@ -40,9 +41,10 @@ def settings(name: str, **extra: Any) -> dict[str, Any]:
 
 def simulate(name: str, out: Path | None = None, resume: bool = False, **extra: Any):
     rows: list[dict[str, Any]] = []
-    sim = assemble(config_of(settings(name, **extra)), store=RunStore(out) if out else None,
-                     log=lambda _: None, callbacks=[rows.append])
-    sim.run(resume=resume)
+    with explained(name, "tests/test_executors.py", WRITTEN):
+        sim = assemble(config_of(settings(name, **extra)), store=RunStore(out) if out else None,
+                       log=lambda _: None, callbacks=[rows.append])
+        sim.run(resume=resume)
     return sim, rows
 
 

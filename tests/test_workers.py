@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import pytest
 import torch
 from faulty import make_client_fail
+from registered import example, explained, shipped
 
 from fedhet.algorithms.state import Record
 from fedhet.cli import main
@@ -22,7 +23,7 @@ from fedhet.errors import FedhetError
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 6, "rounds": 2, "lr": 0.05,
         "batch_size": 32, "seed": 4, "model": "mlp", "model.hidden": 16, "executor": "sequential"}
 
-CASES = [
+WRITTEN = [
     ("fedavg", {}),
     ("fedprox", {"momentum": 0.5}),
     ("scaffold", {"momentum": 0.5}),
@@ -46,13 +47,13 @@ CASES = [
     ("fedadagrad", {}),
     ("fedavg", {"client_optimizer": "adam", "lr": 0.01}),
 ]
+CASES = WRITTEN + [(name, example(name)) for name in shipped() if name not in dict(WRITTEN)]
+"""The hand-written cases, and every other registered algorithm with the settings it declared
+(its `example`, tests/registered.py)."""
 
 
 def test_every_registered_algorithm_is_covered():
-    from fedhet.algorithms.base import ALGORITHMS
-
-    shipped = {entry.name for entry in ALGORITHMS if entry.source == "fedhet"}
-    assert shipped <= {algorithm for algorithm, _ in CASES}  # plugins other tests load aside
+    assert set(shipped()) <= {algorithm for algorithm, _ in CASES}  # plugins other tests load aside
 
 
 def simulate(workers: int, log=None, patch=None, **settings) -> tuple[Simulation, dict]:
@@ -77,8 +78,9 @@ def same(a, b) -> bool:
 
 @pytest.mark.parametrize(("algorithm", "extra"), CASES)
 def test_two_workers_are_bit_identical_to_one(algorithm, extra):
-    one, s1 = simulate(1, algorithm=algorithm, **extra)
-    two, s2 = simulate(2, algorithm=algorithm, **extra)
+    with explained(algorithm, "tests/test_workers.py", dict(WRITTEN)):
+        one, s1 = simulate(1, algorithm=algorithm, **extra)
+        two, s2 = simulate(2, algorithm=algorithm, **extra)
     assert isinstance(two.side.executor, ProcessExecutor)
     assert not isinstance(one.side.executor, ProcessExecutor)
     assert same(one.final_state, two.final_state)

@@ -4,10 +4,12 @@ The command line is a thin layer over these functions: `fedhet run` and `fedhet.
 same settings make the same run directory, byte for byte in `config.json` and `metrics.csv`.
 
 Settings come in three layers, later wins, as on the command line: a TOML run file
-(`config`), the flag keywords (`algorithm`, `dataset`, `partition`, `model`, `clients`,
-`rounds`, `seed`, `device`, `executor`, `workers`, `data_dir`: the CLI's flag names), then
-`settings`, whose keys are exactly those of `--set` and of TOML files (`"lr"`,
-`"partition.alpha"`, `"algorithm.mu"`).
+(`config`), the keywords (`algorithm`, `dataset`, `partition`, `model` and every engine field
+of `RunConfig`: `clients`, `rounds`, `seed`, `lr`, `device`, ...; `RunSettings` lists their
+types), then `settings`, whose keys are exactly those of `--set` and of TOML files (`"lr"`,
+`"partition.alpha"`, `"algorithm.mu"`: a component's parameters, which no keyword can spell).
+`RunConfig`'s fields are the one list of what a keyword may be: an unknown keyword is one
+`FedhetError` naming the closest field.
 
 `dataset`, `model` and `algorithm` also take Python objects: a `Dataset` (`from_arrays`,
 `from_huggingface`), a model factory `(input_shape, num_classes, params) -> nn.Module`, an
@@ -24,29 +26,84 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict, Unpack
 
 from fedhet import plugins
 from fedhet.components import name_of
-from fedhet.engine import RunConfig, chosen_components, parse, read_toml_file
+from fedhet.engine import ENGINE_FIELDS, RunConfig, chosen_components, parse, read_toml_file
 from fedhet.errors import FedhetError
 from fedhet.rundir import RunResult, open_run
 from fedhet.runs import Changes, execute
 from fedhet.runs import compare as run_grid
 
-RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
-             "executor", "workers", "precision", "data_dir")
-"""The keywords of `run` that are settings, in the order their layers apply; the command line's
-setting flags are the same (`--data-dir` for `data_dir`)."""
+
+class RunSettings(TypedDict, total=False):
+    """The engine settings `run` and `compare` take as keywords, for type checkers: the engine
+    fields of `RunConfig` (`fedhet.engine.config`, where each is documented), whose names are
+    what the keywords are checked against at run time; tests/test_api_settings.py keeps the two
+    equal. Types are those a caller may write: a number for a float, `"auto"` for `workers`, a
+    list for a tuple."""
+
+    clients: int
+    rounds: int
+    seed: int
+    lr: float
+    lr_schedule: Literal["constant", "cosine"]
+    lr_min: float
+    batch_size: int
+    local_epochs: float
+    local_steps: int
+    client_steps: Sequence[int]
+    epochs_min: int
+    epochs_max: int
+    momentum: float
+    weight_decay: float
+    client_optimizer: Literal["sgd", "adam", "adamw"]
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    sample_fraction: float
+    batch_order: Literal["reshuffle", "fixed"]
+    eval_every: int
+    train_loss: bool
+    checkpoint_every: int
+    validation_fraction: float
+    client_eval_fraction: float
+    client_eval_every: int
+    client_eval_finetune_steps: int
+    metrics: Sequence[str]
+    data_dir: str | Path
+    client_dropout: float
+    straggler_fraction: float
+    straggler_policy: Literal["drop"]
+    device: Literal["auto", "cpu", "cuda"]
+    executor: Literal["sequential", "batched", "auto"]
+    cohort_chunk: int
+    precision: Literal["fp32", "bf16", "tf32"]
+    workers: int | Literal["auto"]
+    client_state_memory_mb: float
+
+
+class GridSettings(RunSettings, total=False):
+    """`compare`'s keywords: `RunSettings` and the four components, each a name or a Python
+    object (a `Dataset`, a model factory, an `Algorithm` subclass), as in `base`."""
+
+    algorithm: Any
+    dataset: Any
+    partition: str
+    model: Any
+
+
+COMPONENT_KEYWORDS = ("algorithm", "dataset", "partition", "model")
+"""The keywords that name a run's components; they come first among the keyword layers."""
 
 
 def run(
     algorithm: Any = None, dataset: Any = None, partition: str | None = None, model: Any = None,
-    *, clients: int | None = None, rounds: int | None = None, seed: int | None = None,
-    device: str | None = None, executor: str | None = None, workers: int | str | None = None,
-    precision: str | None = None, data_dir: str | None = None, config: str | Path | None = None,
-    settings: Mapping[str, Any] | None = None, out: str | Path | None = None, force: bool = False,
-    progress: bool = False, callbacks: Sequence[Any] = (), log: Callable[[str], None] | None = None,
+    *, config: str | Path | None = None, settings: Mapping[str, Any] | None = None,
+    out: str | Path | None = None, force: bool = False, progress: bool = False,
+    callbacks: Sequence[Any] = (), log: Callable[[str], None] | None = None,
+    **keywords: Unpack[RunSettings],
 ) -> RunResult:
     """Run one experiment into `out` (default `runs/<algorithm>-<dataset>-<time>/`) and return
     it. Its remarks (`workers: auto → N`, an algorithm's notes, warnings) go to `log`, by
@@ -56,12 +113,14 @@ def run(
 
     `callbacks`: called with each round's metrics row once it is saved (a callable, or an
     object with `on_start(run)`, `on_round(row)`, `on_end(summary)`); a truthy return from a
-    round stops the run there (`summary["status"] == "stopped"`; `resume` continues it)."""
+    round stops the run there (`summary["status"] == "stopped"`; `resume` continues it).
+
+    `**keywords`: engine settings by name (`clients=20, rounds=50, lr=0.05`; `RunSettings`),
+    checked against `RunConfig`'s fields."""
     plugins.startup()
     flags = {"algorithm": algorithm, "dataset": dataset, "partition": partition, "model": model,
-             "clients": clients, "rounds": rounds, "seed": seed, "device": device,
-             "executor": executor, "workers": workers, "precision": precision,
-             "data_dir": data_dir}
+             **checked_keywords(keywords, "fedhet.run", {"algorithm": algorithm, "model": model,
+                                                         "dataset": dataset, "partition": partition})}
     values = settings_of(flags, settings, config)
     target = Path(out) if out is not None else new_run_dir(default_name(values))
     execute(values, target, force=force, progress=progress, log=log or to_stderr,
@@ -110,7 +169,7 @@ def compare(
     force: bool = False, title: str | None = None, stream: Any = None,
     tensorboard: bool = False, batch_runs: int | None = None, cluster: Any = None,
     runtime: Mapping[str, Any] | None = None, sources: Mapping[str, str] | None = None,
-    hint: str | None = None, extend: bool = False,
+    hint: str | None = None, extend: bool = False, **keywords: Unpack[GridSettings],
 ) -> list[dict[str, Any]]:
     """Run a grid and return its table (`results.csv`'s rows). `base`: settings every run gets
     (`--set`'s keys, flag names, or Python objects for `dataset`/`model`/`algorithm`);
@@ -124,16 +183,25 @@ def compare(
     `ClusterOptions` to run on Ray; `tensorboard`: TensorBoard logs per run. `sources` names
     each setting as the caller wrote it (for error lines) and `hint` the call that resumes.
     `extend=True` continues a grid's finished runs to more `rounds` (or other settings a resume
-    may change, `base={"rounds": 50}`), as `resume` does one run."""
+    may change, `base={"rounds": 50}`), as `resume` does one run.
+
+    `**keywords`: settings every run gets, by name (`dataset=data, clients=20`; `GridSettings`),
+    checked against `RunConfig`'s fields; the same key in `base` too is refused."""
     plugins.startup()
-    fixed = {k: _named(k, v) for k, v in (base or {}).items()}
+    given = checked_keywords(keywords, "fedhet.compare", {**(base or {}), **keywords})
+    twice = sorted(set(given) & set(base or {}))
+    if twice:
+        raise FedhetError(f"fedhet.compare: {twice[0]!r} is given both in base and as a keyword; "
+                          "give it once")
+    fixed = {k: _named(k, v) for k, v in {**(base or {}), **given}.items()}
     axes = {k: [_named(k, v) for v in vs] for k, vs in (sweeps or {}).items()}
     for k, vs in (sweeps or {}).items():
         if isinstance(vs, str) or not vs:
             raise FedhetError(f"sweeps[{k!r}] must be a non-empty list of values")
     if config is None and not axes and not fixed:
         raise FedhetError("compare needs a grid: sweeps={...}, base={...}, or config=GRID.toml")
-    said = {k: f"base[{k!r}]" for k in fixed} | {k: f"sweeps[{k!r}]" for k in axes}
+    said = {k: f"base[{k!r}]" for k in base or {}} | {k: f"keyword {k}" for k in given}
+    said |= {k: f"sweeps[{k!r}]" for k in axes}
     said.update(sources or {})
     named = title if title is not None else (None if config else _title(fixed, axes))
     changes = Changes(fixed, axes, said, named)
@@ -145,18 +213,38 @@ def compare(
                     extend=extend, **extra)
 
 
+def checked_keywords(keywords: Mapping[str, Any], where: str,
+                     components: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`keywords` as given, each checked to be a field of `RunConfig` (`ENGINE_FIELDS`, the one
+    list): an unknown one is the one-line error `parse` gives an unknown setting, naming the
+    closest field (`lrr` → `lr`, `learning_rate` → `lr`; `mu` → `algorithm.mu` when the run's
+    algorithm, among `components`, has it); a component's parameter or a record key is refused
+    with where it goes."""
+    chosen = chosen_components({k: v for k, v in (components or {}).items() if isinstance(v, str)})
+    for key, value in keywords.items():
+        if key in ENGINE_FIELDS:
+            continue
+        parse({key: value}, f"{where} keyword", chosen)  # raises for a name that is no setting
+        example = key if "." in key else "algorithm.mu"
+        raise FedhetError(f"{where}: {key!r} is not a keyword setting: keywords are RunConfig's "
+                          f"fields (`fedhet list`); a component's parameter goes in "
+                          f"settings={{{example!r}: ...}}")
+    return dict(keywords)
+
+
 def setting_layers(
     flags: Mapping[str, Any], settings: Mapping[str, Any] | Sequence[str] | None = None,
     config: tuple[str, Mapping[str, Any]] | None = None, *,
     flag_source: Callable[[str], str] = "keyword {}".format, where: str = "keyword arguments",
 ) -> list[tuple[str, dict[str, Any]]]:
     """A run's settings as `(source, {path: value})` layers, later wins: the `config` file
-    (`(name, document)`), then each flag given in `RUN_FLAGS` order, then `settings` (a mapping,
-    or the command line's `key=value` pairs, one layer each); each read by the one parser,
+    (`(name, document)`), then each flag given (a keyword of `run`, a flag of the command line;
+    `None` and `""` are not given), in `flags`' order, then `settings` (a mapping, or the command
+    line's `key=value` pairs, one layer each); each read by the one parser,
     `fedhet.engine.config.parse`. `flag_source` names a flag's layer (`fedhet config show`
     prints it), `where` names the flags in error lines. The API and the CLI both build runs so."""
     layers: list[tuple[str, dict[str, Any]]] = []
-    given = {k: _named(k, v) for k, v in flags.items() if k in RUN_FLAGS and v is not None and v != ""}
+    given = {k: _named(k, v) for k, v in flags.items() if v is not None and v != ""}
     if isinstance(settings, Mapping):
         named = {k: _named(k, v) for k, v in settings.items()}
     else:  # `key=value` pairs: the component names among them
@@ -165,9 +253,8 @@ def setting_layers(
     if config is not None:
         name, doc = config
         layers.append((f"file {name}", parse(doc, name, chosen)))
-    for k in RUN_FLAGS:
-        if k in given:
-            layers.append((flag_source(k), parse({k: given[k]}, where, chosen)))
+    for k, v in given.items():
+        layers.append((flag_source(k), parse({k: v}, where, chosen)))
     if isinstance(settings, Mapping):
         layers.append(("settings", parse(named, "settings", chosen)))
     else:

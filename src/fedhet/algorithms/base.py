@@ -189,7 +189,14 @@ class Algorithm:
 
 ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
 """Every algorithm module registers its classes here; importing `fedhet.algorithms` (which any
-import of this module does first) imports them all."""
+import of this module does first) imports them all.
+
+Traits an algorithm may declare when it registers (`Entry.trait`):
+- `example`: the settings (`--set` paths: `{"model": "moon-mlp"}`, `{"algorithm.clusters": 2}`)
+  that a small run of it needs beyond the engine's defaults, for a handful of clients of
+  `digits`: a model it requires, parameters that must fit few clients. The tests that cover
+  every registered algorithm (tests/registered.py) run it with them; CONTRIBUTING.md says more.
+"""
 
 
 def sample_weights(replies: Sequence[Reply], weighting: str = "samples") -> torch.Tensor:

@@ -7,7 +7,7 @@ client's batch order. It then
    repeatedly append the unused `λ` minimising `‖s + z^λ‖` and set `s ← s + z^λ` (ties → the
    lowest index). With the Gram matrix `Γ = Z Zᵀ`, `‖s + z^j‖² = ‖s‖² + 2 sᵀz^j + Γ_jj` and
    `sᵀz^j` is a running sum of rows of `Γ`, so the cost is `O(τ² d)` once plus `O(τ²)`.
-   `criterion="grab-stale"` (issue 26, 2a): the criterion of GraB's reference greedy sorter
+   `criterion="grab-stale"`: the criterion of GraB's reference greedy sorter
    (`StaleGradGreedySort` in the public GraB code, which BHerd says it takes its herding from)
    fills position `t = 0, 1, …` with the unused `j` minimising `‖z^j + t·s‖`
    (`= t²‖s‖² + 2t sᵀz^j + Γ_jj`); positions 0 and 1 agree with `"greedy"`, later ones weigh the

@@ -314,7 +314,8 @@ class FedSRParams(EdgeParams):
             raise FedhetError(f"algorithm.ring_passes (R) must be ≥ 1, got {self.ring_passes}")
 
 
-@ALGORITHMS.register("fedsr", FedSRParams, "FedSR: rings under edge servers, cloud averages edges")
+@ALGORITHMS.register("fedsr", FedSRParams, "FedSR: rings under edge servers, cloud averages edges",
+                     example={"algorithm.clusters": 2})
 class FedSR(EdgeRole):
     """FedSR (Algorithm 1): `R` ring passes per edge from `w_glob`, then eq. 15 at the cloud."""
 
@@ -379,7 +380,8 @@ class HierFAVGParams(EdgeParams):
             raise FedhetError(f"algorithm.kappa2 must be ≥ 1, got {self.kappa2}")
 
 
-@ALGORITHMS.register("hierfavg", HierFAVGParams, "HierFAVG: edge averages every κ1 steps, cloud every κ2")
+@ALGORITHMS.register("hierfavg", HierFAVGParams, "HierFAVG: edge averages every κ1 steps, cloud every κ2",
+                     example={"algorithm.clusters": 2})
 class HierFAVG(EdgeRole):
     """HierFAVG: sample-weighted edge averaging after each `κ1` local steps, cloud after `κ2`.
 

@@ -157,7 +157,8 @@ class ContrastiveLoss(StackableLoss):
         return objective(module, out, y) + self.mu * contrastive_loss(z, z_glob, z_prev, self.temperature)
 
 
-@ALGORITHMS.register("moon", MoonParams, "MOON: local CE + μ model-contrastive loss, FedAvg server")
+@ALGORITHMS.register("moon", MoonParams, "MOON: local CE + μ model-contrastive loss, FedAvg server",
+                     example={"model": "moon-mlp"})
 class Moon(FedAvg):
     name = "moon"
     client_state_class = MoonClientState

@@ -11,10 +11,10 @@ Checkpoints and Flower's `Context.state` hold a state as its *record*: the plain
 fields (`Record.to_record`), which `torch.load(weights_only=True)` reads without allowing any
 class, so a checkpoint still cannot run code and does not depend on where a class lives or what
 it is called. `Record.from_record` builds the state back from such a dict. The record's keys
-are the field names, which are the keys of the untyped dicts the algorithms kept before they
-were typed, so a checkpoint written then is a record now; the few old values that were not
-dicts (SCAFFOLD's and MOON's client state was a bare tensor) come back through `from_legacy`,
-and a renamed field through `RENAMED`.
+are the field names, which are also the keys of the untyped dicts that checkpoints of untyped
+states hold, so such a checkpoint reads as records; its values that are not dicts (SCAFFOLD's
+and MOON's client state as a bare tensor) come back through `from_legacy`, and a renamed field
+through `RENAMED`.
 
 The engine reaches states only through the functions at the end of this module.
 """

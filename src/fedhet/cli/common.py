@@ -109,12 +109,18 @@ def read_toml(given: str) -> dict[str, Any]:
     return doc
 
 
+RUN_FLAGS = ("algorithm", "dataset", "partition", "model", "clients", "rounds", "seed", "device",
+             "executor", "workers", "precision", "data_dir")
+"""The settings the command line takes as flags of their own (`-a`, `-d`, ..., `--data-dir`),
+by their names in `args`, in the order their layers apply; every other setting is a `--set`."""
+
+
 def run_layers(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
     """The run's settings as `(source, {path: value})` layers, later wins: the `--config` file,
     then each flag, then each `--set` (`fedhet.api.setting_layers`, as a Python caller's). The
     source is what `fedhet config show` prints."""
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
-    from fedhet.api import RUN_FLAGS, setting_layers
+    from fedhet.api import setting_layers
 
     config = (args.config, read_toml(args.config)) if args.config else None
     flags = {k: getattr(args, k, None) for k in RUN_FLAGS}

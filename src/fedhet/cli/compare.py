@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet.cli.common import (
+    RUN_FLAGS,
     add_pool_flags,
     add_precision_flag,
     add_setting_flags,
@@ -50,7 +51,7 @@ def command(args: argparse.Namespace) -> int:
     from fedhet import api
     from fedhet.runs import load_grid, sweep
 
-    flags = {k: getattr(args, k) for k in api.RUN_FLAGS
+    flags = {k: getattr(args, k) for k in RUN_FLAGS
              if k not in ("device", "executor", "workers")  # where runs compute: `overrides`
              and getattr(args, k, None) not in (None, "")}
     if args.resume:

@@ -110,8 +110,8 @@ def dirichlet(labels: np.ndarray, n_clients: int, params: DirichletParams, rng: 
     NIID-Bench, Li et al., ICDE 2022, §IV-A), every client holding ≥ `min_size` samples.
 
     `params.rule` picks how (`fedhet.data.dirichlet`): `floor` (`floor_split`) always fits in one
-    draw, O(N + n·C); `redraw` (`redraw_split`) redraws until a draw fits, reproducing the splits
-    of earlier versions, and fails after `max_tries` draws with one line.
+    draw, O(N + n·C); `redraw` (`redraw_split`) redraws until a draw fits (the rule that run files
+    naming `method=redraw` record, split for split), and fails after `max_tries` draws with one line.
     """
     _check_clients(labels, n_clients)
     _check_min_size(len(labels), n_clients, params.min_size)

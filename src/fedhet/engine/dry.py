@@ -2,8 +2,8 @@
 the protocol, before the run writes anything.
 
 A model a user brings (`-m package.module:factory`, `register_model`, a factory handed to
-`fedhet.run`) used to meet the dataset first in round 1, after a fresh run had prepared its
-directory (and, with `--force`, removed the run that was there). `dry_start`, called by
+`fedhet.run`) would otherwise meet the dataset first in round 1, after a fresh run has prepared
+its directory (and, with `--force`, removed the run that was there). `dry_start`, called by
 `assemble_clients` as soon as the model is built (before anything is written), checks that the
 factory returned an `nn.Module` and runs its forward pass on two training samples, in
 evaluation mode and without gradients (no BatchNorm statistic, random number or weight

@@ -1,6 +1,6 @@
 """What a report compared: the settings its runs share and the ones that vary.
 
-Every report page states them (issue 24): a run's `config.json` is read as a flat list of
+Every report page states them: a run's `config.json` is read as a flat list of
 settings, a component with its parameters written in full (`partition = dirichlet(alpha=0.1)`,
 `model = mlp(hidden=200)`), each algorithm's parameters apart (they exist only for its runs).
 Settings that only say how a run was executed (device, executor, workers, checkpoints, data

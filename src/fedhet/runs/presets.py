@@ -63,8 +63,8 @@ use at least three); BHerd's paper averages 10 runs and its preset runs 10."""
 
 def with_seeds(specs: list[RunSpec], seeds: tuple[int, ...]) -> list[RunSpec]:
     """Every spec once per seed, in the same table cell (group and label), so the tables show
-    mean ± std over the seeds. Seed 0 keeps the spec's own name (a run directory made before
-    seeds were added stays that run's); the others get `_s<seed>`."""
+    mean ± std over the seeds. Seed 0 keeps the spec's own name (so the run directory of the
+    same spec without seeds is its seed-0 run); the others get `_s<seed>`."""
     out = []
     for spec in specs:
         for seed in seeds:

@@ -161,16 +161,6 @@ def connect(ray: Any, flag: str | None, requested: threading.Event | None = None
     return Link(ray, release)
 
 
-def check_reachable(flag: str | None) -> None:
-    """For a process that joins Ray itself (Flower's simulation runtime, `fedhet deploy local
-    --simulation`): the address named by `flag` or `$RAY_ADDRESS` must be well formed and its
-    head's port must accept a connection, else one line at once. `auto` and no address (a
-    private local Ray) are left to that process."""
-    address, source = chosen_address(flag)
-    if address is not None and address != "auto":
-        probe_port(address, address, source)
-
-
 def probe_port(address: str, named: str, source: str) -> None:
     """A bounded TCP connect to the head's port: a closed port, an unreachable host or a name
     that does not resolve is one line at once, before Ray waits on it."""

@@ -1,4 +1,4 @@
-"""BHerd's SVM studies (`readings`) as result files of docs/paper-scale.md (issue 26).
+"""BHerd's SVM studies (`readings`) as result files of docs/paper-scale.md.
 
 `results/bherd/svm-<study>.csv`: one row per (case, method, seed, round) in the contract of
 `fedhet.papers.paper_results` (`setting` = `case1`…`case3`; `algorithm` = `fedavg` or

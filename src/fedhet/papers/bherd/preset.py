@@ -18,7 +18,7 @@ minute on 2 CPU cores). Batch size `B = 50` **[choice]** for the CNNs (the paper
 lost; 50 is one of its reported optima and keeps the CNN clients' gradient buffers at a few
 hundred MB); the SVM runs use reference [40]'s setup (`SVM_SETUP`: pixels in [0, 1], no bias,
 zero start, `λ = 0.1`, `B = 100`, `η = 0.01`), which the text cites for its SVM. Defaults the
-text supports (issue 26): reading `mean-tau`, criterion `greedy` (Algorithm 2: "a single
+text supports: reading `mean-tau`, criterion `greedy` (Algorithm 2: "a single
 gradient is chosen to minimize the value, where [s] represents the cumulative of the selected
 gradients"), `α = 0.5`.
 """
@@ -59,7 +59,7 @@ PRESET_SETUPS: dict[str, dict[str, Any]] = {"ref40": REF40, "fedhet": {}}
 """`fedhet reproduce bherd --setup NAME`: the setup of the preset's SVM runs (`paper`,
 `small`), its default first. `ref40` (default): the text says its SVM and loss are "as detailed
 in [40]" (§2.1). `fedhet`: standardised pixels, PyTorch's initialisation, a bias, `B = 50`,
-`λ = 0.1`, the alternative issue 26 measured too (docs/bherd.md "Issue 26")."""
+`λ = 0.1`, the alternative measured beside it (docs/bherd.md)."""
 SVM_SETUP = PRESET_SETUPS["ref40"]
 register_setups("bherd", tuple(PRESET_SETUPS))
 SETUP_NOTES = {
@@ -69,7 +69,7 @@ SETUP_NOTES = {
               "initialisation, λ = 0.1, B = 50, η = 0.01.",
 }
 BEST_BATCH = {"case1": 10, "case2": 10, "case3": 50}
-"""The batch sizes the paper reports as best for Cases 1–3 (its Fig. 3c reading; issue 26, 2c)."""
+"""The batch sizes the paper reports as best for Cases 1–3 (its Fig. 3c reading)."""
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ class Setup:
 
 def setups(scale: str, setup: str | None = None) -> list[Setup]:
     """The model/dataset pairs at `scale`; `setup` names the SVM runs' setup (`PRESET_SETUPS`;
-    None: reference [40]'s, as "detailed in [40]" (§2.1), issue 26, 2b)."""
+    None: reference [40]'s, as "detailed in [40]" (§2.1))."""
     if scale == "smoke":
         svm_setup(PRESET_SETUPS, scale, setup)  # refuses a setup: no SVM here
         return [Setup("logreg-digits", "LogReg + digits", {"dataset": "digits", "model": "logreg"})]

@@ -14,11 +14,11 @@ with random reshuffling (§1.3), the BHerd family and GraB their own orders (§4
   `ρ = max_herd_error = 1`) against SCAFFOLD (random reshuffling, as the other baselines) and
   FedAvg; `report` adds a table of how often the guard replaced a client's herd
   (`herd_fallbacks`).
-- issue 26's hypotheses, each against FedAvg of the same setup (the first method listed):
-  `criterion` (2a: GraB's reference herding criterion, `algorithm.criterion=grab-stale`),
-  `ref40` (2b: reference [40]'s setup, `preset.REF40`, with either criterion), `batch` (2c: the
-  paper's best batch sizes `B = 10, 10, 50` for Cases 1–3, `preset.BEST_BATCH`); `--setup ref40`
-  runs the `alpha` study in reference [40]'s setup;
+- three hypotheses for the gap to the paper, each against FedAvg of the same setup (the first
+  method listed): `criterion` (GraB's reference herding criterion,
+  `algorithm.criterion=grab-stale`), `ref40` (reference [40]'s setup, `preset.REF40`, with
+  either criterion), `batch` (the paper's best batch sizes `B = 10, 10, 50` for Cases 1–3,
+  `preset.BEST_BATCH`); `--setup ref40` runs the `alpha` study in reference [40]'s setup;
 - `methods`: Fig. 2's methods at the preset's defaults (FedAvg, BHerd-FedAvg, GraB-FedAvg,
   FedNova, BHerd-FedNova, SCAFFOLD, BHerd-SCAFFOLD; `α = 0.5`), for the claims "GraB-FedAvg
   falls short", "BHerd improves FedNova" and "BHerd improves SCAFFOLD" (`--setup ref40`: the
@@ -74,9 +74,9 @@ EARLY = (1, 2, 3, 4, 5)
 STUDIES = ("readings", "alpha", "grab", "control", "scaffold", "criterion", "ref40", "batch",
            "methods")
 NEW_STUDIES = ("criterion", "ref40", "batch", "methods")
-"""Issue 26's hypotheses: `paired_report` against the study's first method."""
+"""The hypotheses' studies (and `methods`): `paired_report` against the study's first method."""
 LATE = tuple(range(1, 11))
-"""Rounds 1–10 (issue 26: "in rounds 1–10 and at the end")."""
+"""Rounds 1–10, the early rounds the paired report averages beside the last."""
 FEDAVG = "FedAvg"
 SCAFFOLD = "SCAFFOLD"
 GUARD = 1.0
@@ -389,7 +389,7 @@ def run_values(out: Path) -> dict[str, float] | None:
 def paired_report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CASES),
                   seeds: Sequence[int] | None = None, baseline: str | None = None,
                   setup: str = "default") -> str:
-    """Issue 26's paired comparison: per case and method, mean ± std over seeds of the test
+    """The paired comparison: per case and method, mean ± std over seeds of the test
     accuracy and the training loss (whole training set) at the last round and averaged over
     rounds 1–10, and each one's paired difference to `baseline` (default: the study's first
     method, FedAvg of the same setup), marked `*` outside the noise
@@ -452,14 +452,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--baseline", default=None,
                     help="report: the method of the paired differences (default FedAvg; for "
-                    "the issue-26 studies and --paired the study's first method)")
+                    "the criterion, ref40, batch and methods studies and --paired the study's first method)")
     ap.add_argument("--setup", default="default", choices=list(SETUPS),
                     help="the SVM setup of the readings/alpha/grab/control/scaffold studies "
                     "(ref40: reference [40]'s, preset.REF40)")
     ap.add_argument("--batch-runs", type=int, default=1,
                     help="run: step up to N runs as one cohort (batched executor); 1: one at a time")
     ap.add_argument("--paired", action="store_true",
-                    help="report: issue 26's paired table (accuracy and training loss, rounds "
+                    help="report: the paired table (accuracy and training loss, rounds "
                     "1-10 and final) for any study")
     args = ap.parse_args(argv)
     if args.command == "run":

@@ -27,7 +27,6 @@ import json
 import math
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fedhet.papers.campaign.records import Store, read_segments, segment_s_per_round
@@ -227,6 +226,3 @@ def where(pricer: Pricer, run: CampaignRun, device: str) -> str:
         return kind_of(device)
     return min(priced, key=lambda k: priced[k])
 
-
-def bench_path(store: Store, kind: str) -> Path:
-    return store.bench_dir / f"{kind}.json"

@@ -1,4 +1,4 @@
-"""FedVeca's SVM claims (Figs. 3, 5) checked from `results/fedveca/svm-cases*.csv` (issue 26).
+"""FedVeca's SVM claims (Figs. 3, 5) checked from `results/fedveca/svm-cases*.csv`.
 
 Claims: "FedVeca is the first to reach the centralized loss and accuracy" and "FedVeca is
 equally fast in Cases 1–3 while FedAvg and FedNova slow down in Case 3". Centralized SGD's

@@ -1,4 +1,4 @@
-"""FedVeca's SVM rows (`fedveca.study`) as result files of docs/paper-scale.md (issue 26).
+"""FedVeca's SVM rows (`fedveca.study`) as result files of docs/paper-scale.md.
 
 - `results/fedveca/svm-cases.csv` (Figs. 3, 5): `setting` = `case1`…`case3`, `algorithm` =
   `fedveca`, `central`, `fedavg`, `fednova` (the fair protocol of §IV-A1), extra column `tau_k`

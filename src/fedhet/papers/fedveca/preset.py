@@ -123,13 +123,13 @@ def _base(dataset: str, model: str, case: int, rounds: int, lr: float, seed: int
 
 PRESET_SETUPS: dict[str, dict[str, Any]] = {"ref40": REF40, "fedhet": {}}
 """`fedhet reproduce fedveca --setup NAME`: the setup of the SVM groups (`small`, `paper`), the
-default first. `ref40` (default, issue 26): reference [40]'s (`base.REF40`: pixels in
+default first. `ref40` (default): reference [40]'s (`base.REF40`: pixels in
 [0, 1], no bias, zero initial weights, `λ = 0.1`, `B = 100`, `η = 0.01`). **[choice]** FedVeca
 gives no SVM details beyond its model; it cites [40] (its [35]), its authors' BHerd says its SVM
 is "as detailed in [40]", and both describe the same Raspberry Pi prototype; at 10 seeds this
 setup removes the oscillation the standardised one shows and the paper's "first to reach the
 centralized loss and accuracy" holds in it (docs/fedveca.md). `fedhet`: standardised pixels,
-PyTorch's initialisation, a bias, `B = 32` **[choice]**, the preset's setup before issue 26."""
+PyTorch's initialisation, a bias, `B = 32` **[choice]**."""
 register_setups("fedveca", tuple(PRESET_SETUPS))
 SETUP_NOTES = {
     "ref40": " SVM groups in reference [40]'s setup (--setup ref40, the default): pixels in [0, 1], "

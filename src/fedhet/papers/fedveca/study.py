@@ -1,4 +1,4 @@
-"""FedVeca's SVM rows at the paper's scale, in priority order (issue 26, item 1).
+"""FedVeca's SVM rows at the paper's scale, in priority order.
 
 `fedhet reproduce fedveca --scale paper --only mnist-even-odd` runs the same runs, but it runs
 every FedVeca run (stage 1, all seeds and figures) before any baseline (stage 2), and a FedVeca
