@@ -45,7 +45,7 @@ def test_mypy_sees_the_real_objects_behind_the_public_surfaces(tmp_path):
         'Argument "lr" to "RunConfig" has incompatible type "str"; expected "float"  [arg-type]',
         'Unexpected keyword argument "nonsense" for "RunConfig"  [call-arg]',
         'Argument "rounds" to "RunConfig" has incompatible type "str"; expected "int"  [arg-type]',
-        'Argument "rounds" to "run" has incompatible type "str"; expected "int | None"  [arg-type]',
+        'Argument "rounds" to "run" has incompatible type "str"; expected "int"  [arg-type]',
         'Unexpected keyword argument "resumed" for "execute"; did you mean "resume"?  [call-arg]',
         'Argument 2 to "execute" has incompatible type "str"; expected "Path"  [arg-type]',
         'Module has no attribute "no_such_name"  [attr-defined]',

@@ -16,11 +16,14 @@ import argparse
 import math
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedhet.configs import resolve as resolve_config
 from fedhet.errors import FedhetError
 from fedhet.registry import did_you_mean
+
+if TYPE_CHECKING:
+    from fedhet.engine import ClusterOptions
 
 EXIT_ERROR = 2
 """Bad input or an unusable environment."""
@@ -256,9 +259,9 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("device", "executor", "workers") if getattr(args, k)}
 
 
-def batch_runs(args: argparse.Namespace) -> dict[str, int]:
-    """`--batch-runs` when given; else the runner's default (`DEFAULT_BATCH_RUNS`)."""
-    return {"batch_runs": args.batch_runs} if args.batch_runs else {}
+def batch_runs(args: argparse.Namespace) -> int | None:
+    """`--batch-runs` when given; None: the runner's default (`DEFAULT_BATCH_RUNS`)."""
+    return int(args.batch_runs) if args.batch_runs else None
 
 
 # -- `--cluster ray` of compare and reproduce (docs/cluster.md) ------------------------------
@@ -279,14 +282,14 @@ def add_cluster_flags(p: argparse.ArgumentParser) -> None:
                         "GPU between runs, e.g. 0.25 (default 0)")
 
 
-def cluster(args: argparse.Namespace) -> dict[str, Any]:
-    """`{"cluster": ClusterOptions}` for `--cluster ray`; its options without it, or `--jobs`
-    with it, are one line."""
+def cluster(args: argparse.Namespace) -> ClusterOptions | None:
+    """The `ClusterOptions` of `--cluster ray` (None without it); its options without it, or
+    `--jobs` with it, are one line."""
     given = [f for f in CLUSTER_FLAGS[1:] if getattr(args, f[2:].replace("-", "_")) is not None]
     if args.cluster is None:
         if given:
             raise FedhetError(f"{', '.join(given)}: options of --cluster ray; add --cluster ray")
-        return {}
+        return None
     if args.jobs:
         raise FedhetError("--jobs sets local processes; with --cluster ray each run is a task "
                           "sized by --cpus-per-run and --gpus-per-run")
@@ -295,7 +298,7 @@ def cluster(args: argparse.Namespace) -> dict[str, Any]:
 
     cpus = 1.0 if args.cpus_per_run is None else args.cpus_per_run
     gpus = 0.0 if args.gpus_per_run is None else args.gpus_per_run
-    return {"cluster": ClusterOptions(args.cluster, args.ray_address, cpus, gpus)}
+    return ClusterOptions(args.cluster, args.ray_address, cpus, gpus)
 
 
 # -- `--plugin` of every command (fedhet.plugins) ---------------------------------------------

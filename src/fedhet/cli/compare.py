@@ -75,7 +75,8 @@ def command(args: argparse.Namespace) -> int:
     rows = api.compare(base=changes.fixed, sweeps=changes.sweeps, sources=changes.sources,
                        title=changes.title, config=config, out=out, jobs=args.jobs,
                        force=args.force, tensorboard=args.tensorboard, runtime=overrides(args),
-                       hint="fedhet " + shlex.join(argv), **batch_runs(args), **cluster(args))
+                       hint="fedhet " + shlex.join(argv), batch_runs=batch_runs(args),
+                       cluster=cluster(args))
     print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
     return 0
 
@@ -105,6 +106,6 @@ def extend_grid(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     rows = api.compare(base=changes.fixed, sources=changes.sources, config=out / "grid.toml",
                        out=out, jobs=args.jobs, tensorboard=args.tensorboard,
                        runtime=overrides(args), hint="fedhet " + shlex.join(argv), extend=True,
-                       **batch_runs(args), **cluster(args))
+                       batch_runs=batch_runs(args), cluster=cluster(args))
     print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
     return 0

@@ -102,14 +102,15 @@ def command(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.papers.base import PRESETS
     from fedhet.papers.reproduce import default_out, reproduce
+    from fedhet.runs import DEFAULT_BATCH_RUNS
 
     args.paper = PRESETS.canonical(args.paper)  # `FedSR` is `fedsr`
     scale = args.scale or "smoke"
     out = Path(args.out) if args.out else default_out(args.paper, scale, args.setup)
     only = names(args.only, "--only", "mnist,mnist-even-odd") if args.only is not None else None
     reproduce(args.paper, scale, out, args.jobs, args.force, args.tensorboard,
-              overrides=overrides(args), only=only, setup=args.setup, **batch_runs(args),
-              **cluster(args))
+              overrides=overrides(args), only=only, setup=args.setup,
+              batch_runs=batch_runs(args) or DEFAULT_BATCH_RUNS, cluster=cluster(args))
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
     return 0
 
