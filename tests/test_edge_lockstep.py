@@ -230,6 +230,21 @@ def test_batched_chains_follow_the_sequential_rounds(request, settings, batchnor
 
 
 # -- a device failing in the middle of a ring -----------------------------------------------
+def with_a_failing_client(settings: dict, culprit: int) -> list[tuple[Simulation, list[str], list[dict]]]:
+    """The run of `settings` under the sequential and then the batched executor, `culprit`
+    raising whenever it runs: each run, its log lines and its metrics rows."""
+    runs = []
+    for executor in ("sequential", "batched"):
+        lines: list[str] = []
+        rows: list[dict] = []
+        sim = assemble(config_of({**BASE, **MLP, **settings, "executor": executor}, "test"),
+                       store=None, log=lines.append, callbacks=[rows.append])
+        make_client_fail(sim, culprit, "disk on fire")
+        sim.run()
+        runs.append((sim, lines, rows))
+    return runs
+
+
 def test_failure_mid_ring_same_under_both_executors():
     """Device at position 1 of edge 0's first-round ring raises: it is tried once, skipped on
     the second pass, and its ring goes on from the device before it."""
@@ -237,15 +252,7 @@ def test_failure_mid_ring_same_under_both_executors():
     probe = simulation(**settings)
     (_, ring0), _ = probe.side.algorithm.edge_groups(range(8), 0)
     culprit = ring0[1]
-    runs = {}
-    for executor in ("sequential", "batched"):
-        lines, rows = [], []
-        sim = assemble(config_of({**BASE, **MLP, **settings, "executor": executor}, "test"),
-                         store=None, log=lines.append, callbacks=[rows.append])
-        make_client_fail(sim, culprit, "disk on fire")
-        sim.run()
-        runs[executor] = (sim, lines, rows)
-    (seq, seq_lines, seq_rows), (bat, bat_lines, bat_rows) = runs["sequential"], runs["batched"]
+    (seq, seq_lines, seq_rows), (bat, bat_lines, bat_rows) = with_a_failing_client(settings, culprit)
     assert seq_lines == bat_lines
     said, where = seq_lines[0].split(" (")  # the line names the code that raised
     assert said == f"round 1: client {culprit} failed and is dropped for the round: " \
@@ -268,15 +275,7 @@ def test_failure_in_a_hierfavg_edge_same_under_both_executors():
     the second iteration), its edge averages the others; lockstep and chains agree."""
     settings = {**HIERFAVG, "clients": 9, "rounds": 2}
     culprit = 1
-    runs = {}
-    for executor in ("sequential", "batched"):
-        lines, rows = [], []
-        sim = assemble(config_of({**BASE, **MLP, **settings, "executor": executor}, "test"),
-                       store=None, log=lines.append, callbacks=[rows.append])
-        make_client_fail(sim, culprit, "disk on fire")
-        sim.run()
-        runs[executor] = (sim, lines, rows)
-    (seq, seq_lines, seq_rows), (bat, bat_lines, bat_rows) = runs["sequential"], runs["batched"]
+    (seq, seq_lines, seq_rows), (bat, bat_lines, bat_rows) = with_a_failing_client(settings, culprit)
     assert seq_lines == bat_lines and len(seq_lines) == 2  # once a round
     assert seq.parts.comm.state() == bat.parts.comm.state()
     # κ2 = 2 iterations: 9 devices down and 8 up, then 8 down and 8 up

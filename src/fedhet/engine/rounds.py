@@ -319,12 +319,20 @@ def _walk(rc: RoundContext, round: int, walk: RingWalk, tally: RoundTally, updat
     rules for one reply at a time)."""
     while (device := walk.next_device(tally.failed)) is not None:
         up = update(device, walk.deliver(rc.comm, device))
-        if isinstance(up, ClientFailure):
-            _fail(rc, tally, up)
-            continue
-        check_finite(up, round, device)
-        tally.returned.add(device)
-        walk.accept(device, up)
+        if _accepted(rc, round, tally, device, up):
+            walk.accept(device, up)
+
+
+def _accepted(rc: RoundContext, round: int, tally: RoundTally, client_id: int,
+              up: Message | ClientFailure) -> bool:
+    """One reply of a chain, by `returned`'s rules: a failure logged and counted (False), else
+    checked for non-finite values and counted as returned (True)."""
+    if isinstance(up, ClientFailure):
+        _fail(rc, tally, up)
+        return False
+    check_finite(up, round, client_id)
+    tally.returned.add(client_id)
+    return True
 
 
 def _admitted(rc: RoundContext, tally: RoundTally, devices: Sequence[int], round: int) -> list[int]:
@@ -445,27 +453,32 @@ def _edge_walk(
     then the next iteration from it; the same messages, bills and checks as the lockstep
     iteration (`_edge_iteration`)."""
     for iteration in range(role.edge_iterations()):
-        requests = []
-        for client_id in edge.live:
-            if client_id in tally.failed:
-                continue
-            message = role.edge_configure(edge.state, client_id, round, iteration)
-            rc.comm.send("device-edge", "down", message)
-            requests.append((client_id, message))
+        requests = _edge_downlinks(rc, role, edge, round, iteration, tally)
         if not requests:
             continue
         replies = []
         for client_id, up in clients.many(requests):
-            if isinstance(up, ClientFailure):
-                _fail(rc, tally, up)
-                continue
-            check_finite(up, round, client_id)
-            tally.returned.add(client_id)
-            rc.comm.send("device-edge", "up", up)
-            replies.append(Reply(client_id, up))
+            if _accepted(rc, round, tally, client_id, up):
+                rc.comm.send("device-edge", "up", up)
+                replies.append(Reply(client_id, up))
         if replies:
             edge.state = role.edge_aggregate(edge.state, round, replies)
             edge.aggregated = True
+
+
+def _edge_downlinks(
+    rc: RoundContext, role: EdgeRole, edge: _StarEdge, round: int, iteration: int, tally: RoundTally,
+) -> list[tuple[int, Message]]:
+    """Edge iteration `iteration`'s downlink to each of `edge`'s devices still in the round,
+    each billed on `device-edge`."""
+    requests = []
+    for client_id in edge.live:
+        if client_id in tally.failed:
+            continue
+        message = role.edge_configure(edge.state, client_id, round, iteration)
+        rc.comm.send("device-edge", "down", message)
+        requests.append((client_id, message))
+    return requests
 
 
 def _edge_iteration(
@@ -477,13 +490,9 @@ def _edge_iteration(
     edge_of: dict[int, int] = {}
     requests = []
     for index, edge in enumerate(edges):
-        for client_id in edge.live:
-            if client_id in tally.failed:
-                continue
-            message = role.edge_configure(edge.state, client_id, round, iteration)
-            rc.comm.send("device-edge", "down", message)
-            requests.append((client_id, message))
-            edge_of[client_id] = index
+        downlinks = _edge_downlinks(rc, role, edge, round, iteration, tally)
+        requests += downlinks
+        edge_of.update((client_id, index) for client_id, _ in downlinks)
     replies = reply_stream(rc, round, requests, "device-edge", tally)
     done: set[int] = set()
     for index, run in groupby(replies, key=lambda reply: edge_of[reply.client_id]):
