@@ -318,21 +318,21 @@ def _walk(rc: RoundContext, round: int, walk: RingWalk, tally: RoundTally, updat
     """One ring's walk as a chain: deliver, run, check and accept hop after hop (`returned`'s
     rules for one reply at a time)."""
     while (device := walk.next_device(tally.failed)) is not None:
-        up = update(device, walk.deliver(rc.comm, device))
-        if _accepted(rc, round, tally, device, up):
-            walk.accept(device, up)
+        reply = _accepted(rc, round, tally, device, update(device, walk.deliver(rc.comm, device)))
+        if reply is not None:
+            walk.accept(device, reply)
 
 
 def _accepted(rc: RoundContext, round: int, tally: RoundTally, client_id: int,
-              up: Message | ClientFailure) -> bool:
-    """One reply of a chain, by `returned`'s rules: a failure logged and counted (False), else
-    checked for non-finite values and counted as returned (True)."""
+              up: Message | ClientFailure) -> Message | None:
+    """One reply of a chain, by `returned`'s rules: a failure logged and counted (None), else
+    checked for non-finite values, counted as returned, and given back."""
     if isinstance(up, ClientFailure):
         _fail(rc, tally, up)
-        return False
+        return None
     check_finite(up, round, client_id)
     tally.returned.add(client_id)
-    return True
+    return up
 
 
 def _admitted(rc: RoundContext, tally: RoundTally, devices: Sequence[int], round: int) -> list[int]:
@@ -458,9 +458,10 @@ def _edge_walk(
             continue
         replies = []
         for client_id, up in clients.many(requests):
-            if _accepted(rc, round, tally, client_id, up):
-                rc.comm.send("device-edge", "up", up)
-                replies.append(Reply(client_id, up))
+            reply = _accepted(rc, round, tally, client_id, up)
+            if reply is not None:
+                rc.comm.send("device-edge", "up", reply)
+                replies.append(Reply(client_id, reply))
         if replies:
             edge.state = role.edge_aggregate(edge.state, round, replies)
             edge.aggregated = True
