@@ -67,8 +67,10 @@ def main() -> None:
                     help="stock SuperNodes: a new ClientApp process per message (the old default)")
     args = ap.parse_args()
 
-    from fedhet.deploy.launch import LocalFederation, stop_tree, wait_for_run
+    from fedhet.deploy.launch import LocalFederation
+    from fedhet.deploy.process_tree import stop_tree
     from fedhet.deploy.project import write_app
+    from fedhet.deploy.watchdog import wait_for_run
     from fedhet.runs.single import execute
 
     settings = {"algorithm": args.algorithm, "dataset": args.dataset, "clients": args.clients,

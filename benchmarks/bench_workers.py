@@ -2,7 +2,7 @@
 
 Each point is FedAvg with an MLP on random MNIST-shaped data (nothing is downloaded), IID,
 `m` clients of `n` samples each, all sampled every round, E = 1, B = 32; its estimated work is
-`Simulation.round_work` (`m · τ(B·d + STEP_COST)` multiply-adds) and `rounds ×` that, the figures
+`Simulation.round_cost` (`m · τ(B·d + STEP_COST)` multiply-adds) and `rounds ×` that, the figures
 `--workers auto` compares with `AUTO_MIN_WORK` and `AUTO_MIN_RUN_WORK`. Every point runs with 1
 and with 2 workers, `--repeat` times in alternating order; the table gives the medians of
 
@@ -82,7 +82,7 @@ def one(clients: int, samples: int, hidden: int, workers: int, rounds: int) -> t
     sim.run()
     total = time.perf_counter() - t0
     times = [r["round_time_s"] for r in rows]
-    return statistics.median(times[1:]), total, sim.side.round_work
+    return statistics.median(times[1:]), total, sim.side.round_cost
 
 
 def demo(workers: int, rounds: int) -> tuple[float, float, float]:
@@ -97,7 +97,7 @@ def demo(workers: int, rounds: int) -> tuple[float, float, float]:
             sim.run()
             total += time.perf_counter() - t0
             per += [r["round_time_s"] for r in rows][1:]
-    return statistics.median(per), total, sim.side.round_work
+    return statistics.median(per), total, sim.side.round_cost
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Evaluation's share of a paper-scale round, before and after the fast path, on one CPU core.
 
 For each campaign table (`fedhet.papers.campaign.TABLES`) its first paper-scale run says
-what a round computes (`campaign.pricing.run_work`: samples trained, samples evaluated: the test set
+what a round computes (`campaign.pricing.round_load`: samples trained, samples evaluated: the test set
 every round, the whole training set with `train_loss`, FedVeca's and BHerd's). This script
 measures, on one core, the training and the evaluation throughput of the table's model in
 two checkouts (this one, and `--base`, e.g. a worktree of `main`), each in its own worker
@@ -79,7 +79,7 @@ def main() -> None:
         worker()
         return
     from fedhet.papers.campaign import TABLES
-    from fedhet.papers.campaign.pricing import run_work
+    from fedhet.papers.campaign.pricing import round_load
     from fedhet.papers.campaign.tables import first_stage
 
     here = Path(__file__).resolve().parents[1] / "src"
@@ -97,7 +97,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for t in TABLES:
         spec = first_stage(t, "paper")[0].settings
-        w = run_work(spec)
+        w = round_load(spec)
         shape, classes = INPUT_SHAPES[str(spec.get("dataset", "mnist"))]
         job = {"model": w.model, "shape": list(shape), "classes": classes,
                "batch": int(spec.get("batch_size", 32))}

@@ -16,7 +16,7 @@ from fedhet.models.cnn import cnn_fednnnn_cifar
 from fedhet.registry import NoParams
 from fedhet.rundir.store import RunStore, read_metrics
 from fedhet.runs.comparison import compare
-from fedhet.runs.runner import Job, batch_units
+from fedhet.runs.jobs import Job, batch_units
 from fedhet.training.cohort import CohortTrainer, EvalJob, stacks_evaluation
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import evaluate

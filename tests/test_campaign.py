@@ -22,7 +22,7 @@ from fedhet.papers.campaign import bench, records, tables
 from fedhet.papers.campaign import sitting as sitting_module
 from fedhet.papers.campaign.plan import cells as plan_cells
 from fedhet.papers.campaign.plan import status
-from fedhet.papers.campaign.pricing import Pricer, run_work
+from fedhet.papers.campaign.pricing import Pricer, round_load
 from fedhet.papers.campaign.records import Store
 from fedhet.papers.campaign.sitting import Sitting
 from fedhet.papers.campaign.tables import TABLES, Table, plan_runs
@@ -285,20 +285,20 @@ def test_fedveca_evaluates_on_the_test_set_only(tmp_path: Path) -> None:
 # -- work and prices ----------------------------------------------------------------------------
 def test_work_by_hand() -> None:
     """FedNNNN: 100 clients × E = 5 over 60,000 samples, the 10,000 test samples a third each."""
-    w = run_work({"algorithm": "fedavg", "dataset": "mnist", "model": "cnn-fednnnn-mnist",
+    w = round_load({"algorithm": "fedavg", "dataset": "mnist", "model": "cnn-fednnnn-mnist",
                   "clients": 100, "local_epochs": 5, "rounds": 100})
     assert (w.passes, w.stacked, w.rounds) == (pytest.approx(300_000 + 10_000 / 3), 100, 100)
     base = {"dataset": "mnist", "model": "mlp", "clients": 20, "local_epochs": 1, "rounds": 500,
             "eval_every": 10**9}
-    fedsr = run_work({**base, "algorithm": "fedsr", "algorithm.clusters": 5, "algorithm.ring_passes": 5})
+    fedsr = round_load({**base, "algorithm": "fedsr", "algorithm.clusters": 5, "algorithm.ring_passes": 5})
     assert fedsr.passes == pytest.approx(5 * 60_000) and fedsr.stacked == 5
-    assert run_work({**base, "algorithm": "ring"}).stacked == 1
-    assert run_work({**base, "algorithm": "moon"}).passes == pytest.approx(60_000 * 5 / 3)
-    assert run_work({**base, "algorithm": "central"}).stacked == 1
-    fv = run_work({**base, "algorithm": "fedveca", "clients": 5, "batch_size": 32, "eval_every": 1,
+    assert round_load({**base, "algorithm": "ring"}).stacked == 1
+    assert round_load({**base, "algorithm": "moon"}).passes == pytest.approx(60_000 * 5 / 3)
+    assert round_load({**base, "algorithm": "central"}).stacked == 1
+    fv = round_load({**base, "algorithm": "fedveca", "clients": 5, "batch_size": 32, "eval_every": 1,
                    "train_loss": True})
     assert fv.passes == pytest.approx(5 * 50 * 32 + 60_000 + 70_000 / 3)
-    cut = run_work({**base, "algorithm": "fedavg", "dataset.limit_train": 6000, "dataset.limit_test": 2000,
+    cut = round_load({**base, "algorithm": "fedavg", "dataset.limit_train": 6000, "dataset.limit_test": 2000,
                     "eval_every": 1})
     assert cut.passes == pytest.approx(6000 + 2000 / 3)
 

@@ -225,7 +225,7 @@ def test_node_labels_are_host_names_made_unique():
 
 def test_a_retried_job_resumes_what_its_lost_task_began(tmp_path):
     from fedhet.runs.cluster import refreshed
-    from fedhet.runs.runner import Job
+    from fedhet.runs.jobs import Job
 
     job = Job("r", {"dataset": "digits"}, str(tmp_path / "r"), resume=False)
     assert refreshed(job) is job  # nothing there yet: a fresh start
@@ -352,7 +352,7 @@ def test_a_task_on_a_node_that_cannot_use_the_grid_touches_nothing_and_is_requeu
     import ray
 
     from fedhet.runs import cluster
-    from fedhet.runs.runner import Job
+    from fedhet.runs.jobs import Job
 
     monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(get_node_id=lambda: ID["blind"]))
     control = tmp_path / ".cluster"
@@ -396,7 +396,7 @@ def test_a_preset_joins_ray_once_for_all_its_stages(tmp_path, monkeypatch):
     baselines that read them) connects to Ray once and closes it once, after the last stage;
     a grid alone still connects and closes per call. Ray and the cluster driver are stand-ins
     here that run each unit in this process (the real cluster is the harness above)."""
-    from fedhet.runs import cluster, runner
+    from fedhet.runs import cluster, processes
 
     calls: list[str] = []
 
@@ -427,7 +427,7 @@ def test_a_preset_joins_ray_once_for_all_its_stages(tmp_path, monkeypatch):
         assert ray is fake and fake.up
         calls.append(f"drive {sum(len(u) for u in units)}")
         for unit in units:
-            for result in runner.run_unit(unit):
+            for result in processes.run_unit(unit):
                 tally.add(result, progress, 0.0)
 
     monkeypatch.setattr(cluster, "import_ray", lambda: fake)
@@ -658,13 +658,13 @@ class _MemoryRay:
         return list(refs), []
 
     def get(self, ref):  # noqa: ANN001
-        from fedhet.runs import runner
+        from fedhet.runs import processes
 
         self.live -= 1
         if ref.killed:
             raise self.exceptions.OutOfMemoryError("Task was killed due to the node running low "
                                                    "on memory.")
-        return [runner.run_job(job) for job in ref.jobs]
+        return [processes.run_job(job) for job in ref.jobs]
 
     def cancel(self, ref, force=False):  # noqa: ANN001
         pass
@@ -704,8 +704,10 @@ def _memory_grid(tmp_path: Path, monkeypatch, slots: int):  # noqa: ANN001
     import io
     import threading
 
-    from fedhet.runs import cluster, runner
+    from fedhet.runs import cluster
     from fedhet.runs.cluster import ClusterOptions
+    from fedhet.runs.grid_status import Outcomes, Progress
+    from fedhet.runs.jobs import plan_jobs
     from fedhet.runs.presets import RunSpec
 
     ray = _MemoryRay(slots)
@@ -714,9 +716,9 @@ def _memory_grid(tmp_path: Path, monkeypatch, slots: int):  # noqa: ANN001
     specs = [RunSpec(f"s{seed}", "all", "fedavg", {"dataset": "digits", "clients": 3, "rounds": 1,
                                                     "seed": seed}) for seed in range(3)]
     runs = tmp_path / "g" / "runs"
-    jobs, _ = runner.plan_jobs(specs, runs, force=False)
+    jobs, _ = plan_jobs(specs, runs, force=False)
     stream = io.StringIO()
-    tally, progress = runner.Outcomes(), runner.Progress(3, 0, jobs, stream)
+    tally, progress = Outcomes(), Progress(3, 0, jobs, stream)
     cluster._drive(ray, [[j] for j in jobs], ClusterOptions(cpus_per_run=1.0), runs,
                    threading.Event(), [], tally, progress)
     return ray, tally, stream.getvalue()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fedhet.errors import FedhetError
-from fedhet.runs import runner
+from fedhet.runs import processes
 from fedhet.runs.comparison import compare
 
 GRID = """\
@@ -40,13 +40,13 @@ def test_force_clears_every_cell_before_the_first_run_starts(finished, monkeypat
     cells = sorted((out / "runs").iterdir())
     (cells[1] / "notes.txt").write_text("mine")
     seen: list[list[bool]] = []
-    real = runner.run_job
+    real = processes.run_job
 
     def spy(job):
         seen.append([(c / "summary.json").exists() for c in cells] + [(cells[1] / "notes.txt").exists()])
         return real(job)
 
-    monkeypatch.setattr(runner, "run_job", spy)
+    monkeypatch.setattr(processes, "run_job", spy)
     log = io.StringIO()
     compare(grid, out, jobs=1, force=True, stream=log)
     # both old results were gone before the first run; a file fedhet did not write was kept

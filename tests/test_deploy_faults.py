@@ -20,18 +20,13 @@ import torch
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install fedhet[flower])")
 
-from fedhet.deploy.launch import (  # noqa: E402
-    LocalFederation,
-    _alive,
-    _children,
-    _process_table,
-    named_descendants,
-    stop_tree,
-)
+from fedhet.deploy.launch import LocalFederation  # noqa: E402
+from fedhet.deploy.process_tree import alive, children, named_descendants, stop_tree  # noqa: E402
 from fedhet.deploy.project import write_app  # noqa: E402
 from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of  # noqa: E402
 from fedhet.engine.faults import DROPPED, OK, FaultModel  # noqa: E402
+from fedhet.procs import process_table  # noqa: E402
 from fedhet.rundir.store import read_checkpoint  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -109,7 +104,7 @@ def test_a_killed_supernode_is_dropped_for_the_rounds_it_misses_and_rejoins(tmp_
     remote = read_checkpoint(out / "checkpoint.pt")["server"]["w"]
     assert torch.allclose(remote, local.final_state.w, atol=1e-6, rtol=0)
     time.sleep(0.5)
-    assert not [p for p in pids if _alive(p)], "Flower processes left running"
+    assert not [p for p in pids if alive(p)], "Flower processes left running"
 
 
 def test_a_killed_superlink_ends_deploy_local_and_leaves_nothing_running(tmp_path):
@@ -120,8 +115,8 @@ def test_a_killed_superlink_ends_deploy_local_and_leaves_nothing_running(tmp_pat
     try:
         _wait(lambda: len(_rows(tmp_path / "out")) >= 2 or proc.poll() is not None, 180, "round 1")
         assert proc.poll() is None, proc.communicate()
-        table = _process_table()
-        deployment = set(_children(proc.pid))
+        table = process_table()
+        deployment = set(children(proc.pid))
         sessions = {table[p][1] for p in deployment if p in table} - {os.getsid(0)}
         superlink = named_descendants(proc.pid, "flower-superlink")  # not a fork of it
         assert len(superlink) == 1 and any("flwr-serverapp" in _cmdline(p) for p in deployment)
@@ -135,8 +130,8 @@ def test_a_killed_superlink_ends_deploy_local_and_leaves_nothing_running(tmp_pat
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith(f"error: SuperLink (PID {superlink[0]}) died with killed by SIGKILL")
     time.sleep(0.5)
-    left = [p for p, (_, sid, _) in _process_table().items()
-            if _alive(p) and (p in deployment or sid in sessions)]
+    left = [p for p, (_, sid, _) in process_table().items()
+            if alive(p) and (p in deployment or sid in sessions)]
     assert not left, [(p, _cmdline(p)) for p in left]
 
 

@@ -16,17 +16,16 @@ import pytest
 
 pytest.importorskip("flwr", reason="Flower is not installed (pip install fedhet[flower])")
 
-from fedhet.deploy.launch import (  # noqa: E402
-    LocalFederation,
-    Watchdog,
-    _alive,
-    _children,
-    _wait_status,
+from fedhet.deploy.launch import LocalFederation  # noqa: E402
+from fedhet.deploy.process_tree import (  # noqa: E402
+    alive,
+    children,
     describe_status,
     named_descendants,
     stop_tree,
-    wait_for_run,
+    wait_status,
 )
+from fedhet.deploy.watchdog import Watchdog, wait_for_run  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -43,9 +42,9 @@ def test_exit_status_of_a_killed_process_that_is_not_our_child():
         pid = int(parent.stdout.readline())
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while _wait_status(pid) is None and time.monotonic() < deadline:
+        while wait_status(pid) is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert describe_status(_wait_status(pid)) == "killed by SIGKILL"
+        assert describe_status(wait_status(pid)) == "killed by SIGKILL"
     finally:
         parent.kill()
         parent.wait()
@@ -84,11 +83,11 @@ def test_a_process_the_server_app_forks_is_not_taken_for_the_server_app(tmp_path
             saw_the_fork |= "flwr-serverapp" in _cmdline(forked)
             watchdog.check()  # the fork lives, then exits: no error
             time.sleep(0.05)
-        assert saw_the_fork and not _alive(forked)
+        assert saw_the_fork and not alive(forked)
         assert list(watchdog.serverapps) == [server]
         os.kill(server, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while _alive(server) and time.monotonic() < deadline:
+        while alive(server) and time.monotonic() < deadline:
             time.sleep(0.05)
         with pytest.raises(FedhetError, match=rf"the ServerApp \(flwr-serverapp, PID {server}\) died"):
             watchdog.check()
@@ -191,7 +190,7 @@ def test_killing_the_server_app_ends_deploy_local_at_once(tmp_path):
         while server is None and time.monotonic() < deadline and proc.poll() is None:
             metrics = tmp_path / "out" / "metrics.csv"
             if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:  # round 1 done
-                started = _children(proc.pid)
+                started = children(proc.pid)
                 apps = named_descendants(proc.pid, "flwr-serverapp")  # not a fork of it
                 server = apps[0] if apps else None
             time.sleep(0.2)
@@ -211,7 +210,7 @@ def test_killing_the_server_app_ends_deploy_local_at_once(tmp_path):
     assert ("killed by SIGKILL" in lines[0] or "exit code unknown" in lines[0]) and "Traceback" not in err
     assert elapsed < 30, elapsed
     time.sleep(0.5)
-    assert not [p for p in started if _alive(p) and p != server], "Flower processes left running"
+    assert not [p for p in started if alive(p) and p != server], "Flower processes left running"
     assert not json.loads((tmp_path / "out" / "summary.json").read_text()).get("finished") \
         if (tmp_path / "out" / "summary.json").exists() else True
 
@@ -252,7 +251,7 @@ def test_a_supernode_dying_mid_run_is_a_line_not_the_end_of_the_run(tmp_path):
         watchdog.check()  # the joined line: from now on a node's death is not fatal
         assert seen[-1].startswith("fedhet: ") and f"SuperNode 0 (PID {node}) died with killed by " \
             "SIGKILL during round 2; client 0 is dropped from the rounds it misses" in seen[-1]
-        assert 0 not in fed.nodes and 0 not in fed.workers and not _alive(worker)
+        assert 0 not in fed.nodes and 0 not in fed.workers and not alive(worker)
 
         node1, worker1 = fed.nodes[1].pid, fed.workers[1].pid
         os.kill(worker1, signal.SIGKILL)
@@ -262,7 +261,7 @@ def test_a_supernode_dying_mid_run_is_a_line_not_the_end_of_the_run(tmp_path):
             time.sleep(0.05)
         watchdog.check()
         assert f"SuperNode 1 (PID {node1}) (its ClientApp worker, PID {worker1}) died" in seen[-1]
-        assert not fed.nodes and not fed.workers and not _alive(node1)
+        assert not fed.nodes and not fed.workers and not alive(node1)
         events = [json.loads(line) for line in fed.events_file.read_text().splitlines()]
         assert [(e["partition"], e["pid"]) for e in events] == [(0, node), (1, node1)]
     finally:

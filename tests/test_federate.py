@@ -9,8 +9,8 @@ import pytest
 from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.papers.fedveca.protocol import client_sizes
+from fedhet.reports.page import partition_counts
 from fedhet.reports.partition import describe_partition
-from fedhet.reports.report import partition_counts
 
 
 @pytest.mark.parametrize("validation_fraction", [0.0, 0.25])

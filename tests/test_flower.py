@@ -518,7 +518,8 @@ def test_superlink_and_three_supernodes_match_the_engine(tmp_path):
         while not _metrics_rows(out) >= 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         fed.kill_node(2)
-        from fedhet.deploy.launch import stop_tree, wait_for_run
+        from fedhet.deploy.process_tree import stop_tree
+        from fedhet.deploy.watchdog import wait_for_run
 
         try:
             summary = wait_for_run(out, 300, [client, fed.superlink], fed.logs)
@@ -659,8 +660,9 @@ def test_batchnorm_statistics_travel_with_the_messages():
 def test_only_registered_supernodes_join(tmp_path):
     """`--auth`: the SuperLink (TLS, `--enable-supernode-auth`) refuses a SuperNode whose key
     was never registered; the two registered ones train, and deploy.json says auth was on."""
-    from fedhet.deploy.launch import REFUSED, LocalFederation
+    from fedhet.deploy.launch import LocalFederation
     from fedhet.deploy.project import write_app
+    from fedhet.deploy.watchdog import REFUSED
 
     settings = {**BASE, "algorithm": "fedavg", "clients": 2, "rounds": 1}
     write_app(tmp_path / "app", settings, tmp_path / "out", round_timeout=300, supernode_auth=True)

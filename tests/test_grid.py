@@ -17,9 +17,10 @@ from fedhet.errors import FedhetError
 from fedhet.papers.base import PRESETS
 from fedhet.runs.comparison import compare
 from fedhet.runs.grid import load_grid
+from fedhet.runs.grid_status import Progress
+from fedhet.runs.jobs import Job
 from fedhet.runs.presets import Preset, RunSpec
 from fedhet.runs.results import summary_tables, to_target
-from fedhet.runs.runner import Job, Progress
 
 SMOKE = """\
 title = "smoke"

@@ -11,7 +11,7 @@ from torch import nn
 from fedhet.engine import plan as plans
 from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.plan import Work, batchable, describe_plan, plan
+from fedhet.engine.plan import RunShape, batchable, describe_plan, plan
 from fedhet.errors import FedhetError
 
 BASE = {"dataset": "digits", "clients": 4, "rounds": 2, "model": "mlp", "model.hidden": 8}
@@ -22,23 +22,23 @@ def cfg(**settings):
     return config_of({**base, **settings}, "test")
 
 
-def work(module=None, round_work=1e3, per_round=4) -> Work:
-    return Work(module if module is not None else nn.Linear(3, 2), round_work, per_round)
+def shape(module=None, round_cost=1e3, per_round=4) -> RunShape:
+    return RunShape(module if module is not None else nn.Linear(3, 2), round_cost, per_round)
 
 
 def test_auto_on_the_cpu_by_model():
-    p = plan(cfg(), cores=1, work=work())
+    p = plan(cfg(), cores=1, shape=shape())
     assert (p.device, p.executor, p.workers, p.backend) == (torch.device("cpu"), "sequential", 1,
                                                              "local")
     assert p.reasons["executor"] == "auto: on the CPU, not a linear model"
-    linear = plan(cfg(model="logreg"), cores=1, work=work())
+    linear = plan(cfg(model="logreg"), cores=1, shape=shape())
     assert linear.executor == "batched"
     assert linear.reasons["executor"] == "auto: a linear model (closed-form gradients)"
 
 
 def test_a_model_that_cannot_be_stacked_runs_sequentially_and_says_why():
     dropout = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
-    p = plan(cfg(executor="batched"), cores=1, work=work(dropout))
+    p = plan(cfg(executor="batched"), cores=1, shape=shape(dropout))
     assert p.executor == "sequential"
     assert p.reasons["executor"] == "the model cannot be stacked (Dropout draws per-client randomness)"
 
@@ -46,24 +46,24 @@ def test_a_model_that_cannot_be_stacked_runs_sequentially_and_says_why():
 def test_workers_auto_follows_the_measured_rule(monkeypatch):
     from fedhet.engine import workers
 
-    heavy = work(round_work=2 * workers.AUTO_MIN_WORK, per_round=4)
-    p = plan(cfg(rounds=10**6), cores=3, work=heavy)
+    heavy = shape(round_cost=2 * workers.AUTO_MIN_WORK, per_round=4)
+    p = plan(cfg(rounds=10**6), cores=3, shape=heavy)
     assert p.workers == 3 and p.workers_note is not None
     assert p.reasons["workers"] == f"auto: {p.workers_note}"
-    light = plan(cfg(), cores=3, work=work(round_work=1.0))
+    light = plan(cfg(), cores=3, shape=shape(round_cost=1.0))
     assert light.workers == 1 and "< 3e+08" in light.reasons["workers"]
     # a GPU, the batched executor or one core: nothing weighed, nothing logged
-    assert plan(cfg(model="logreg"), cores=3, work=heavy).workers_note is None
-    assert plan(cfg(rounds=10**6), cores=1, work=heavy).workers_note is None
+    assert plan(cfg(model="logreg"), cores=3, shape=heavy).workers_note is None
+    assert plan(cfg(rounds=10**6), cores=1, shape=heavy).workers_note is None
     # the clients of a Flower server run on SuperNodes
-    server = plan(cfg(rounds=10**6), cores=3, work=heavy, clients_here=False)
+    server = plan(cfg(rounds=10**6), cores=3, shape=heavy, clients_here=False)
     assert server.workers == 1 and "SuperNodes" in server.reasons["workers"]
     # set: as set
-    assert plan(cfg(workers=2), cores=1, work=heavy).workers == 2
+    assert plan(cfg(workers=2), cores=1, shape=heavy).workers == 2
 
 
 def test_the_hint_of_a_gpu_elsewhere_decides_device_and_batching():
-    p = plan(cfg(), cores=1, work=work(), cuda=True)
+    p = plan(cfg(), cores=1, shape=shape(), cuda=True)
     assert p.device.type == "cuda" and p.executor == "batched"
     assert p.reasons["device"] == "auto: the runs ask for GPUs"
     assert batchable(cfg(), cuda=True) and not batchable(cfg(), cuda=False)
@@ -74,9 +74,9 @@ def test_the_hint_of_a_gpu_elsewhere_decides_device_and_batching():
 
 def test_bad_combinations_are_one_line():
     with pytest.raises(FedhetError, match="--workers 2 runs the sequential executor"):
-        plan(cfg(workers=2, executor="batched"), cores=2, work=work())
+        plan(cfg(workers=2, executor="batched"), cores=2, shape=shape())
     with pytest.raises(FedhetError, match="spreads clients over CPU processes"):
-        plan(cfg(workers=2, device="cuda"), cores=2, work=work(), cuda=True)
+        plan(cfg(workers=2, device="cuda"), cores=2, shape=shape(), cuda=True)
 
 
 def test_describe_plan_before_anything_is_built():

@@ -22,8 +22,8 @@ from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg, FedAvgParams
 from fedhet.cli import main
 from fedhet.rundir.store import read_metrics
-from fedhet.runs import cluster, runner
-from fedhet.runs.runner import Job
+from fedhet.runs import cluster, processes
+from fedhet.runs.jobs import Job
 
 SRC = Path(__file__).parent.parent / "src"
 
@@ -227,17 +227,17 @@ def test_a_grid_of_the_command_line_imports_the_plugin_in_its_workers(plugin_fil
 
 
 def test_a_worker_whose_plugin_fails_reports_it_on_each_run(tmp_path, monkeypatch):
-    monkeypatch.setattr(runner.signal, "signal", lambda *a: None)  # this is pytest's process
-    monkeypatch.setattr(runner.signal, "pthread_sigmask", lambda *a: None)
-    monkeypatch.setenv(runner.CORES_ENV, "1")
-    runner._init_worker(None, 1, {str(tmp_path / "lost.py"): str(tmp_path / "lost.py")})
+    monkeypatch.setattr(processes.signal, "signal", lambda *a: None)  # this is pytest's process
+    monkeypatch.setattr(processes.signal, "pthread_sigmask", lambda *a: None)
+    monkeypatch.setenv(processes.CORES_ENV, "1")
+    processes.init_worker(None, 1, {str(tmp_path / "lost.py"): str(tmp_path / "lost.py")})
     try:
         job = Job("a", {"algorithm": "fedavg"}, str(tmp_path / "a"), False)
-        (result,) = runner.run_unit([job])
+        (result,) = processes.run_unit([job])
         assert result["error"].startswith(f"plugin {tmp_path / 'lost.py'}, recorded in the "
                                           "grid's process, can no longer be imported")
     finally:
-        runner._BROKEN = runner._STOP = None
+        processes._BROKEN = processes._STOP = None
 
 
 UNGUARDED = '''
@@ -275,18 +275,18 @@ def test_fresh_workers_are_refused_in_one_line_for_an_unguarded_script(tmp_path,
     script = tmp_path / "mine.py"
     script.write_text("import fedhet\nfedhet.compare()\n")
     monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__file__=str(script)))
-    monkeypatch.setattr(runner.torch.cuda, "is_initialized", lambda: True)  # fork unusable
-    with pytest.raises(runner.FedhetError, match=r'if __name__ == "__main__":.*plugin module'):
-        runner._context()
+    monkeypatch.setattr(processes.torch.cuda, "is_initialized", lambda: True)  # fork unusable
+    with pytest.raises(processes.FedhetError, match=r'if __name__ == "__main__":.*plugin module'):
+        processes.worker_context()
     script.write_text("import fedhet\nif __name__ == '__main__':\n    fedhet.compare()\n")
-    assert runner._context().get_start_method() in ("forkserver", "spawn")
+    assert processes.worker_context().get_start_method() in ("forkserver", "spawn")
 
 
 def test_a_grid_from_python_forks_and_the_command_line_keeps_fresh_workers():
-    if "fork" in runner.multiprocessing.get_all_start_methods():
-        assert runner._context().get_start_method() == "fork"
+    if "fork" in processes.multiprocessing.get_all_start_methods():
+        assert processes.worker_context().get_start_method() == "fork"
     with plugins.command_line():
-        assert runner._context().get_start_method() in ("forkserver", "spawn")
+        assert processes.worker_context().get_start_method() in ("forkserver", "spawn")
 
 
 def test_a_notebooks_component_is_refused_for_fresh_workers_and_ray(tmp_path, monkeypatch):
@@ -295,16 +295,16 @@ def test_a_notebooks_component_is_refused_for_fresh_workers_and_ray(tmp_path, mo
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # no __file__
     units = [[Job("a", {"algorithm": name}, str(tmp_path / "a"), False)]]
     with ALGORITHMS.added(name, notebook_class, FedAvgParams):
-        with pytest.raises(runner.FedhetError, match=f"algorithm '{name}' is defined in this "
+        with pytest.raises(processes.FedhetError, match=f"algorithm '{name}' is defined in this "
                                                      "session.*plugin module"):
-            runner.check_fresh_workers(units)
-        with pytest.raises(runner.FedhetError, match="Ray workers import components from "
+            processes.check_fresh_workers(units)
+        with pytest.raises(processes.FedhetError, match="Ray workers import components from "
                                                      "modules: move it into a plugin module"):
             cluster.check_importable(units)
         guarded = tmp_path / "guarded.py"  # a script's workers import it again: they know it
         guarded.write_text("if __name__ == '__main__':\n    pass\n")
         monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__file__=str(guarded)))
-        runner.check_fresh_workers(units)
+        processes.check_fresh_workers(units)
     cluster.check_importable([[Job("b", {"algorithm": "fedavg"}, str(tmp_path / "b"), False)]])
 
 

@@ -13,8 +13,11 @@ from registered import example
 
 from fedhet.cli import main
 from fedhet.errors import FedhetError
-from fedhet.reports import report
-from fedhet.reports.report import RunData, diagnostic_families, partition_counts, plot_diagnostics
+from fedhet.reports import discovery, figures, report
+from fedhet.reports import page as report_page
+from fedhet.reports.diagnostics import diagnostic_families, plot_diagnostics
+from fedhet.reports.page import partition_counts
+from fedhet.reports.plots import RunData
 from fedhet.runs.single import execute
 
 BASE = {"dataset": "digits", "partition": "dirichlet", "clients": 4, "rounds": 2, "lr": 0.1}
@@ -101,7 +104,7 @@ def test_a_run_being_replaced_is_not_a_run_of_the_directory(runs_dir, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(runs_dir, root, ignore=shutil.ignore_patterns("report.html", "*.png"))
     shutil.copytree(root / "central", root / "fedavg" / ".fedhet-replaced")
-    _, runs = report.discover(root)
+    _, runs = discovery.discover(root)
     assert sorted(r.name for r in runs) == ["central", "fedavg", "fedavgm"]
 
 
@@ -165,12 +168,12 @@ def test_extra_plotters_are_called_and_their_failures_reported(runs_dir, tmp_pat
     def broken(runs, out):
         raise RuntimeError("boom")
 
-    monkeypatch.setitem(report.EXTRA_PLOTTERS, "fedavg", fedavg_plot)
-    monkeypatch.setitem(report.EXTRA_PLOTTERS, "fedavgm", broken)
-    monkeypatch.setitem(report.EXTRA_PLOTTERS, "central", "json:dumps")  # "module:function", lazily
-    _, runs = report.discover(runs_dir)
+    monkeypatch.setitem(figures.EXTRA_PLOTTERS, "fedavg", fedavg_plot)
+    monkeypatch.setitem(figures.EXTRA_PLOTTERS, "fedavgm", broken)
+    monkeypatch.setitem(figures.EXTRA_PLOTTERS, "central", "json:dumps")  # "module:function", lazily
+    _, runs = discovery.discover(runs_dir)
     warnings: list[str] = []
-    section = report._extra_section(runs, tmp_path, warnings.append)
+    section = report_page._extra_section(runs, tmp_path, warnings.append)
     assert '<img src="fig_extra_fedavg.png"' in section and "paper figure for fedavg" in section
     assert "fedavgm plots failed: RuntimeError: boom" in section
     assert "central plots failed: TypeError" in section  # json.dumps is no plotter: reported

@@ -23,8 +23,9 @@ from matplotlib.figure import Figure
 from matplotlib.legend import Legend
 from matplotlib.text import Text
 
-from fedhet.reports import report
-from fedhet.reports.report import RunData
+from fedhet.reports import diagnostics, discovery, report
+from fedhet.reports import page as report_page
+from fedhet.reports.plots import RunData
 from fedhet.reports.screenshot import SCREEN, page_height, visible_height
 from fedhet.runs.comparison import compare
 from fedhet.runs.single import execute
@@ -125,7 +126,7 @@ def test_no_text_runs_past_a_figures_edge(pages, n, tmp_path, clipped):
 def test_a_long_partition_title_is_wrapped_not_cut(tmp_path, clipped):
     title = ("digits / dirichlet (alpha=0.5, balance=none, max_tries=1000, min_size=10, "
              "something=a-long-value), seed 0")
-    report.plot_partition(np.arange(30).reshape(3, 10), title, tmp_path / "p.png")
+    report_page.plot_partition(np.arange(30).reshape(3, 10), title, tmp_path / "p.png")
     assert not clipped, clipped
 
 
@@ -140,13 +141,13 @@ def _client_run(seed: int, split_seed: int, tmp_path: Path) -> RunData:
 
 def test_per_client_panels_are_per_seed_unless_the_split_is_the_same(tmp_path):
     different = [_client_run(s, s, tmp_path) for s in (0, 1)]
-    panels, _ = report.diagnostic_panels(different)
+    panels, _ = diagnostics.diagnostic_panels(different)
     assert [(p.family, p.seed) for p in panels] == [("tau_*", 0), ("tau_*", 1)]
     assert all(len(line[2]) == 1 for p in panels for line in p.lines)  # one seed each
-    section = report._diagnostics_section(different, tmp_path)
+    section = report_page._diagnostics_section(different, tmp_path)
     assert "per-client panels are drawn per seed" in section
     same = [_client_run(s, 7, tmp_path) for s in (0, 1)]  # one split (e.g. a fixed partition)
-    panels, _ = report.diagnostic_panels(same)
+    panels, _ = diagnostics.diagnostic_panels(same)
     assert [(p.family, p.seed, len(p.lines[0][2])) for p in panels] == [("tau_*", None, 2)]
 
 
@@ -224,8 +225,8 @@ def test_paper_figures_keep_long_names_on_the_canvas(tmp_path, clipped):
     for algorithm, run in (("bherd", name), ("fednnnn", name.replace("bherd", "fednnnn"))):
         execute({"dataset": "digits", "clients": 3, "rounds": 2, "lr": 0.1, "algorithm": algorithm},
                 tmp_path / "runs" / run, log=lambda _: None)
-    _, runs = report.discover(tmp_path / "runs")
-    section = report._extra_section(runs, tmp_path, warn=lambda m: pytest.fail(m))
+    _, runs = discovery.discover(tmp_path / "runs")
+    section = report_page._extra_section(runs, tmp_path, warn=lambda m: pytest.fail(m))
     assert section.count("<img") >= 3  # kept map, herding distance, N and E
     assert not clipped, clipped
 

@@ -15,8 +15,9 @@ import pytest
 
 from fedhet.papers.base import PRESETS
 from fedhet.papers.reproduce import reproduce
-from fedhet.reports import report
-from fedhet.reports.report import RunData
+from fedhet.reports import diagnostics, plots, report
+from fedhet.reports import page as report_page
+from fedhet.reports.plots import RunData
 from fedhet.reports.settings import component, group_header, summarize
 from fedhet.runs.comparison import compare
 from fedhet.runs.presets import Preset, RunSpec
@@ -249,33 +250,33 @@ def _run(label: str, seed: int, steps: list[float], tmp_path: Path, group: str =
 def test_diagnostics_drop_flat_series_and_average_over_seeds(tmp_path):
     runs = [_run("A", 0, [4.0, 6.0, 8.0], tmp_path), _run("A", 1, [2.0, 4.0, 6.0], tmp_path),
             _run("B", 0, [5.0, 5.0, 5.0], tmp_path)]
-    panels, flat = report.diagnostic_panels(runs)
+    panels, flat = diagnostics.diagnostic_panels(runs)
     assert [(p.family, [line[0] for line in p.lines]) for p in panels] == [("local_steps_mean", ["A"])]
     assert flat == {"clients_sampled": [6.0, 6.0], "clients_dropped": [0.0, 0.0], "local_steps_mean": [5.0]}
-    x, mean, lo, hi = report.seed_band(panels[0].lines[0][2], "round", "local_steps_mean")
+    x, mean, lo, hi = plots.seed_band(panels[0].lines[0][2], "round", "local_steps_mean")
     assert list(x) == [1.0, 2.0, 3.0] and list(mean) == [3.0, 5.0, 7.0]
     assert list(lo) == [2.0, 4.0, 6.0] and list(hi) == [4.0, 6.0, 8.0]
-    section = report._diagnostics_section(runs, tmp_path)
+    section = report_page._diagnostics_section(runs, tmp_path)
     assert section.count("<img") == 1 and "mean over 2 seeds" in section
     assert "clients_sampled = 6; clients_dropped = 0; local_steps_mean = 5 (in 1 of the 2" in section
-    assert report.diagnostic_axes("clients_dropped") == ("clients dropped", "clients")
-    assert not report.plot_diagnostics([runs[2]], tmp_path / "none.png")  # nothing changes
+    assert diagnostics.diagnostic_axes("clients_dropped") == ("clients dropped", "clients")
+    assert not diagnostics.plot_diagnostics([runs[2]], tmp_path / "none.png")  # nothing changes
 
 
 # -- curves and captions ------------------------------------------------------------------------
 def test_loss_caption_matches_what_is_drawn_and_coinciding_lines_are_named(tmp_path):
     a, b = _run("FedAvg", 0, [1.0, 2.0, 3.0], tmp_path), _run("FedProx", 0, [1.0, 2.0, 3.0], tmp_path)
-    section = report._curves_section([a, b], tmp_path)
+    section = report_page._curves_section([a, b], tmp_path)
     assert "dashed" not in section and "train loss" not in section
     assert "Drawn over each other" in section and "FedAvg and FedProx" in section
     b.metrics["test_accuracy"] = [0.1, 0.2, 0.4, 0.6]
     a.metrics["train_loss"] = [2.1, 1.6, 1.1, 0.9]
-    section = report._curves_section([a, b], tmp_path)
+    section = report_page._curves_section([a, b], tmp_path)
     assert "thin faded lines: train loss" in section and "Drawn over each other" not in section
 
 
 def test_methods_get_distinct_dash_styles_and_markers():
-    styles = report.method_styles(["FedAvg", "FedProx", "MOON"])
+    styles = plots.method_styles(["FedAvg", "FedProx", "MOON"])
     looks = {(s["linestyle"], s["marker"]) for s in styles.values()}
     assert len(looks) == 3
     assert styles["FedAvg"]["lw"] > styles["FedProx"]["lw"]  # the one drawn first shows around

@@ -185,12 +185,12 @@ def test_reply_slots_carry_model_sized_tensors_and_the_rest_is_pickled():
 
 # -- `--workers auto` (the default) ------------------------------------------------------------
 def test_round_work_is_steps_times_batch_times_parameters_plus_a_cost_per_step():
-    from fedhet.engine.workers import STEP_COST, round_work
+    from fedhet.engine.workers import STEP_COST, round_cost
 
     # client 0: 2 steps of its 10 samples; client 1: 3 steps of B = 32; 4 clients a round
     per_client = (2 * (10 * 1000 + STEP_COST) + 3 * (32 * 1000 + STEP_COST)) / 2
-    assert round_work(4, [2, 3], [10, 100], 32, 1000) == pytest.approx(4 * per_client)
-    assert round_work(4, [], [], 32, 1000) == 0.0
+    assert round_cost(4, [2, 3], [10, 100], 32, 1000) == pytest.approx(4 * per_client)
+    assert round_cost(4, [], [], 32, 1000) == 0.0
 
 
 @pytest.mark.parametrize(("work", "rounds", "per_round", "cores", "device", "executor", "requested", "n"), [
@@ -233,7 +233,7 @@ def test_grid_jobs_share_the_cores(monkeypatch):
     """`--jobs N` runs N runs at once: each job process gets `cores // N` (`$FEDHET_CORES`), so
     `auto` in 2 jobs on 2 cores is 1 worker each, not 2 × 2 processes."""
     from fedhet.engine.workers import AUTO_MIN_WORK, CORES_ENV, auto_workers, usable_cores
-    from fedhet.runs.runner import core_share
+    from fedhet.runs.processes import core_share
 
     assert [core_share(16, j) for j in (1, 2, 3, 4, 16, 32)] == [16, 8, 5, 4, 1, 1]
     monkeypatch.setenv(CORES_ENV, str(core_share(2, 2)))
@@ -251,10 +251,10 @@ def test_a_grid_job_process_sees_its_share_of_the_cores():
     from concurrent.futures import ProcessPoolExecutor
 
     from fedhet.engine.workers import usable_cores
-    from fedhet.runs import runner
+    from fedhet.runs import processes
 
-    ctx = runner._context()
-    with ProcessPoolExecutor(1, mp_context=ctx, initializer=runner._init_worker,
+    ctx = processes.worker_context()
+    with ProcessPoolExecutor(1, mp_context=ctx, initializer=processes.init_worker,
                              initargs=(ctx.Event(), 3)) as pool:
         assert pool.submit(usable_cores).result() == 3
 
@@ -280,8 +280,8 @@ def test_auto_chosen_workers_are_an_explicit_workers_n(monkeypatch, algorithm, e
     assert isinstance(auto.side.executor, ProcessExecutor)
     assert auto.side.plan.workers == auto.side.executor.workers == 2
     assert [line for line in lines if line.startswith("workers:")] == [
-        f"workers: auto → 2 (a round's work ~{auto.side.round_work:.1e} multiply-adds ≥ 0e+00, the "
-        f"run's ~{2 * auto.side.round_work:.1e} ≥ 0e+00, 2 usable cores)"
+        f"workers: auto → 2 (a round's work ~{auto.side.round_cost:.1e} multiply-adds ≥ 0e+00, the "
+        f"run's ~{2 * auto.side.round_cost:.1e} ≥ 0e+00, 2 usable cores)"
     ]
     for sim, summary in ((one, s1), (two, s2)):
         assert same(auto.final_state, sim.final_state)
@@ -296,7 +296,7 @@ def test_auto_below_the_threshold_is_one_process_and_says_why(monkeypatch):
     monkeypatch.setenv(workers.CORES_ENV, "2")
     lines: list[str] = []
     sim, _ = simulate(0, log=lines.append)  # 6 clients of digits: far below the threshold
-    assert sim.side.round_work < workers.AUTO_MIN_WORK
+    assert sim.side.round_cost < workers.AUTO_MIN_WORK
     assert sim.side.plan.workers == 1 and not isinstance(sim.side.executor, ProcessExecutor)
     assert lines[0].startswith("workers: auto → 1 (a round's work ~") and "< 3e+08)" in lines[0]
 

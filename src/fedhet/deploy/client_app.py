@@ -5,7 +5,7 @@ the run from the run config (`fedhet.engine.assembly.assemble_clients`: the same
 server resolves; no evaluator, no round loop), re-runs the deterministic partitioner on its own
 copy of the dataset and keeps only its partition: no training data crosses the network. Each
 `train` message carries the algorithm's downlink message; the node runs it through the run's
-executor (over its `ClientWork`: the very code the in-process simulator runs, with the same
+executor (over its `ClientHost`: the very code the in-process simulator runs, with the same
 random streams), keeps the algorithm's client state (SCAFFOLD's `c_i`, …) in the node's
 `Context.state` between rounds and replies with the uplink message. A `query` message asks the
 node who it is, so the server can map client ids to nodes and check that both sides hold the
@@ -110,18 +110,18 @@ def train(msg: Message, context: Context) -> Message:
         raise FedhetError(
             f"message for client {meta['client_id']} reached the node of client {client_id}"
         )
-    work = world.clients
+    host = world.clients
     if STATE in context.state:
-        work.hold_only(
+        host.hold_only(
             client_id, unpack_state(context.state.config_records[STATE], world.algorithm, client_id)
         )
     else:
-        work.hold_only(client_id)
+        host.hold_only(client_id)
     round = int(meta["round"])
     ((_, up),) = world.executor.run(round, [(client_id, down)])
-    work.take_buffers()  # the server averages what the reply carries
+    host.take_buffers()  # the server averages what the reply carries
     if isinstance(up, ClientFailure):
         raise FedhetError(f"client {client_id} failed in {up.when}: {up.error}")
-    context.state[STATE] = pack_state(work.states[client_id])
+    context.state[STATE] = pack_state(host.states[client_id])
     return Message(to_record(up, client_id=client_id), reply_to=msg)
 

@@ -78,7 +78,7 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
     Every started process is watched: when the SuperLink, the ServerApp or `flwr run` dies,
     the others are stopped and a `FedhetError` names it (the CLI prints it as one `error:`
     line and exits non-zero), as it does when the server app wrote `OUT/error.txt`. A
-    SuperNode that dies mid-run is one line and a dropped client (`launch.Watchdog`). The
+    SuperNode that dies mid-run is one line and a dropped client (`watchdog.Watchdog`). The
     server app's progress lines (SuperNodes joined, one line per round, each dropped or
     rejoined client) are echoed as they happen; on a terminal the round lines overwrite each
     other. Flower's logs end up in `OUT/flower-logs` (or live in `keep_logs`, with Flower's

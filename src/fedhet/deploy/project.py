@@ -34,7 +34,7 @@ def app_pyproject(
     `fast_pulls` makes the server app retry a reply's not-yet-arrived parts after 0.05 s
     instead of Flower's 1 s, 2 s, … (`fedhet deploy local` sets it: free on loopback).
     `node_events` is a file where the launcher of a federation on this machine records each
-    SuperNode it saw die (`launch.Watchdog`), so the server app drops its client at once instead
+    SuperNode it saw die (`watchdog.Watchdog`), so the server app drops its client at once instead
     of waiting for the SuperLink to miss two heartbeats. `supernode_auth` says the federation
     admits registered SuperNodes only (`--enable-supernode-auth`); the run records it.
     """

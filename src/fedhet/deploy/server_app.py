@@ -40,7 +40,7 @@ from fedhet.deploy.node import shorten_pull_backoff
 from fedhet.deploy.records import from_record, to_record, wire_bytes
 from fedhet.engine import (
     CallbackLike,
-    ClientWork,
+    ClientHost,
     RunConfig,
     RunnerContext,
     Simulation,
@@ -231,16 +231,16 @@ class FlowerExecutor:
     name = "flower"
 
     def __init__(
-        self, grid: Grid, work: ClientWork, round_timeout: float, algorithm: str, log: Any = say,
+        self, grid: Grid, host: ClientHost, round_timeout: float, algorithm: str, log: Any = say,
     ) -> None:
         self.grid = grid
-        self.work = work
-        """The server's `ClientWork`: it holds no client state, only the round's BatchNorm
+        self.host = host
+        """The server's `ClientHost`: it holds no client state, only the round's BatchNorm
         statistics the replies carry (their weights are the clients' sample counts)."""
         self.round_timeout = round_timeout
         self.algorithm = algorithm
         self.log = log
-        self.roster = Roster(grid, work.client_indices, log)
+        self.roster = Roster(grid, host.client_indices, log)
         self.wire = {"down": 0, "up": 0, "total": 0}
         self.dropped = 0
 
@@ -256,7 +256,7 @@ class FlowerExecutor:
         if client_id not in replies:
             raise FedhetError(
                 f"client {client_id} did not reply in round {round + 1}; "
-                f"{self.algorithm} ({self.work.algorithm.topology} topology) cannot skip a client"
+                f"{self.algorithm} ({self.host.algorithm.topology} topology) cannot skip a client"
             )
         return replies[client_id]
 
@@ -303,7 +303,7 @@ class FlowerExecutor:
 
     def _received(self, client_id: int, reply: FlowerMessage) -> Message:
         up, _ = from_record(reply.content)
-        self.work.keep_buffers(client_id, up)  # the round average of BatchNorm statistics
+        self.host.keep_buffers(client_id, up)  # the round average of BatchNorm statistics
         return up
 
     def columns(self) -> dict[str, float]:
@@ -330,7 +330,7 @@ def server_run(
     `flower_star_round` for the star topology); `run.executor.roster` maps them."""
     return assemble(
         cfg, store=store, log=log, callbacks=callbacks,
-        executor=lambda work: FlowerExecutor(grid, work, round_timeout, cfg.algorithm, log),
+        executor=lambda host: FlowerExecutor(grid, host, round_timeout, cfg.algorithm, log),
         runners={"star": flower_star_round},
     )
 

@@ -11,7 +11,7 @@ layers above import nothing else), as a user's code reaches fedhet only through
   schema's tables `ENGINE_FIELDS`, `FIELD_DOCS`, `RECORD_KEYS`, `RESUMABLE`, `RUNTIME`,
   `COMPONENTS`, `REGISTRIES`;
 - **building and running** (`assembly`, `simulation`, `federation`, `batch`, `dry`):
-  `assemble`, `assemble_clients`, `ClientSide`, `ClientWork`, `Simulation`, `check_resumable`,
+  `assemble`, `assemble_clients`, `ClientSide`, `ClientHost`, `Simulation`, `check_resumable`,
   `federate`, `load`, `run_together`, `dry_check`, `RunnerContext`;
 - **callbacks and failures**: `CallbackLike`, `StopRun`, `ClientFailure`, `UserCodeFailed`;
 - **where work runs** (`plan`, `workers`, `comm`): `ClusterOptions`, `batchable`,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from fedhet.engine.assembly import ClientSide, assemble, assemble_clients
     from fedhet.engine.batch import run_together
     from fedhet.engine.callbacks import CallbackLike, StopRun
-    from fedhet.engine.clients import ClientWork
+    from fedhet.engine.clients import ClientHost
     from fedhet.engine.comm import LINKS
     from fedhet.engine.config import (
         COMPONENTS,
@@ -67,7 +67,7 @@ __all__ = [
     "CallbackLike",
     "ClientFailure",
     "ClientSide",
-    "ClientWork",
+    "ClientHost",
     "ClusterOptions",
     "ENGINE_FIELDS",
     "FIELD_DOCS",

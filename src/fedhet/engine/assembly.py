@@ -12,7 +12,7 @@ the `Simulation` over them:
 - the algorithm (`algorithm`: an `Algorithm` subclass, else the registered `cfg.algorithm`),
   built with its parameters (`algorithm_params`) and the run's `RunInfo`;
 - the plan (`fedhet.engine.plan`: device, executor, worker processes), the trainer, the
-  clients' work (`ClientWork` over `LocalWork`), the executor, the evaluator (`EvalSettings`),
+  clients' work (`ClientHost` over `LocalWork`), the executor, the evaluator (`EvalSettings`),
   the fault model, the communication ledger and the topology's round runner;
 - on a CPU, the process's allocator told to keep the memory a step frees for the next step
   (`fedhet.training.allocator`; `FEDHET_MALLOC=system` leaves it alone).
@@ -24,9 +24,9 @@ under any name, else none; a model's `channels_last` trait and the run's `precis
 with the `FlatModel` (how its passes compute).
 
 `assemble_clients` builds the clients' half alone (data, partition, model, algorithm,
-`ClientWork`, executor): what a process that only runs client updates needs (a Flower
+`ClientHost`, executor): what a process that only runs client updates needs (a Flower
 SuperNode). Another executor for the server's loop (Flower's, which sends the requests to
-SuperNodes) is handed in as `executor`, a factory over the run's `ClientWork`.
+SuperNodes) is handed in as `executor`, a factory over the run's `ClientHost`.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from fedhet.data.base import Dataset
 from fedhet.engine.callbacks import CallbackLike
 from fedhet.engine.client_eval import FineTune, HeldOut
 from fedhet.engine.client_store import ClientStateStore
-from fedhet.engine.clients import ClientWork, LocalWork, local_steps
+from fedhet.engine.clients import ClientHost, LocalWork, local_steps
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RunConfig
 from fedhet.engine.dry import build_algorithm, build_model, check_algorithm, dry_start
@@ -52,10 +52,10 @@ from fedhet.engine.evaluation import EvalSettings, Evaluator
 from fedhet.engine.executors import Executor
 from fedhet.engine.faults import FaultModel
 from fedhet.engine.federation import federate
-from fedhet.engine.plan import Work, executor_for, plan
+from fedhet.engine.plan import RunShape, executor_for, plan
 from fedhet.engine.rounds import ROUND_RUNNERS, RoundRunner
 from fedhet.engine.simulation import ClientSide, LoopSettings, Parts, Simulation, round_half_up
-from fedhet.engine.workers import round_work, usable_cores
+from fedhet.engine.workers import round_cost, usable_cores
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
 from fedhet.registry import Entry, Registry, build_params, params_dict
@@ -67,8 +67,8 @@ from fedhet.training.local import LocalTrainer
 ModelFactory = Callable[[tuple[int, ...], int, Any], nn.Module]
 """`(input_shape, num_classes, params) -> nn.Module`, the shape of a registered model."""
 
-ExecutorFactory = Callable[[ClientWork], Executor]
-"""Builds the executor a run's loop hands its client requests to, over the run's `ClientWork`."""
+ExecutorFactory = Callable[[ClientHost], Executor]
+"""Builds the executor a run's loop hands its client requests to, over the run's `ClientHost`."""
 
 
 def assemble(
@@ -123,9 +123,9 @@ def assemble_clients(
     steps = [local_steps(local, len(p), i, 0, clamp=False) for i, p in enumerate(parts)]
     per_round = min(len(parts), max(1, round_half_up(cfg.sample_fraction * len(parts))))
     dim = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    work = round_work(per_round, [max(1, t) for t in steps], [len(p) for p in parts],
+    cost = round_cost(per_round, [max(1, t) for t in steps], [len(p) for p in parts],
                       cfg.batch_size, dim)
-    the_plan = plan(cfg, usable_cores(), work=Work(module, work, per_round),
+    the_plan = plan(cfg, usable_cores(), shape=RunShape(module, cost, per_round),
                     clients_here=executor is None, linear=_linear(model))
     if the_plan.workers_note is not None:  # else nothing was weighed: a GPU, batched, one core
         log(f"workers: auto → {the_plan.workers} ({the_plan.workers_note})")
@@ -148,11 +148,11 @@ def assemble_clients(
     )
     algo = build_algorithm(algo_cls, algorithm_params(cfg, algo_cls), run_info, cfg.algorithm)
     kept = ClientStateStore(algo, round(cfg.client_state_memory_mb * 2**20), device=device)
-    clients = ClientWork(local, flat, trainer, client_indices, algo, log, kept)
+    clients = ClientHost(local, flat, trainer, client_indices, algo, log, kept)
     runs = executor(clients) if executor is not None else \
         executor_for(the_plan, clients, cfg.cohort_chunk)
     return ClientSide(data, parts, client_indices, flat, trainer, run_info, algo, clients,
-                      the_plan, runs, work, steps, fed.held_out, fed.own_parts)
+                      the_plan, runs, cost, steps, fed.held_out, fed.own_parts)
 
 
 def algorithm_params(cfg: RunConfig, cls: type[Algorithm]) -> Any:

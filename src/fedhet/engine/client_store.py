@@ -1,7 +1,7 @@
 """Where the clients' own states live between rounds: `ClientStateStore` (docs/scale.md).
 
 A client's state (SCAFFOLD's `c_i`, MOON's previous model, GraB's orders, …) exists from the
-round the client is first sampled: `ClientWork` asks the algorithm's `client_init` for it then,
+round the client is first sampled: `ClientHost` asks the algorithm's `client_init` for it then,
 never before, so a client that is never sampled costs nothing. The store keeps at most a memory
 budget of states resident (`client_state_memory_mb`), the least recently used first out; a
 state pushed out goes to a file of its own, `<directory>/<client>-<version>.pt` (`torch.save`

@@ -1,4 +1,4 @@
-"""The clients' side of the engine in one process: `ClientWork`.
+"""The clients' side of the engine in one process: `ClientHost`.
 
 It holds what a client half needs and nothing of the server: the training tensors (a client
 is an index array into them, docs/design.md), the shared model and its `LocalTrainer`, the
@@ -36,9 +36,10 @@ _UNSET = object()
 
 @dataclass(frozen=True)
 class LocalWork(ConfigFields):
-    """The settings a client's local work reads (the `RunConfig` fields of the same names):
-    the learning-rate schedule over `rounds`, the step count `τ_(k,i)`, the local step (SGD or
-    Adam) and the seed of the client's random streams."""
+    """A client's local work: what one client update does between receiving the model and
+    replying, as the `RunConfig` fields of the same names set it: the learning-rate schedule
+    `η_k` over `rounds`, the step count `τ_(k,i)` (steps, or epochs of batches of `B`), the local
+    step (SGD or Adam) and the seed of the client's random streams."""
 
     lr: float
     lr_schedule: str
@@ -87,8 +88,11 @@ def local_steps(
     return max(1, steps) if clamp else steps
 
 
-class ClientWork:
-    """Runs client halves on this process's copy of the data (see the module docstring)."""
+class ClientHost:
+    """Hosts the clients in this process: their data indices, the algorithm's client half,
+    their states between rounds and the round's BatchNorm statistics; runs a client's
+    `LocalWork` on request (`update`). One per process that runs client updates (the simulator,
+    a worker process, a Flower SuperNode); the executors run clients through it."""
 
     def __init__(
         self, local: LocalWork, model: FlatModel, trainer: LocalTrainer,
@@ -194,4 +198,4 @@ class ClientWork:
         return kept
 
 
-__all__ = ["ClientWork", "LocalWork", "learning_rate", "local_steps"]
+__all__ = ["ClientHost", "LocalWork", "learning_rate", "local_steps"]

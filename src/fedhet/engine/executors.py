@@ -1,6 +1,6 @@
 """Executors: how a round's independent client halves run (docs/design.md "Executors").
 
-- `sequential`: one client after another, exactly today's loop (`ClientWork.update`).
+- `sequential`: one client after another, exactly today's loop (`ClientHost.update`).
 - `batched`: the clients' local SGD runs stacked (`fedhet.training.cohort.CohortTrainer`).
 
 The batched executor keeps every algorithm's `client_update` unchanged. Each client of a chunk
@@ -60,7 +60,7 @@ from fedhet.training.losses import StackableLoss
 
 if TYPE_CHECKING:
     from fedhet.algorithms.base import Message
-    from fedhet.engine.clients import ClientWork
+    from fedhet.engine.clients import ClientHost
     from fedhet.engine.rounds import Chain
 
 EXECUTORS = ("sequential", "batched", "auto")
@@ -140,7 +140,7 @@ def executor_choice(
 class Executor(Protocol):
     """Where a run's client halves run: the loop (`fedhet.engine.simulation`) hands it each
     round's requests and reads the replies. The in-process executors here and in
-    `engine/workers.py` run them over a `ClientWork`; a Flower server's
+    `engine/workers.py` run them over a `ClientHost`; a Flower server's
     (`fedhet.deploy.server_app.FlowerExecutor`) sends them to SuperNodes."""
 
     name: str
@@ -169,13 +169,13 @@ def failure(client_id: int, round: int, error: BaseException) -> ClientFailure:
 
 class InProcess:
     """What the executors that run clients in this process share: one client's update on the
-    run's `ClientWork`, no extra metrics columns, nothing to close."""
+    run's `ClientHost`, no extra metrics columns, nothing to close."""
 
-    def __init__(self, work: ClientWork) -> None:
-        self.work = work
+    def __init__(self, host: ClientHost) -> None:
+        self.host = host
 
     def update(self, client_id: int, message: Message, round: int) -> Message:
-        return self.work.update(client_id, message, round)
+        return self.host.update(client_id, message, round)
 
     def columns(self) -> dict[str, float]:
         return {}
@@ -192,7 +192,7 @@ class SequentialExecutor(InProcess):
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
         for client_id, message in requests:
             try:
-                reply = self.work.update(client_id, message, round)
+                reply = self.host.update(client_id, message, round)
             except FATAL:
                 raise
             except Exception as e:  # noqa: BLE001  (one client's fault is not the run's)
@@ -275,10 +275,10 @@ class BatchedExecutor(InProcess):
 
     name = "batched"
 
-    def __init__(self, work: ClientWork, chunk: int = 0) -> None:
-        super().__init__(work)
+    def __init__(self, host: ClientHost, chunk: int = 0) -> None:
+        super().__init__(host)
         self.chunk = chunk
-        self.cohort = CohortTrainer(work.model, work.trainer.x, work.trainer.y, chunk=0, log=work.log)
+        self.cohort = CohortTrainer(host.model, host.trainer.x, host.trainer.y, chunk=0, log=host.log)
         self.cohort.check_stackable()  # a model torch.func cannot run: one line, before any round
         self.shared: Any = None
         """A `fedhet.engine.batch.SharedCohort` while this run steps in a batch of runs: parked
@@ -287,8 +287,8 @@ class BatchedExecutor(InProcess):
     def _chunk_size(self, n: int) -> int:
         if self.chunk > 0:
             return self.chunk
-        vectors = 4 if self.work.local.client_optimizer != "sgd" else 3  # Adam: w, g, m and v
-        return max(1, min(n, rows_that_fit(self.work.model.dim, self.work.model.params.device,
+        vectors = 4 if self.host.local.client_optimizer != "sgd" else 3  # Adam: w, g, m and v
+        return max(1, min(n, rows_that_fit(self.host.model.dim, self.host.model.params.device,
                                            vectors)))
 
     def run(self, round: int, requests: Sequence[tuple[int, Message]]) -> Iterator[tuple[int, Any]]:
@@ -307,7 +307,7 @@ class BatchedExecutor(InProcess):
         no barrier between hops or between edges."""
         size = self._chunk_size(len(chains))
         # a chain may fan out to several rows (a HierFAVG edge's devices)
-        self.cohort.chunk = self._chunk_size(max(len(chains), len(self.work.client_indices)))
+        self.cohort.chunk = self._chunk_size(max(len(chains), len(self.host.client_indices)))
         for start in range(0, len(chains), size):
             part = chains[start : start + size]
             coroutines = [_Client(-1, None, None) for _ in part]  # type: ignore[arg-type]
@@ -330,8 +330,8 @@ class BatchedExecutor(InProcess):
 
     # -- one chunk ------------------------------------------------------------------------
     def _run_chunk(self, round: int, requests: Sequence[tuple[int, Message]]):
-        work = self.work
-        clients = [_Client(cid, msg, work.initial_buffers(msg)) for cid, msg in requests]
+        host = self.host
+        clients = [_Client(cid, msg, host.initial_buffers(msg)) for cid, msg in requests]
         self._drive(clients, [partial(self._client_main, c, round) for c in clients])
         for client in clients:
             if client.error is not None:
@@ -339,7 +339,7 @@ class BatchedExecutor(InProcess):
                     raise client.error
                 yield client.client_id, failure(client.client_id, round, client.error)
             else:
-                yield client.client_id, work.finish(client.client_id, client.reply, client.buffers)
+                yield client.client_id, host.finish(client.client_id, client.reply, client.buffers)
 
     def _drive(self, clients: list[_Client], mains: list[Callable[[], None]]) -> None:
         """Start each client's coroutine (`mains[i]` on a thread of its own, one running at a
@@ -405,7 +405,7 @@ class BatchedExecutor(InProcess):
     def _switch_to(self, client: _Client, start: bool = False) -> None:
         """Give `client` the baton and wait until it parks again or finishes."""
         if client.buffers is not None:
-            self.work.model.buffers.copy_(client.buffers)
+            self.host.model.buffers.copy_(client.buffers)
         client.yielded.clear()
         if start:
             client.thread.start()
@@ -422,8 +422,8 @@ class BatchedExecutor(InProcess):
     def _client_main(self, client: _Client, round: int) -> None:
         """A star round's client: its half, with `ctx.trainer` parking its SGD."""
         try:
-            trainer = _ParkingTrainer(self.work.trainer, client, self._park)
-            client.reply = self.work.run_client(client.client_id, client.message, round, trainer)
+            trainer = _ParkingTrainer(self.host.trainer, client, self._park)
+            client.reply = self.host.run_client(client.client_id, client.message, round, trainer)
         except BaseException as e:  # noqa: BLE001  (reported to the executor's thread)
             client.error = e
         finally:
@@ -441,26 +441,26 @@ class _ChainClients:
         self.executor = executor
         self.coroutine = coroutine
         self.round = round
-        self.trainer = _ParkingTrainer(executor.work.trainer, coroutine, executor._park)
+        self.trainer = _ParkingTrainer(executor.host.trainer, coroutine, executor._park)
 
     def __call__(self, client_id: int, message: Message) -> Message | ClientFailure:
-        work, coroutine = self.executor.work, self.coroutine
+        host, coroutine = self.executor.host, self.coroutine
         coroutine.client_id = client_id
-        coroutine.buffers = work.initial_buffers(message)
+        coroutine.buffers = host.initial_buffers(message)
         if coroutine.buffers is not None:
-            work.model.buffers.copy_(coroutine.buffers)
+            host.model.buffers.copy_(coroutine.buffers)
         try:
-            reply = work.run_client(client_id, message, self.round, self.trainer)
+            reply = host.run_client(client_id, message, self.round, self.trainer)
         except FATAL:
             raise
         except Exception as e:  # noqa: BLE001  (one client's fault is not the chain's)
             return failure(client_id, self.round, e)
-        return work.finish(client_id, reply, coroutine.buffers)
+        return host.finish(client_id, reply, coroutine.buffers)
 
     def many(self, requests: Sequence[tuple[int, Message]]) -> list[tuple[int, Message | ClientFailure]]:
         """Every request's reply (or `ClientFailure`), in request order."""
-        executor, work = self.executor, self.executor.work
-        kids = [_Client(cid, msg, work.initial_buffers(msg), parent=self.coroutine)
+        executor, host = self.executor, self.executor.host
+        kids = [_Client(cid, msg, host.initial_buffers(msg), parent=self.coroutine)
                 for cid, msg in requests]
         self.coroutine.children = kids
         for kid in kids:
@@ -480,7 +480,7 @@ class _ChainClients:
                     raise kid.error
                 out.append((kid.client_id, failure(kid.client_id, self.round, kid.error)))
             else:
-                out.append((kid.client_id, work.finish(kid.client_id, kid.reply, kid.buffers)))
+                out.append((kid.client_id, host.finish(kid.client_id, kid.reply, kid.buffers)))
         return out
 
 
@@ -496,11 +496,11 @@ def _tree(clients: list[_Client]) -> list[_Client]:
     return out
 
 
-def make_executor(work: ClientWork, name: str, chunk: int = 0) -> SequentialExecutor | BatchedExecutor:
-    """The executor `name` (`sequential` or `batched`) over `work`'s clients."""
+def make_executor(host: ClientHost, name: str, chunk: int = 0) -> SequentialExecutor | BatchedExecutor:
+    """The executor `name` (`sequential` or `batched`) over `host`'s clients."""
     if name == "batched":
-        return BatchedExecutor(work, chunk)
-    return SequentialExecutor(work)
+        return BatchedExecutor(host, chunk)
+    return SequentialExecutor(host)
 
 
 __all__ = [

@@ -26,7 +26,7 @@ from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
 
 if TYPE_CHECKING:
-    from fedhet.engine.clients import ClientWork
+    from fedhet.engine.clients import ClientHost
     from fedhet.engine.config import RunConfig
 
 
@@ -104,19 +104,19 @@ def host_port(address: str) -> tuple[str, int]:
 
 
 @dataclass(frozen=True)
-class Work:
-    """What the run's model and data say, once they are built: the model (can it be stacked?),
-    a round's estimated multiply-adds (`workers.round_work`) and clients a round."""
+class RunShape:
+    """A run's shape, once its model and data are built: the model (can it be stacked?),
+    a round's estimated multiply-adds (`workers.round_cost`) and clients a round."""
 
     module: torch.nn.Module
-    round_work: float
+    round_cost: float
     clients_per_round: int
 
 
 @dataclass(frozen=True)
 class Plan:
     """Where a run's work runs, and why. `workers` is 0 while `--workers auto` is undecided
-    (no `Work` yet); `workers_note` is what the Simulation logs about it (None: nothing was
+    (no `RunShape` yet); `workers_note` is what the Simulation logs about it (None: nothing was
     weighed, e.g. on a GPU or with one core)."""
 
     device: torch.device
@@ -155,12 +155,12 @@ def is_linear(model: str) -> bool:
 
 def plan(
     cfg: RunConfig, cores: int, cluster: ClusterOptions | None = None, *,
-    work: Work | None = None, clients_here: bool = True, cuda: bool | None = None,
+    shape: RunShape | None = None, clients_here: bool = True, cuda: bool | None = None,
     linear: bool | None = None,
 ) -> Plan:
     """The plan of run `cfg` on `cores` usable cores (`workers.usable_cores`).
 
-    `work`: the built model and the round's work; without it the model is not checked for
+    `shape`: the built model and the round's work; without it the model is not checked for
     stacking and `--workers auto` stays undecided (0). `clients_here`: False where the clients
     run elsewhere (a Flower server: `auto` is then 1, with nothing to weigh). `cuda`: whether a
     GPU is visible where the run will execute (None: ask torch here); `device = cuda` without
@@ -174,7 +174,7 @@ def plan(
                               else "cpu")
         reasons["device"] = ("set" if cfg.device != "auto" else
                              "auto: the runs ask for GPUs" if cuda else "auto: the runs ask for no GPU")
-    module = work.module if work is not None else None
+    module = shape.module if shape is not None else None
     if linear is None:
         linear = is_linear(cfg.model_name)
     executor, reasons["executor"] = executor_choice(cfg.executor, device, linear, module,
@@ -184,19 +184,19 @@ def plan(
         workers, reasons["workers"] = cfg.workers, "set"
     elif not clients_here:
         workers, reasons["workers"] = 1, "auto: the clients run elsewhere (Flower SuperNodes)"
-    elif work is None:
+    elif shape is None:
         workers, reasons["workers"] = 0, (
             "auto: decided when the run starts, from a round's estimated work and the "
             f"{cores} usable core(s) (docs/gpu.md)")
     else:
-        workers, note = auto_workers(work.round_work, cfg.rounds, work.clients_per_round, cores,
+        workers, note = auto_workers(shape.round_cost, cfg.rounds, shape.clients_per_round, cores,
                                      device.type, executor, cfg.executor)
         reasons["workers"] = f"auto: {note}" if note else "auto: nothing to weigh (one process)"
     backend, reasons["backend"] = backend_of(cluster)
     return Plan(device, executor, workers, backend, reasons, note)
 
 
-def executor_for(p: Plan, clients: ClientWork, chunk: int = 0) -> Any:
+def executor_for(p: Plan, clients: ClientHost, chunk: int = 0) -> Any:
     """The executor object `p` asks for over `clients`: the sequential one spread over
     `p.workers` processes, or the sequential or batched one in this process."""
     if p.workers > 1 and p.executor == "sequential":
@@ -227,6 +227,6 @@ def describe_plan(cfg: RunConfig, cluster: ClusterOptions | None = None) -> list
 
 
 __all__ = [
-    "CLUSTERS", "ClusterOptions", "Plan", "Work", "batchable", "describe_plan", "executor_for",
+    "CLUSTERS", "ClusterOptions", "Plan", "RunShape", "batchable", "describe_plan", "executor_for",
     "is_linear", "plan",
 ]

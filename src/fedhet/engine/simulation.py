@@ -32,7 +32,7 @@ from fedhet.algorithms.base import BUFFERS, Algorithm, Message, RunInfo
 from fedhet.data.base import Dataset
 from fedhet.engine.callbacks import CallbackLike, Callbacks, ProgressBar, RunView, StopRun
 from fedhet.engine.client_store import CLIENT_STATES
-from fedhet.engine.clients import ClientWork
+from fedhet.engine.clients import ClientHost
 from fedhet.engine.comm import CommLedger
 from fedhet.engine.config import RESUMABLE, ConfigFields, canonical_config
 from fedhet.engine.evaluation import Evaluator
@@ -93,11 +93,11 @@ class ClientSide:
     trainer: LocalTrainer
     run_info: RunInfo
     algorithm: Algorithm
-    clients: ClientWork
+    clients: ClientHost
     plan: Plan
     executor: Executor
-    round_work: float
-    """A round's estimated multiply-adds (`fedhet.engine.workers.round_work`)."""
+    round_cost: float
+    """A round's estimated multiply-adds (`fedhet.engine.workers.round_cost`)."""
     steps: list[int]
     """Each client's planned `⌊E·D_i/B⌋` in round 0, unclamped (`Algorithm.check_local_steps`)."""
     held_out: list[np.ndarray] = dataclasses.field(default_factory=list)

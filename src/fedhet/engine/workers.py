@@ -24,7 +24,7 @@ when the run ends. FedSR's rings reach the workers hop by hop, hop `h` of every 
 together; the single ring of `ring` (one client per call) stays in the main process.
 
 `--workers auto` (0, the default) is `auto_workers`: the usable cores when the run computes on
-the CPU with the sequential executor and both a round's estimated work (`round_work`) and the
+the CPU with the sequential executor and both a round's estimated cost (`round_cost`) and the
 whole run's pass a measured threshold, else 1; the Simulation logs the choice and why in one
 line wherever it weighed the work (with 2 or more cores, on the CPU's sequential executor).
 """
@@ -46,13 +46,13 @@ from fedhet.engine.executors import FATAL, SequentialExecutor, failure
 from fedhet.errors import FedhetError
 
 if TYPE_CHECKING:
-    from fedhet.engine.clients import ClientWork
+    from fedhet.engine.clients import ClientHost
 
 IN_FLIGHT = 8
 """Clients in flight per worker: enough that one large client at the head of the queue does not
 leave the other workers idle, few enough that waiting replies stay a bounded multiple of one."""
 
-_RUN: ClientWork | None = None
+_RUN: ClientHost | None = None
 """The run a forked worker computes with (set in the parent just before the fork)."""
 
 _SLOTS: list[torch.Tensor] = []
@@ -76,7 +76,7 @@ to their share of the machine, and a user may set it to cap `--workers auto`."""
 
 AUTO_MIN_WORK = 3e8
 """**[measured]** `--workers auto` spreads a run over the cores only when a round's estimated
-work (`round_work`) is at least this. On this project's idle 2-core VM, commit f936243
+cost (`round_cost`) is at least this. On this project's idle 2-core VM, commit f936243
 (`benchmarks/bench_workers.py`, docs/gpu.md), two processes ran a round 0.78–1.22× as fast as
 one below it (4e7–2e8) and 0.98–1.93× from 3.7e8 on (0.98×: 100 clients of one step each)."""
 
@@ -108,7 +108,7 @@ def usable_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def round_work(
+def round_cost(
     clients_per_round: int, steps: Sequence[int], sizes: Sequence[int], batch_size: int, dim: int
 ) -> float:
     """A round's estimated local training, in multiply-adds:
@@ -125,15 +125,15 @@ def round_work(
 
 
 def auto_workers(
-    work: float, rounds: int, clients_per_round: int, cores: int, device: str, executor: str,
+    cost: float, rounds: int, clients_per_round: int, cores: int, device: str, executor: str,
     requested: str,
 ) -> tuple[int, str | None]:
     """`--workers auto`: the processes a run's rounds are spread over, and why, in words.
 
     The usable `cores` (at most one per client of a round) when the run computes on the CPU
     with the sequential executor (`executor`: the one `choose_executor` resolved; `requested`:
-    the one asked for), there are 2 or more of them, a round's estimated `work` (`round_work`)
-    is at least `AUTO_MIN_WORK` and the run's (`rounds · work`) at least `AUTO_MIN_RUN_WORK`;
+    the one asked for), there are 2 or more of them, a round's estimated `cost` (`round_cost`)
+    is at least `AUTO_MIN_WORK` and the run's (`rounds · cost`) at least `AUTO_MIN_RUN_WORK`;
     else 1. The reason is None where there was nothing to weigh (a GPU, the batched executor,
     fewer than 2 cores or clients a round): 1 goes without saying there. A pure function of its
     arguments, so the same settings on the same cores always choose the same (the choice sets
@@ -141,13 +141,13 @@ def auto_workers(
     n = min(cores, clients_per_round)
     if device != "cpu" or requested == "batched" or executor != "sequential" or n < 2:
         return 1, None
-    if work < AUTO_MIN_WORK:
-        return 1, f"a round's work ~{work:.1e} multiply-adds < {AUTO_MIN_WORK:.0e}"
-    if rounds * work < AUTO_MIN_RUN_WORK:
-        return 1, (f"the run's work ~{rounds * work:.1e} multiply-adds ({rounds} rounds) < "
+    if cost < AUTO_MIN_WORK:
+        return 1, f"a round's work ~{cost:.1e} multiply-adds < {AUTO_MIN_WORK:.0e}"
+    if rounds * cost < AUTO_MIN_RUN_WORK:
+        return 1, (f"the run's work ~{rounds * cost:.1e} multiply-adds ({rounds} rounds) < "
                    f"{AUTO_MIN_RUN_WORK:.0e}: too little to pay for starting the workers")
-    return n, (f"a round's work ~{work:.1e} multiply-adds ≥ {AUTO_MIN_WORK:.0e}, the run's "
-               f"~{rounds * work:.1e} ≥ {AUTO_MIN_RUN_WORK:.0e}, {cores} usable cores")
+    return n, (f"a round's work ~{cost:.1e} multiply-adds ≥ {AUTO_MIN_WORK:.0e}, the run's "
+               f"~{rounds * cost:.1e} ≥ {AUTO_MIN_RUN_WORK:.0e}, {cores} usable cores")
 
 
 @dataclass(frozen=True)
@@ -233,26 +233,26 @@ def _client_task(
 ):
     """One client half in a worker: `("ok", (reply, new state))`, `("failure", ClientFailure)`
     or `("fatal", exception)`; model-sized reply tensors travel in the reply `slots`."""
-    work = _RUN
-    assert work is not None, "worker started without a run"
+    host = _RUN
+    assert host is not None, "worker started without a run"
     if has_state:
-        work.hold_only(client_id, state)
+        host.hold_only(client_id, state)
     else:
-        work.hold_only(client_id)
+        host.hold_only(client_id)
     try:
-        reply = work.update(client_id, _unpack(message), round)
+        reply = host.update(client_id, _unpack(message), round)
     except FATAL as e:
         return "fatal", e
     except Exception as e:  # noqa: BLE001  (one client's fault is not the run's)
         return "failure", failure(client_id, round, e)
-    return "ok", (_to_slots(reply, slots), work.states[client_id])
+    return "ok", (_to_slots(reply, slots), host.states[client_id])
 
 
 class ProcessExecutor(SequentialExecutor):
     """`sequential` with the clients of a round spread over `workers` processes."""
 
-    def __init__(self, work: ClientWork, workers: int) -> None:
-        super().__init__(work)
+    def __init__(self, host: ClientHost, workers: int) -> None:
+        super().__init__(host)
         self.workers = workers
         self.pool: Any = None
         self.pending: deque[tuple[int, Any]] = deque()
@@ -265,12 +265,12 @@ class ProcessExecutor(SequentialExecutor):
 
     def _start(self) -> None:
         global _RUN, _SLOTS, _REPLY_SLOTS
-        dim = self.work.model.dim
+        dim = self.host.model.dim
         self.shared = SharedDownlink(dim)
         n = REPLY_SLOTS_PER_TASK * IN_FLIGHT * self.workers
         self.reply_slots = [torch.zeros(dim).share_memory_() for _ in range(n)]
         self.free_slots = deque(range(n))
-        _RUN, _SLOTS, _REPLY_SLOTS = self.work, self.shared.slots, self.reply_slots
+        _RUN, _SLOTS, _REPLY_SLOTS = self.host, self.shared.slots, self.reply_slots
         threads = max(1, torch.get_num_threads() // self.workers)
         try:
             self.pool = multiprocessing.get_context("fork").Pool(
@@ -285,7 +285,7 @@ class ProcessExecutor(SequentialExecutor):
             return
         if self.pool is None:
             self._start()
-        work = self.work
+        host = self.host
         pending = self.pending = deque()
         assert self.shared is not None
         queue = iter(self.shared.pack(requests))
@@ -294,9 +294,9 @@ class ProcessExecutor(SequentialExecutor):
 
         def submit() -> None:
             for client_id, message in queue:
-                has_state = client_id in work.states  # a spilled state is read back here
+                has_state = client_id in host.states  # a spilled state is read back here
                 slots = tuple(free.popleft() for _ in range(min(REPLY_SLOTS_PER_TASK, len(free))))
-                task = (client_id, message, round, has_state, work.states.get(client_id), slots)
+                task = (client_id, message, round, has_state, host.states.get(client_id), slots)
                 pending.append((client_id, self.pool.apply_async(_client_task, task), slots))
                 if len(pending) >= IN_FLIGHT * self.workers:
                     return
@@ -320,8 +320,8 @@ class ProcessExecutor(SequentialExecutor):
                 yield client_id, payload
                 continue
             reply, state = payload
-            work.states.put(client_id, state, round + 1)
-            work.keep_buffers(client_id, reply)
+            host.states.put(client_id, state, round + 1)
+            host.keep_buffers(client_id, reply)
             yield client_id, reply
 
     def close(self) -> None:
@@ -343,6 +343,6 @@ class ProcessExecutor(SequentialExecutor):
 
 
 __all__ = [
-    "AUTO_MIN_RUN_WORK", "AUTO_MIN_WORK", "ProcessExecutor", "auto_workers", "round_work",
+    "AUTO_MIN_RUN_WORK", "AUTO_MIN_WORK", "ProcessExecutor", "auto_workers", "round_cost",
     "usable_cores",
 ]

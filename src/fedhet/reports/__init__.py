@@ -1,7 +1,8 @@
 """Reports: pages, plots and tables drawn from run directories on disk (above the runs, below
 the papers).
 
-- `report`: `fedhet report DIR`, an HTML page with PNGs beside it (`write_report`, `RunData`);
+- `report`: `fedhet report DIR`, an HTML page with PNGs beside it (`write_report`): the runs
+  found by `discovery`, the page and its sections drawn by `page`;
 - `plots`, `diagnostics`: the curves, and a panel for every diagnostic column of metrics.csv;
 - `settings`, `provenance`: what a page's runs compared, and what made them;
 - `figures`: where papers register their own figures (`paper_figures`), by algorithm name;
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
     from fedhet.reports.diagnostics import split_key
     from fedhet.reports.figures import paper_figures, slug
     from fedhet.reports.partition import data_config, describe_partition
-    from fedhet.reports.plots import fit_suptitle, fit_title
-    from fedhet.reports.report import RunData, write_report
+    from fedhet.reports.plots import RunData, fit_suptitle, fit_title
+    from fedhet.reports.report import write_report
     from fedhet.reports.screenshot import screenshot as screenshot_page
     from fedhet.reports.seeds import Stat, mean_std, noise_pairs, paired, paired_seeds, stats_markdown
 

@@ -3,7 +3,9 @@
 - `single`: one run from settings to a finished run directory (`execute`);
 - `grid`, `sweep`: a grid TOML file, or one from the command line, as `RunSpec`s;
 - `comparison`: `fedhet compare` (`compare`), a grid run and tabulated;
-- `runner`: many `RunSpec`s over processes, finished runs skipped, partial ones resumed;
+- `runner`: many `RunSpec`s over processes, finished runs skipped, partial ones resumed; `jobs`:
+  a grid's runs still to do and their batches; `processes`: the worker processes they run in;
+  `grid_status`: the grid's status lines and outcomes;
 - `cluster`, `raylink`: the same runs as Ray tasks over a cluster's nodes;
 - `presets`: what a paper preset is (`Preset`, `RunSpec`); the presets live with the papers;
 - `results`: a set of runs' `results.csv` and `summary.md`;
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
         read_manifest,
         write_manifest,
     )
+    from fedhet.runs.jobs import DEFAULT_BATCH_RUNS, Job, batch_key, plan_jobs, with_overrides
     from fedhet.runs.presets import PAPER_SEEDS, SCALES, Preset, PresetFactory, RunSpec, with_seeds
     from fedhet.runs.progress import RoundLines
     from fedhet.runs.results import (
@@ -48,7 +51,7 @@ if TYPE_CHECKING:
         tables_html,
         uncovered_published,
     )
-    from fedhet.runs.runner import DEFAULT_BATCH_RUNS, Job, batch_key, plan_jobs, run_specs, with_overrides
+    from fedhet.runs.runner import run_specs
     from fedhet.runs.show import as_json as settings_json
     from fedhet.runs.show import render as render_settings
     from fedhet.runs.show import sections as settings_sections

@@ -57,9 +57,10 @@ from fedhet.engine import CORES_ENV, ClusterOptions
 from fedhet.errors import FedhetError
 from fedhet.rundir import atomic_write_text
 from fedhet.rundir import ownership as rundir
-from fedhet.runs import raylink, runner
+from fedhet.runs import processes, raylink
+from fedhet.runs.grid_status import Outcomes, Progress
+from fedhet.runs.jobs import Job, checkpoint_every, components_of, status_of
 from fedhet.runs.raylink import first_line
-from fedhet.runs.runner import Job, Outcomes, Progress, checkpoint_every, status_of
 from fedhet.version import __version__
 
 if TYPE_CHECKING:
@@ -387,12 +388,13 @@ def run_task(
     unit: list[Job], control: str, cwd: str, cores: int, gpus: float, token: str,
     plugin_files: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """One unit on a node: the local runner's `run_unit`, with the driver's stop flag read from
-    the shared filesystem, each run's node written for the progress display, and partial runs
-    resumed (`refreshed`). The driver's plugins (`plugin_files`: spec → file) are imported
-    first; one that does not import fails the unit's runs with its line. A task that asked for
-    no GPU sees none (`device = auto` is the CPU), whatever Ray's default for such tasks. A node
-    that cannot use the grid (`probe` with the driver's `token`) touches nothing: each run comes
+    """One unit on a node: the local runner's `run_unit` (`fedhet.runs.processes`), with the
+    driver's stop flag read from the shared filesystem, each run's node written for the
+    progress display, and partial runs resumed (`refreshed`). The driver's plugins
+    (`plugin_files`: spec → file) are imported first; one that does not import fails the
+    unit's runs with its line. A task that asked for no GPU sees none (`device = auto` is the
+    CPU), whatever Ray's default for such tasks. A node that cannot use the grid (`probe` with
+    the driver's `token`) touches nothing: each run comes
     back as `{"misplaced": why}`."""
     import ray  # optional extra: fedhet[cluster]
 
@@ -408,9 +410,9 @@ def run_task(
     os.environ[CORES_ENV] = str(cores)
     if gpus == 0:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    runner.limit_threads()  # one torch thread, as in a --jobs process (same results)
+    processes.limit_threads()  # one torch thread, as in a --jobs process (same results)
     ctl = Path(control)
-    runner.use_stop_flag(FileFlag(ctl / "stop"))
+    processes.use_stop_flag(FileFlag(ctl / "stop"))
     node = ray.get_runtime_context().get_node_id()
     unit = [refreshed(job) for job in unit]
     for job in unit:
@@ -421,14 +423,14 @@ def run_task(
                 wait_unlocked(Path(job.out), LOCK_WAIT_S)
     except FedhetError as e:
         return [{"name": job.name, "error": str(e)} for job in unit]
-    return runner.run_unit(unit)
+    return processes.run_unit(unit)
 
 
 def check_importable(units: list[list[Job]]) -> None:
     """Refuse, in one line, a grid with a component defined in the driver's script or notebook
     (`__main__`): a Ray worker imports components from modules, and cannot import that one."""
     for job in (job for unit in units for job in unit):
-        for kind, name, source in runner.components_of(job):
+        for kind, name, source in components_of(job):
             if plugins.in_script(source):
                 raise FedhetError(
                     f"{kind} {name!r} is defined in the script or notebook that started the grid "

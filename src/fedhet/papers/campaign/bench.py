@@ -4,7 +4,7 @@
 settings of a campaign run, its data cut with `dataset.limit_train` on a CPU) and times the
 rounds after the first from the run's own round callbacks; `record` writes
 `RESULTS/campaign/bench/<kind>.json`: per workload the model, precision, clients stacked, runs
-batched, sample-passes per run-round (`pricing.run_work`) and seconds per (batch) round.
+batched, sample-passes per run-round (`pricing.round_load`) and seconds per (batch) round.
 
 - **CPU** (`CPU_WORKLOADS`, about a minute on one core): one run of each model the tables
   train, at a tenth of the training data.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedhet.papers.campaign.pricing import kind_of, run_work
+from fedhet.papers.campaign.pricing import kind_of, round_load
 from fedhet.papers.campaign.records import Store, now
 
 
@@ -111,12 +111,12 @@ def measure(device: str, workloads: tuple[Workload, ...], data_dir: str | None =
             wall = time.perf_counter() - t0
         gaps = [b - a for a, b in zip(clock.ends, clock.ends[1:], strict=False)]
         s_round = statistics.median(gaps) if gaps else wall / max(1, w.rounds)
-        work = run_work(settings)
-        row = {"workload": w.name, "model": work.model, "precision": settings.get("precision", "fp32"),
-               "algorithm": settings.get("algorithm", "fedavg"), "stacked": work.stacked,
-               "runs": w.runs, "passes": round(work.passes, 1), "s_per_round": round(s_round, 4),
+        load = round_load(settings)
+        row = {"workload": w.name, "model": load.model, "precision": settings.get("precision", "fp32"),
+               "algorithm": settings.get("algorithm", "fedavg"), "stacked": load.stacked,
+               "runs": w.runs, "passes": round(load.passes, 1), "s_per_round": round(s_round, 4),
                "wall_s": round(wall, 2)}
-        say(f"bench {w.name}: {s_round:.3f} s a round ({w.runs} run(s), {work.passes:,.0f} "
+        say(f"bench {w.name}: {s_round:.3f} s a round ({w.runs} run(s), {load.passes:,.0f} "
             "sample-passes each)")
         rows.append(row)
     return rows

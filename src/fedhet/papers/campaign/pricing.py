@@ -1,6 +1,6 @@
 """What a campaign run costs on a device kind, from measurements only.
 
-A run's **work** per round (`run_work`) is counted in sample-passes: the samples its clients
+A run's **load** per round (`round_load`) is counted in sample-passes: the samples its clients
 train (a forward and backward pass each; FedSR's ring passes, HierFAVG's edge rounds, MOON's
 two extra forward passes, FedVeca's full local gradient included) plus a third of each sample
 it evaluates (a forward pass). Its **price** on a device kind (`cpu`: one core; `cuda`: one
@@ -49,8 +49,8 @@ def kind_of(device: str) -> str:
 
 
 @dataclass(frozen=True)
-class Work:
-    """What one run computes per round."""
+class RoundLoad:
+    """What one run computes per round, in samples (the unit a price is measured in)."""
 
     model: str
     trained: float
@@ -73,8 +73,8 @@ def _rings(clients: int, settings: dict[str, Any]) -> int:
     return max(1, clients // q) if q else int(settings.get("algorithm.clusters", 1))
 
 
-def run_work(settings: dict[str, Any]) -> Work:
-    """One run's `Work` from its settings: `E·D·p` samples trained a round (× FedSR's ring
+def round_load(settings: dict[str, Any]) -> RoundLoad:
+    """One run's `RoundLoad` from its settings: `E·D·p` samples trained a round (× FedSR's ring
     passes, × HierFAVG's κ₂; FedVeca: at most `τ_max` steps per client plus its full local
     gradient; the centralized baseline: one client holding all `D`), the test set (and with
     `train_loss` the training set) evaluated every `eval_every` rounds."""
@@ -99,7 +99,7 @@ def run_work(settings: dict[str, Any]) -> Work:
     stacked = _rings(sampled, settings) if topology == "edge-ring" else 1 if topology == "ring" \
         else sampled
     evals = test / int(settings.get("eval_every", 1)) + (train if settings.get("train_loss") else 0)
-    return Work(str(settings.get("model", "mlp")), samples * ALGORITHM_PASSES.get(algorithm, 1.0),
+    return RoundLoad(str(settings.get("model", "mlp")), samples * ALGORITHM_PASSES.get(algorithm, 1.0),
                 evals, stacked, int(settings.get("rounds", 1)))
 
 
@@ -196,11 +196,11 @@ class Pricer:
         per_pass = self._per_pass(run, kind)
         if per_pass is None:
             return None
-        return Price(per_pass * run_work(run.spec.settings).passes, "bench")
+        return Price(per_pass * round_load(run.spec.settings).passes, "bench")
 
     def _per_pass(self, run: CampaignRun, kind: str) -> float | None:
         rows = self.bench.get(kind, {}).get("measurements", [])
-        w = run_work(run.spec.settings)
+        w = round_load(run.spec.settings)
         model = {"moon-mlp": "mlp", "moon-cnn": "cnn-cifar"}.get(w.model, w.model)
         precision = str(run.spec.settings.get("precision", "fp32"))
         same = [r for r in rows if r.get("model") == model and r.get("passes", 0) > 0
