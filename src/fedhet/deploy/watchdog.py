@@ -11,15 +11,32 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from fedhet.deploy.process_tree import describe_status, named_descendants, wait_status
 from fedhet.errors import FedhetError
 from fedhet.procs import stat
 from fedhet.rundir import read_summary, rows_saved
 
-if TYPE_CHECKING:
-    from fedhet.deploy.launch import LocalFederation
+
+class Federation(Protocol):
+    """What the watchdog reads of the federation it watches (`launch.LocalFederation`): its
+    processes by role, where their logs go, and how a lost SuperNode is started again."""
+
+    superlink: subprocess.Popen | None
+    nodes: dict[int, subprocess.Popen]
+    workers: dict[int, subprocess.Popen]
+    names: dict[int, tuple[str, Path]]
+    node_address: dict[int, str]
+    auth: bool
+    logs: Path
+    shown_logs: Path
+    events_file: Path
+
+    def track(self) -> None: ...
+    def processes(self) -> list[subprocess.Popen]: ...
+    def kill_node(self, partition_id: int) -> None: ...
+    def restart_command(self, partition_id: int) -> str: ...
 
 REFUSED = "Failed to activate SuperNode"
 """What a SuperNode logs when the SuperLink refuses it (with `--enable-supernode-auth`: its
@@ -31,7 +48,8 @@ CONNECT_FAILED = ("Connection attempt failed", "ConnectError", "Name or service 
 
 
 class Watchdog:
-    """Watches every process a `LocalFederation` started while a run is in flight.
+    """Watches every process a `Federation` (`launch.LocalFederation`) started while a run is
+    in flight.
 
     `check()` raises a one-line `FedhetError` naming the first process that died (name, PID,
     exit status) whose death ends the run: the SuperLink, `flwr run`, or the `flwr-serverapp`
@@ -45,7 +63,7 @@ class Watchdog:
     `flwr run --stream`, and a SuperNode that cannot reach its SuperLink, with the address.
     """
 
-    def __init__(self, fed: LocalFederation, client: subprocess.Popen, echo: Any = print,
+    def __init__(self, fed: Federation, client: subprocess.Popen, echo: Any = print,
                  out: Path | None = None) -> None:
         self.fed = fed
         self.client = client
