@@ -420,7 +420,7 @@ class CohortTrainer:
             if schedule is not None:
                 batches = schedule.batches(t)
                 if graphs is not None and graphs.step(
-                        stack, batches, min(schedule.ends[c] for c in stack.rows) - t):
+                        stack, batches, partial(schedule.steps_left, stack.rows, t)):
                     t += 1
                     continue
             w = stack.w

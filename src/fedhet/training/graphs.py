@@ -107,9 +107,10 @@ class StepGraphs:
         self.chain: LocalStep | None = None
         """The chain the graph was captured with (its tensors must outlive the graph)."""
 
-    def step(self, stack: Rows, batch: torch.Tensor, horizon: int) -> bool:
+    def step(self, stack: Rows, batch: torch.Tensor, horizon: Callable[[], int]) -> bool:
         """One step of `stack` on `batch` through the graph (capturing it first when the
-        signature is new and the stack keeps its rows for `horizon ≥ MIN_STEPS` steps); False
+        signature is new and the stack keeps its rows for `horizon() ≥ MIN_STEPS` more steps,
+        asked only then); False
         when the graphs are off or this step is not captured (the caller then steps eagerly).
         `stack.w` and `stack.v` become the captured tensors."""
         if self.off:
@@ -118,7 +119,7 @@ class StepGraphs:
         if key is None:
             return False
         if key != self.key:
-            if horizon < MIN_STEPS:
+            if horizon() < MIN_STEPS:
                 return False
             self.flush(stack)
             if not self._capture(stack, batch, key):

@@ -74,6 +74,10 @@ class BatchTable:
         """Every row's mini-batch at step `t`, `(R, b)`."""
         return self.table[:, t - self.base]
 
+    def steps_left(self, jobs: list[int], t: int) -> int:
+        """Steps from step `t` until the first of `jobs` (job indices) has taken its `τ`."""
+        return min(self.ends[c] for c in jobs) - t
+
     def select(self, keep: list[int]) -> None:
         """Keep the rows `keep` (the clients still stepping), in that order."""
         self.table = self.table.index_select(0, torch.tensor(keep, dtype=torch.int64,
