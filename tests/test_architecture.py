@@ -160,6 +160,17 @@ def test_imports_inside_functions_say_why():
     assert missing == [], f"in-function imports without a reason: {missing}"
 
 
+def absolute_imports(path: Path) -> list[tuple[int, str]]:
+    """`(line, module)` of every absolute import in `path` (`import a.b`, `from a.b import c`)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+    return out
+
+
 LOWER = ("engine", "data", "models", "algorithms", "training", "rundir")
 UPPER = ("runs", "reports", "papers", "api", "deploy", "cli")
 
@@ -175,18 +186,10 @@ def test_the_layers_above_the_engine_use_only_the_interfaces_of_the_layers_below
         rel = path.relative_to(SRC / "fedhet")
         if rel.parts[0].removesuffix(".py") not in UPPER:
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if len(parts) > 1 and parts[0] == "fedhet" and parts[1] in LOWER \
-                        and parts[2:] != []:
-                    reached.append(f"{rel}:{node.lineno} {name}")
+        for lineno, name in absolute_imports(path):
+            parts = name.split(".")
+            if len(parts) > 1 and parts[0] == "fedhet" and parts[1] in LOWER and parts[2:] != []:
+                reached.append(f"{rel}:{lineno} {name}")
     assert reached == [], f"modules of lower layers imported directly: {reached}"
 
 
@@ -204,18 +207,11 @@ def test_the_layers_above_the_runs_and_reports_use_their_surfaces():
     for path in (SRC / "fedhet").rglob("*.py"):
         rel = path.relative_to(SRC / "fedhet")
         above = rel.parts[0].removesuffix(".py")
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if (parts[0] == "fedhet" and len(parts) > 2 and parts[1] in SURFACES_ABOVE
-                        and above in SURFACES_ABOVE[parts[1]]):
-                    reached.append(f"{rel}:{node.lineno} {name}")
+        for lineno, name in absolute_imports(path):
+            parts = name.split(".")
+            if (parts[0] == "fedhet" and len(parts) > 2 and parts[1] in SURFACES_ABOVE
+                    and above in SURFACES_ABOVE[parts[1]]):
+                reached.append(f"{rel}:{lineno} {name}")
     assert reached == [], f"modules of runs/reports imported directly from above: {reached}"
 
 
