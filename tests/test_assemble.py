@@ -189,15 +189,15 @@ def test_a_dataset_declares_its_default_model():
         assert config_of({**BASE, "dataset": "test-digits-plain"}).model == "mlp"
 
 
-def test_a_model_that_declares_itself_linear_gets_the_batched_executor_under_auto():
+def test_a_model_that_declares_itself_linear_gets_the_stacked_executor_under_auto():
     settings = {**BASE, "executor": "auto", "workers": 1, "rounds": 1}
     with MODELS.added("test-linear", linear_model, NoParams, linear=True):
         sim = assemble(config_of({**settings, "model": "test-linear"}), log=lambda _: None)
-        assert sim.side.executor.name == "batched"
+        assert sim.side.executor.name == "stacked"
         assert sim.run()["finished"]
         # handed in, the same factory has the traits of its registry entry
         assert assemble(config_of(settings), model=linear_model, log=lambda _: None).side.executor.name \
-            == "batched"
+            == "stacked"
     with MODELS.added("test-not-linear", linear_model, NoParams):
         sim = assemble(config_of({**settings, "model": "test-not-linear"}), log=lambda _: None)
         assert sim.side.executor.name == "sequential"

@@ -150,7 +150,7 @@ def test_bherd_scaffold_with_zero_control_variates_is_bherd():
     assert torch.allclose(uniform.final_state.c, cs.mean(0), atol=1e-6)
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("executor", ["sequential", "stacked"])
 def test_bherd_scaffold_option_one_is_the_gradient_at_the_received_model(executor):
     """SCAFFOLD's option I: `c_i⁺ = ∇F_i(x)` at the model received at the start of the round.
     With BatchNorm the value depends on the statistics the gradient pass sees: the received
@@ -276,10 +276,10 @@ def _rounds(run_dir) -> list[dict[str, float]]:
             if float(r["round"]) >= 1]
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("executor", ["sequential", "stacked"])
 def test_each_round_logs_the_mean_herd_drift_on_both_executors(tmp_path, executor):
     """metrics.csv has `herd_cos` and `herd_norm_ratio` every round, the means over the round's
-    clients of what each client's reply carries; the batched executor logs the sequential one's;
+    clients of what each client's reply carries; the stacked executor logs the sequential one's;
     at α = 1 the herd is every gradient, so both are exactly 1."""
     run({"algorithm": "bherd", "rounds": 2, "executor": executor}, RunStore(tmp_path / "a"))
     got = _rounds(tmp_path / "a")

@@ -35,7 +35,7 @@ def test_orders_by_hand(criterion, expected):
 
 
 def test_stacked_orders_mix_criteria_and_equal_alone():
-    """One batched call with a criterion per client gives each client's own order."""
+    """One stacked call with a criterion per client gives each client's own order."""
     g = torch.Generator().manual_seed(0)
     xs = torch.randn(4, 9, 6, generator=g, dtype=torch.float64)
     xs[0] = torch.cat([X.double(), torch.zeros(4, 1, dtype=torch.float64)]).expand(9, 6).clone()
@@ -69,7 +69,7 @@ def final_w(settings: dict) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", ["bherd", "bherd-fednova", "bherd-scaffold"])
 def test_grab_stale_stacked_equals_alone_and_changes_the_run(name, monkeypatch):
-    """The batched executor (herding orders of a stacked chunk at once) gives the sequential
+    """The stacked executor (herding orders of a stacked chunk at once) gives the sequential
     executor's model under `grab-stale`, and the criterion changes what the run computes."""
     calls = []
     orders = bherd.herding_orders
@@ -80,9 +80,9 @@ def test_grab_stale_stacked_equals_alone_and_changes_the_run(name, monkeypatch):
 
     monkeypatch.setattr(bherd, "herding_orders", spy)
     stale = {"algorithm": name, "algorithm.criterion": "grab-stale"}
-    batched = final_w({**stale, "executor": "batched"})
+    stacked = final_w({**stale, "executor": "stacked"})
     assert any(n > 1 and set(c) == {"grab-stale"} for n, c in calls)  # stacked path taken
     alone = final_w({**stale, "executor": "sequential"})
-    assert torch.allclose(batched, alone, rtol=1e-4, atol=1e-5)
+    assert torch.allclose(stacked, alone, rtol=1e-4, atol=1e-5)
     greedy = final_w({"algorithm": name, "executor": "sequential"})
     assert not torch.allclose(greedy, alone, atol=1e-4)

@@ -146,7 +146,7 @@ def test_sum_equals_mean_tau_without_rescale_and_fixed_point_differs():
     assert not torch.allclose(a, c, atol=1e-4)
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("executor", ["sequential", "stacked"])
 def test_fixed_point_runs_on_both_executors(executor):
     settings = {"algorithm": "bherd", "algorithm.reading": "fixed-point", "model": "logreg",
                 "executor": executor}

@@ -106,7 +106,7 @@ def test_a_gpu_sitting_finishes_the_runs_under_way_before_it_starts_new_ones(tmp
     order."""
     store = Store(tmp_path / "results", tmp_path / "cache")
     s = Sitting("paper", "cpu", 60.0, store, stream=io.StringIO(), commit="test")
-    s.kind, s.device, s.batch_runs = "cuda", "cuda", 1  # the GPU's order, without a GPU here
+    s.kind, s.device, s.stack_runs = "cuda", "cuda", 1  # the GPU's order, without a GPU here
     plan = s.plan()
     travelling, cached = plan[-1], plan[-5]
     _rounds(store.inflight(travelling.table) / travelling.name, 7, checkpoint=True)
@@ -130,7 +130,7 @@ def test_a_gpu_sitting_finishes_the_runs_under_way_before_it_starts_new_ones(tmp
     # none under way: the plan's order (headline cells first)
     fresh = Sitting("paper", "cpu", 60.0, Store(tmp_path / "r2", tmp_path / "c2"),
                     stream=io.StringIO(), commit="test")
-    fresh.kind, fresh.device, fresh.batch_runs = "cuda", "cuda", 1
+    fresh.kind, fresh.device, fresh.stack_runs = "cuda", "cuda", 1
     assert fresh._next_unit(plan, set(), Pricer(fresh.store, plan)) == [plan[0]]
 
 
@@ -321,10 +321,10 @@ def test_prices_come_from_measurements_only(tmp_path: Path) -> None:
     p = Pricer(store, plan).price(run, "cpu")
     assert p is not None and p.source == "bench"
     assert p.seconds_per_round == pytest.approx(2.0 / 10_000 * (300_000 + 10_000 / 3))
-    # on a GPU, runs batched share a round: 8 runs in 4 s cost each 0.5 s of it
+    # on a GPU, runs stacked share a round: 8 runs in 4 s cost each 0.5 s of it
     _bench(store, "cuda", [{"model": "cnn-fednnnn-mnist", "precision": "bf16", "stacked": 100,
                             "runs": 8, "passes": 10_000, "s_per_round": 4.0}])
-    g = Pricer(store, plan, runs_batched=8).price(run, "cuda")
+    g = Pricer(store, plan, runs_stacked=8).price(run, "cuda")
     assert g is not None and g.seconds_per_round == pytest.approx(0.5 / 10_000 * (300_000 + 10_000 / 3))
     # a run's own measurement wins over the bench: the same method's runs on the same kind
     pricer = Pricer(store, plan)
@@ -334,13 +334,13 @@ def test_prices_come_from_measurements_only(tmp_path: Path) -> None:
     assert pricer.price(same, "cpu").source == "measured"
     # a round of 8 runs stepped together on a GPU costs each run an eighth of it
     pricer.note(run, [{"kind": "cuda", "rounds": 10, "seconds": 80.0, "median_round_s": 8.0,
-                       "runs_batched": 8}])
+                       "runs_stacked": 8}])
     assert pricer.price(same, "cuda").seconds_per_round == pytest.approx(1.0)
 
 
-def test_a_recorded_runs_price_is_its_share_of_the_batched_round(tmp_path: Path) -> None:
-    """A record whose rounds ran batched with 7 other runs prices its method at an eighth of
-    the round (not the batch's whole round, as its `s_per_round` reads)."""
+def test_a_recorded_runs_price_is_its_share_of_the_stacked_round(tmp_path: Path) -> None:
+    """A record whose rounds ran stacked with 7 other runs prices its method at an eighth of
+    the round (not the stack's whole round, as its `s_per_round` reads)."""
     store = Store(tmp_path / "results", tmp_path / "cache")
     plan = plan_runs("paper", (tables.table("fednnnn-mnist"),), store.records)
     run = plan[0]
@@ -349,7 +349,7 @@ def test_a_recorded_runs_price_is_its_share_of_the_batched_round(tmp_path: Path)
     (folder / "record.json").write_text(json.dumps({
         "table": run.table, "run": run.name, "label": run.spec.label, "s_per_round": {"cuda": 4.0},
         "segments": [{"kind": "cuda", "rounds": 100, "seconds": 400.0, "median_round_s": 4.0,
-                      "runs_batched": 8}]}))
+                      "runs_stacked": 8}]}))
     same = next(r for r in plan if r.spec.label == run.spec.label and r is not run)
     assert Pricer(store, plan).price(same, "cuda").seconds_per_round == pytest.approx(0.5)
 
@@ -646,8 +646,8 @@ def test_reproduce_plan_without_records_says_where_it_looked(tmp_path: Path, cap
     assert "left: ;" not in total and "run(s) unpriced" in total, total
 
 
-def test_a_gpu_batch_takes_runs_of_one_chain_shape(tmp_path: Path) -> None:
-    """Runs stepped together on a GPU wait for the batch's longest chain each round: a batch
+def test_a_gpu_stack_takes_runs_of_one_chain_shape(tmp_path: Path) -> None:
+    """Runs stepped together on a GPU wait for the stack's longest chain each round: a stack
     takes runs of one topology, partition and local work (`chain_shape`), so a FedSR or
     ring-optimization run never holds FedAvg-like runs for its ring's walk."""
     from fedhet.papers.campaign.pricing import chain_shape
@@ -655,7 +655,7 @@ def test_a_gpu_batch_takes_runs_of_one_chain_shape(tmp_path: Path) -> None:
     store = Store(tmp_path / "results", tmp_path / "cache")
     s = Sitting("paper", "cpu", 600.0, store, tables=(tables.table("fedsr-mnist"),),
                 stream=io.StringIO(), commit="test")
-    s.kind, s.device, s.batch_runs = "cuda", "cuda", 8  # the GPU's batching, without a GPU here
+    s.kind, s.device, s.stack_runs = "cuda", "cuda", 8  # the GPU's stacking, without a GPU here
     plan = s.plan()
 
     class Priced:
@@ -686,7 +686,7 @@ def test_a_gpu_run_checkpoints_about_once_a_minute() -> None:
     from fedhet.papers.campaign.sitting import CHECKPOINT_S, checkpoint_every
 
     assert CHECKPOINT_S == 60.0
-    assert checkpoint_every(0.25) == 240  # a batch's quarter-second rounds: every 240th
+    assert checkpoint_every(0.25) == 240  # a stack's quarter-second rounds: every 240th
     assert checkpoint_every(7.5) == 8
     assert checkpoint_every(90.0) == 1  # rounds longer than a minute: every round
     assert checkpoint_every(0.0) == checkpoint_every(float("nan")) == 1  # unpriced: every round
@@ -694,7 +694,7 @@ def test_a_gpu_run_checkpoints_about_once_a_minute() -> None:
 
 def test_the_plan_gives_each_tables_time_left_on_one_gpu_and_on_one_core(tmp_path: Path) -> None:
     """`reproduce plan` ends with a line per table: its runs left, all on one GPU (each run's
-    share of a batched round) and all on one CPU core, each the sum of the runs' prices times
+    share of a stacked round) and all on one CPU core, each the sum of the runs' prices times
     their rounds left (the repository's records and bench prices)."""
     from fedhet.papers.campaign.plan import print_plan
     from fedhet.papers.campaign.records import rounds_done
@@ -730,7 +730,7 @@ def test_a_bench_measured_again_prices_the_kind_anew(tmp_path: Path) -> None:
                             "runs": 1, "passes": 10_000, "s_per_round": 1.0}])
     record = json.loads((store.bench_dir / "cuda.json").read_text())
     (store.bench_dir / "cuda.json").write_text(json.dumps({**record, "date": "2026-11-28 04:00 UTC"}))
-    old = {"kind": "cuda", "rounds": 10, "seconds": 80.0, "median_round_s": 8.0, "runs_batched": 1,
+    old = {"kind": "cuda", "rounds": 10, "seconds": 80.0, "median_round_s": 8.0, "runs_stacked": 1,
            "date": "2026-11-27 17:08 UTC"}
     pricer = Pricer(store, plan)
     pricer.note(run, [old])

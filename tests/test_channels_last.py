@@ -74,7 +74,7 @@ def _unregistered(factory):
 @pytest.mark.parametrize("factory,shape,executor", [
     (cnn_fednnnn_mnist, (28, 28), "sequential"),
     (cnn_cifar, (3, 32, 32), "sequential"),
-    (cnn_fednnnn_mnist, (28, 28), "batched"),
+    (cnn_fednnnn_mnist, (28, 28), "stacked"),
 ])
 def test_trajectory_equals_the_channels_first_path(factory, shape, executor):
     """A few rounds of a CNN run: every metric within 1e-5 relative of the channels-first run,

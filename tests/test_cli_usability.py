@@ -65,7 +65,7 @@ def test_a_suggestion_names_only_settings_the_chosen_algorithm_has(capsys, argv)
 @pytest.mark.parametrize(
     ("argv", "hint"),
     [(["rnu"], "(did you mean 'run'?)"), (["run", "--device", "cdua"], "(did you mean 'cuda'?)"),
-     (["compare", "--executor", "batch"], "(did you mean 'batched'?)"),
+     (["compare", "--executor", "stack"], "(did you mean 'stacked'?)"),
      (["config", "shwo"], "(did you mean 'show'?)")],
 )
 def test_a_mistyped_command_or_choice_gets_the_nearest_one(capsys, argv, hint):

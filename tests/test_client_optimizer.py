@@ -1,7 +1,7 @@
 """`client_optimizer = sgd | adam | adamw`: the local step against torch.optim, a stack equal to
 its rows, the algorithms that refuse it in one line, and runs that learn.
 
-Sequential = batched for FedAvg, FedProx, FedAdam, MOON and FedSR with Adam or AdamW clients,
+Sequential = stacked for FedAvg, FedProx, FedAdam, MOON and FedSR with Adam or AdamW clients,
 and two workers = one, are cases of tests/test_executors.py and tests/test_workers.py.
 """
 
@@ -60,7 +60,7 @@ def _alone(chain: LocalStep, w: torch.Tensor, grads: list[torch.Tensor]) -> torc
 
 
 def _chains(anchor: torch.Tensor) -> list[LocalStep]:
-    """Adam, AdamW and SGD rows with their own coefficients (a batch of runs that differ)."""
+    """Adam, AdamW and SGD rows with their own coefficients (a stack of runs that differ)."""
     return [
         LocalStep.of(SGDConfig(0.01, 0.0, 1e-3, "adam", (0.9, 0.999), 1e-8)),
         LocalStep.of(SGDConfig(0.02, 0.0, 0.1, "adamw", (0.8, 0.99), 1e-6), (Proximal(0.1, anchor),)),
@@ -150,9 +150,9 @@ def test_fedhet_list_shows_the_client_optimizer_and_server_optimizer_settings(ca
 
 
 def test_a_batch_of_runs_with_sgd_adam_and_adamw_clients_steps_together(tmp_path):
-    """A grid over `client_optimizer` (and a FedAdam server) as one batch of runs: SGD rows with
-    momentum and Adam rows in one stack, each run as it is alone (tests/test_batch.py)."""
-    from test_batch import _alone_and_together, same
+    """A grid over `client_optimizer` (and a FedAdam server) as one stack of runs: SGD rows with
+    momentum and Adam rows in one stack, each run as it is alone (tests/test_stacked_runs.py)."""
+    from test_stacked_runs import _alone_and_together, same
 
     variants = [
         {"algorithm": "fedavg", "momentum": 0.5},

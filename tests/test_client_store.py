@@ -95,9 +95,9 @@ def test_a_budget_of_a_few_states_keeps_the_recent_ones_and_the_same_results(tmp
     same_run(small, small_rows, kept, kept_rows)
 
 
-@pytest.mark.parametrize("executor", ["batched", "workers"])
+@pytest.mark.parametrize("executor", ["stacked", "workers"])
 def test_the_other_executors_work_with_spilled_states(executor):
-    extra = {"workers": 2} if executor == "workers" else {"executor": "batched"}
+    extra = {"workers": 2} if executor == "workers" else {"executor": "stacked"}
     kept, kept_rows = simulate("scaffold", **extra)
     spilled, spilled_rows = simulate("scaffold", client_state_memory_mb=SPILL, **extra)
     assert spilled.side.executor.name == kept.side.executor.name

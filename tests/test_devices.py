@@ -1,7 +1,7 @@
 """Every algorithm keeps its tensors on the run's device, checked without a GPU.
 
 The rounds run with torch's default device set to `meta` (on the engine's thread and on every
-client's, also the batched executor's client threads): a tensor that algorithm or engine code
+client's, also the stacked executor's client threads): a tensor that algorithm or engine code
 creates without naming a device then lands on `meta`, and the first operation that mixes it
 with the run's CPU tensors fails. On a GPU the same tensor would have been created on the CPU
 and failed (or silently moved) against the CUDA tensors of the run.
@@ -37,7 +37,7 @@ def _on_meta(fn):
     return wrapped
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("executor", ["sequential", "stacked"])
 @pytest.mark.parametrize("case", sorted(CASES) + sorted(EXTRA))
 def test_no_tensor_is_created_off_the_run_device(case, executor):
     settings = EXTRA.get(case) or {"algorithm": case, **CASES[case]}

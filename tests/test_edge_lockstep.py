@@ -1,7 +1,7 @@
 """Edges in lockstep (engine/rounds.py): FedSR's rings and HierFAVG's edges share executor calls.
 
 At each ring hop (FedSR) or edge iteration (HierFAVG) every edge's request goes into one
-`client_updates` call, so the batched executor stacks devices of several edges. The round must
+`client_updates` call, so the stacked executor stacks devices of several edges. The round must
 equal running the edges one after another, bill the same messages, and handle a device that
 fails in the middle of a ring the same way under both executors.
 """
@@ -109,9 +109,9 @@ def test_lockstep_round_equals_edges_one_after_another(request, settings, by_han
     assert not torch.equal(engine.final_state.w, engine.w0)
 
 
-# -- the batched executor stacks devices of several edges -----------------------------------
+# -- the stacked executor stacks devices of several edges -----------------------------------
 class StackSpy:
-    """Which clients each stacked `sgd_many` call of a batched run holds: a client's id is
+    """Which clients each stacked `sgd_many` call of a stacked run holds: a client's id is
     recorded while its `ctx.trainer.sgd` is parked (one client thread runs at a time)."""
 
     def __init__(self, sim: Simulation) -> None:
@@ -168,10 +168,10 @@ def edge_of(sim: Simulation) -> dict[int, int]:
 
 
 def test_fedsr_trains_every_hop_of_a_round_in_one_stacked_call():
-    """The batched executor walks each ring as one chain: a round is one stacked call that
+    """The stacked executor walks each ring as one chain: a round is one stacked call that
     starts with one device per ring, and every later hop joins the stack as its predecessor
     leaves (R·Q − 1 hand-offs per ring), with no call in between."""
-    sim = simulation(**FEDSR, clients=9, rounds=2, executor="batched")
+    sim = simulation(**FEDSR, clients=9, rounds=2, executor="stacked")
     spy = StackSpy(sim)
     sim.run()
     edge = edge_of(sim)
@@ -188,7 +188,7 @@ def test_hierfavg_trains_every_edge_iteration_of_a_round_in_one_stacked_call():
     """Each edge is a chain: its devices side by side, its average once the last is back,
     then its next iteration joins the same stacked call (κ1 = 2 steps everywhere, so the
     three edges hand over together: 9 devices leave, the next iteration's 9 join)."""
-    sim = simulation(**HIERFAVG, clients=9, rounds=2, executor="batched")
+    sim = simulation(**HIERFAVG, clients=9, rounds=2, executor="stacked")
     spy = StackSpy(sim)
     sim.run()
     assert spy.check() == [set(range(9))] * 2  # one call per round, all edges' devices
@@ -199,7 +199,7 @@ def test_hierfavg_trains_every_edge_iteration_of_a_round_in_one_stacked_call():
 def test_one_ring_is_one_row_for_the_whole_round():
     """ring-optimization's single ring: one stacked call a round, one row in it, each of the
     4 hops taking the row its predecessor left."""
-    sim = simulation(algorithm="ring", clients=4, rounds=2, executor="batched")
+    sim = simulation(algorithm="ring", clients=4, rounds=2, executor="stacked")
     spy = StackSpy(sim)
     sim.run()
     assert [len(s) for s in spy.check()] == [1, 1]
@@ -208,7 +208,7 @@ def test_one_ring_is_one_row_for_the_whole_round():
 
 @pytest.mark.parametrize("batchnorm", [False, True])
 @pytest.mark.parametrize("settings", [FEDSR, {"algorithm": "ring"}, HIERFAVG])
-def test_batched_chains_follow_the_sequential_rounds(request, settings, batchnorm):
+def test_stacked_chains_follow_the_sequential_rounds(request, settings, batchnorm):
     """Rings and HierFAVG edges as chains in one stacked call, clients of unequal τ_i (2 to 7
     steps, so hand-offs and edge averages fall at different steps in different chains) and
     momentum restarting at each hand-off: the sequential executor's model and BatchNorm
@@ -218,11 +218,11 @@ def test_batched_chains_follow_the_sequential_rounds(request, settings, batchnor
     common = {**settings, **model, "clients": 9, "rounds": 2,
               "client_steps": [2, 7, 3, 5, 4, 6, 2, 3, 7]}
     runs = {}
-    for executor in ("sequential", "batched"):
+    for executor in ("sequential", "stacked"):
         sim = simulation(**common, executor=executor)
         sim.run()
         runs[executor] = sim
-    seq, bat = runs["sequential"], runs["batched"]
+    seq, bat = runs["sequential"], runs["stacked"]
     assert float((bat.final_state.w - seq.final_state.w).norm() / seq.final_state.w.norm()) < 1e-5
     if batchnorm:
         assert torch.allclose(bat.buffers, seq.buffers, rtol=1e-5, atol=1e-6)
@@ -231,10 +231,10 @@ def test_batched_chains_follow_the_sequential_rounds(request, settings, batchnor
 
 # -- a device failing in the middle of a ring -----------------------------------------------
 def with_a_failing_client(settings: dict, culprit: int) -> list[tuple[Simulation, list[str], list[dict]]]:
-    """The run of `settings` under the sequential and then the batched executor, `culprit`
+    """The run of `settings` under the sequential and then the stacked executor, `culprit`
     raising whenever it runs: each run, its log lines and its metrics rows."""
     runs = []
-    for executor in ("sequential", "batched"):
+    for executor in ("sequential", "stacked"):
         lines: list[str] = []
         rows: list[dict] = []
         sim = assemble(config_of({**BASE, **MLP, **settings, "executor": executor}, "test"),
@@ -309,7 +309,7 @@ def test_an_edge_method_that_raises_names_the_round_and_the_index_it_got(
 
 
 # -- billing: a hand count ------------------------------------------------------------------
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("executor", ["sequential", "stacked"])
 def test_comm_hand_count_two_edges_of_three(executor):
     """2 edges × 3 devices. FedSR, R = 2, per round: 2 edge-cloud each way, 2 device-edge each
     way, R·Q − 1 = 5 ring hops per edge. HierFAVG, κ2 = 2: 2 edge-cloud each way and

@@ -1,4 +1,4 @@
-"""The batched executor follows the sequential executor's trajectory for every algorithm.
+"""The stacked executor follows the sequential executor's trajectory for every algorithm.
 
 Tiny digits runs (4 clients, 2 rounds, a few local steps): final parameters within 1e-5
 (relative) and every metrics row equal to 4 decimals. Unequal τ, momentum and weight decay are
@@ -95,7 +95,7 @@ def _simulate(cfg, executor: str) -> tuple[Simulation, list[dict]]:
     rows: list[dict] = []
     sim = assemble(cfg, log=lambda _: None, callbacks=[rows.append])
     sim.stacked_jobs = 0
-    if executor == "batched":
+    if executor == "stacked":
         stacked = sim.side.executor.cohort.sgd_many
 
         def counting(jobs, *rest):
@@ -134,7 +134,7 @@ def test_an_algorithm_registered_with_its_example_is_covered_without_a_case():
     with ALGORITHMS.added("half-step", HalfStep, FedAvgParams, "test only", example={"momentum": 0.0}):
         cases = every_algorithm(WRITTEN, names=ALGORITHMS.names)
         assert cases["half-step"] == {"algorithm": "half-step", "momentum": 0.0}
-        check_batched_follows_sequential("half-step", cases)
+        check_stacked_follows_sequential("half-step", cases)
 
 
 def test_an_algorithm_whose_case_fails_says_what_to_add_and_where():
@@ -152,14 +152,14 @@ def test_an_algorithm_whose_case_fails_says_what_to_add_and_where():
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_batched_follows_sequential(case):
-    check_batched_follows_sequential(case, CASES)
+def test_stacked_follows_sequential(case):
+    check_stacked_follows_sequential(case, CASES)
 
 
-def check_batched_follows_sequential(case: str, cases: dict[str, dict]) -> None:
+def check_stacked_follows_sequential(case: str, cases: dict[str, dict]) -> None:
     seq, seq_rows = _run(case, "sequential", cases)
-    bat, bat_rows = _run(case, "batched", cases)
-    assert seq.side.executor.name == "sequential" and bat.side.executor.name == "batched"
+    bat, bat_rows = _run(case, "stacked", cases)
+    assert seq.side.executor.name == "sequential" and bat.side.executor.name == "stacked"
     assert (bat.stacked_jobs == 0) == (case in SEQUENTIAL_ANYWAY)
     w_seq = seq.side.algorithm.eval_params(seq.final_state)
     w_bat = bat.side.algorithm.eval_params(bat.final_state)
@@ -264,7 +264,7 @@ def test_full_gradients_stacked_equal_the_sequential_pass(model, monkeypatch):
 @pytest.mark.parametrize("case", ["fedveca", "scaffold-I"])
 def test_full_gradients_are_stacked_across_clients(case):
     """FedVeca's `∇F_i(w_k)` and SCAFFOLD option I's `c_i = ∇F_i(x)` reach the cohort together."""
-    values = {**BASE, "algorithm": case, **CASES[case], "executor": "batched"}
+    values = {**BASE, "algorithm": case, **CASES[case], "executor": "stacked"}
     sim = assemble(config_of(values), log=lambda _: None)
     calls: list[int] = []
     full = sim.side.executor.cohort.full_gradients
@@ -279,7 +279,7 @@ def test_full_gradients_are_stacked_across_clients(case):
     assert calls and max(calls) == BASE["clients"]
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("executor", ["sequential", "stacked"])
 def test_a_failing_client_is_reported_not_fatal(executor):
     cfg = config_of({**BASE, "algorithm": "fedavg", "executor": executor})
     sim = assemble(cfg, log=lambda _: None)
@@ -314,10 +314,10 @@ def test_auto_rule_and_chunks():
     cfg = config_of({**BASE, "algorithm": "fedavg"})
     assert assemble(cfg, log=lambda _: None).side.executor.name == "sequential"
     cfg = config_of({**BASE, "algorithm": "fedavg", "model": "logreg", "model_params": {}})
-    assert assemble(cfg, log=lambda _: None).side.executor.name == "batched"
+    assert assemble(cfg, log=lambda _: None).side.executor.name == "stacked"
     # chunks of 3 clients give the same trajectory as one chunk
-    one, _ = _run("fedavg", "batched")
-    cfg = config_of({**BASE, "algorithm": "fedavg", "executor": "batched", "cohort_chunk": 3})
+    one, _ = _run("fedavg", "stacked")
+    cfg = config_of({**BASE, "algorithm": "fedavg", "executor": "stacked", "cohort_chunk": 3})
     sim = assemble(cfg, log=lambda _: None)
     sim.run()
     assert torch.allclose(sim.final_state.w, one.final_state.w, atol=1e-6)
@@ -333,7 +333,7 @@ def test_batchnorm_model_end_to_end():
         torch.randn(30, 3, 32, 32, generator=gen), torch.randint(0, 10, (30,), generator=gen), 10,
     )
     sims = {}
-    for executor in ("sequential", "batched"):
+    for executor in ("sequential", "stacked"):
         cfg = config_of({
             "algorithm": "fedavg", "model": "cnn-fednnnn-cifar", "clients": 3, "rounds": 2,
             "batch_size": 16, "client_steps": [2, 1, 3], "lr": 0.01, "partition": "iid",
@@ -341,8 +341,8 @@ def test_batchnorm_model_end_to_end():
         })
         sims[executor] = sim = assemble(cfg, data=data, log=lambda _: None)
         sim.run()
-    seq, bat = sims["sequential"], sims["batched"]
-    assert seq.buffers.numel() and bat.side.executor.name == "batched"
+    seq, bat = sims["sequential"], sims["stacked"]
+    assert seq.buffers.numel() and bat.side.executor.name == "stacked"
     assert float((bat.final_state.w - seq.final_state.w).norm() / seq.final_state.w.norm()) < 1e-4
     assert torch.allclose(bat.buffers, seq.buffers, atol=1e-4, rtol=1e-4)
 

@@ -357,7 +357,7 @@ def test_a_raising_client_is_dropped_and_the_run_finishes():
     assert [r["clients_returned"] for r in rows] == [6.0, 5.0]
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("executor", ["sequential", "stacked"])
 def test_a_client_update_that_raises_names_the_round_and_ctx_round(monkeypatch, executor):
     """The algorithm's own client half raises for one client in the second round: its line
     names the round as runs count it and the index `ctx.round` it got."""

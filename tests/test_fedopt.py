@@ -2,7 +2,7 @@
 
 The server update against the paper's equations computed by hand over two rounds, against
 Flower's own strategies fed the same client deltas, the messages FedAvg sends, and runs on
-digits that learn. Sequential = batched, two workers = one, checkpoints and Flower's message
+digits that learn. Sequential = stacked, two workers = one, checkpoints and Flower's message
 path are in tests/test_executors.py, test_workers.py, test_states.py and test_flower.py (their
 harnesses cover every registered algorithm).
 """

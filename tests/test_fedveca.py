@@ -430,7 +430,7 @@ def test_fair_protocol_cli(tmp_path, capsys):
     assert "paper fedveca has no protocol 'nope'; its protocols: fair" in capsys.readouterr().err
     assert main(["reproduce", "fedveca", "--set", "lr=0.1", "--out", str(out)]) == 2
     assert "a preset fixes its own settings" in capsys.readouterr().err
-    for flag in (["--scale", "paper"], ["--only", "mnist"], ["--jobs", "2"], ["--batch-runs", "4"]):
+    for flag in (["--scale", "paper"], ["--only", "mnist"], ["--jobs", "2"], ["--stack-runs", "4"]):
         assert main(["reproduce", "fedveca", "--protocol", "fair", *flag, "--out", str(out)]) == 2
         assert f"{flag[0]}: a preset's options; --protocol runs" in capsys.readouterr().err
     assert not out.exists()

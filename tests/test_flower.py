@@ -34,7 +34,7 @@ from fedhet.deploy.records import from_record, pack_state, to_record, unpack_sta
 from fedhet.deploy.server_app import server_run  # noqa: E402
 from fedhet.engine.assembly import assemble  # noqa: E402
 from fedhet.engine.config import config_of  # noqa: E402
-from fedhet.engine.executors import BatchedExecutor  # noqa: E402
+from fedhet.engine.executors import StackedExecutor  # noqa: E402
 from fedhet.engine.rounds import ROUND_RUNNERS  # noqa: E402
 from fedhet.errors import FedhetError  # noqa: E402
 from fedhet.registry import NoParams  # noqa: E402
@@ -298,17 +298,17 @@ def test_client_state_lives_in_the_node_context(test_algorithms):
 
 
 def test_nodes_train_through_the_runs_executor(monkeypatch):
-    """A SuperNode runs its client update through the run's executor (here `batched`, as the
-    settings ask), one request per message, and ends where the in-process batched run ends."""
-    settings = {**BASE, "algorithm": "scaffold", "executor": "batched"}
+    """A SuperNode runs its client update through the run's executor (here `stacked`, as the
+    settings ask), one request per message, and ends where the in-process stacked run ends."""
+    settings = {**BASE, "algorithm": "scaffold", "executor": "stacked"}
     requests: list[list[int]] = []
-    original = BatchedExecutor.run
+    original = StackedExecutor.run
 
     def spy(self, round, reqs):
         requests.append([c for c, _ in reqs])
         yield from original(self, round, reqs)
 
-    monkeypatch.setattr(BatchedExecutor, "run", spy)
+    monkeypatch.setattr(StackedExecutor, "run", spy)
     local, remote, _, _ = run_both(settings)
     assert torch.equal(remote.final_state.w, local.final_state.w)
     in_process = [r for r in requests if len(r) == BASE["clients"]]

@@ -806,8 +806,8 @@ def summary_of(run: Path) -> dict:
     return json.loads((run / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("executor", [[], ["--executor", "batched"], ["--workers", "2"]],
-                         ids=["sequential", "batched", "processes"])
+@pytest.mark.parametrize("executor", [[], ["--executor", "stacked"], ["--workers", "2"]],
+                         ids=["sequential", "stacked", "processes"])
 @pytest.mark.parametrize("algorithm", ["bad-aggregate", "bad-client"])
 def test_user_code_that_raises_mid_run_is_one_line_and_the_run_resumes_after_the_fix(
         capsys, bad_plugin, monkeypatch, tmp_path, algorithm, executor):
@@ -1093,8 +1093,8 @@ def test_a_csv_run_that_diverges_in_round_1_says_to_check_the_data(capsys, tmp_p
     assert "check the data too" in line and "row-index column" in line
 
 
-# -- the same mistakes from Python: fedhet.run, fedhet.compare with jobs=2, the batched executor --
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+# -- the same mistakes from Python: fedhet.run, fedhet.compare with jobs=2, the stacked executor --
+@pytest.mark.parametrize("executor", ["sequential", "stacked"])
 def test_a_wrong_model_through_the_library_is_one_error_before_anything_is_written(
         tmp_path, executor, own_registrations):
     from torch import nn

@@ -124,7 +124,7 @@ def test_interrupted_run_resumes_exactly(tmp_path, monkeypatch, algorithm):
 
 
 def test_contrastive_loss_stacks_across_clients():
-    """The batched cohort computes MOON's `CE + μ ℓ_con` for several clients at once (each with
+    """The stacked cohort computes MOON's `CE + μ ℓ_con` for several clients at once (each with
     its own global and previous model, two values of μ, and a first-round client whose
     objective is the plain CE in the same stack) and each ends where it ends alone."""
     import numpy as np
@@ -177,9 +177,9 @@ def test_contrastive_loss_stacks_across_clients():
 
 
 def test_moon_contrastive_rounds_run_stacked():
-    """In a batched run, the second round's clients (with a previous model) reach the cohort
+    """In a stacked run, the second round's clients (with a previous model) reach the cohort
     with their contrastive loss instead of falling back to one at a time."""
-    cfg = config_of({**BASE, "algorithm": "moon", "rounds": 2, "executor": "batched"}, "test")
+    cfg = config_of({**BASE, "algorithm": "moon", "rounds": 2, "executor": "stacked"}, "test")
     sim = assemble(cfg, store=None, log=lambda _: None)
     stacked = sim.side.executor.cohort.sgd_many
     seen = []

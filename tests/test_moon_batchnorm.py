@@ -1,6 +1,6 @@
 """MOON with a BatchNorm encoder (issue 26 item 5): the frozen global and previous models are
 evaluated in eval mode with their own running statistics, and their passes leave the client's
-statistics alone, on the sequential path and in the cohort (batched executor)."""
+statistics alone, on the sequential path and in the cohort (stacked executor)."""
 
 from __future__ import annotations
 
@@ -140,9 +140,9 @@ def _sim(executor: str) -> Simulation:
     return sim
 
 
-def test_sequential_and_batched_agree_with_batchnorm() -> None:
-    seq, bat = _sim("sequential"), _sim("batched")
-    assert bat.side.executor.name == "batched"
+def test_sequential_and_stacked_agree_with_batchnorm() -> None:
+    seq, bat = _sim("sequential"), _sim("stacked")
+    assert bat.side.executor.name == "stacked"
     assert torch.allclose(seq.final_state.w, bat.final_state.w, atol=1e-4)
     assert torch.allclose(seq.buffers, bat.buffers, atol=1e-4)
     for i in range(3):  # each client keeps its previous model's statistics with the model

@@ -278,7 +278,7 @@ def run(out: Path, *args: str) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("executor", ["sequential", "batched"])
+@pytest.mark.parametrize("executor", ["sequential", "stacked"])
 def test_fedavg_learns_on_a_csv_and_an_npz(tmp_path: Path, executor: str):
     x, y = problem()
     csv = write_csv(tmp_path / "mine.csv", x, y)

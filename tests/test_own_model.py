@@ -216,10 +216,10 @@ def test_two_worker_processes_give_the_sequential_run_bit_for_bit(sequential):
     assert [r["test_accuracy"] for r in rows] == [r["test_accuracy"] for r in seq_rows]
 
 
-def test_the_batched_executor_follows_the_sequential_one(sequential):
+def test_the_stacked_executor_follows_the_sequential_one(sequential):
     seq, seq_rows = sequential
-    bat, rows = simulate(model=f"{MODULE}:mlp", executor="batched")
-    assert bat.side.executor.name == "batched"
+    bat, rows = simulate(model=f"{MODULE}:mlp", executor="stacked")
+    assert bat.side.executor.name == "stacked"
     w_seq, w_bat = seq.final_state.w, bat.final_state.w
     assert float((w_bat - w_seq).norm() / w_seq.norm()) < 1e-5
     for a, b in zip(seq_rows, rows, strict=True):
@@ -228,11 +228,11 @@ def test_the_batched_executor_follows_the_sequential_one(sequential):
 
 
 @pytest.mark.parametrize("model", ["Scaled", "Branching"])
-def test_a_model_torch_func_cannot_run_is_refused_batched_and_runs_sequentially(own, capsys, model):
+def test_a_model_torch_func_cannot_run_is_refused_stacked_and_runs_sequentially(own, capsys, model):
     spec = f"{MODULE}:{model}"
     line = one_error_line(capsys, ["run", "-d", "digits", "-m", spec, "-r", "1", "-q",
-                                   "--executor", "batched", "--out", str(own / f"run-{model}")])
-    assert line.startswith(f"error: the model ({model}) cannot run batched: torch.func raised ")
+                                   "--executor", "stacked", "--out", str(own / f"run-{model}")])
+    assert line.startswith(f"error: the model ({model}) cannot run stacked: torch.func raised ")
     assert line.endswith("run it with executor=sequential (--executor sequential, or executor = "
                          '"sequential" in a settings file)')
     sim, rows = simulate(model=spec, executor="sequential", rounds=2)
@@ -253,7 +253,7 @@ def test_a_registered_factory_gets_its_params_object_with_every_executor(own):
     with MODELS.added("test-own-tiny", tiny, TinyParams):
         settings = {"model": "test-own-tiny", "model.hidden": "12", "rounds": 2}
         seq, _ = simulate(executor="sequential", **settings)
-        bat, _ = simulate(executor="batched", **settings)
+        bat, _ = simulate(executor="stacked", **settings)
         assert seq.side.model.dim == 64 * 12 + 12 + 12 * 10 + 10
         assert torch.allclose(bat.final_state.w, seq.final_state.w, rtol=1e-5, atol=1e-6)
 

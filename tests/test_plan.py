@@ -11,7 +11,7 @@ from torch import nn
 from fedhet.engine import plan as plans
 from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
-from fedhet.engine.plan import RunShape, batchable, describe_plan, plan
+from fedhet.engine.plan import RunShape, describe_plan, plan, would_stack
 from fedhet.errors import FedhetError
 
 BASE = {"dataset": "digits", "clients": 4, "rounds": 2, "model": "mlp", "model.hidden": 8}
@@ -32,13 +32,13 @@ def test_auto_on_the_cpu_by_model():
                                                              "local")
     assert p.reasons["executor"] == "auto: on the CPU, not a linear model"
     linear = plan(cfg(model="logreg"), cores=1, shape=shape())
-    assert linear.executor == "batched"
+    assert linear.executor == "stacked"
     assert linear.reasons["executor"] == "auto: a linear model (closed-form gradients)"
 
 
 def test_a_model_that_cannot_be_stacked_runs_sequentially_and_says_why():
     dropout = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5))
-    p = plan(cfg(executor="batched"), cores=1, shape=shape(dropout))
+    p = plan(cfg(executor="stacked"), cores=1, shape=shape(dropout))
     assert p.executor == "sequential"
     assert p.reasons["executor"] == "the model cannot be stacked (Dropout draws per-client randomness)"
 
@@ -52,7 +52,7 @@ def test_workers_auto_follows_the_measured_rule(monkeypatch):
     assert p.reasons["workers"] == f"auto: {p.workers_note}"
     light = plan(cfg(), cores=3, shape=shape(round_cost=1.0))
     assert light.workers == 1 and "< 3e+08" in light.reasons["workers"]
-    # a GPU, the batched executor or one core: nothing weighed, nothing logged
+    # a GPU, the stacked executor or one core: nothing weighed, nothing logged
     assert plan(cfg(model="logreg"), cores=3, shape=heavy).workers_note is None
     assert plan(cfg(rounds=10**6), cores=1, shape=heavy).workers_note is None
     # the clients of a Flower server run on SuperNodes
@@ -64,17 +64,17 @@ def test_workers_auto_follows_the_measured_rule(monkeypatch):
 
 def test_the_hint_of_a_gpu_elsewhere_decides_device_and_batching():
     p = plan(cfg(), cores=1, shape=shape(), cuda=True)
-    assert p.device.type == "cuda" and p.executor == "batched"
+    assert p.device.type == "cuda" and p.executor == "stacked"
     assert p.reasons["device"] == "auto: the runs ask for GPUs"
-    assert batchable(cfg(), cuda=True) and not batchable(cfg(), cuda=False)
-    assert batchable(cfg(model="logreg"), cuda=False)
-    assert not batchable(cfg(model="logreg", executor="sequential"), cuda=True)
-    assert not batchable(cfg(workers=2), cuda=False)
+    assert would_stack(cfg(), cuda=True) and not would_stack(cfg(), cuda=False)
+    assert would_stack(cfg(model="logreg"), cuda=False)
+    assert not would_stack(cfg(model="logreg", executor="sequential"), cuda=True)
+    assert not would_stack(cfg(workers=2), cuda=False)
 
 
 def test_bad_combinations_are_one_line():
     with pytest.raises(FedhetError, match="--workers 2 runs the sequential executor"):
-        plan(cfg(workers=2, executor="batched"), cores=2, shape=shape())
+        plan(cfg(workers=2, executor="stacked"), cores=2, shape=shape())
     with pytest.raises(FedhetError, match="spreads clients over CPU processes"):
         plan(cfg(workers=2, device="cuda"), cores=2, shape=shape(), cuda=True)
 
@@ -115,10 +115,10 @@ def test_a_simulation_decides_once(monkeypatch):
 
 def test_config_show_prints_the_plan_with_its_reasons(capsys):
     """`fedhet config show` ends with where the run would compute and why: a linear model on
-    the CPU is batched, an MLP sequential, each with the rule that chose it."""
+    the CPU is stacked, an MLP sequential, each with the rule that chose it."""
     from fedhet.cli import main
 
-    for model, executor in (("svm", "batched"), ("mlp", "sequential")):
+    for model, executor in (("svm", "stacked"), ("mlp", "sequential")):
         assert main(["config", "show", "-a", "fedavg", "-d", "digits", "-m", model, "--json"]) == 0
         shown = json.loads(capsys.readouterr().out)
         section = next(v for k, v in shown.items() if k.startswith("plan"))
@@ -138,5 +138,5 @@ def test_a_run_writes_its_plan_once_into_its_directory(tmp_path):
                  "--out", str(out), "-q"]) == 0
     written = json.loads((out / "plan.json").read_text())
     assert list(written) == ["device", "executor", "workers", "backend"]
-    assert written["device"]["value"] == "cpu" and written["executor"]["value"] == "batched"
+    assert written["device"]["value"] == "cpu" and written["executor"]["value"] == "stacked"
     assert all(row["reason"] for row in written.values())

@@ -217,7 +217,7 @@ def test_a_recorded_plugin_that_no_longer_imports_is_one_line_and_nothing_change
 def test_a_grid_of_the_command_line_imports_the_plugin_in_its_workers(plugin_file, tmp_path, capsys):
     out = tmp_path / "grid"
     assert main(["compare", "--plugin", str(plugin_file), *RUN, "-a", "my-avgm,fedavg",
-                 "--out", str(out), "-j", "2", "--batch-runs", "1"]) == 0
+                 "--out", str(out), "-j", "2", "--stack-runs", "1"]) == 0
     for run in ("my-avgm__seed0", "fedavg__seed0"):
         summary = json.loads((out / "runs" / run / "summary.json").read_text())
         assert summary["finished"] and summary["provenance"]["plugins"] == {
@@ -252,7 +252,7 @@ class ScriptAvg(FedAvg):
     pass
 
 
-rows = compare(None, {out!r}, jobs=2, batch_runs=1, changes=Changes(
+rows = compare(None, {out!r}, jobs=2, stack_runs=1, changes=Changes(
     fixed={{"dataset": "digits", "rounds": 2, "clients": 4}},
     sweeps={{"algorithm": ["script-avg", "fedavg"]}}, title="script"))
 print("statuses", sorted(r["status"] for r in rows))

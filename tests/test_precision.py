@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from fedhet.engine.assembly import assemble
-from fedhet.engine.batch import run_together
 from fedhet.engine.config import config_of
+from fedhet.engine.stacked_runs import run_together
 from fedhet.errors import FedhetError
 from fedhet.models.registry import build_model
 from fedhet.registry import NoParams
@@ -88,26 +88,26 @@ def test_bf16_keeps_weights_and_server_state_in_float32(algorithm):
     assert rows16[-1]["test_loss"] == pytest.approx(rows32[-1]["test_loss"], rel=0.05)
 
 
-def test_bf16_batched_executor_and_runs_as_a_batch_match_sequential():
-    """Both executors and a batch of runs compute the same bf16 trajectories (to bf16 rounding
+def test_bf16_stacked_executor_and_runs_as_a_stack_match_sequential():
+    """Both executors and a stack of runs compute the same bf16 trajectories (to bf16 rounding
     of the differently ordered passes)."""
     seq, _ = _run(algorithm="scaffold", precision="bf16", executor="sequential")
-    bat, _ = _run(algorithm="scaffold", precision="bf16", executor="batched")
-    assert bat.side.executor.name == "batched"
+    bat, _ = _run(algorithm="scaffold", precision="bf16", executor="stacked")
+    assert bat.side.executor.name == "stacked"
     w = seq.final_state.w
     assert float((bat.final_state.w - w).norm() / w.norm()) < 5e-3
 
-    sims = [_sim(algorithm="scaffold", precision="bf16", executor="batched", seed=s) for s in (0, 1)]
+    sims = [_sim(algorithm="scaffold", precision="bf16", executor="stacked", seed=s) for s in (0, 1)]
     results = run_together(sims)
     assert not any(isinstance(r, BaseException) for r in results)
     assert float((sims[0].final_state.w - bat.final_state.w).norm() / w.norm()) < 5e-3
 
 
 def test_runs_of_different_precision_do_not_share_a_cohort():
-    from fedhet.engine.batch import can_share
+    from fedhet.engine.stacked_runs import can_share
 
-    sims = [_sim(executor="batched"), _sim(executor="batched", precision="bf16"),
-            _sim(executor="batched", seed=3)]
+    sims = [_sim(executor="stacked"), _sim(executor="stacked", precision="bf16"),
+            _sim(executor="stacked", seed=3)]
     assert can_share(sims) == [0, 2]
 
 

@@ -1,4 +1,4 @@
-"""The stacked program (`fedhet.training.program`): a model's forward as a few batched
+"""The stacked program (`fedhet.training.program`): a model's forward as a few stacked
 operations gives every row the gradient that row's own model gives alone, and it is used only
 where it is the model's forward."""
 

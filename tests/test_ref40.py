@@ -47,22 +47,22 @@ def even_odd_digits():
 @pytest.mark.parametrize("algorithm", ["fedavg", "bherd"])
 def test_ref40_svm_learns_on_both_executors_alike(algorithm, tmp_path):
     """No bias, zero start, `B = 100`, `η = 0.01` scaled up for 8 rounds of digits: the run learns,
-    the batched executor (closed form without a bias) matches the sequential one, and the
+    the stacked executor (closed form without a bias) matches the sequential one, and the
     training loss over the whole training set is logged (`train_loss`)."""
     data = even_odd_digits()
     settings = {"algorithm": algorithm, "dataset": "digits", "partition": "half-iid",
                 "model": "svm", "model.bias": False, "model.init": "zeros", "clients": 3,
                 "rounds": 8, "lr": 0.05, "batch_size": 100, "train_loss": True}
     out = {}
-    for executor in ("batched", "sequential"):
+    for executor in ("stacked", "sequential"):
         sim = assemble(config_of({**settings, "executor": executor}),
                          store=RunStore(tmp_path / executor), data=data, log=lambda _: None)
         summary = sim.run()
         out[executor] = (sim.final_state.w, summary)
-    (w_b, s_b), (w_s, _) = out["batched"], out["sequential"]
+    (w_b, s_b), (w_s, _) = out["stacked"], out["sequential"]
     assert w_b.shape == (64,)
     assert torch.allclose(w_b, w_s, rtol=1e-4, atol=1e-5)
     assert s_b["final_accuracy"] > 0.75
-    rows = read_metrics(tmp_path / "batched" / "metrics.csv")
+    rows = read_metrics(tmp_path / "stacked" / "metrics.csv")
     train = [r["train_loss"] for r in rows]
     assert len(train) == 9 and all(math.isfinite(v) for v in train) and train[-1] < train[0]

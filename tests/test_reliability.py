@@ -447,17 +447,17 @@ def test_a_diverged_cell_fails_the_grid_and_reports_no_accuracy(tmp_path, capsys
 
 def test_device_and_executor_flags_reach_every_run_and_a_resume_may_change_them(tmp_path, capsys):
     out = tmp_path / "run"
-    assert main([*QUICK, "--executor", "batched", "--device", "cpu", "--out", str(out)]) == 0
+    assert main([*QUICK, "--executor", "stacked", "--device", "cpu", "--out", str(out)]) == 0
     saved = json.loads((out / "config.json").read_text())
-    assert (saved["executor"], saved["device"]) == ("batched", "cpu")
+    assert (saved["executor"], saved["device"]) == ("stacked", "cpu")
     assert main(["run", "--resume", str(out), "-r", "3", "--executor", "sequential"]) == 0
-    assert "executor batched → sequential" in capsys.readouterr().out
+    assert "executor stacked → sequential" in capsys.readouterr().out
     grid = tmp_path / "grid.toml"
     grid.write_text('[base]\ndataset = "digits"\nclients = 3\nrounds = 1\n[axes]\nseed = [0, 1]\n')
     assert main(["compare", "-c", str(grid), "-o", str(tmp_path / "g"), "-j", "1",
-                 "--executor", "batched"]) == 0
+                 "--executor", "stacked"]) == 0
     configs = [json.loads(p.read_text()) for p in (tmp_path / "g" / "runs").glob("*/config.json")]
-    assert len(configs) == 2 and {c["executor"] for c in configs} == {"batched"}
+    assert len(configs) == 2 and {c["executor"] for c in configs} == {"stacked"}
     # a second call on another executor is the same grid: nothing to redo, no settings clash
     assert main(["compare", "-c", str(grid), "-o", str(tmp_path / "g"), "-j", "1",
                  "--executor", "sequential"]) == 0

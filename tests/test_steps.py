@@ -173,7 +173,7 @@ def test_rows_that_leave_the_stack_do_not_change_the_others():
 
 
 def test_chains_of_different_shapes_stack_kind_by_kind():
-    """FedAvg, FedProx and SCAFFOLD rows (a batch of runs of different algorithms) in one
+    """FedAvg, FedProx and SCAFFOLD rows (a stack of runs of different algorithms) in one
     stack: each transform is zero on the rows that do not have it."""
     gen = torch.Generator().manual_seed(2)
     w0 = torch.randn(3, D, generator=gen)
@@ -291,16 +291,16 @@ def test_local_sgd_matches_a_hand_written_loop_with_momentum_weight_decay_and_pr
     assert torch.allclose(w.double(), ref, atol=1e-6, rtol=0)
 
 
-def test_batched_fedprox_with_mu_zero_is_fedavg_bit_for_bit():
+def test_stacked_fedprox_with_mu_zero_is_fedavg_bit_for_bit():
     """The zero-coefficient rule holds in the stacked step too."""
     base = {"dataset": "digits", "clients": 3, "rounds": 2, "batch_size": 16, "lr": 0.05,
             "client_steps": [3, 5, 2], "momentum": 0.5, "weight_decay": 1e-3, "model": "logreg",
-            "partition": "iid", "executor": "batched"}
+            "partition": "iid", "executor": "stacked"}
     runs = {}
     for name, extra in (("fedavg", {}), ("fedprox", {"algorithm_params": {"mu": 0.0}})):
         sim = assemble(config_of({**base, "algorithm": name, **extra}), log=lambda _: None)
         sim.run()
-        assert sim.side.executor.name == "batched"
+        assert sim.side.executor.name == "stacked"
         runs[name] = sim.final_state.w
     assert same_bits(runs["fedavg"], runs["fedprox"])
 

@@ -120,7 +120,7 @@ def test_diverged_survives_pickling():
     (["--workers", "-1"], "argument --workers: must be auto or a whole number ≥ 1, got '-1'"),
     (["--set", "workers=two"], "--set: workers must be auto or a whole number ≥ 1, got 'two'"),
     (["--set", "workers=-3"], "--workers must be auto or a whole number ≥ 1, got -3"),
-    (["--workers", "2", "--executor", "batched"], "use --executor sequential (or auto) with it"),
+    (["--workers", "2", "--executor", "stacked"], "use --executor sequential (or auto) with it"),
 ])
 def test_bad_worker_settings_are_one_line(tmp_path, capsys, flags, message):
     argv = ["run", "-d", "digits", "-n", "3", "-r", "1", "--out", str(tmp_path / "r"), *flags]
@@ -200,9 +200,9 @@ def test_round_work_is_steps_times_batch_times_parameters_plus_a_cost_per_step()
     (5.0, 1, 10, 16, "cpu", "sequential", "auto", 1),            # too short a run for a pool
     (5.0, 1000, 1, 16, "cpu", "sequential", "auto", 1),          # one client a round
     (5.0, 1000, 10, 1, "cpu", "sequential", "auto", 1),          # one core
-    (5.0, 1000, 10, 16, "cuda", "batched", "auto", 1),           # a GPU
-    (5.0, 1000, 10, 16, "cpu", "batched", "auto", 1),            # the linear models: batched
-    (5.0, 1000, 10, 16, "cpu", "sequential", "batched", 1),      # batched asked, not stackable
+    (5.0, 1000, 10, 16, "cuda", "stacked", "auto", 1),           # a GPU
+    (5.0, 1000, 10, 16, "cpu", "stacked", "auto", 1),            # the linear models: stacked
+    (5.0, 1000, 10, 16, "cpu", "sequential", "stacked", 1),      # stacked asked, not stackable
 ])
 def test_auto_workers_rule(work, rounds, per_round, cores, device, executor, requested, n):
     from fedhet.engine.workers import AUTO_MIN_RUN_WORK, AUTO_MIN_WORK, auto_workers
@@ -211,7 +211,7 @@ def test_auto_workers_rule(work, rounds, per_round, cores, device, executor, req
     args = (work * AUTO_MIN_WORK, rounds, per_round, cores, device, executor, requested)
     chosen, why = auto_workers(*args)
     assert chosen == n and "\n" not in (why or "")
-    assert (why is None) == (device != "cpu" or "batched" in (executor, requested)
+    assert (why is None) == (device != "cpu" or "stacked" in (executor, requested)
                              or min(cores, per_round) < 2)  # nothing weighed: nothing said
     assert auto_workers(*args) == (chosen, why)  # deterministic
 
@@ -302,13 +302,13 @@ def test_auto_below_the_threshold_is_one_process_and_says_why(monkeypatch):
 
 
 @pytest.mark.parametrize(("settings", "executor"), [
-    ({"executor": "batched"}, "batched"),
-    ({"executor": "auto", "model": "logreg"}, "batched"),  # auto: batched for the linear models
+    ({"executor": "stacked"}, "stacked"),
+    ({"executor": "auto", "model": "logreg"}, "stacked"),  # auto: stacked for the linear models
 ])
-def test_auto_never_spreads_the_batched_executor(monkeypatch, settings, executor):
-    """`--executor batched` (and runs stepped as a batch, which are batched) with `auto`: 1,
+def test_auto_never_spreads_the_stacked_executor(monkeypatch, settings, executor):
+    """`--executor stacked` (and runs stepped as a stack, which are stacked) with `auto`: 1,
     silently; only an explicit `--workers N > 1` with them is an error."""
-    from fedhet.engine.batch import can_share
+    from fedhet.engine.stacked_runs import can_share
 
     force_auto(monkeypatch)
     lines: list[str] = []

@@ -31,7 +31,7 @@ from typing import Any, Literal, TypedDict, Unpack
 from fedhet import plugins
 from fedhet.components import name_of
 from fedhet.engine import ENGINE_FIELDS, RunConfig, chosen_components, parse, read_toml_file
-from fedhet.errors import FedhetError
+from fedhet.errors import FedhetError, deprecated
 from fedhet.rundir import RunResult, open_run
 from fedhet.runs import Changes, execute
 from fedhet.runs import compare as run_grid
@@ -77,7 +77,7 @@ class RunSettings(TypedDict, total=False):
     straggler_fraction: float
     straggler_policy: Literal["drop"]
     device: Literal["auto", "cpu", "cuda"]
-    executor: Literal["sequential", "batched", "auto"]
+    executor: Literal["sequential", "stacked", "auto"]
     cohort_chunk: int
     precision: Literal["fp32", "bf16", "tf32"]
     workers: int | Literal["auto"]
@@ -167,9 +167,10 @@ def compare(
     base: Mapping[str, Any] | None = None, sweeps: Mapping[str, Sequence[Any]] | None = None, *,
     config: str | Path | None = None, out: str | Path | None = None, jobs: int | None = None,
     force: bool = False, title: str | None = None, stream: Any = None,
-    tensorboard: bool = False, batch_runs: int | None = None, cluster: Any = None,
+    tensorboard: bool = False, stack_runs: int | None = None, cluster: Any = None,
     runtime: Mapping[str, Any] | None = None, sources: Mapping[str, str] | None = None,
-    hint: str | None = None, extend: bool = False, **keywords: Unpack[GridSettings],
+    hint: str | None = None, extend: bool = False, batch_runs: int | None = None,
+    **keywords: Unpack[GridSettings],
 ) -> list[dict[str, Any]]:
     """Run a grid and return its table (`results.csv`'s rows). `base`: settings every run gets
     (`--set`'s keys, flag names, or Python objects for `dataset`/`model`/`algorithm`);
@@ -179,15 +180,23 @@ def compare(
     the workers inherit what the script defined. Calling again with the same `out` resumes.
 
     `runtime`: where every run computes (`device`, `executor`, `workers`), which a resumed grid
-    may change; `batch_runs`: runs stepped as one cohort on the batched executor; `cluster`: a
+    may change; `stack_runs`: runs stepped as one cohort on the stacked executor; `cluster`: a
     `ClusterOptions` to run on Ray; `tensorboard`: TensorBoard logs per run. `sources` names
     each setting as the caller wrote it (for error lines) and `hint` the call that resumes.
     `extend=True` continues a grid's finished runs to more `rounds` (or other settings a resume
     may change, `base={"rounds": 50}`), as `resume` does one run.
 
     `**keywords`: settings every run gets, by name (`dataset=data, clients=20`; `GridSettings`),
-    checked against `RunConfig`'s fields; the same key in `base` too is refused."""
+    checked against `RunConfig`'s fields; the same key in `base` too is refused. `batch_runs`
+    is an earlier release's name of `stack_runs`, read as it this release with a warning."""
     plugins.startup()
+    if batch_runs is not None:
+        if stack_runs is not None:
+            raise FedhetError("fedhet.compare: stack_runs and batch_runs (its earlier name) are "
+                              "both given; give stack_runs alone")
+        deprecated("fedhet.compare: `batch_runs` is now `stack_runs`; the old name goes in the "
+                   "next release (docs/cli.md)")
+        stack_runs = batch_runs
     given = checked_keywords(keywords, "fedhet.compare", {**(base or {}), **keywords})
     twice = sorted(set(given) & set(base or {}))
     if twice:
@@ -206,7 +215,7 @@ def compare(
     named = title if title is not None else (None if config else _title(fixed, axes))
     changes = Changes(fixed, axes, said, named)
     target = Path(out) if out is not None else new_run_dir(_dir_name(fixed, axes))
-    extra = {"batch_runs": batch_runs} if batch_runs else {}
+    extra = {"stack_runs": stack_runs} if stack_runs else {}
     return run_grid(config, target, jobs, force, tensorboard, stream=stream,
                     overrides=dict(runtime) if runtime else None, changes=changes or None,
                     hint=hint or f"fedhet.compare(..., out={str(target)!r})", cluster=cluster,

@@ -1,7 +1,9 @@
-"""The one error type users see: a message that says what is wrong and how to fix it."""
+"""The one error type users see: a message that says what is wrong and how to fix it; and the
+one warning of a spelling an earlier release used (`deprecated`)."""
 
 import os
 import sys
+import warnings
 
 MUST_KNOW = ("warning:", "rebuilt ", "removed ")
 """How the log lines a quiet command still shows begin: a warning, a file rebuilt from the
@@ -31,3 +33,22 @@ def one_line(error: BaseException) -> str:
 
 class FedhetError(Exception):
     """Bad input or an unusable environment. The CLI prints `error: <message>` and exits 2."""
+
+
+class FedhetDeprecationWarning(FutureWarning):
+    """An earlier release's spelling, still read for this one (the migration tables in
+    docs/cli.md): the message is one line naming the new spelling. A `FutureWarning`, so Python
+    shows it by default; the CLI prints it as one `note:` line after the command."""
+
+
+def deprecated(message: str) -> None:
+    """Warn `message` (`FedhetDeprecationWarning`) at the first caller outside fedhet: the line
+    of the user's script that spelt it so."""
+    frame, level = sys._getframe(0), 1
+    while frame.f_back is not None and _ours(frame.f_globals.get("__name__", "")):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, FedhetDeprecationWarning, stacklevel=level)
+
+
+def _ours(module: str) -> bool:
+    return module == "fedhet" or module.startswith("fedhet.")

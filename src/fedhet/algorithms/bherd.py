@@ -49,10 +49,10 @@ Local momentum is rejected: BHerd herds the plain SGD gradients.
 
 Memory: a client holds its `τ × d` float32 gradient buffer (`4 τ d` bytes) plus the `τ × τ`
 float64 Gram matrix: one client at a time under the sequential executor, every client of a
-stacked chunk under the batched one (`cohort_chunk` bounds it); see docs/bherd.md for the CIFAR
-CNN's numbers. Under the batched executor the buffers are one `(C, τ_max, d)` tensor written
+stacked chunk under the stacked one (`cohort_chunk` bounds it); see docs/bherd.md for the CIFAR
+CNN's numbers. Under the stacked executor the buffers are one `(C, τ_max, d)` tensor written
 once per step, and the Gram matrices and herding orders of the clients that finish together are
-one batched computation (`HerdStore`).
+one stacked computation (`HerdStore`).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def centred_gram(x: torch.Tensor) -> torch.Tensor:
 
 def centred_grams(x: torch.Tensor) -> torch.Tensor:
     """`centred_gram` of `L` clients' `τ × d` buffers at once: `x` is `(L, τ, d)`, the result
-    `(L, τ, τ)` float64 (one batched product per column chunk)."""
+    `(L, τ, τ)` float64 (one stacked product per column chunk)."""
     n, tau, d = x.shape
     cols = max(1, GRAM_CHUNK_ELEMENTS // max(n * tau, 1))
     k = torch.zeros(n, tau, tau, dtype=torch.float64, device=x.device)
@@ -288,7 +288,7 @@ class HerdPass:
 
 class HerdStore(GradientStore):
     """BHerd's `τ × d` gradient buffer (`GradientStore`). Stacked, the herding orders of the
-    clients that finish together come from one batched Gram product and one batched Algorithm 2
+    clients that finish together come from one stacked Gram product and one stacked Algorithm 2
     (`centred_grams`, `herding_orders`) instead of one client at a time."""
 
     order: torch.Tensor | None = None

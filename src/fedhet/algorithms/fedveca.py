@@ -178,7 +178,7 @@ class LocalEstimates(StackableHook):
 
     Works online (nothing per step is kept), so `τ = 50` costs no memory on a large model, and
     without a device synchronisation per step (`β`, `δ` stay tensors until read). Stacked
-    (`StackableHook`), the batched executor updates every client's estimates with one set of
+    (`StackableHook`), the stacked executor updates every client's estimates with one set of
     tensor operations per step (`estimate_step`, the same code on a `(1, d)` row alone).
     `grad_local` is `∇F_i(w_k)`; `grad_global_prev` is the server's `∇F(w_(k−1))` (None in
     round 0, when neither estimate is made).

@@ -16,7 +16,7 @@ In a client's first round there is no previous model and the term is absent **[c
 is the same as `ℓ_con = 0`). Aggregation is FedAvg's. `μ = 0` reproduces FedAvg.
 
 The contrastive loss reaches the trainer through `LocalTrainer.sgd(..., loss_fn=)`, which
-replaces the model's objective on each mini-batch; it is a `StackableLoss`, so the batched
+replaces the model's objective on each mini-batch; it is a `StackableLoss`, so the stacked
 executor computes it for a whole stack of clients (`z_glob`, `z_prev` vmapped over the clients'
 frozen models, the gradient over their parameters).
 """

@@ -11,10 +11,14 @@ one: `main`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from fedhet import plugins
 from fedhet.cli import (
@@ -32,7 +36,7 @@ from fedhet.cli import (
     run,
 )
 from fedhet.cli.common import EXIT_DIVERGED, EXIT_ERROR, DivergedRunError, Parser, add_plugin_flag
-from fedhet.errors import FedhetError, debugging
+from fedhet.errors import FedhetDeprecationWarning, FedhetError, debugging
 
 VERBS = (run, compare, reproduce, campaign, report, paper_scale, docs, listing, config, partition,
          deploy, demo)
@@ -107,9 +111,34 @@ def _os_error(e: OSError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit status. An old spelling (`reproduce all`) runs as its new one
-    (`campaign run`) and says so: after the command, or at the end of its error line."""
+    """Run one command; its exit status. An old spelling (`reproduce all`, `--batch-runs`,
+    `executor = "batched"`) runs as its new one (`campaign run`, `--stack-runs`, `stacked`) and
+    says so in one line each: after the command, or at the end of its error line."""
     argv, note = campaign.old_spelling(list(sys.argv[1:] if argv is None else argv))
+    notes = [note] if note else []
+    with old_spellings(notes):
+        return _main(argv, notes)
+
+
+@contextlib.contextmanager
+def old_spellings(notes: list[str]) -> Iterator[None]:
+    """Each old spelling's warning (`FedhetDeprecationWarning`) while the command runs, added
+    to `notes` once; every other warning is shown as Python shows it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", FedhetDeprecationWarning)
+        show = warnings.showwarning
+
+        def collect(message: Any, category: type[Warning], *rest: Any, **kw: Any) -> None:
+            if not issubclass(category, FedhetDeprecationWarning):
+                show(message, category, *rest, **kw)
+            elif str(message) not in notes:
+                notes.append(str(message))
+
+        warnings.showwarning = collect
+        yield
+
+
+def _main(argv: list[str], notes: list[str]) -> int:
     args = None
     try:
         args = parse(argv)
@@ -126,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     except FedhetError as e:
         if debugging():
             traceback.print_exception(e, file=sys.stderr)
-        print(f"error: {e}" + (f"; note: {note}" if note else ""), file=sys.stderr)
+        print(f"error: {e}" + "".join(f"; note: {n}" for n in notes), file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # `fedhet list | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -138,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(e, "reported", False):  # compare/reproduce print their own line
             print(_interrupted(args), file=sys.stderr)
         return 130
-    if note:
-        print(f"note: {note}", file=sys.stderr)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
     return code
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from fedhet.cli.common import (
     SETTING_FLAGS,
     Parser,
-    add_batch_runs_flag,
     add_data_dir_flag,
     add_device_flags,
+    add_stack_runs_flag,
     names,
 )
 from fedhet.errors import FedhetError
@@ -70,7 +70,7 @@ def _add_shared(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", choices=("smoke", "small", "paper"),
                    help="the presets' size (default paper)")
     add_device_flags(p, where_only=True)
-    add_batch_runs_flag(p)
+    add_stack_runs_flag(p)
     p.add_argument("--cache", metavar="DIR", help="the run directories and their checkpoints "
                    "(default $FEDHET_CAMPAIGN_CACHE or ~/.cache/fedhet/campaign)")
     p.add_argument("--results", metavar="DIR", help="where the records and the result CSVs go "
@@ -100,7 +100,7 @@ def plan_command(args: argparse.Namespace) -> int:
     from fedhet.papers.campaign.plan import print_plan
 
     print_plan(args.scale or "paper", args.device or "cpu", Path(args.results or "results"),
-               Path(args.cache) if args.cache else None, _tables(args), args.batch_runs or 8,
+               Path(args.cache) if args.cache else None, _tables(args), args.stack_runs or 8,
                sys.stdout)
     return 0
 
@@ -118,7 +118,7 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         run_campaign(args.scale or "paper", args.device or "cpu", args.budget, results,
                      Path(args.cache) if args.cache else None,
-                     1 if args.cores is None else args.cores, tables, args.batch_runs or 8,
+                     1 if args.cores is None else args.cores, tables, args.stack_runs or 8,
                      args.data_dir, args.nice)
     finally:
         follow_page(results, args.scale or "paper")

@@ -5,7 +5,7 @@ the settings the run flags make.
   names the flags of other verbs it refuses (`refuse`), each with the line that says where the
   flag goes;
 - flag groups: `add_setting_flags` (what a run computes), `add_device_flags` (where),
-  `add_precision_flag`, `add_pool_flags` (many runs: jobs, batches, `--cluster ray`),
+  `add_precision_flag`, `add_pool_flags` (many runs: jobs, stacks, `--cluster ray`),
   `add_plugin_flag`;
 - `run_layers`/`run_values`: the run's settings from `--config`, the flags and `--set`.
 """
@@ -19,7 +19,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from fedhet.configs import resolve as resolve_config
-from fedhet.errors import FedhetError
+from fedhet.engine import current_value
+from fedhet.errors import FedhetError, deprecated
 from fedhet.registry import did_you_mean
 
 if TYPE_CHECKING:
@@ -221,7 +222,7 @@ def add_device_flags(p: argparse.ArgumentParser, where_only: bool = False) -> No
                    help="where models, data and state live (default auto: CUDA when present)")
     if where_only:
         return
-    p.add_argument("--executor", choices=("auto", "sequential", "batched"),
+    p.add_argument("--executor", choices=("auto", "sequential", "stacked"), type=executor,
                    help="how a round's clients run: one after another, or stacked (docs/gpu.md)")
     p.add_argument("--workers", type=workers, metavar="N|auto",
                    help="CPU processes a round's clients are spread over (sequential executor; "
@@ -237,17 +238,40 @@ def add_precision_flag(p: argparse.ArgumentParser) -> None:
                         "where bf16 loses no accuracy")
 
 
-def add_batch_runs_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-runs", type=positive, metavar="N",
-                   help="runs that share data, model and device on the batched executor (a GPU, "
+def executor(value: str) -> str:
+    """`--executor`'s value, an earlier release's spelling (`batched`) read as today's with a
+    note (`fedhet.engine.spellings`)."""
+    return str(current_value("executor", value, "--executor"))
+
+
+def add_stack_runs_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--stack-runs", type=positive, metavar="N",
+                   help="runs that share data, model and device on the stacked executor (a GPU, "
                         "or the linear models) step as one cohort, N at a time (default 8; 1: "
                         "each run on its own)")
+    p.add_argument("--batch-runs", type=positive, dest="stack_runs", action=OldFlag,
+                   new="--stack-runs", help=argparse.SUPPRESS)
+
+
+class OldFlag(argparse.Action):
+    """A flag an earlier release spelt otherwise (`--batch-runs`, now `--stack-runs`): its value
+    goes where the new flag's goes, with a note (docs/cli.md, migration); left out of `--help`."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        deprecated(f"`{option_string}` is now `{self.new}`; the old spelling goes in the next "
+                   "release (docs/cli.md)")
+        setattr(namespace, self.dest, values)
 
 
 def add_pool_flags(p: argparse.ArgumentParser) -> None:
     add_device_flags(p)
     p.add_argument("--jobs", "-j", type=positive, help="parallel runs (default: number of cores)")
-    add_batch_runs_flag(p)
+    add_stack_runs_flag(p)
     p.add_argument("--force", action="store_true", help="start every run again from scratch")
     p.add_argument("--tensorboard", action="store_true",
                    help="log each run's metrics for TensorBoard (needs tensorboard)")
@@ -259,9 +283,9 @@ def overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in ("device", "executor", "workers") if getattr(args, k)}
 
 
-def batch_runs(args: argparse.Namespace) -> int | None:
-    """`--batch-runs` when given; None: the runner's default (`DEFAULT_BATCH_RUNS`)."""
-    return int(args.batch_runs) if args.batch_runs else None
+def stack_runs(args: argparse.Namespace) -> int | None:
+    """`--stack-runs` when given; None: the runner's default (`DEFAULT_STACK_RUNS`)."""
+    return int(args.stack_runs) if args.stack_runs else None
 
 
 # -- `--cluster ray` of compare and reproduce (docs/cluster.md) ------------------------------
@@ -270,7 +294,7 @@ CLUSTER_FLAGS = ("--cluster", "--ray-address", "--cpus-per-run", "--gpus-per-run
 
 def add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", choices=("ray",),
-                   help="run each run (or batch of runs) as a task on a Ray cluster "
+                   help="run each run (or stack of runs) as a task on a Ray cluster "
                         "(docs/cluster.md); needs fedhet[cluster]")
     p.add_argument("--ray-address", metavar="ADDR|auto",
                    help="--cluster ray: the cluster to join (default $RAY_ADDRESS, else a local "

@@ -13,9 +13,9 @@ from fedhet.cli.common import (
     add_pool_flags,
     add_precision_flag,
     add_setting_flags,
-    batch_runs,
     cluster,
     overrides,
+    stack_runs,
 )
 from fedhet.configs import resolve as resolve_config
 from fedhet.errors import FedhetError
@@ -75,7 +75,7 @@ def command(args: argparse.Namespace) -> int:
     rows = api.compare(base=changes.fixed, sweeps=changes.sweeps, sources=changes.sources,
                        title=changes.title, config=config, out=out, jobs=args.jobs,
                        force=args.force, tensorboard=args.tensorboard, runtime=overrides(args),
-                       hint="fedhet " + shlex.join(argv), batch_runs=batch_runs(args),
+                       hint="fedhet " + shlex.join(argv), stack_runs=stack_runs(args),
                        cluster=cluster(args))
     print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
     return 0
@@ -106,6 +106,6 @@ def extend_grid(args: argparse.Namespace, flags: dict[str, Any]) -> int:
     rows = api.compare(base=changes.fixed, sources=changes.sources, config=out / "grid.toml",
                        out=out, jobs=args.jobs, tensorboard=args.tensorboard,
                        runtime=overrides(args), hint="fedhet " + shlex.join(argv), extend=True,
-                       batch_runs=batch_runs(args), cluster=cluster(args))
+                       stack_runs=stack_runs(args), cluster=cluster(args))
     print(f"{len(rows)} runs; results in {out}/results.csv and {out}/summary.md")
     return 0

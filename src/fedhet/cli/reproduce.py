@@ -18,11 +18,11 @@ from fedhet.cli.common import (
     Parser,
     add_pool_flags,
     add_setting_flags,
-    batch_runs,
     cluster,
     names,
     overrides,
     run_values,
+    stack_runs,
 )
 from fedhet.errors import FedhetError
 
@@ -102,7 +102,7 @@ def command(args: argparse.Namespace) -> int:
     # lazy: a command imports torch only when it runs (fast --help and flag errors)
     from fedhet.papers.base import PRESETS
     from fedhet.papers.reproduce import default_out, reproduce
-    from fedhet.runs import DEFAULT_BATCH_RUNS
+    from fedhet.runs import DEFAULT_STACK_RUNS
 
     args.paper = PRESETS.canonical(args.paper)  # `FedSR` is `fedsr`
     scale = args.scale or "smoke"
@@ -110,7 +110,7 @@ def command(args: argparse.Namespace) -> int:
     only = names(args.only, "--only", "mnist,mnist-even-odd") if args.only is not None else None
     reproduce(args.paper, scale, out, args.jobs, args.force, args.tensorboard,
               overrides=overrides(args), only=only, setup=args.setup,
-              batch_runs=batch_runs(args) or DEFAULT_BATCH_RUNS, cluster=cluster(args))
+              stack_runs=stack_runs(args) or DEFAULT_STACK_RUNS, cluster=cluster(args))
     print(f"results in {out}/results.csv, {out}/summary.md and {out}/report.md")
     return 0
 
@@ -118,7 +118,7 @@ def command(args: argparse.Namespace) -> int:
 def run_protocol(args: argparse.Namespace) -> int:
     """`reproduce PAPER --protocol NAME`: the paper's procedure on the user's settings."""
     preset_only = [
-        flag for flag in ("--scale", "--only", "--jobs", "--batch-runs", "--tensorboard",
+        flag for flag in ("--scale", "--only", "--jobs", "--stack-runs", "--tensorboard",
                           *CLUSTER_FLAGS)
         if getattr(args, flag[2:].replace("-", "_"), None) not in (None, False)
     ]

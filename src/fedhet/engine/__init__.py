@@ -7,14 +7,15 @@ layers above import nothing else), as a user's code reaches fedhet only through
 `fedhet/__init__.py`:
 
 - **settings** (`config`): `parse` → `build` → `RunConfig`, with `config_of`, `flatten`,
-  `path_of`, `canonical_config`, `config_sources`, `engine_defaults`, `read_toml_file`; the
+  `path_of`, `canonical_config`, `config_sources`, `engine_defaults`, `read_toml_file`, and
+  `current_value`/`current_record` (values an earlier release spelt otherwise, `spellings`); the
   schema's tables `ENGINE_FIELDS`, `FIELD_DOCS`, `RECORD_KEYS`, `RESUMABLE`, `RUNTIME`,
   `COMPONENTS`, `REGISTRIES`;
-- **building and running** (`assembly`, `simulation`, `federation`, `batch`, `dry`):
+- **building and running** (`assembly`, `simulation`, `federation`, `stacked_runs`, `dry`):
   `assemble`, `assemble_clients`, `ClientSide`, `ClientHost`, `Simulation`, `check_resumable`,
   `federate`, `load`, `run_together`, `dry_check`, `RunnerContext`;
 - **callbacks and failures**: `CallbackLike`, `StopRun`, `ClientFailure`, `UserCodeFailed`;
-- **where work runs** (`plan`, `workers`, `comm`): `ClusterOptions`, `batchable`,
+- **where work runs** (`plan`, `workers`, `comm`): `ClusterOptions`, `would_stack`,
   `describe_plan`, `host_port`, `ray_address`, `usable_cores`, `CORES_ENV`, `LINKS`.
 
 Importing the package imports none of its modules (and no torch) until a name is first used
@@ -29,7 +30,6 @@ from fedhet.lazy import attach
 
 if TYPE_CHECKING:
     from fedhet.engine.assembly import ClientSide, assemble, assemble_clients
-    from fedhet.engine.batch import run_together
     from fedhet.engine.callbacks import CallbackLike, StopRun
     from fedhet.engine.clients import ClientHost
     from fedhet.engine.comm import LINKS
@@ -56,9 +56,11 @@ if TYPE_CHECKING:
     from fedhet.engine.dry import dry_check
     from fedhet.engine.failures import ClientFailure, UserCodeFailed
     from fedhet.engine.federation import federate, load
-    from fedhet.engine.plan import ClusterOptions, batchable, describe_plan, host_port, ray_address
+    from fedhet.engine.plan import ClusterOptions, describe_plan, host_port, ray_address, would_stack
     from fedhet.engine.rounds import RunnerContext
     from fedhet.engine.simulation import Simulation, check_resumable
+    from fedhet.engine.spellings import current_record, current_value
+    from fedhet.engine.stacked_runs import run_together
     from fedhet.engine.workers import CORES_ENV, usable_cores
 
 __all__ = [
@@ -83,13 +85,15 @@ __all__ = [
     "UserCodeFailed",
     "assemble",
     "assemble_clients",
-    "batchable",
+    "would_stack",
     "build",
     "canonical_config",
     "check_resumable",
     "chosen_components",
     "config_of",
     "config_sources",
+    "current_record",
+    "current_value",
     "describe_plan",
     "dry_check",
     "engine_defaults",

@@ -127,7 +127,7 @@ def assemble_clients(
                       cfg.batch_size, dim)
     the_plan = plan(cfg, usable_cores(), shape=RunShape(module, cost, per_round),
                     clients_here=executor is None, linear=_linear(model))
-    if the_plan.workers_note is not None:  # else nothing was weighed: a GPU, batched, one core
+    if the_plan.workers_note is not None:  # else nothing was weighed: a GPU, stacked, one core
         log(f"workers: auto → {the_plan.workers} ({the_plan.workers_note})")
     device = the_plan.device
     if device.type == "cpu":  # a step's activations reuse the last step's pages

@@ -18,7 +18,7 @@ model for `k` local SGD steps on its own training samples and is scored on its s
 (`personalised_scores`): the personalised accuracy `pacc_i` after `k` local steps, written as
 `client_pacc_mean`, `_std`, `_worst10`, `_best10`.
 
-The passes here run one model at a time in this process, also when the batched executor stacks
+The passes here run one model at a time in this process, also when the stacked executor stacks
 the test-set evaluation of several runs (`SharedCohort.evaluate_many`): per-client evaluation
 and the extra `metrics` are scored unstacked.
 """

@@ -28,6 +28,7 @@ from typing import Any, Literal, Self
 
 from fedhet.components import COMPONENTS, REGISTRIES
 from fedhet.data.files import absolute, is_data_path
+from fedhet.engine.spellings import RENAMED, current_record, current_value
 from fedhet.errors import FedhetError
 from fedhet.metrics import check_metrics
 from fedhet.registry import build_params, coerce, did_you_mean, params_dict
@@ -138,11 +139,11 @@ class RunConfig:
     """What happens to a straggler's late work: `drop` (discarded; partial participation)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model, the data and the algorithm state live: `auto` = CUDA when available."""
-    executor: Literal["sequential", "batched", "auto"] = "auto"
+    executor: Literal["sequential", "stacked", "auto"] = "auto"
     """How a round's clients run (`fedhet.engine.executors`): one after another, or stacked;
-    `auto` = batched on CUDA or for the linear models, else sequential (docs/gpu.md)."""
+    `auto` = stacked on CUDA or for the linear models, else sequential (docs/gpu.md)."""
     cohort_chunk: int = 0
-    """Batched executor: clients stacked at a time (0 = as many as fit ~1 GiB of stacked state)."""
+    """Stacked executor: clients stacked at a time (0 = as many as fit ~1 GiB of stacked state)."""
     precision: Literal["fp32", "bf16", "tf32"] = "fp32"
     """Arithmetic of the local forward and backward passes (`fedhet.training.precision`): `fp32`,
     `bf16` (autocast; the flat weights, the local step, aggregation and the server stay float32)
@@ -161,6 +162,10 @@ class RunConfig:
     partition_params: Any = None
     model_params: Any = None
     """The components' frozen parameter dataclasses (`None` until `build` fills them)."""
+
+    def __post_init__(self) -> None:
+        for key in RENAMED:  # an earlier release's spelling, read as today's (`spellings`)
+            object.__setattr__(self, key, current_value(key, getattr(self, key), f"RunConfig {key}"))
 
     def validate(self) -> None:
         checks = [
@@ -226,8 +231,8 @@ class RunConfig:
                 f"device must be auto, cpu or cuda, got {self.device!r}",
             ),
             (
-                self.executor in ("sequential", "batched", "auto"),
-                f"executor must be sequential, batched or auto, got {self.executor!r}",
+                self.executor in ("sequential", "stacked", "auto"),
+                f"executor must be sequential, stacked or auto, got {self.executor!r}",
             ),
             (
                 self.precision in ("fp32", "bf16", "tf32"),
@@ -444,7 +449,9 @@ AUTO = {"workers": 0}
 
 
 def _engine_value(key: str, value: Any, where: str) -> Any:
-    """An engine field's value typed (`coerce`), `auto` read as its number (`AUTO`)."""
+    """An engine field's value typed (`coerce`), `auto` read as its number (`AUTO`), an earlier
+    release's spelling as today's (`spellings.current_value`)."""
+    value = current_value(key, value, where)
     if key not in AUTO:
         return coerce(value, _HINTS[key], where)
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -545,7 +552,9 @@ def canonical_config(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A saved `config.json` as this version writes it: old parameter names mapped to the
     current ones (`ALIASES`) and defaults added, so it compares equal to a fresh build of the
     same settings; the record keys (`RECORD_KEYS`) are left out. Returned otherwise unchanged
-    when it no longer builds (the caller reports that)."""
+    when it no longer builds (the caller reports that). Values an earlier release spelt
+    otherwise read as today's (`spellings.current_record`)."""
+    saved = current_record(saved)
     try:
         return build(parse(saved, "config.json")).to_dict()
     except (FedhetError, TypeError, ValueError):
@@ -590,8 +599,8 @@ FIELD_DOCS: dict[str, str] = {
     "straggler_fraction": "probability that a sampled client misses a round's deadline",
     "straggler_policy": "what happens to a straggler's work (drop)",
     "device": "auto (CUDA when present), cpu or cuda",
-    "executor": "auto, sequential (one client after another) or batched (stacked)",
-    "cohort_chunk": "batched executor: clients stacked at a time (0: fit ~1 GiB)",
+    "executor": "auto, sequential (one client after another) or stacked (all as one computation)",
+    "cohort_chunk": "stacked executor: clients stacked at a time (0: fit ~1 GiB)",
     "precision": "fp32, bf16 (autocast local passes; float32 weights) or tf32 (CUDA only)",
     "workers": "CPU processes a round's clients are spread over (0: auto)",
     "client_state_memory_mb": "MiB of client states (SCAFFOLD's c_i, …) in memory; the rest wait on disk",

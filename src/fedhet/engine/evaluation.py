@@ -69,7 +69,7 @@ class Evaluator:
         self.metrics = [resolve(name, data.num_classes) for name in settings.metrics]
         self.stacked: Callable[[list[EvalJob]], None] | None = None
         """Scores a row's models together with other runs' (`SharedCohort.evaluate_many`, set
-        while the run steps in a batch that `stacks_evaluation`); None: one by one here."""
+        while the run steps in a stack that `stacks_evaluation`); None: one by one here."""
 
     def evaluated(self, round: int) -> bool:
         """Whether round `round` (0 = before training) is evaluated."""

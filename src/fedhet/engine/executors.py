@@ -1,9 +1,9 @@
 """Executors: how a round's independent client halves run (docs/design.md "Executors").
 
 - `sequential`: one client after another, exactly today's loop (`ClientHost.update`).
-- `batched`: the clients' local SGD runs stacked (`fedhet.training.cohort.CohortTrainer`).
+- `stacked`: the clients' local SGD runs stacked (`fedhet.training.cohort.CohortTrainer`).
 
-The batched executor keeps every algorithm's `client_update` unchanged. Each client of a chunk
+The stacked executor keeps every algorithm's `client_update` unchanged. Each client of a chunk
 runs as a suspended coroutine: a thread per client and a baton, so exactly one thread runs at a
 time, clients start in request order, and the run is deterministic. The client's
 `ctx.trainer` is a proxy: `batches` and `gradient` go straight to the shared `LocalTrainer`,
@@ -13,7 +13,7 @@ parked (or finished), the executor runs all parked `sgd` calls stacked and all p
 BatchNorm compute them one client at a time), hands each client its result and resumes the
 clients one at a time, in order, until each finishes (or parks again).
 
-Which calls fall back to the sequential loop inside the batched executor, and why:
+Which calls fall back to the sequential loop inside the stacked executor, and why:
 - `sgd(..., loss_fn=...)` with a loss that is not a `StackableLoss` (MOON's is one): an
   arbitrary callable may call the module in ways the stacked gradient does not express;
 - models with dropout, or BatchNorm with `momentum=None` (`unsupported_reason`): their
@@ -27,7 +27,7 @@ Ring topologies hand the executor whole walks (`chains`): each ring's walk runs 
 coroutine calling its devices one after another, and when a hop's SGD leaves the stack the
 coroutine is resumed at once, so the next hop's SGD takes the row its predecessor left in the
 same stacked call (`CohortTrainer.sgd_many`'s `next_jobs`): a round of every ring, and of
-every run of a batch, is one call with no barrier between hops. A HierFAVG edge is a chain
+every run of a stack, is one call with no barrier between hops. A HierFAVG edge is a chain
 too: its devices run side by side (`many`), and once the last is back the edge averages and
 its next iteration's devices join the same call, so edges never wait for each other.
 
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from fedhet.engine.clients import ClientHost
     from fedhet.engine.rounds import Chain
 
-EXECUTORS = ("sequential", "batched", "auto")
+EXECUTORS = ("sequential", "stacked", "auto")
 
 FATAL = (Diverged, FedhetError, KeyboardInterrupt, SystemExit)
 """Not a client fault: a diverged run, a configuration error (one clear line), an interrupt."""
@@ -95,7 +95,7 @@ def device_choice(name: str) -> tuple[torch.device, str]:
 def choose_executor(
     name: str, device: torch.device, linear: bool, module: torch.nn.Module, workers: int = 1
 ) -> str:
-    """The executor a run uses. `auto`: `batched` on CUDA, or for a linear model (one whose
+    """The executor a run uses. `auto`: `stacked` on CUDA, or for a linear model (one whose
     registry entry declares `linear=True`: closed-form gradients; measured on CPU,
     benchmarks/RESULTS.md); else `sequential`. Any choice becomes
     `sequential` when the model cannot be stacked (`unsupported_reason`). `workers > 1` asks
@@ -113,12 +113,12 @@ def executor_choice(
         if device.type != "cpu":
             raise FedhetError(
                 f"--workers {workers} spreads clients over CPU processes; use --device cpu, or "
-                "--workers 1 on a GPU (the batched executor is the GPU's way)"
+                "--workers 1 on a GPU (the stacked executor is the GPU's way)"
             )
-        if name == "batched":
+        if name == "stacked":
             raise FedhetError(
                 f"--workers {workers} runs the sequential executor in processes; use "
-                "--executor sequential (or auto) with it, or --workers 1 with --executor batched"
+                "--executor sequential (or auto) with it, or --workers 1 with --executor stacked"
             )
         return "sequential", f"--workers {workers} runs the sequential executor in processes"
     why = unsupported_reason(module) if module is not None else None
@@ -127,12 +127,12 @@ def executor_choice(
     if name != "auto":
         chosen, reason = name, "set"
     elif device.type == "cuda":
-        chosen, reason = "batched", "auto: on CUDA"
+        chosen, reason = "stacked", "auto: on CUDA"
     elif linear:
-        chosen, reason = "batched", "auto: a linear model (closed-form gradients)"
+        chosen, reason = "stacked", "auto: a linear model (closed-form gradients)"
     else:
         chosen, reason = "sequential", "auto: on the CPU, not a linear model"
-    if module is None and chosen == "batched":
+    if module is None and chosen == "stacked":
         reason += "; sequential if the model has dropout or BatchNorm(momentum=None)"
     return chosen, reason
 
@@ -201,7 +201,7 @@ class SequentialExecutor(InProcess):
             yield client_id, reply
 
 
-# -- the batched executor ----------------------------------------------------------------------
+# -- the stacked executor ----------------------------------------------------------------------
 @dataclass
 class _Client:
     client_id: int
@@ -223,7 +223,7 @@ class _Client:
 
 
 class _ParkingTrainer:
-    """`ctx.trainer` of a batched client: `sgd` parks, the rest goes to the shared trainer."""
+    """`ctx.trainer` of a stacked client: `sgd` parks, the rest goes to the shared trainer."""
 
     def __init__(self, trainer: LocalTrainer, client: _Client, resume: Callable[[_Client], None]) -> None:
         self._trainer = trainer
@@ -270,10 +270,10 @@ class _ParkingTrainer:
         return job.result
 
 
-class BatchedExecutor(InProcess):
+class StackedExecutor(InProcess):
     """Stacked local SGD over chunks of the cohort (see the module docstring)."""
 
-    name = "batched"
+    name = "stacked"
 
     def __init__(self, host: ClientHost, chunk: int = 0) -> None:
         super().__init__(host)
@@ -281,7 +281,7 @@ class BatchedExecutor(InProcess):
         self.cohort = CohortTrainer(host.model, host.trainer.x, host.trainer.y, chunk=0, log=host.log)
         self.cohort.check_stackable()  # a model torch.func cannot run: one line, before any round
         self.shared: Any = None
-        """A `fedhet.engine.batch.SharedCohort` while this run steps in a batch of runs: parked
+        """A `fedhet.engine.stacked_runs.SharedCohort` while this run steps in a stack of runs: parked
         clients then go to it, to be stacked with the other runs' clients."""
 
     def _chunk_size(self, n: int) -> int:
@@ -303,7 +303,7 @@ class BatchedExecutor(InProcess):
         when it leaves the stack its client is resumed at once and what the chain does next
         (the next hop; the edge's average and its next iteration, once the last of its devices
         is back) parks SGD that joins the same stacked call (`CohortTrainer.sgd_many`'s
-        `next_jobs`), so a round of every chain, and of every run of a batch, is one call with
+        `next_jobs`), so a round of every chain, and of every run of a stack, is one call with
         no barrier between hops or between edges."""
         size = self._chunk_size(len(chains))
         # a chain may fan out to several rows (a HierFAVG edge's devices)
@@ -437,7 +437,7 @@ class _ChainClients:
     (`many`), each on a coroutine of its own whose SGD parks in the stack while the chain
     waits for all of them."""
 
-    def __init__(self, executor: BatchedExecutor, coroutine: _Client, round: int) -> None:
+    def __init__(self, executor: StackedExecutor, coroutine: _Client, round: int) -> None:
         self.executor = executor
         self.coroutine = coroutine
         self.round = round
@@ -496,14 +496,14 @@ def _tree(clients: list[_Client]) -> list[_Client]:
     return out
 
 
-def make_executor(host: ClientHost, name: str, chunk: int = 0) -> SequentialExecutor | BatchedExecutor:
-    """The executor `name` (`sequential` or `batched`) over `host`'s clients."""
-    if name == "batched":
-        return BatchedExecutor(host, chunk)
+def make_executor(host: ClientHost, name: str, chunk: int = 0) -> SequentialExecutor | StackedExecutor:
+    """The executor `name` (`sequential` or `stacked`) over `host`'s clients."""
+    if name == "stacked":
+        return StackedExecutor(host, chunk)
     return SequentialExecutor(host)
 
 
 __all__ = [
-    "EXECUTORS", "BatchedExecutor", "Executor", "SequentialExecutor", "choose_executor", "device_choice",
+    "EXECUTORS", "StackedExecutor", "Executor", "SequentialExecutor", "choose_executor", "device_choice",
     "executor_choice", "make_executor", "resolve_device",
 ]

@@ -2,10 +2,10 @@
 
 `plan` takes a run's settings and returns a `Plan` with the reason for each choice. It composes
 the rules that live next to what they govern — `executors.device_choice` (CUDA or CPU),
-`executors.executor_choice` (sequential or batched; `cohort.unsupported_reason` for models that
+`executors.executor_choice` (sequential or stacked; `cohort.unsupported_reason` for models that
 cannot be stacked), `workers.auto_workers` (`--workers auto`, measured thresholds) — and is
-the only caller of them while a `Simulation` is built. `batchable` answers the grid runner's
-question (may this run step in a batch of runs?) with the same rules, and `describe_plan` lists
+the only caller of them while a `Simulation` is built. `would_stack` answers the grid runner's
+question (may this run step in a stack of runs?) with the same rules, and `describe_plan` lists
 the plan of a config before any data is loaded (`fedhet config show`).
 
 The plan is pure: the same settings, cores and model always give the same plan, so a resumed
@@ -149,7 +149,7 @@ def backend_of(cluster: ClusterOptions | None) -> tuple[str, str]:
 
 def is_linear(model: str) -> bool:
     """Whether model `model` declares itself linear where it registers (`linear=True`: the
-    batched executor is `auto`'s choice for it on the CPU too)."""
+    stacked executor is `auto`'s choice for it on the CPU too)."""
     return bool(MODELS.get(model).trait("linear", False))
 
 
@@ -198,14 +198,14 @@ def plan(
 
 def executor_for(p: Plan, clients: ClientHost, chunk: int = 0) -> Any:
     """The executor object `p` asks for over `clients`: the sequential one spread over
-    `p.workers` processes, or the sequential or batched one in this process."""
+    `p.workers` processes, or the sequential or stacked one in this process."""
     if p.workers > 1 and p.executor == "sequential":
         return ProcessExecutor(clients, p.workers)
     return make_executor(clients, p.executor, chunk)
 
 
-def batchable(cfg: RunConfig, cuda: bool) -> bool:
-    """Whether run `cfg` would use the batched executor (so it may step in a batch of runs),
+def would_stack(cfg: RunConfig, cuda: bool) -> bool:
+    """Whether run `cfg` would use the stacked executor (so it may step in a stack of runs),
     judged from its settings alone: not with `--workers N > 1` or `--executor sequential`, and
     `auto` only on a GPU or for the linear models (`executor_choice`)."""
     if cfg.workers > 1 or cfg.executor == "sequential":
@@ -227,6 +227,6 @@ def describe_plan(cfg: RunConfig, cluster: ClusterOptions | None = None) -> list
 
 
 __all__ = [
-    "CLUSTERS", "ClusterOptions", "Plan", "RunShape", "batchable", "describe_plan", "executor_for",
+    "CLUSTERS", "ClusterOptions", "Plan", "RunShape", "would_stack", "describe_plan", "executor_for",
     "is_linear", "plan",
 ]

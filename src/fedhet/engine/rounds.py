@@ -19,7 +19,7 @@ Topologies (an algorithm names one in its `topology` ClassVar):
 - `edge-star` (HierFAVG): cloud → edge; `κ2` times: edge → each device and back
   (`device-edge`), `edge_aggregate`; edge → cloud; cloud `aggregate`.
 Edges are independent. An executor that runs chains (`RoundContext.client_chains`: the
-batched one) gets each ring's walk, and each HierFAVG edge's `κ2` iterations, as one chain,
+stacked one) gets each ring's walk, and each HierFAVG edge's `κ2` iterations, as one chain,
 and trains a round of all of them in one stacked call; otherwise they go in lockstep: hop `h`
 of every edge's ring (`walk_rings`), or edge iteration `t` of every edge, in one
 `client_updates` call. Hops of one ring stay in order (each starts from the previous hop's
@@ -76,7 +76,7 @@ class RoundContext(Protocol):
     """Optional: the round's client failures are appended here, first one first."""
     client_chains: Callable[[int, Sequence[Chain]], None] | None
     """Optional (None when absent): runs independent chains of client halves (ring walks,
-    HierFAVG edges) as the executor pleases (`BatchedExecutor.chains`); without it they go in
+    HierFAVG edges) as the executor pleases (`StackedExecutor.chains`); without it they go in
     lockstep."""
 
     def configure(self, state: ServerState, client_id: int, round: int) -> Message:
@@ -116,7 +116,7 @@ class RunnerContext:
     """The run's executor itself, for a runner that drives it (Flower's star round)."""
     client_chains: Callable[[int, Sequence[Chain]], None] | None = None
     """The executor's way of running independent chains of client halves (a ring's walk, a
-    HierFAVG edge), when it has one (`BatchedExecutor.chains`); otherwise they go in lockstep."""
+    HierFAVG edge), when it has one (`StackedExecutor.chains`); otherwise they go in lockstep."""
 
 
 RoundRunner = Callable[[RoundContext, ServerState, int, Sequence[int]], tuple[ServerState, dict]]
@@ -277,10 +277,10 @@ class RingWalk:
 
 def walk_rings(rc: RoundContext, round: int, walks: Sequence[RingWalk], tally: RoundTally) -> None:
     """Run independent rings. With an executor that runs chains (`rc.client_chains`), each
-    ring's walk is one chain, its hops one after another as the executor pleases (the batched
+    ring's walk is one chain, its hops one after another as the executor pleases (the stacked
     executor trains every hop of every ring in one stacked call). Otherwise in lockstep: at
     each step, the next hop of every ring that has one left goes into one `rc.client_updates`
-    call (so the batched executor stacks them). Either way the hops of one ring stay in order,
+    call (so the stacked executor stacks them). Either way the hops of one ring stay in order,
     each starting from the previous hop's reply; failures are logged and the failing device is
     skipped for the rest of the round; each reply is checked for non-finite values. The result
     equals running the rings one after another: rings share no device, and every client's
@@ -413,7 +413,7 @@ def edge_star_round(
     """Cloud → edges; `κ2` edge aggregations of their devices; edges → cloud (HierFAVG).
     With `rc.client_chains` each edge is one chain (`_edge_walk`); otherwise iteration `t` of
     every edge goes through one `rc.client_updates` call (requests edge by edge, so the
-    batched executor stacks all edges' devices) and each edge aggregates its own consecutive
+    stacked executor stacks all edges' devices) and each edge aggregates its own consecutive
     run of the reply stream. An edge iteration with no reply leaves the edge model
     as it is; an edge none of whose devices ever returned sends no report."""
     role = _edge_role(rc)

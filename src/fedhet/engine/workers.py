@@ -134,12 +134,12 @@ def auto_workers(
     with the sequential executor (`executor`: the one `choose_executor` resolved; `requested`:
     the one asked for), there are 2 or more of them, a round's estimated `cost` (`round_cost`)
     is at least `AUTO_MIN_WORK` and the run's (`rounds · cost`) at least `AUTO_MIN_RUN_WORK`;
-    else 1. The reason is None where there was nothing to weigh (a GPU, the batched executor,
+    else 1. The reason is None where there was nothing to weigh (a GPU, the stacked executor,
     fewer than 2 cores or clients a round): 1 goes without saying there. A pure function of its
     arguments, so the same settings on the same cores always choose the same (the choice sets
     each process's torch threads, `threads // N`)."""
     n = min(cores, clients_per_round)
-    if device != "cpu" or requested == "batched" or executor != "sequential" or n < 2:
+    if device != "cpu" or requested == "stacked" or executor != "sequential" or n < 2:
         return 1, None
     if cost < AUTO_MIN_WORK:
         return 1, f"a round's work ~{cost:.1e} multiply-adds < {AUTO_MIN_WORK:.0e}"

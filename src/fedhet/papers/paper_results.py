@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale", default="paper")
     ap.add_argument("--minutes", type=float, default=None,
                     help="wall minutes of the runs (default: the sum of their times, which counts "
-                         "runs that stepped together as a batch once each)")
+                         "runs that stepped together as a stack once each)")
     ap.add_argument("--commit", default=None, help="the commit the runs were made at (default HEAD)")
     a = ap.parse_args(argv)
     algorithm_of = (lambda r: str(r.config.get("algorithm", r.label))) if a.algorithm_from == "config" \

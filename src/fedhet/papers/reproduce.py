@@ -23,7 +23,7 @@ from fedhet.reports import write_report
 from fedhet.rundir import atomic_write_text
 from fedhet.rundir import ownership as rundir
 from fedhet.runs import (
-    DEFAULT_BATCH_RUNS,
+    DEFAULT_STACK_RUNS,
     SCALES,
     Preset,
     RunSpec,
@@ -121,7 +121,7 @@ def _check_specs(paper: str, specs: list[RunSpec]) -> None:
 def reproduce(
     paper: str, scale: str, out: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
-    batch_runs: int = DEFAULT_BATCH_RUNS, only: tuple[str, ...] | None = None,
+    stack_runs: int = DEFAULT_STACK_RUNS, only: tuple[str, ...] | None = None,
     cluster: Any = None, setup: str | None = None,
 ) -> Preset:
     """Run `paper`'s preset at `scale` into `out` (marked and locked like `compare`'s); returns
@@ -145,14 +145,14 @@ def reproduce(
         # one Ray connection (one local Ray) for every stage, not one per stage
         with cluster_session() if cluster is not None else nullcontext():
             _run_stages(paper, scale, preset, out, jobs, force, tensorboard, stream, hint,
-                        overrides, batch_runs, only, cluster)
+                        overrides, stack_runs, only, cluster)
     return preset
 
 
 def _run_stages(
     paper: str, scale: str, preset: Preset, out: Path, jobs: int | None, force: bool,
     tensorboard: bool, stream: TextIO | None, hint: str, overrides: dict[str, Any] | None = None,
-    batch_runs: int = DEFAULT_BATCH_RUNS, only: tuple[str, ...] | None = None,
+    stack_runs: int = DEFAULT_STACK_RUNS, only: tuple[str, ...] | None = None,
     cluster: Any = None,
 ) -> None:
     """Run the preset's stages in order, then write results, report.md and report.html."""
@@ -172,7 +172,7 @@ def _run_stages(
         if len(preset.stages) > 1:
             (stream or sys.stderr).write(f"stage {i}/{len(preset.stages)}: {len(new)} runs\n")
         errors.update(run_specs(new, out / "runs", jobs, force, tensorboard, stream, hint,
-                                batch_runs=batch_runs, cluster=cluster, backend=run_units))
+                                stack_runs=stack_runs, cluster=cluster, backend=run_units))
         if errors:
             break
     rows = collect(out, title, specs, preset.target_accuracy, errors)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedhet import plugins
-from fedhet.engine import RECORD_KEYS, config_of
+from fedhet.engine import RECORD_KEYS, config_of, current_record
 from fedhet.errors import FedhetError
 from fedhet.reports.plots import RunData
 from fedhet.reports.settings import component
@@ -36,7 +36,8 @@ def is_fedhet_run(path: Path, config: dict[str, Any]) -> bool:
         return True
     try:
         plugins.ensure_recorded(config, path / "config.json")
-        config_of({k: v for k, v in config.items() if k not in RECORD_KEYS}, "config.json")
+        config_of({k: v for k, v in current_record(config).items() if k not in RECORD_KEYS},
+                  "config.json")
     except Exception:  # noqa: BLE001  (whatever stops it building: not fedhet settings)
         return False
     return True

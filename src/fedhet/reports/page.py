@@ -34,7 +34,7 @@ import numpy as np
 
 from fedhet.algorithms import ALGORITHMS
 from fedhet.data import label_counts
-from fedhet.engine import config_of, federate
+from fedhet.engine import config_of, current_record, federate
 from fedhet.registry import params_dict
 from fedhet.reports.clients import plot_clients, plot_metrics
 from fedhet.reports.diagnostics import MAX_PANELS, MAX_SEEDS, Panel, diagnostic_panels, plot_diagnostics
@@ -73,7 +73,8 @@ DOCS_HINT = "fedhet docs grids"
 def partition_counts(config: dict[str, Any]):
     """`(counts[client, class], title)` recomputed from a run's config, or None (centralised)."""
 
-    cfg = config_of({k: v for k, v in config.items() if k != "metrics"})  # the split needs none
+    # the split needs no metrics
+    cfg = config_of({k: v for k, v in current_record(config).items() if k != "metrics"})
     if ALGORITHMS.get(cfg.algorithm).factory.centralized:
         return None
     fed = federate(cfg, cache=True)

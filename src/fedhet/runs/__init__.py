@@ -37,7 +37,7 @@ if TYPE_CHECKING:
         read_manifest,
         write_manifest,
     )
-    from fedhet.runs.jobs import DEFAULT_BATCH_RUNS, Job, batch_key, plan_jobs, with_overrides
+    from fedhet.runs.jobs import DEFAULT_STACK_RUNS, Job, plan_jobs, stack_key, with_overrides
     from fedhet.runs.presets import PAPER_SEEDS, SCALES, Preset, PresetFactory, RunSpec, with_seeds
     from fedhet.runs.progress import RoundLines
     from fedhet.runs.results import (
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Changes",
-    "DEFAULT_BATCH_RUNS",
+    "DEFAULT_STACK_RUNS",
     "Grid",
     "Job",
     "PAPER_SEEDS",
@@ -71,7 +71,7 @@ __all__ = [
     "RunSpec",
     "SCALES",
     "TensorBoardLogger",
-    "batch_key",
+    "stack_key",
     "cell_key",
     "cluster_session",
     "collect",

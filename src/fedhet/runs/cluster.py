@@ -3,7 +3,7 @@
 The driver (`fedhet compare|reproduce`) keeps everything the local runner does: the grid lock,
 finished runs skipped, partial runs resumed, duplicate cells refused (all before this module is
 entered, `fedhet.runs.runner.run_specs`). What changes is where a unit of work — one
-run, or a batch of runs stepped as one cohort — executes: each is one Ray task asking for
+run, or a stack of runs stepped as one cohort — executes: each is one Ray task asking for
 `--cpus-per-run` CPUs and `--gpus-per-run` GPUs (fractions allowed).
 
 **Files [choice].** Workers write the run directories themselves, on a filesystem that every

@@ -18,7 +18,7 @@ from fedhet.rundir import atomic_write_text, read_config
 from fedhet.rundir import ownership as rundir
 from fedhet.runs.cluster import run_units
 from fedhet.runs.grid import Changes, load_grid, write_manifest
-from fedhet.runs.jobs import DEFAULT_BATCH_RUNS, plan_jobs, with_overrides
+from fedhet.runs.jobs import DEFAULT_STACK_RUNS, plan_jobs, with_overrides
 from fedhet.runs.results import collect
 from fedhet.runs.runner import run_specs
 
@@ -26,7 +26,7 @@ from fedhet.runs.runner import run_specs
 def compare(
     config: str | Path | None, out: str | Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
-    batch_runs: int = DEFAULT_BATCH_RUNS, changes: Changes | None = None, hint: str | None = None,
+    stack_runs: int = DEFAULT_STACK_RUNS, changes: Changes | None = None, hint: str | None = None,
     cluster: Any = None, extend: bool = False,
 ) -> list[dict[str, Any]]:
     """Validate the whole grid, run what is not finished, write results; returns the rows.
@@ -64,7 +64,7 @@ def compare(
             atomic_write_text(out / "grid.toml", grid.text)
         write_manifest(out, grid.title, grid.specs, grid.target_accuracy)
         errors = run_specs(grid.specs, out / "runs", jobs, force, tensorboard, stream, hint,
-                           batch_runs=batch_runs, cluster=cluster, backend=run_units,
+                           stack_runs=stack_runs, cluster=cluster, backend=run_units,
                            extend=extend)
         return _finish(out, grid.title, grid.specs, grid.target_accuracy, errors)
 

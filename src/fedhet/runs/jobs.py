@@ -1,5 +1,5 @@
-"""A grid's jobs: which runs are still to do (`plan_jobs`), which step as one batch
-(`batch_units`), and what a job's saved files say (`status_of`, `rounds_of`, `checkpoint_every`,
+"""A grid's jobs: which runs are still to do (`plan_jobs`), which step as one stack
+(`stack_units`), and what a job's saved files say (`status_of`, `rounds_of`, `checkpoint_every`,
 `components_of`).
 
 A `Job` is one run of a grid: its name, settings, run directory and whether it resumes.
@@ -22,11 +22,11 @@ from fedhet.engine import (
     REGISTRIES,
     RESUMABLE,
     RUNTIME,
-    batchable,
     build,
     canonical_config,
     config_of,
     parse,
+    would_stack,
 )
 from fedhet.errors import FedhetError
 from fedhet.rundir import RunStore, is_finished, metrics_intact, read_config, read_summary, to_json
@@ -42,7 +42,7 @@ class Job:
     tensorboard: bool = False
 
 
-DEFAULT_BATCH_RUNS = 8
+DEFAULT_STACK_RUNS = 8
 """[choice] Runs stepped as one cohort at most: enough to fill a GPU with the papers' small
 models (8 runs × 100 clients), few enough that one run's failure or a Ctrl-C stops little."""
 
@@ -54,9 +54,9 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def batch_key(job: Job, cuda: bool | None = None) -> str | None:
-    """Jobs with the same key may step as one batch of runs (`fedhet.engine.batch`): the same
-    data, model and device, on the batched executor. None: this job runs on its own (it would
+def stack_key(job: Job, cuda: bool | None = None) -> str | None:
+    """Jobs with the same key may step as one stack of runs (`fedhet.engine.stacked_runs`): the same
+    data, model and device, on the stacked executor. None: this job runs on its own (it would
     use the sequential executor, or its settings do not build; it then reports that itself).
     `cuda`: whether `device = auto` finds a GPU where the job runs (None: on this machine)."""
     try:
@@ -68,7 +68,7 @@ def batch_key(job: Job, cuda: bool | None = None) -> str | None:
             cfg = config_of(job.settings)
     except (FedhetError, OSError, ValueError):
         return None
-    if not batchable(cfg, torch.cuda.is_available() if cuda is None else cuda):
+    if not would_stack(cfg, torch.cuda.is_available() if cuda is None else cuda):
         return None
     d = cfg.to_dict()
     fields = ("dataset", "dataset_params", "data_dir", "validation_fraction", "model",
@@ -76,15 +76,15 @@ def batch_key(job: Job, cuda: bool | None = None) -> str | None:
     return json.dumps({f: d[f] for f in fields}, sort_keys=True)
 
 
-def batch_units(jobs: list[Job], limit: int, cuda: bool | None = None) -> list[list[Job]]:
-    """`jobs` as units of work: runs that share a `batch_key` in batches of at most `limit`
+def stack_units(jobs: list[Job], limit: int, cuda: bool | None = None) -> list[list[Job]]:
+    """`jobs` as units of work: runs that share a `stack_key` in stacks of at most `limit`
     (in grid order), every other run on its own."""
     if limit <= 1:
         return [[job] for job in jobs]
     units: list[list[Job]] = []
     open_units: dict[str, list[Job]] = {}
     for job in jobs:
-        key = batch_key(job, cuda)
+        key = stack_key(job, cuda)
         if key is None:
             units.append([job])
             continue

@@ -1,5 +1,5 @@
 """The processes a grid's runs execute in: a pool worker's set-up (`init_worker`), one unit
-of runs (`run_unit`: one run, or a batch stepped as one cohort), and the start method of fresh
+of runs (`run_unit`: one run, or a stack stepped as one cohort), and the start method of fresh
 workers (`worker_context`, `check_fresh_workers`).
 
 Workers are fresh processes (forkserver, else spawn) that import the parent's plugins, or, for
@@ -129,7 +129,7 @@ def run_job(job: Job) -> dict[str, Any]:
 
 
 def run_unit(unit: list[Job]) -> list[dict[str, Any]]:
-    """One job, or a batch of jobs stepped as one cohort (`batch_units`); one result per job."""
+    """One job, or a stack of jobs stepped as one cohort (`stack_units`); one result per job."""
     if len(unit) == 1 or _BROKEN is not None:
         return [run_job(job) for job in unit]
     if _STOP is not None and _STOP.is_set():

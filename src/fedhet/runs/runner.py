@@ -23,7 +23,7 @@ from fedhet.engine import usable_cores
 from fedhet.errors import FedhetError
 from fedhet.rundir import ownership as rundir
 from fedhet.runs.grid_status import Outcomes, Progress
-from fedhet.runs.jobs import DEFAULT_BATCH_RUNS, Job, batch_units, default_jobs, plan_jobs
+from fedhet.runs.jobs import DEFAULT_STACK_RUNS, Job, default_jobs, plan_jobs, stack_units
 from fedhet.runs.presets import RunSpec
 from fedhet.runs.processes import checking, core_share, init_worker, run_unit, worker_context
 
@@ -43,13 +43,13 @@ class Interrupted(KeyboardInterrupt):
 def run_specs(
     specs: list[RunSpec], runs_dir: Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, resume_hint: str | None = None,
-    batch_runs: int = DEFAULT_BATCH_RUNS, cluster: ClusterOptions | None = None,
+    stack_runs: int = DEFAULT_STACK_RUNS, cluster: ClusterOptions | None = None,
     backend: Callable[..., None] | None = None, extend: bool = False,
 ) -> dict[str, str]:
     """Run every spec into `runs_dir/<name>`; returns `{name: error}` for runs that failed.
 
-    Runs that share data, model and device on the batched executor (a GPU, or the linear models)
-    step together, up to `batch_runs` at a time (`batch_units`; 1 runs each on its own); each
+    Runs that share data, model and device on the stacked executor (a GPU, or the linear models)
+    step together, up to `stack_runs` at a time (`stack_units`; 1 runs each on its own); each
     unit goes to one of `jobs` processes.
 
     Ctrl-C (SIGINT, in the main thread) stops the grid gracefully: queued runs are cancelled at
@@ -70,7 +70,7 @@ def run_specs(
     if force:
         clear_cells([Path(job.out) for job in todo], progress.stream)
     cuda = cluster.gpus_per_run > 0 if cluster is not None else None
-    units = batch_units(todo, batch_runs, cuda)
+    units = stack_units(todo, stack_runs, cuda)
     n = max(1, min(jobs or default_jobs(), len(units)))
     tally = Outcomes()
     with _graceful_sigint(progress) as (requested, hard):

@@ -83,8 +83,8 @@ def execute_together(
     callbacks: Sequence[Sequence[CallbackLike]] | None = None,
     on_step: Callable[[], None] | None = None,
 ) -> list[dict[str, Any] | BaseException]:
-    """`execute` for several runs `(settings, out, resume)` at once, stepping as one batch those
-    that can (`fedhet.engine.batch.run_together`): each run directory ends up as if its run had
+    """`execute` for several runs `(settings, out, resume)` at once, stepping as one stack those
+    that can (`fedhet.engine.stacked_runs.run_together`): each run directory ends up as if its run had
     been executed alone (to float32 rounding, docs/gpu.md). Returns each run's summary, or the
     error that ended it; a run whose settings are invalid fails before any of the others start.
     `callbacks`: each run's own."""
@@ -130,7 +130,7 @@ def replacing(out: Path, sim: Simulation) -> Iterator[None]:
     """The run `--force` set aside in `out` (`ownership.set_aside`) is removed once the new run
     has saved a round, and put back when the new run ends before it saved one without a result
     of its own **[choice]**: it raised (its code failed in round 1, it was interrupted), or
-    returned a failed one (a batch of runs hands errors back; `execute_together`). A run that
+    returned a failed one (a stack of runs hands errors back; `execute_together`). A run that
     diverged or was stopped in round 1 has its result and replaces the old one."""
     aside = out / rundir.REPLACED
     if not aside.is_dir():

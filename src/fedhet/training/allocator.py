@@ -18,7 +18,7 @@ the CNN benchmarks.
 `keep_freed_memory()` fixes both thresholds (`mallopt(M_MMAP_THRESHOLD)`,
 `mallopt(M_TRIM_THRESHOLD)`), so blocks below `MMAP_THRESHOLD` come from the heap and up to
 `TRIM_THRESHOLD` of freed memory stays mapped for the next step. **[choice]** 256 MiB each:
-above a batched cohort's largest stacked activation at the papers' settings, and a bound on
+above a stacked cohort's largest stacked activation at the papers' settings, and a bound on
 the memory a process keeps beyond what it uses. `assemble_clients` calls it when the clients
 train on the CPU; `FEDHET_MALLOC=system` leaves the C library's own behaviour (no call). On a
 C library other than glibc (macOS, musl) it does nothing.

@@ -25,7 +25,7 @@ The losses are summed on the device and read when a client leaves the stack, so 
 no host synchronisation (unless a client's own `on_step` hook wants its loss as a number).
 
 Gradients come from the model's stacked program (`fedhet.training.program`: a sequence of known
-layers as a few batched operations) where it has one, else from `torch.func.vmap(grad(loss))`
+layers as a few stacked operations) where it has one, else from `torch.func.vmap(grad(loss))`
 over `functional_call` of the shared module (the module's own `objective`, evaluated inside the
 functional call so that a loss that reads the module's weights, the squared SVM's `λ‖w‖²`,
 sees the client's weights). BatchNorm running
@@ -33,14 +33,14 @@ statistics are per client: the stacked buffers go in with the parameters and the
 mean and (unbiased) variance are computed from each BatchNorm input seen by a forward pre-hook,
 with the module's own momentum, because the in-place update inside `vmap(grad(...))` does not
 reach the caller. For the two linear models (`LogisticRegression`, `SquaredSVM`) a closed-form
-batched gradient (`bmm`) replaces `vmap`.
+stacked gradient (`bmm`) replaces `vmap`.
 
 A replacement objective that is a `StackableLoss` (`fedhet.training.losses`: MOON's
 `CE + μ ℓ_con`) is stacked too: its targets are vmapped over the rows' frozen models and its
 gradient over their parameters, rows grouped by the loss's key. Not covered here (the executor
 runs these clients sequentially): any other `loss_fn`, and modules with dropout (their
 randomness would differ from the sequential stream). A module whose forward `torch.func` cannot
-transform at all is found by `check_stackable`, a one-row probe the batched executor runs first.
+transform at all is found by `check_stackable`, a one-row probe the stacked executor runs first.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class CohortTrainer:
         }
         self._vgrad = vmap(grad(self._loss, has_aux=True), in_dims=(0, 0, 0, 0, None))
         self.program = None if self.linear else StackedProgram.of(model, tuple(x.shape[1:]))
-        """The model's forward as a few batched operations (`fedhet.training.program`), or None:
+        """The model's forward as a few stacked operations (`fedhet.training.program`), or None:
         its gradients then come from `vmap`."""
         self.graphs = StepGraphs(self.program, x, y, log) \
             if self.program is not None and capturable(self.program, model.precision, x) else None
@@ -164,7 +164,7 @@ class CohortTrainer:
                 except Exception as e:  # noqa: BLE001  (torch.func's error, turned into one line)
                     if self._plain_forward_works(idx):
                         raise FedhetError(
-                            f"the model ({type(model.module).__name__}) cannot run batched: "
+                            f"the model ({type(model.module).__name__}) cannot run stacked: "
                             f"torch.func raised {_first_sentence(e)}; run it with executor="
                             "sequential (--executor sequential, or executor = \"sequential\" in a "
                             "settings file)"

@@ -2,7 +2,7 @@
 
 A local pass may watch its steps through `on_step(step, w, g, loss)` (`fedhet.training.local`):
 BHerd keeps every step's gradient, GraB balances them, FedVeca accumulates its estimates. Run
-row by row, such a hook costs the batched executor one Python call (and, for a norm that decides
+row by row, such a hook costs the stacked executor one Python call (and, for a norm that decides
 something, one device synchronisation) per client per step. A `StackableHook` says how to do
 the same work for several clients at once: `cls.stack(hooks)` returns a `StackedHook` that the
 cohort (`fedhet.training.cohort.CohortTrainer`) calls once per step with the members' rows of

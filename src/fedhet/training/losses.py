@@ -1,7 +1,7 @@
 """Replacement objectives that the stacked cohort can compute for many clients at once.
 
 `LocalTrainer.sgd(..., loss_fn=)` replaces the model's objective on every mini-batch with
-`loss_fn(module, x, y)`. An arbitrary callable runs one client at a time (the batched executor
+`loss_fn(module, x, y)`. An arbitrary callable runs one client at a time (the stacked executor
 falls back for it). A `StackableLoss` is written in two parts that `torch.func.vmap` can map
 over the clients of a stack:
 

@@ -1,4 +1,4 @@
-"""A stacked program: a model's forward for `R` rows of weights as a few batched operations.
+"""A stacked program: a model's forward for `R` rows of weights as a few stacked operations.
 
 The general stacked gradient (`CohortTrainer.gradients`) maps `grad(functional_call(...))` over
 the rows with `torch.func.vmap`: every operation of the forward and backward goes through
@@ -7,7 +7,7 @@ forward is a plain sequence of known layers needs none of that. `StackedProgram.
 reads the sequence (`layer_sequence`) and runs it for the stack `w` of shape `(R, d)` with one
 operation per layer, the rows kept apart by the operations themselves:
 
-- `Linear` (`y = W x + b` per row) is one batched matmul, `baddbmm(b, W, x)` over
+- `Linear` (`y = W x + b` per row) is one stacked matmul, `baddbmm(b, W, x)` over
   feature-major `(R, in, B)` activations (so each weight's gradient comes out in its own
   layout and goes into the rows' gradient vector as one plain copy);
 - `Conv2d` is one grouped convolution: the rows' activations lie side by side as channels,

@@ -1,5 +1,5 @@
 """Stacked evaluation: several models scored on the same samples in one forward per slice
-(`CohortTrainer.evaluate_many`, the batch of runs' evaluations on a GPU).
+(`CohortTrainer.evaluate_many`, the stack of runs' evaluations on a GPU).
 
 The models that score on the same `(x, y)` are stacked: the stacked program's `scores` where
 the model has one and no BatchNorm, else one `vmap` of the module's forward over their
@@ -114,7 +114,7 @@ def _program_scores(program: StackedProgram, w: torch.Tensor, _bufs: torch.Tenso
 
 def _same_data(a: EvalJob, b: EvalJob) -> bool:
     """Whether two evaluations score on the same samples (the same tensors, or equal ones: runs
-    of a batch may each hold their own copy of a dataset)."""
+    of a stack may each hold their own copy of a dataset)."""
     return all(
         u is v or (u.shape == v.shape and u.dtype == v.dtype and u.device == v.device and bool(u.equal(v)))
         for u, v in ((a.x, b.x), (a.y, b.y))
@@ -122,7 +122,7 @@ def _same_data(a: EvalJob, b: EvalJob) -> bool:
 
 
 def stacks_evaluation(device: torch.device | str) -> bool:
-    """Whether the runs of a batch on `device` evaluate stacked (`CohortTrainer.evaluate_many`)
+    """Whether the runs of a stack on `device` evaluate stacked (`CohortTrainer.evaluate_many`)
     rather than one by one. **[choice]** CUDA only: on a CPU, `vmap` turns a convolution over
     stacked weights into a grouped convolution, and stacking 4 runs took 2.0–2.6× the time of
     their channels-last evaluations one after another for the paper CNNs and 1.6× for the MLP

@@ -36,7 +36,7 @@ one); a row whose coefficient is 0 is left alone (no `+ 0·x`: `μ = 0` is FedAv
 (one rounding either way) and a `ρ = 0` row's direction is its `g` itself. Adam steps the rows
 that share its coefficients `(η, β1, β2, ε, λ)` as one group with Python-number coefficients,
 the operations a row alone runs; SGD and Adam rows of one stack step as two sub-stacks. Rows
-whose chains differ in shape (another algorithm's runs in the same batch of runs) are stacked
+whose chains differ in shape (another algorithm's runs in the same stack of runs) are stacked
 kind by kind within each shape, every stacked transform being zero on the rows of the other
 shapes.
 """

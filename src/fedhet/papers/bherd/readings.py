@@ -24,7 +24,7 @@ with random reshuffling (§1.3), the BHerd family and GraB their own orders (§4
   falls short", "BHerd improves FedNova" and "BHerd improves SCAFFOLD" (`--setup ref40`: the
   preset's SVM setup).
 
-`--batch-runs N` steps up to `N` runs that share data and model as one cohort on the batched
+`--stack-runs N` steps up to `N` runs that share data and model as one cohort on the stacked
 executor (`fedhet.runs.runner.run_specs`); 1 runs them one at a time in this process.
 
 A run lives in `root/<case>/<method slug>/seed<s>`; finished (or diverged) runs are skipped, a
@@ -208,9 +208,9 @@ def run_one(spec: dict[str, Any], out: Path, data_cache: dict[str, Any], log: Ca
 
 def run_study(root: Path, study: str, seeds: Sequence[int], reading: str,
               cases: Sequence[str] = tuple(CASES), log: Callable[[str], None] = print,
-              setup: str = "default", batch_runs: int = 1) -> None:
-    if batch_runs > 1:
-        run_batched(root, study, seeds, reading, cases, setup, batch_runs)
+              setup: str = "default", stack_runs: int = 1) -> None:
+    if stack_runs > 1:
+        run_stacked(root, study, seeds, reading, cases, setup, stack_runs)
         return
     data: dict[str, Any] = {}
     commit = git_commit()
@@ -227,10 +227,10 @@ def run_study(root: Path, study: str, seeds: Sequence[int], reading: str,
                     f.write(json.dumps({"run": str(out.relative_to(root)), "commit": commit}) + "\n")
 
 
-def run_batched(root: Path, study: str, seeds: Sequence[int], reading: str,
-                cases: Sequence[str], setup: str, batch_runs: int) -> None:
+def run_stacked(root: Path, study: str, seeds: Sequence[int], reading: str,
+                cases: Sequence[str], setup: str, stack_runs: int) -> None:
     """The study's runs through `run_specs` (one process): runs sharing data and model step
-    together, `batch_runs` at a time; finished runs are skipped, killed ones resumed. Case by
+    together, `stack_runs` at a time; finished runs are skipped, killed ones resumed. Case by
     case, so a case's runs (all its seeds and methods) finish before the next case starts."""
     commit = git_commit()
     for case in cases:
@@ -243,11 +243,11 @@ def run_batched(root: Path, study: str, seeds: Sequence[int], reading: str,
         if not todo:
             continue
         t0 = time.perf_counter()
-        errors = run_specs(todo, Path(root), jobs=1, batch_runs=batch_runs)
+        errors = run_specs(todo, Path(root), jobs=1, stack_runs=stack_runs)
         minutes = (time.perf_counter() - t0) / 60
         with open(Path(root) / "commits.jsonl", "a") as f:
             for s in todo:
-                f.write(json.dumps({"run": s.name, "commit": commit, "batch_runs": batch_runs,
+                f.write(json.dumps({"run": s.name, "commit": commit, "stack_runs": stack_runs,
                                     "case_minutes": round(minutes, 2)}) + "\n")
         real = {k: v for k, v in errors.items() if "diverged" not in v}
         if real:
@@ -456,15 +456,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--setup", default="default", choices=list(SETUPS),
                     help="the SVM setup of the readings/alpha/grab/control/scaffold studies "
                     "(ref40: reference [40]'s, preset.REF40)")
-    ap.add_argument("--batch-runs", type=int, default=1,
-                    help="run: step up to N runs as one cohort (batched executor); 1: one at a time")
+    ap.add_argument("--stack-runs", type=int, default=1,
+                    help="run: step up to N runs as one cohort (stacked executor); 1: one at a time")
+    ap.add_argument("--batch-runs", type=int, dest="stack_runs", default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS)  # this release still reads the earlier spelling
     ap.add_argument("--paired", action="store_true",
                     help="report: the paired table (accuracy and training loss, rounds "
                     "1-10 and final) for any study")
     args = ap.parse_args(argv)
     if args.command == "run":
         run_study(args.root, args.study, args.seeds or parse_seeds("0-9"), args.reading, args.cases,
-                  setup=args.setup, batch_runs=args.batch_runs)
+                  setup=args.setup, stack_runs=args.stack_runs)
     elif args.study in NEW_STUDIES or args.paired:
         print(paired_report(args.root, args.study, args.reading, args.cases, args.seeds,
                             args.baseline, args.setup), end="")

@@ -4,13 +4,13 @@
 settings of a campaign run, its data cut with `dataset.limit_train` on a CPU) and times the
 rounds after the first from the run's own round callbacks; `record` writes
 `RESULTS/campaign/bench/<kind>.json`: per workload the model, precision, clients stacked, runs
-batched, sample-passes per run-round (`pricing.round_load`) and seconds per (batch) round.
+stacked, sample-passes per run-round (`pricing.round_load`) and seconds per (stack) round.
 
 - **CPU** (`CPU_WORKLOADS`, about a minute on one core): one run of each model the tables
   train, at a tenth of the training data.
 - **GPU** (`GPU_WORKLOADS`, `benchmarks/gpu_campaign.py`, under five minutes on one H100): the
-  FedNNNN CNN and MLP rounds over 100 clients (1 and 4 FedNNNN runs batched), a FedSR ring
-  round with 1 and 8 runs batched, and BHerd's 5-client CNN with 8 and 20 runs batched: the
+  FedNNNN CNN and MLP rounds over 100 clients (1 and 4 FedNNNN runs stacked), a FedSR ring
+  round with 1 and 8 runs stacked, and BHerd's 5-client CNN with 8 and 20 runs stacked: the
   stacks the plan uses, so no small-batch penalty is assumed.
 """
 
@@ -91,7 +91,7 @@ def measure(device: str, workloads: tuple[Workload, ...], data_dir: str | None =
         if data_dir:
             settings["data_dir"] = data_dir
         if device.startswith("cuda") or w.runs > 1:
-            settings["executor"] = "batched"
+            settings["executor"] = "stacked"
         clock = _Clock()
         with tempfile.TemporaryDirectory(prefix="fedhet-bench-") as tmp:
             t0 = time.perf_counter()

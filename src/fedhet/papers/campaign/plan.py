@@ -101,7 +101,7 @@ def _minutes(c: Cell) -> str:
 
 
 def print_plan(scale: str, device: str, results: Path, cache: Path | None, tables: tuple[str, ...] | None,
-               batch_runs: int, stream: TextIO) -> None:
+               stack_runs: int, stream: TextIO) -> None:
     chosen = tuple(table(k) for k in tables) if tables else default_tables(scale)
     store = Store(results, cache or default_cache(), scale)
     if not store.root.is_dir():
@@ -111,7 +111,7 @@ def print_plan(scale: str, device: str, results: Path, cache: Path | None, table
             f"results/); run it in the checkout, or give --results DIR of the folder that holds "
             f"{store.root.name}/")
     plan = plan_runs(scale, chosen, store.records)
-    pricer = Pricer(store, plan, batch_runs if device.startswith("cuda") else 1)
+    pricer = Pricer(store, plan, stack_runs if device.startswith("cuda") else 1)
     rows = cells(store, plan, device, pricer)
     stream.write(f"campaign plan ({scale} scale; records in {store.root}, cache {store.cache}):\n")
     stream.write("| # | table | cell | methods | seeds | done | in progress | left | rounds | "
@@ -168,7 +168,7 @@ class TableStatus:
 def seconds_left(store: Store, travelling: dict[str, int], pricer: Pricer, left: list[CampaignRun],
                  kind: str) -> float | None:
     """Seconds the runs `left` still take, all on one device of `kind` (each run's share of a
-    batched round on a GPU); None when one of them is unpriced there."""
+    stacked round on a GPU); None when one of them is unpriced there."""
     total = 0.0
     for r in left:
         p = pricer.price(r, kind)

@@ -8,11 +8,11 @@ GPU) is its rounds left times a measured seconds per round, the first of:
 
 1. **measured**: the median seconds per round of the same table's runs of the same method on
    that kind (from the records and the cached and travelling runs' segments, those since the
-   kind's bench record was measured), each segment's round divided among the runs batched in
-   it (`runs_batched`): a run's share of the device;
+   kind's bench record was measured), each segment's round divided among the runs stacked in
+   it (`runs_stacked`): a run's share of the device;
 2. **bench**: the device kind's committed bench record (`RESULTS/campaign/bench/<kind>.json`,
    `bench.py`): the seconds per sample-pass measured on the same model, with the nearest count
-   of clients stepping at once (clients stacked × runs batched; on a CPU one at a time), times
+   of clients stepping at once (clients stacked × runs stacked; on a CPU one at a time), times
    the run's work;
 3. none: the kind is not priced, and no cell is planned on it.
 
@@ -29,7 +29,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from fedhet.papers.campaign.records import Store, read_segments, segment_s_per_round
+from fedhet.papers.campaign.records import Store, read_segments, segment_runs, segment_s_per_round
 from fedhet.papers.campaign.tables import CampaignRun
 
 DATA_SIZES: dict[str, tuple[int, int]] = {
@@ -58,7 +58,7 @@ class RoundLoad:
     evaluated: float
     """Samples through a forward pass per round."""
     stacked: int
-    """Clients that step at once on the batched executor (every sampled one on a star; one per
+    """Clients that step at once on the stacked executor (every sampled one on a star; one per
     ring on a ring topology)."""
     rounds: int
 
@@ -112,8 +112,8 @@ CHAIN_SETTINGS = ("clients", "sample_fraction", "local_epochs", "local_steps", "
 def chain_shape(settings: dict[str, Any]) -> str:
     """What sets the longest chain of sequential local steps in a run's round: the topology
     (a ring's hops follow one another; a centralized run is one client over all the data), the
-    partition (its largest client), the local epochs or steps and the mini-batch. Runs batched
-    on a GPU step together until the longest chain ends, so a batch takes runs of one shape
+    partition (its largest client), the local epochs or steps and the mini-batch. Runs stacked
+    on a GPU step together until the longest chain ends, so a stack takes runs of one shape
     (`Sitting._next_unit`): a FedSR ring run beside FedAvg runs would hold each round of theirs
     for its ring's whole walk."""
     # lazy: the registries load only when a run is priced
@@ -146,9 +146,9 @@ class Price:
 class Pricer:
     """Prices of runs on each device kind, from the records, the cache and the bench records."""
 
-    def __init__(self, store: Store, runs: list[CampaignRun], runs_batched: int = 1) -> None:
+    def __init__(self, store: Store, runs: list[CampaignRun], runs_stacked: int = 1) -> None:
         self.store = store
-        self.runs_batched = runs_batched
+        self.runs_stacked = runs_stacked
         self.bench = {k: read_bench(store, k) for k in KINDS}
         self.measured: dict[tuple[str, str, str], list[float]] = {}
         seen: set[tuple[str, str]] = set()
@@ -175,7 +175,7 @@ class Pricer:
         self._add(run.table, run.spec.label, segments)
 
     def _add(self, table: str, label: str, segments: list[dict[str, Any]]) -> None:
-        """Each segment's seconds per round as this run's share: a round of `runs_batched` runs
+        """Each segment's seconds per round as this run's share: a round of `runs_stacked` runs
         stepped together is counted once among them, so its time divided by them. A segment
         older than its kind's bench record is left out **[choice]**: a bench measured again
         (`gpu_campaign.py --remeasure`, after the executor changed) prices the kind anew, and
@@ -186,7 +186,7 @@ class Pricer:
                 continue
             v = segment_s_per_round(s)
             if v is not None:
-                share = v / max(1, int(s.get("runs_batched", 1) or 1))
+                share = v / segment_runs(s)
                 self.measured.setdefault((table, label, s["kind"]), []).append(share)
 
     def price(self, run: CampaignRun, kind: str) -> Price | None:
@@ -207,10 +207,10 @@ class Pricer:
                 and r.get("s_per_round", 0) > 0 and r.get("precision", "fp32") == precision]
         if not same:
             return None
-        stack = w.stacked * (self.runs_batched if kind == "cuda" else 1)
+        stack = w.stacked * (self.runs_stacked if kind == "cuda" else 1)
         best = min(same, key=lambda r: abs(math.log(max(1, r.get("stacked", 1) * r.get("runs", 1))
                                                     / max(1, stack))))
-        # runs batched share one round's time: each run's share of it
+        # runs stacked share one round's time: each run's share of it
         return best["s_per_round"] / (best["passes"] * max(1, best.get("runs", 1)))
 
     def minutes(self, run: CampaignRun, kind: str, rounds: int) -> float | None:

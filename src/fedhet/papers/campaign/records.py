@@ -258,6 +258,13 @@ def segment_s_per_round(segment: dict[str, Any]) -> float | None:
     return None
 
 
+def segment_runs(segment: dict[str, Any]) -> int:
+    """The runs a segment's rounds stepped with, itself included (at least 1): its
+    `runs_stacked`, which segments written by earlier releases name `runs_batched`."""
+    n = segment.get("runs_stacked", segment.get("runs_batched", 1))
+    return max(1, int(n or 1))
+
+
 def s_per_round_by_kind(segments: list[dict[str, Any]]) -> dict[str, float]:
     """Seconds per round on each device kind (`cpu`, `cuda`) over the segments that ran rounds."""
     out: dict[str, list[float]] = {}

@@ -4,8 +4,8 @@
 (one torch thread each, at low priority: `nice`), each running the next run of the plan
 (`tables.plan_runs`) that is neither recorded nor running, the most claim per core-hour first
 (`order.cpu_order`: cheap cells at the paper's seed count first, runs of many core-hours last);
-on a GPU the runs under way first, then the plan's order, and a worker steps a batch of
-up to `--batch-runs` runs that share data and model. A run starts only when one of its rounds
+on a GPU the runs under way first, then the plan's order, and a worker steps a stack of
+up to `--stack-runs` runs that share data and model. A run starts only when one of its rounds
 fits in what is left of the budget. A little before the budget ends (one round of the slowest
 running run, at least 30 s) and on SIGTERM or Ctrl-C the workers stop after their next saved
 round; a second signal, or the budget's end, stops them at once (a run then resumes from its
@@ -54,7 +54,7 @@ POLL_S = 1.0
 PROGRESS_S = 300.0
 """A progress line per running run every five minutes."""
 START_METHOD = "spawn"
-"""How a worker process starts (`multiprocessing`): each run (or batch) in a fresh interpreter.
+"""How a worker process starts (`multiprocessing`): each run (or stack) in a fresh interpreter.
 The tests use "forkserver" with the engine preloaded, each run still a process of its own but
 without importing torch again (tests/test_campaign.py)."""
 
@@ -69,7 +69,7 @@ def command(scale: str = "paper", device: str = "cpu", budget: float = 60, cores
 
 CHECKPOINT_S = 60.0
 """**[choice]** On a GPU a run saves a checkpoint about once a minute, not every round: a
-round of a batch there takes a fraction of a second, and a checkpoint's writes and `fsync`s
+round of a stack there takes a fraction of a second, and a checkpoint's writes and `fsync`s
 would cost as much. A sitting stopped by a signal or its budget still saves the round it
 stops after; killed outright, a run loses at most about a minute and resumes exactly from its
 last checkpoint."""
@@ -101,7 +101,7 @@ def lower_session_priority(nice: int) -> bool:
 
 
 def _worker(items: list[tuple[dict[str, Any], str, bool]], stop: Any, nice: int, out: Any) -> None:
-    """A worker process: one run (or a batch of runs stepped together), stopped by `stop` after
+    """A worker process: one run (or a stack of runs stepped together), stopped by `stop` after
     a saved round; puts `{"outcomes": [...]}` on `out`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the sitting decides when a worker stops
     os.environ.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "FEDHET_CORES": "1"})
@@ -157,7 +157,7 @@ class Sitting:
     store: Store
     cores: int = 1
     tables: tuple[Table, ...] = TABLES
-    batch_runs: int = 8
+    stack_runs: int = 8
     nice: int = 10
     data_dir: str | None = None
     bench: bool = True
@@ -280,8 +280,8 @@ class Sitting:
         record_bench(self.store, self.device, rows, self.commit)
 
     def _next_unit(self, plan: list[CampaignRun], busy: set[str], pricer: Pricer) -> list[CampaignRun]:
-        # lazy: the runner's batching rule
-        from fedhet.runs import Job, batch_key
+        # lazy: the runner's stacking rule
+        from fedhet.runs import Job, stack_key
 
         todo = [r for r in plan if r.name not in busy and r.name not in self.failed
                 and not self.store.is_recorded(r)]
@@ -296,13 +296,13 @@ class Sitting:
         if s_round > self.left() - GRACE_MIN_S:
             return []
         unit = [first]
-        if self.kind == "cuda" and self.batch_runs > 1:
+        if self.kind == "cuda" and self.stack_runs > 1:
             def key(r: CampaignRun) -> str | None:
-                return batch_key(Job(r.name, self._settings(r), "", False), cuda=True)
+                return stack_key(Job(r.name, self._settings(r), "", False), cuda=True)
             k, shape = key(first), chain_shape(first.spec.settings)
             if k is not None:
                 unit += [r for r in todo[1:] if r.table == first.table and key(r) == k
-                         and chain_shape(r.spec.settings) == shape][: self.batch_runs - 1]
+                         and chain_shape(r.spec.settings) == shape][: self.stack_runs - 1]
         return unit
 
     def order(self, todo: list[CampaignRun], pricer: Pricer) -> list[CampaignRun]:
@@ -378,7 +378,7 @@ class Sitting:
         stop = ctx.Event()
         active: list[Active] = []
         plan = self.plan()
-        pricer = Pricer(self.store, plan, self.batch_runs if self.kind == "cuda" else 1)
+        pricer = Pricer(self.store, plan, self.stack_runs if self.kind == "cuda" else 1)
         slots = self.cores if self.kind == "cpu" else 1
         try:
             while True:
@@ -446,7 +446,7 @@ class Sitting:
                            "seconds": round(seconds, 2),
                            "median_round_s": round(statistics.median(each), 3) if each else None,
                            "wall_s": round(self.clock() - a.start, 1),
-                           "runs_batched": len(a.runs)}
+                           "runs_stacked": len(a.runs)}
                 add_segment(out, segment)
                 pricer.note(r, [segment])
             if paper_results.has_result(out):
@@ -479,7 +479,7 @@ class Sitting:
 
 
 def run_campaign(scale: str, device: str, budget: float, results: Path, cache: Path | None = None,
-                 cores: int = 1, tables: tuple[str, ...] | None = None, batch_runs: int = 8,
+                 cores: int = 1, tables: tuple[str, ...] | None = None, stack_runs: int = 8,
                  data_dir: str | None = None, nice: int = 10, stream: TextIO | None = None) -> dict[str, Any]:
     """`fedhet campaign run`: one sitting of the campaign (module doc)."""
     # lazy: tables by name
@@ -487,7 +487,7 @@ def run_campaign(scale: str, device: str, budget: float, results: Path, cache: P
 
     chosen = tuple(table(k) for k in tables) if tables else default_tables(scale)
     store = Store(results, cache or default_cache(), scale)
-    return Sitting(scale, device, budget, store, cores, chosen, batch_runs, nice, data_dir,
+    return Sitting(scale, device, budget, store, cores, chosen, stack_runs, nice, data_dir,
                    stream=stream or sys.stderr).run()
 
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from fedhet.engine import RECORD_KEYS, config_of, federate
+from fedhet.engine import RECORD_KEYS, config_of, current_record, federate
 from fedhet.errors import FedhetError
 from fedhet.papers.base import Protocol, register_protocol
 from fedhet.papers.fedveca.runs import CENTRAL, FEDVECA, LABELS
@@ -223,7 +223,7 @@ def _cell(v: Any, md: bool = False) -> str:
 def _same_config(run_dir: Path, settings: dict[str, Any]) -> bool:
     cfg = config_of(settings)
     wanted = json.loads(to_json(cfg.to_dict()))
-    saved = RunStore(run_dir).read_config()
+    saved = current_record(RunStore(run_dir).read_config())
     return {k: v for k, v in saved.items() if k not in RECORD_KEYS} == wanted
 
 

@@ -7,7 +7,7 @@ This driver runs the preset's SVM groups (`preset.groups("paper")`, the same run
 settings and directory layout, so the two share finished runs) in this order: Figs. 3 and 5
 (Cases 1–3: FedVeca, then centralized SGD, FedAvg and FedNova under the fair protocol), then
 Figs. 7 and 8 (Case 3: the `α` and client-count groups); within a part, stage 1 of every seed,
-then stage 2, stepped as cohorts of `--batch-runs` runs on the batched executor. A diverged
+then stage 2, stepped as cohorts of `--stack-runs` runs on the stacked executor. A diverged
 FedVeca run is a result, not a failure: its group's baselines still run when they do not
 depend on it.
 
@@ -43,18 +43,18 @@ def part_groups(part: str, seeds: Sequence[int] | None = None, setup: str = "def
     return out
 
 
-def run_part(out: Path, part: str, batch_runs: int, seeds: Sequence[int] | None = None,
+def run_part(out: Path, part: str, stack_runs: int, seeds: Sequence[int] | None = None,
              setup: str = "default") -> None:
     runs = Path(out) / "runs"
     todo = part_groups(part, seeds, setup)
     t0 = time.perf_counter()
-    run_specs([s for g in todo for s in fedveca_specs(g)], runs, jobs=1, batch_runs=batch_runs)
+    run_specs([s for g in todo for s in fedveca_specs(g)], runs, jobs=1, stack_runs=stack_runs)
     stage2 = []
     for g in todo:
         source = runs / g.key / g.fair_from / "summary.json"
         if g.baselines and source.exists():
             stage2 += baseline_specs(g, runs)
-    run_specs(stage2, runs, jobs=1, batch_runs=batch_runs)
+    run_specs(stage2, runs, jobs=1, stack_runs=stack_runs)
     print(f"{part}: {(time.perf_counter() - t0) / 60:.1f} min", flush=True)
 
 
@@ -64,14 +64,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/fedveca-paper"))
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     ap.add_argument("--seeds", default="0-9", help="e.g. 0-9 or 0,1")
-    ap.add_argument("--batch-runs", type=int, default=30)
+    ap.add_argument("--stack-runs", type=int, default=30)
+    ap.add_argument("--batch-runs", type=int, dest="stack_runs", default=argparse.SUPPRESS,
+                    help=argparse.SUPPRESS)  # this release still reads the earlier spelling
     ap.add_argument("--setup", choices=list(SVM_SETUPS), default="default",
                     help="ref40: reference [40]'s SVM setup (use another --out)")
     args = ap.parse_args(argv)
     lo_hi = [p.partition("-") for p in args.seeds.split(",")]
     seeds = [s for lo, _, hi in lo_hi for s in range(int(lo), int(hi or lo) + 1)]
     for part in args.parts:
-        run_part(args.out, part, args.batch_runs, seeds, args.setup)
+        run_part(args.out, part, args.stack_runs, seeds, args.setup)
 
 
 if __name__ == "__main__":

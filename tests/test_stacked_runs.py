@@ -1,5 +1,5 @@
-"""Runs as a batch (`fedhet.engine.batch`): runs that differ in seed or in a scalar step their
-clients in one stacked cohort and end as they end alone, to float32 rounding (a batched matrix
+"""Stacked runs (`fedhet.engine.stacked_runs`): runs that differ in seed or in a scalar step their
+clients in one stacked cohort and end as they end alone, to float32 rounding (a stacked matrix
 product may round differently with another number of matrices in the stack)."""
 
 from __future__ import annotations
@@ -10,20 +10,20 @@ import pytest
 import torch
 
 from fedhet.engine.assembly import assemble
-from fedhet.engine.batch import SharedCohort, run_together
 from fedhet.engine.config import config_of
+from fedhet.engine.stacked_runs import SharedCohort, run_together
 from fedhet.models.cnn import cnn_fednnnn_cifar
 from fedhet.registry import NoParams
 from fedhet.rundir.store import RunStore, read_metrics
 from fedhet.runs.comparison import compare
-from fedhet.runs.jobs import Job, batch_units
+from fedhet.runs.jobs import Job, stack_units
 from fedhet.training.cohort import CohortTrainer, EvalJob, stacks_evaluation
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import evaluate
 
 BASE = {
     "dataset": "digits", "partition": "dirichlet", "clients": 6, "rounds": 3, "model": "mlp",
-    "model.hidden": 16, "executor": "batched", "local_epochs": 1, "batch_size": 32, "lr": 0.1,
+    "model.hidden": 16, "executor": "stacked", "local_epochs": 1, "batch_size": 32, "lr": 0.1,
 }
 
 
@@ -47,10 +47,10 @@ def _alone_and_together(tmp_path: Path, variants: list[dict], base: dict = BASE)
     for i, v in enumerate(variants):
         assemble(config_of({**base, **v}), store=RunStore(tmp_path / f"alone{i}"), log=lambda _: None).run()
         alone.append(_curves(tmp_path / f"alone{i}"))
-    sims = [assemble(config_of({**base, **v}), store=RunStore(tmp_path / f"batch{i}"), log=lambda _: None)
+    sims = [assemble(config_of({**base, **v}), store=RunStore(tmp_path / f"stacked{i}"), log=lambda _: None)
             for i, v in enumerate(variants)]
     outcomes = run_together(sims)
-    together = [_curves(tmp_path / f"batch{i}") for i in range(len(variants))]
+    together = [_curves(tmp_path / f"stacked{i}") for i in range(len(variants))]
     return alone, together, outcomes
 
 
@@ -99,27 +99,27 @@ def test_a_run_that_cannot_be_stacked_runs_on_its_own(tmp_path):
     assert same(together, alone) and all(o["finished"] for o in outcomes)
 
 
-def test_batch_units_group_runs_that_share_data_model_and_executor(tmp_path):
+def test_stack_units_group_runs_that_share_data_model_and_executor(tmp_path):
     def job(name, **settings):
         return Job(name, {**BASE, "algorithm": "fedavg", **settings}, str(tmp_path / name), False)
 
     jobs = [job("s0", seed=0), job("s1", seed=1), job("seq", executor="sequential"),
             job("mu", algorithm="fedprox", **{"algorithm.mu": 0.1}), job("wide", **{"model.hidden": 32}),
             job("s2", seed=2)]
-    units = batch_units(jobs, limit=3)
+    units = stack_units(jobs, limit=3)
     assert [[j.name for j in u] for u in units] == [["s0", "s1", "mu"], ["seq"], ["wide"], ["s2"]]
-    assert [[j.name for j in u] for u in batch_units(jobs, limit=1)] == [[j.name] for j in jobs]
+    assert [[j.name for j in u] for u in stack_units(jobs, limit=1)] == [[j.name] for j in jobs]
 
 
-def test_compare_with_batches_writes_what_compare_without_them_writes(tmp_path):
+def test_compare_with_stacks_writes_what_compare_without_them_writes(tmp_path):
     grid = tmp_path / "grid.toml"
     grid.write_text(
         '[base]\ndataset = "digits"\npartition = "dirichlet"\nclients = 5\nrounds = 2\n'
         'model = "logreg"\nlocal_epochs = 1\nlr = 0.1\n'
         '[axes]\nalgorithm = ["fedavg", "fedprox"]\nseed = [0, 1, 2]\n'
     )
-    one = compare(grid, tmp_path / "one", jobs=1, batch_runs=1)
-    many = compare(grid, tmp_path / "many", jobs=1, batch_runs=8)
+    one = compare(grid, tmp_path / "one", jobs=1, stack_runs=1)
+    many = compare(grid, tmp_path / "many", jobs=1, stack_runs=8)
     assert len(one) == len(many) == 6
     for run in (tmp_path / "one" / "runs").iterdir():
         assert same([_curves(run)], [_curves(tmp_path / "many" / "runs" / run.name)])
@@ -169,12 +169,12 @@ def test_stacked_evaluation_scores_every_model_as_alone():
     assert cohort.model.module.training  # left in training mode, as it was
 
 
-def test_a_batch_evaluates_its_runs_stacked_where_evaluation_stacks(tmp_path, monkeypatch):
+def test_a_stack_evaluates_its_runs_stacked_where_evaluation_stacks(tmp_path, monkeypatch):
     """Forced on (the CPU evaluates one by one, `stacks_evaluation`): every round's test and
     training-set evaluations of the three runs go in one stacked call and the curves stay."""
-    import fedhet.engine.batch as batch
+    import fedhet.engine.stacked_runs as stacked_runs
 
-    monkeypatch.setattr(batch, "stacks_evaluation", lambda device: True)
+    monkeypatch.setattr(stacked_runs, "stacks_evaluation", lambda device: True)
     sizes: list[int] = []
     many = CohortTrainer.evaluate_many
 
@@ -189,7 +189,7 @@ def test_a_batch_evaluates_its_runs_stacked_where_evaluation_stacks(tmp_path, mo
     assert sizes and max(sizes) == 3 * 2  # three runs × (test split, training set)
     assert len(sizes) == BASE["rounds"] + 1  # round 0 and every round, one call each
     for i in range(3):
-        rows = read_metrics(tmp_path / f"batch{i}" / "metrics.csv")
+        rows = read_metrics(tmp_path / f"stacked{i}" / "metrics.csv")
         rows_alone = read_metrics(tmp_path / f"alone{i}" / "metrics.csv")
         assert [r["train_loss"] for r in rows] == pytest.approx(
             [r["train_loss"] for r in rows_alone], rel=1e-5)

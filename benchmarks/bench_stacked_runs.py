@@ -1,12 +1,12 @@
-"""Runs as a batch against the same runs one by one (`fedhet.engine.batch.run_together`).
+"""Stacked runs against the same runs one by one (`fedhet.engine.stacked_runs.run_together`).
 
-    python benchmarks/bench_batch.py --runs 3 --rounds 5 --repeats 3            # CPU
-    python benchmarks/bench_batch.py --runs 8 --device cuda --clients 100 ...   # one GPU
+    python benchmarks/bench_stacked_runs.py --runs 3 --rounds 5 --repeats 3            # CPU
+    python benchmarks/bench_stacked_runs.py --runs 8 --device cuda --clients 100 ...   # one GPU
 
-Builds `--runs` simulations that differ only in seed (batched executor), runs them one after
-another and then as one batch, `--repeats` times each, and prints the median seconds per run of
+Builds `--runs` simulations that differ only in seed (stacked executor), runs them one after
+another and then as one stack, `--repeats` times each, and prints the median seconds per run of
 each and their ratio. The first repeat also prints the largest relative difference between a
-run's final test loss alone and in the batch (float32 rounding: a batched matrix product may
+run's final test loss alone and in the stack (float32 rounding: a stacked matrix product may
 round differently with another number of matrices in the stack). Data: `--dataset` (default
 `mnist-even-odd` with the SVM: MNIST must be in `data/`, see DATA.md; `digits` works offline
 with `--model mlp`).
@@ -21,9 +21,9 @@ import time
 import torch
 
 from fedhet.engine.assembly import assemble
-from fedhet.engine.batch import run_together
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
+from fedhet.engine.stacked_runs import run_together
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     base = {"dataset": args.dataset, "model": args.model, "algorithm": args.algorithm,
             "partition": "half-iid" if args.dataset == "mnist-even-odd" else "dirichlet",
             "clients": args.clients, "rounds": args.rounds, "lr": 0.01, "batch_size": 50,
-            "local_epochs": 1, "executor": "batched", "device": args.device, "eval_every": args.rounds}
+            "local_epochs": 1, "executor": "stacked", "device": args.device, "eval_every": args.rounds}
 
     def sims() -> list[Simulation]:
         return [assemble(config_of({**base, "seed": s}), store=None, log=lambda _: None)
@@ -69,11 +69,11 @@ def main() -> None:
         if r == 0:
             diff = max(abs(a["final_loss"] - b["final_loss"]) / abs(a["final_loss"])
                        for a, b in zip(alone, together, strict=True))
-            print(f"largest relative difference of a final loss, alone vs in the batch: {diff:.1e}")
+            print(f"largest relative difference of a final loss, alone vs in the stack: {diff:.1e}")
     a, b = statistics.median(alone_t), statistics.median(together_t)
     print(f"{args.runs} runs of {args.algorithm}/{args.model} on {args.dataset}, {args.clients} "
           f"clients, {args.rounds} rounds, device {args.device}: median {a:.3f} s/run one by one, "
-          f"{b:.3f} s/run as a batch, {a / b:.2f}x")
+          f"{b:.3f} s/run as a stack, {a / b:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,22 +1,22 @@
-"""Runs as a batch: several runs that differ only in seed (or in a scalar such as α, μ, β or the
+"""Stacked runs: several runs that differ only in seed (or in a scalar such as α, μ, β or the
 learning rate) step their clients' local SGD together, `runs × clients` trajectories in one
 stacked cohort (`fedhet.training.cohort`), each run keeping its own partition, sampling, RNG
 streams, algorithm state and run directory.
 
-How: every run executes its own loop (`Simulation.run`) in a thread of its own, with the batched
+How: every run executes its own loop (`Simulation.run`) in a thread of its own, with the stacked
 executor; where that executor would run its parked clients' SGD stacked, it hands them to a
 `SharedCohort` instead and waits. Once every run still going has parked (or finished), the
 jobs of all runs are run stacked in one call and every run goes on. Only one run executes
 Python at a time (the `turn` lock, passed on at the barrier), so the runs never interleave
 their use of the process-wide RNG and each run computes what it computes alone, to float32
 rounding: only the composition of the stack differs, a stacked step treats every row on its
-own, and a batched matrix product may round differently with another number of matrices.
+own, and a stacked matrix product may round differently with another number of matrices.
 On a device that `stacks_evaluation` (CUDA), a run's evaluation parks at the same barrier:
 the parked models that score on the same data are evaluated in one stacked forward per slice
 of samples (`CohortTrainer.evaluate_many`).
 
-A run whose executor is not the batched one (a model that cannot be stacked, `--workers`) does
-not join the cohort: `run_together` runs it on its own after the batch.
+A run whose executor is not the stacked one (a model that cannot be stacked, `--workers`) does
+not join the cohort: `run_together` runs it on its own after the stack.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 class SharedCohort:
-    """The barrier and the stacked step shared by the runs of a batch."""
+    """The barrier and the stacked step shared by the runs of a stack."""
 
     def __init__(self, cohort: CohortTrainer) -> None:
         self.cohort = cohort
@@ -131,18 +131,18 @@ class _Member:
 
 
 def can_share(sims: Sequence[Simulation]) -> list[int]:
-    """Positions of the runs that can step in one cohort with the first batched one: the batched
+    """Positions of the runs that can step in one cohort with the first stacked one: the stacked
     executor, the same model architecture on the same device, computing alike (memory format and
     `precision`), and the same training data (a client's batches are indices into it)."""
     sides = [sim.side for sim in sims]
-    first = next((s for s in sides if s.executor.name == "batched"), None)
+    first = next((s for s in sides if s.executor.name == "stacked"), None)
     if first is None:
         return []
     out = []
     for i, side in enumerate(sides):
         model, trainer = side.model, side.trainer
         if (
-            side.executor.name == "batched"
+            side.executor.name == "stacked"
             and side.plan.device == first.plan.device
             and model.layers == first.model.layers
             and model.precision == first.model.precision
@@ -161,7 +161,7 @@ def run_together(
     on_step: Callable[[], None] | None = None,
 ) -> list[Any]:
     """Run `sims` (each with `Simulation.run(**kwargs[i])`), those that `can_share` as one
-    batch; returns each run's summary, or the exception that ended it, in order.
+    stack; returns each run's summary, or the exception that ended it, in order.
 
     A `KeyboardInterrupt` in the calling thread is re-raised once the runs' threads have been
     told nothing (they are daemons, and every run resumes from its last checkpoint)."""
@@ -176,22 +176,22 @@ def run_together(
                                log=sims[shared_ix[0]].log)
         cohort.chunk = rows_that_fit(first.model.dim, first.model.params.device)
         shared = SharedCohort(cohort)
-        batch = [members[i] for i in shared_ix]
-        for m in batch:
+        stack = [members[i] for i in shared_ix]
+        for m in stack:
             m.sim.side.executor.shared = shared
             if stacks_evaluation(first.plan.device):
                 m.sim.parts.evaluator.stacked = shared.evaluate_many
             shared.join()
-        for m in batch:
+        for m in stack:
             m.thread = threading.Thread(target=_member_main, args=(m, shared), daemon=True,
                                         name=f"fedhet-run-{m.sim.parts.loop.seed}")
             m.thread.start()
-        for m in batch:
+        for m in stack:
             while m.thread.is_alive():
                 m.thread.join(timeout=0.2)
                 if on_step is not None:
                     on_step()
-        for m in batch:
+        for m in stack:
             m.sim.side.executor.shared = None
             m.sim.parts.evaluator.stacked = None
     alone = [m for i, m in enumerate(members) if i not in shared_ix or len(shared_ix) == 1]
@@ -200,7 +200,7 @@ def run_together(
             m.result = m.sim.run(**m.kwargs)
         except KeyboardInterrupt:
             raise
-        except BaseException as e:  # noqa: BLE001  (reported per run, like a batch member)
+        except BaseException as e:  # noqa: BLE001  (reported per run, like a stack member)
             m.error = e
     return [m.error if m.error is not None else m.result for m in members]
 

@@ -1,0 +1,52 @@
+"""Setting values an earlier release spelt otherwise, read as today's (docs/cli.md, migration).
+
+`RENAMED` lists them: `executor = "batched"` is `executor = "stacked"` (the word "batch" is kept
+for the mini-batch). They reach fedhet two ways, read differently:
+
+- **from a user** (a flag, `--set`, a settings or grid file, a keyword of `fedhet.run` or
+  `fedhet.compare`, `RunConfig(...)`): `current_value` reads the old spelling as the new one
+  and warns once (`FedhetDeprecationWarning`, one line naming the new spelling; the CLI prints
+  it as a `note:`). This release only: the next one refuses the old spelling as any unknown
+  value is refused.
+- **from a run's record** (a saved `config.json`, a checkpoint's settings): `current_record`
+  reads it as the new spelling without a word, in every release, so a run made before the
+  rename resumes, compares equal to the same settings spelt today and is read as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from fedhet.errors import deprecated
+
+RENAMED: dict[str, dict[str, str]] = {"executor": {"batched": "stacked"}}
+"""Setting → {old value: its value today}."""
+
+
+def _renamed(key: str, value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    return RENAMED.get(key, {}).get(value.strip().lower())
+
+
+def current_value(key: str, value: Any, where: str) -> Any:
+    """A user's value of setting `key`, an old spelling replaced by today's, with the one-line
+    warning that says so; `where` names the setting as the user gave it (`--set: executor`)."""
+    new = _renamed(key, value)
+    if new is None:
+        return value
+    deprecated(f"{where} {value.strip()!r} is now {new!r}; the old spelling goes in the next "
+               "release (docs/cli.md)")
+    return new
+
+
+def current_record(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved `config.json` (or a checkpoint's settings) with every old spelling replaced by
+    today's, silently (module docstring)."""
+    out = dict(saved)
+    for key in RENAMED:
+        new = _renamed(key, out.get(key))
+        if new is not None:
+            out[key] = new
+    return out
