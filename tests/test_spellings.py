@@ -145,7 +145,7 @@ def test_the_api_runs_executor_batched_as_stacked(tmp_path):
     new = fedhet.run(out=tmp_path / "new", executor="stacked", **settings)
     with pytest.warns(FedhetDeprecationWarning, match="executor 'batched' is now 'stacked'"):
         old = fedhet.run(out=tmp_path / "old", executor="batched", **settings)
-    assert old.config["executor"] == "stacked"
+    assert old.config["executor"] == new.config["executor"] == "stacked"
     assert steps(tmp_path / "old") == steps(tmp_path / "new")
 
 
