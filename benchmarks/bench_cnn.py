@@ -23,7 +23,7 @@ round and the medians are compared (the first round of each is a warm-up and dro
   cost shows apart from the allocator's (`bare-cl` runs under glibc's own thresholds, as a
   hand-written script does);
 - `bare`: the same loop in the default (NCHW) memory format.
-- `batched` (`--batched`): this checkout with the batched executor.
+- `stacked` (`--stacked`): this checkout with the stacked executor.
 
     python benchmarks/bench_cnn.py --base /tmp/perf-base [--rounds 6] [--only fednnnn]
     python benchmarks/bench_cnn.py --bf16 --no-bare --only fednnnn   # bf16 against fp32
@@ -182,7 +182,7 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(WORKLOADS))
     ap.add_argument("--bf16", action="store_true", help="also time this checkout in bf16")
     ap.add_argument("--no-bare", action="store_true", help="skip both bare loops and the base")
-    ap.add_argument("--batched", action="store_true", help="also time the batched executor")
+    ap.add_argument("--stacked", action="store_true", help="also time the stacked executor")
     ap.add_argument("--no-bare-nchw", action="store_true", help="skip the NCHW bare loop")
     args = ap.parse_args()
     if args.worker:
@@ -207,8 +207,8 @@ def main() -> None:
             runners.append(Contestant("bare-cl-kept", here, {**spec, "kind": "bare-cl-kept"}))
         if not (args.no_bare_nchw or args.no_bare):
             runners.append(Contestant("bare", here, {**spec, "kind": "bare"}))
-        if args.batched:
-            runners.append(Contestant("batched", here, {**spec, "kind": "engine", "executor": "batched"}))
+        if args.stacked:
+            runners.append(Contestant("stacked", here, {**spec, "kind": "engine", "executor": "stacked"}))
         for r in runners:
             r.ready()
         for k in range(args.rounds + 1):

@@ -1,4 +1,4 @@
-"""Seconds per round of the sequential and batched executors (the cohort-engine workloads).
+"""Seconds per round of the sequential and stacked executors (the cohort-engine workloads).
 
 Workloads (random data of the right shape, so nothing is downloaded; `--full` for the issue's
 sizes, small defaults otherwise):
@@ -152,7 +152,7 @@ def main() -> None:
     lines = [
         f"commit {git_commit()}; {machine()}; {args.rounds} rounds, {'full' if args.full else 'small'} sizes",
         "",
-        "| workload | device | sequential s/round | batched s/round | speed-up |"
+        "| workload | device | sequential s/round | stacked s/round | speed-up |"
         + (f" {args.workers} workers s/round | speed-up |" if args.workers > 1 else ""),
         "|---|---|---|---|---|" + ("---|---|" if args.workers > 1 else ""),
     ]
@@ -162,7 +162,7 @@ def main() -> None:
             continue
         for device in devices:
             seq = seconds_per_round(w, "sequential", device, args.rounds, args.full)
-            bat = seconds_per_round(w, "batched", device, args.rounds, args.full)
+            bat = seconds_per_round(w, "stacked", device, args.rounds, args.full)
             line = f"| {w.name} | {device} | {seq:.3f} | {bat:.3f} | {seq / bat:.2f}x |"
             if args.workers > 1 and device == "cpu":
                 par = seconds_per_round(w, "sequential", device, args.rounds, args.full, args.workers)

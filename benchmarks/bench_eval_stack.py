@@ -1,7 +1,7 @@
-"""Stacked evaluation of a batch's runs against their evaluations one after another.
+"""Stacked evaluation of a stack's runs against their evaluations one after another.
 
 `CohortTrainer.evaluate_many` (one `vmap`'d forward over `--runs` models per slice of samples,
-what a batch of runs does on a device that `stacks_evaluation`) against
+what a stack of runs does on a device that `stacks_evaluation`) against
 `fedhet.training.local.evaluate` called once per model (what it does elsewhere), on the same
 `--samples` random inputs of the model's dataset shape, the two alternating, medians of
 `--repeats`. `--threads` torch threads (default one); `--device cuda` on a GPU.

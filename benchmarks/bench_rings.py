@@ -7,10 +7,10 @@ FedSR's MNIST settings (Table II: 20 devices, the MLP, batch 32, momentum 0.5; F
 epoch a hop, 5 edges of 4 devices, R = 5 passes; ring-optimization: one ring of the 20
 devices, 5 local epochs a hop; HierFAVG: 5 edges, κ2 = 5 edge averages of one local epoch),
 the paper's partition (`shards`, ξ = 2). For each algorithm it times `--rounds` rounds of
-`--runs` seeds (one batch of runs when > 1), in this process's CPU time on a CPU and in wall
+`--runs` seeds (one stack of runs when > 1), in this process's CPU time on a CPU and in wall
 time on a GPU, with (a) `sequential`: the sequential executor,
-(b) `lockstep`: the batched executor with one executor call per ring hop or edge iteration
-(`client_chains` switched off), (c) `chains`: the batched executor with each ring's walk and
+(b) `lockstep`: the stacked executor with one executor call per ring hop or edge iteration
+(`client_chains` switched off), (c) `chains`: the stacked executor with each ring's walk and
 each edge as one chain, a round in one stacked call (on CUDA its steps replayed from a
 captured graph), (d) `chains-eager`: (c) with the graphs off (`FEDHET_CUDA_GRAPHS=0`; the same
 as (c) on a CPU); `--repeats` times each, and prints the median seconds per round, the ratios,
@@ -27,9 +27,9 @@ import time
 import torch
 
 from fedhet.engine.assembly import assemble
-from fedhet.engine.batch import run_together
 from fedhet.engine.config import config_of
 from fedhet.engine.simulation import Simulation
+from fedhet.engine.stacked_runs import run_together
 
 ALGORITHMS = {
     "fedsr": {"algorithm": "fedsr", "algorithm.clusters": 5, "algorithm.ring_passes": 5,
@@ -72,7 +72,7 @@ def main() -> None:
         finals: dict[str, torch.Tensor] = {}
         for _ in range(args.repeats):
             for mode in args.modes.split(","):
-                executor = "sequential" if mode == "sequential" else "batched"
+                executor = "sequential" if mode == "sequential" else "stacked"
                 os.environ["FEDHET_CUDA_GRAPHS"] = "0" if mode == "chains-eager" else "1"
                 sims = [assemble(config_of({**settings, "executor": executor, "seed": s}),
                                  store=None, log=print) for s in range(args.runs)]

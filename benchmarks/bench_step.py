@@ -1,4 +1,4 @@
-"""Milliseconds per stacked local step (`CohortTrainer.sgd_many`), the batched executor's unit.
+"""Milliseconds per stacked local step (`CohortTrainer.sgd_many`), the stacked executor's unit.
 
 Two figures per model and device:
 

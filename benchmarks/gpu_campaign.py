@@ -5,12 +5,12 @@ On a lent GPU machine (a copy of the checkout, MNIST carried in the git-ignored 
     python benchmarks/gpu_campaign.py --out "$OUT" --minutes 9
 
 1. **Measure** (`fedhet.papers.campaign.bench.GPU_WORKLOADS`, a few minutes on one H100):
-   the FedNNNN CNN round over 100 clients (bf16 with 1 and 4 runs batched; fp32 with 1), the
-   MLP round over 100 clients, a FedSR ring round with 1 and 8 runs batched, BHerd's 5-client
-   CNN with 8 and 20 runs batched. Written to `results/campaign/bench/cuda.json` (skipped when
+   the FedNNNN CNN round over 100 clients (bf16 with 1 and 4 runs stacked; fp32 with 1), the
+   MLP round over 100 clients, a FedSR ring round with 1 and 8 runs stacked, BHerd's 5-client
+   CNN with 8 and 20 runs stacked. Written to `results/campaign/bench/cuda.json` (skipped when
    that record exists, unless `--remeasure`).
 2. **Run cells** in the plan's order for what is left of `--minutes`: a campaign sitting on
-   `cuda` (runs that share data and model stepped as one batch), records and travelling
+   `cuda` (runs that share data and model stepped as one stack), records and travelling
    checkpoints written under `results/campaign/`.
 3. **Bring back**: what this call wrote under `results/` goes into `--out` as one
    `results.tar.gz` (the tool brings back at most 8 files, 2 folders down), with the regenerated
