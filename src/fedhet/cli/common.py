@@ -241,7 +241,7 @@ def add_precision_flag(p: argparse.ArgumentParser) -> None:
 def executor(value: str) -> str:
     """`--executor`'s value, an earlier release's spelling (`batched`) read as today's with a
     note (`fedhet.engine.spellings`)."""
-    return str(current_value("executor", value, "--executor"))
+    return str(current_value("executor", value))
 
 
 def add_stack_runs_flag(p: argparse.ArgumentParser) -> None:

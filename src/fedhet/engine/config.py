@@ -165,7 +165,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         for key in RENAMED:  # an earlier release's spelling, read as today's (`spellings`)
-            object.__setattr__(self, key, current_value(key, getattr(self, key), f"RunConfig {key}"))
+            object.__setattr__(self, key, current_value(key, getattr(self, key)))
 
     def validate(self) -> None:
         checks = [
@@ -451,7 +451,7 @@ AUTO = {"workers": 0}
 def _engine_value(key: str, value: Any, where: str) -> Any:
     """An engine field's value typed (`coerce`), `auto` read as its number (`AUTO`), an earlier
     release's spelling as today's (`spellings.current_value`)."""
-    value = current_value(key, value, where)
+    value = current_value(key, value)
     if key not in AUTO:
         return coerce(value, _HINTS[key], where)
     if isinstance(value, str) and value.strip().lower() == "auto":

@@ -30,14 +30,14 @@ def _renamed(key: str, value: Any) -> str | None:
     return RENAMED.get(key, {}).get(value.strip().lower())
 
 
-def current_value(key: str, value: Any, where: str) -> Any:
+def current_value(key: str, value: Any) -> Any:
     """A user's value of setting `key`, an old spelling replaced by today's, with the one-line
-    warning that says so; `where` names the setting as the user gave it (`--set: executor`)."""
+    warning that says so (the same line wherever it was given: a command says it once)."""
     new = _renamed(key, value)
     if new is None:
         return value
-    deprecated(f"{where} {value.strip()!r} is now {new!r}; the old spelling goes in the next "
-               "release (docs/cli.md)")
+    deprecated(f"{key} {value.strip().lower()!r} is now {new!r}; the old spelling goes in the "
+               "next release (docs/cli.md)")
     return new
 
 
