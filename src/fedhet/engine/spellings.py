@@ -10,7 +10,8 @@ for the mini-batch). They reach fedhet two ways, read differently:
   value is refused.
 - **from a run's record** (a saved `config.json`, a checkpoint's settings): `current_record`
   reads it as the new spelling without a word, in every release, so a run made before the
-  rename resumes, compares equal to the same settings spelt today and is read as before.
+  rename resumes, compares equal to the same settings spelt today and is read as before. A
+  grid's `grid.toml` is the user's grid file as given, and reads as one (with the note).
 """
 
 from __future__ import annotations
