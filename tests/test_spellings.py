@@ -53,6 +53,7 @@ def test_an_old_executor_value_is_the_new_one_with_one_warning_at_the_callers_li
     assert str(said[0].message) == NOTE
     assert said[0].filename == __file__  # the user's line, not fedhet's
     assert issubclass(FedhetDeprecationWarning, FutureWarning)  # shown by default
+    assert fedhet.FedhetDeprecationWarning is FedhetDeprecationWarning  # a user may filter it
     assert cfg == make("stacked")
 
 

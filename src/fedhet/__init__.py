@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from fedhet.engine.assembly import assemble
     from fedhet.engine.callbacks import Callback
     from fedhet.engine.config import RunConfig, config_of
-    from fedhet.errors import FedhetError
+    from fedhet.errors import FedhetDeprecationWarning, FedhetError
     from fedhet.metrics import METRICS
     from fedhet.models.registry import MODELS
     from fedhet.plugins import load_plugins
@@ -66,6 +66,7 @@ __all__ = [
     "ClientState",
     "DATASETS",
     "Dataset",
+    "FedhetDeprecationWarning",
     "FedhetError",
     "METRICS",
     "MODELS",
