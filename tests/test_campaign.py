@@ -338,9 +338,11 @@ def test_prices_come_from_measurements_only(tmp_path: Path) -> None:
     assert pricer.price(same, "cuda").seconds_per_round == pytest.approx(1.0)
 
 
-def test_a_recorded_runs_price_is_its_share_of_the_stacked_round(tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", ["runs_stacked", "runs_batched"])
+def test_a_recorded_runs_price_is_its_share_of_the_stacked_round(tmp_path: Path, key: str) -> None:
     """A record whose rounds ran stacked with 7 other runs prices its method at an eighth of
-    the round (not the stack's whole round, as its `s_per_round` reads)."""
+    the round (not the stack's whole round, as its `s_per_round` reads); records written by
+    earlier releases name the count `runs_batched`."""
     store = Store(tmp_path / "results", tmp_path / "cache")
     plan = plan_runs("paper", (tables.table("fednnnn-mnist"),), store.records)
     run = plan[0]
@@ -349,7 +351,7 @@ def test_a_recorded_runs_price_is_its_share_of_the_stacked_round(tmp_path: Path)
     (folder / "record.json").write_text(json.dumps({
         "table": run.table, "run": run.name, "label": run.spec.label, "s_per_round": {"cuda": 4.0},
         "segments": [{"kind": "cuda", "rounds": 100, "seconds": 400.0, "median_round_s": 4.0,
-                      "runs_stacked": 8}]}))
+                      key: 8}]}))
     same = next(r for r in plan if r.spec.label == run.spec.label and r is not run)
     assert Pricer(store, plan).price(same, "cuda").seconds_per_round == pytest.approx(0.5)
 
