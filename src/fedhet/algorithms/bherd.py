@@ -526,7 +526,7 @@ class _BHerdBase(Algorithm):
 
 def _step(acc: WeightedMean, factor: float = 1.0) -> torch.Tensor:
     """`factor · Σ_i p_i scale_i G_i` (float64 until the end, as `weighted_sum`)."""
-    return (acc.sums["G"] * (factor / acc.total)).to(torch.float32)
+    return (acc.sum("G") * (factor / acc.total)).to(torch.float32)
 
 
 @ALGORITHMS.register("bherd", BHerdParams, "BHerd-FedAvg: herd local gradients, keep ⌊ατ⌋ (eq. 7)")
