@@ -9,6 +9,8 @@ Two figures per model and device:
   `hidden` setting, a few thousand parameters), 1 and 4 rows, mini-batches of one sample; the
   full-size model's one-sample step (`B=1` columns) adds the arithmetic of its weights (the
   FedNNNN CNN's 431k-parameter gradient and two convolutions are not negligible on a CPU).
+  Beside them, `eager PyTorch`: the miniature's step as a plain module and optimizer
+  (`eager_ms`), the floor the layers' own kernels set on this device.
 - **ops**: the ATen operations one such step dispatches (`torch.profiler`), the device-free
   measure of that cost (each is a kernel launch on a GPU);
 - **per row**: steps at the papers' mini-batch (`B`) with 1, 8 and 32 rows stacked: the
@@ -28,6 +30,7 @@ models in one run, so their ratio is measured under the same conditions.
 from __future__ import annotations
 
 import argparse
+import copy
 import platform
 import statistics
 import time
@@ -136,6 +139,29 @@ def sequential_ms(cohort: CohortTrainer, flat: FlatModel, batch: int, steps: int
     return statistics.median(once(steps) * 1000 / steps for _ in range(repeats))
 
 
+def eager_ms(cohort: CohortTrainer, flat: FlatModel, steps: int, repeats: int) -> float:
+    """The same step written as plain PyTorch: one `nn.Module` (a copy of the model), one
+    sample, `cross_entropy(...).backward()` and `torch.optim.SGD`. On the miniature it is the
+    floor PyTorch itself sets for these layers on this device, whatever a framework adds."""
+    module = copy.deepcopy(flat.module)
+    x, y = cohort.x[:1], cohort.y[:1]
+    if flat.channels_last and x.dim() == 4:
+        module = module.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(module.parameters(), lr=0.01)
+
+    def once(k: int) -> float:
+        start = _clock(x.is_cuda)
+        for _ in range(k):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(module(x), y).backward()
+            opt.step()
+        return _clock(x.is_cuda) - start
+
+    once(3)
+    return statistics.median(once(steps) * 1000 / steps for _ in range(repeats))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="mlp,cnn-fednnnn-mnist,cnn-mnist")
@@ -153,10 +179,11 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     print(f"device {args.device} ({name}), torch {torch.__version__}, {args.threads} thread(s), "
           f"path {args.path}")
-    print("| model | path | host ms/step, 1 row | host ms/step, 4 rows | ms/step, 1 row, B=1 | "
+    print("| model | path | host ms/step, 1 row | host ms/step, 4 rows | host ms/step, eager PyTorch | "
+          "ms/step, 1 row, B=1 | "
           "ms/step, 4 rows, B=1 | ops/step, 4 rows | " +
           " | ".join(f"ms/step/row, {r} rows" for r in rows) + " | ms/step, sequential |")
-    print("|---|---|---|---|---|---|---|" + "---|" * len(rows) + "---|")
+    print("|---|---|---|---|---|---|---|---|" + "---|" * len(rows) + "---|")
     for model_name in args.models.split(","):
         for path in ("auto", "vmap") if args.path == "both" else (args.path,):
             cohort, flat = make(model_name, args.device)
@@ -169,6 +196,7 @@ def main() -> None:
             if path == "vmap":
                 small.program = None
             host = [median_ms(small, small_flat, r, 1, args.steps, args.repeats) for r in (1, 4)]
+            eager = eager_ms(small, small_flat, args.steps, args.repeats)
             one = median_ms(cohort, flat, 1, 1, args.steps, args.repeats)
             four = median_ms(cohort, flat, 4, 1, args.steps, args.repeats)
             ops = ops_per_step(cohort, flat, 4)
@@ -176,8 +204,8 @@ def main() -> None:
             per_row = [median_ms(cohort, flat, r, b, max(5, args.steps // r), args.repeats) / r
                        for r in rows]
             seq = sequential_ms(cohort, flat, b, args.steps, args.repeats)
-            print(f"| {model_name} (B={b}) | {used} | {host[0]:.2f} | {host[1]:.2f} | {one:.2f} | "
-                  f"{four:.2f} | {ops:.0f} | "
+            print(f"| {model_name} (B={b}) | {used} | {host[0]:.2f} | {host[1]:.2f} | {eager:.2f} | "
+                  f"{one:.2f} | {four:.2f} | {ops:.0f} | "
                   + " | ".join(f"{v:.2f}" for v in per_row) + f" | {seq:.2f} |", flush=True)
 
 if __name__ == "__main__":
