@@ -93,6 +93,7 @@ def _streamed(replies, weighting="samples", scale=None):
 def test_blocks_of_any_size_give_the_streamed_sum(monkeypatch, rows, block_bytes):
     """Summed one reply at a time (`block_bytes=0`), in blocks of 3 or of 5 replies, or all in
     one stacked product: the float64 sums agree to float64 rounding, and the mean to float32."""
+    monkeypatch.setattr(WeightedMean, "blocks_on_cpu", True)
     monkeypatch.setattr(WeightedMean, "block_rows", rows)
     monkeypatch.setattr(WeightedMean, "block_bytes", block_bytes)
     replies = random_replies(3, range(11))
@@ -114,6 +115,7 @@ def test_blocks_of_any_size_give_the_streamed_sum(monkeypatch, rows, block_bytes
 def test_a_block_holds_at_most_its_bytes(monkeypatch):
     """Vectors wait in a block only up to `block_bytes` (bounded memory whatever the clients):
     with room for 4 vectors, a 4th reply sums the block and nothing waits."""
+    monkeypatch.setattr(WeightedMean, "blocks_on_cpu", True)
     monkeypatch.setattr(WeightedMean, "block_bytes", 4 * D * 4)
     acc = WeightedMean()
     replies = random_replies(5, range(9))
@@ -224,6 +226,7 @@ def test_nwda_layer_norms_in_blocks_equal_each_reply_alone(monkeypatch, block_by
     size, equal the norms of each update taken alone, and the weights follow the replies."""
     from fedhet.algorithms.nwda import LayerIndex, NWDACollector
 
+    monkeypatch.setattr(WeightedMean, "blocks_on_cpu", True)
     monkeypatch.setattr(WeightedMean, "block_bytes", block_bytes)
     index = LayerIndex(LAYERS, D)
     replies = random_replies(11, range(9))
@@ -238,3 +241,16 @@ def test_nwda_layer_norms_in_blocks_equal_each_reply_alone(monkeypatch, block_by
     assert torch.allclose(stats.client_sq, by_hand, rtol=1e-12, atol=0)
     sizes = torch.tensor([r.message.scalars["num_samples"] for r in replies], dtype=torch.float64)
     assert torch.allclose(stats.p, sizes / sizes.sum(), rtol=1e-15)
+
+
+def test_on_a_cpu_each_reply_is_summed_as_it_comes():
+    """By default a CPU vector never waits (`blocks_on_cpu` off): the sum after each reply is
+    `Σ_i w_i v_i` so far, bit for bit the fused float64 accumulation `S ← S + w_i v_i`."""
+    replies = random_replies(13, range(6))
+    acc = WeightedMean()
+    want = torch.zeros(D, dtype=torch.float64)
+    for r in replies:
+        acc.add(r, ("delta",))
+        assert not acc._blocks
+        want.add_(r.message.tensors["delta"].double(), alpha=r.message.scalars["num_samples"])
+        assert torch.equal(acc._sums["delta"], want)

@@ -225,7 +225,8 @@ class WeightedMean:
     matrix–vector product, `S ← S + cᵀ V` with `c_i = w_i · scale_i` (float64). So a round of
     `m` replies costs `⌈m·d·4 / block_bytes⌉` stacked products instead of `m` separate
     accumulations (each a kernel launch or two on a GPU), and the memory it holds is bounded by
-    `block_bytes` per name whatever the number of clients. The weight `w_i` is `D_i`
+    `block_bytes` per name whatever the number of clients. Vectors on a CPU are summed as they
+    come (`blocks_on_cpu`). The weight `w_i` is `D_i`
     (`weighting="samples"`) or 1 (`"uniform"`); `scale` multiplies a vector's weight on top
     (BHerd's `η_i τ_i`). Equal to `weighted_sum(sample_weights(...))` up to float64 rounding
     (the terms are summed in another order); the same replies in the same order always give
@@ -238,6 +239,12 @@ class WeightedMean:
     that); 0 sums every reply alone."""
     block_rows: ClassVar[int] = 1024
     """At most this many replies a block."""
+    blocks_on_cpu: ClassVar[bool] = False
+    """**[choice]** Off: a vector on a CPU is added to the sum as it comes, `S ← S + c_i v_i`.
+    A CPU kernel costs no launch, and stacking is one more pass over memory: on one core the
+    blocks took 0.5–1.4× the time of reply-by-reply sums at the FedNNNN CNN's size
+    (`benchmarks/bench_server.py`, benchmarks/RESULTS.md). The tests and the benchmark turn
+    it on to check and measure the blocks on a CPU."""
 
     def __init__(self, weighting: str = "samples") -> None:
         self.weighting = weighting
@@ -265,7 +272,8 @@ class WeightedMean:
             vectors, coefficients = self._blocks.setdefault(name, ([], []))
             vectors.append(v)
             coefficients.append(w * (scale or {}).get(name, 1.0))
-            if len(vectors) >= self.block_rows or len(vectors) * v.numel() * 4 >= self.block_bytes:
+            if len(vectors) >= self.block_rows or len(vectors) * v.numel() * 4 >= self.block_bytes \
+                    or (v.device.type == "cpu" and not self.blocks_on_cpu):
                 self._flush(name)
         for name in scalars:
             value = reply.message.scalars.get(name, float("nan"))
@@ -273,11 +281,19 @@ class WeightedMean:
         return w
 
     def _flush(self, name: str) -> None:
-        """`S_name ← S_name + cᵀ V` for the waiting block (one stacked product, float64)."""
+        """`S_name ← S_name + cᵀ V` for the waiting block (one stacked product, float64; one
+        fused `S ← S + c v` for a block of one)."""
         vectors, coefficients = self._blocks.pop(name, ([], []))
         if not vectors:
             return
         first = vectors[0]
+        if len(vectors) == 1:  # S ← S + c v, one fused step
+            one = self._sums.get(name)
+            if one is None:
+                one = self._sums[name] = torch.zeros(first.shape, dtype=torch.float64,
+                                                     device=first.device)
+            one.add_(first.to(torch.float64), alpha=coefficients[0])
+            return
         same = all(v.dtype == first.dtype for v in vectors)
         stacked = torch.stack(vectors if same else [v.to(torch.float64) for v in vectors])
         c = torch.tensor(coefficients, dtype=torch.float64, device=first.device)

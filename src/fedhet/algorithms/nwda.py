@@ -131,8 +131,8 @@ def nwda_diagnostics(
 class NWDACollector:
     """NWDA statistics gathered in one pass: per reply only its `L` squared layer norms are kept
     (an `m × L` table of scalars); `Δ̄` comes from the streaming mean. The updates wait in
-    blocks as `WeightedMean`'s do (`WeightedMean.block_bytes`), and a block's norms are one
-    segment sum over the stacked `(n, d)` updates."""
+    blocks as `WeightedMean`'s do (`WeightedMean.block_bytes`, `blocks_on_cpu`), and a
+    block's norms are one sum per layer over the stacked `(n, d)` updates."""
 
     def __init__(self, index: LayerIndex) -> None:
         self.index = index
@@ -146,7 +146,8 @@ class NWDACollector:
         self._waiting.append(delta)
         self.weights.append(weight)
         if len(self._waiting) >= WeightedMean.block_rows \
-                or len(self._waiting) * delta.numel() * 4 >= WeightedMean.block_bytes:
+                or len(self._waiting) * delta.numel() * 4 >= WeightedMean.block_bytes \
+                or (delta.device.type == "cpu" and not WeightedMean.blocks_on_cpu):
             self._flush()
 
     def _flush(self) -> None:
