@@ -11,8 +11,8 @@ Two sizes per algorithm:
 Modes: `one-by-one` (`WeightedMean.block_bytes = 0`: each reply added to the float64 sum as
 it comes, two operations a vector; what a CPU runs, `WeightedMean.blocks_on_cpu`), `blocks`
 (the accelerator's default: replies stacked and summed by one matrix–vector product per block
-of `WeightedMean.block_bytes`), and `blocks-64MiB` (blocks four times as large, the
-alternative the 16 MiB choice was measured against). Random replies; the
+of `WeightedMean.block_bytes`, 64 MiB), and `blocks-16MiB` (blocks a quarter as large, the
+alternative the choice was measured against). Random replies; the
 median over `--repeats` timings after one warm-up, in this process's CPU time on a CPU (other
 processes on a shared machine are not counted) and in wall time on a GPU.
 
@@ -33,7 +33,7 @@ from fedhet.algorithms.base import ALGORITHMS, Message, Reply, RunInfo, Weighted
 from fedhet.training.allocator import keep_freed_memory
 from fedhet.training.flat import Layer
 
-MODES = {"one-by-one": 0, "blocks": WeightedMean.block_bytes, "blocks-64MiB": 64 << 20}
+MODES = {"one-by-one": 0, "blocks": WeightedMean.block_bytes, "blocks-16MiB": 16 << 20}
 
 
 def replies(m: int, d: int, device: str) -> list[Reply]:

@@ -226,25 +226,24 @@ class WeightedMean:
     `m` replies costs `⌈m·d·4 / block_bytes⌉` stacked products instead of `m` separate
     accumulations (each a kernel launch or two on a GPU), and the memory it holds is bounded by
     `block_bytes` per name whatever the number of clients. Vectors on a CPU are summed as they
-    come (`blocks_on_cpu`). The weight `w_i` is `D_i`
-    (`weighting="samples"`) or 1 (`"uniform"`); `scale` multiplies a vector's weight on top
-    (BHerd's `η_i τ_i`). Equal to `weighted_sum(sample_weights(...))` up to float64 rounding
+    come (`blocks_on_cpu`). The weight `w_i` is `D_i` (`weighting="samples"`) or 1
+    (`"uniform"`); `scale` multiplies a vector's weight on top (BHerd's `η_i τ_i`). Equal to `weighted_sum(sample_weights(...))` up to float64 rounding
     (the terms are summed in another order); the same replies in the same order always give
     the same bits, whichever executor produced them.
     """
 
-    block_bytes: ClassVar[int] = 16 * 2**20
-    """**[choice]** Bytes of float32 vectors a block holds per name before it is summed (16 MiB:
-    ≈ 10 FedNNNN-CNN updates, ≈ 530 logistic-regression ones; the stacked float64 copy is twice
-    that); 0 sums every reply alone."""
+    block_bytes: ClassVar[int] = 64 * 2**20
+    """**[choice]** Bytes of float32 vectors a block holds per name before it is summed (64 MiB:
+    ≈ 39 FedNNNN-CNN updates, so 100 replies are 3 products; the stacked float64 copy is twice
+    that, on the device); 0 sums every reply alone."""
     block_rows: ClassVar[int] = 1024
     """At most this many replies a block."""
     blocks_on_cpu: ClassVar[bool] = False
     """**[choice]** Off: a vector on a CPU is added to the sum as it comes, `S ← S + c_i v_i`.
-    A CPU kernel costs no launch, and stacking is one more pass over memory: on one core the
-    blocks took 0.5–1.4× the time of reply-by-reply sums at the FedNNNN CNN's size
-    (`benchmarks/bench_server.py`, benchmarks/RESULTS.md). The tests and the benchmark turn
-    it on to check and measure the blocks on a CPU."""
+    A CPU kernel costs no launch, and stacking is two more passes over memory: on one core the
+    blocks took 1.2–5.3× the reply-by-reply time at the FedNNNN CNN's size, for 2.6–6.6× fewer
+    operations (`benchmarks/bench_server.py`, benchmarks/RESULTS.md). The tests and the
+    benchmark turn it on to check and measure the blocks on a CPU."""
 
     def __init__(self, weighting: str = "samples") -> None:
         self.weighting = weighting
