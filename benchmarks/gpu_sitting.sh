@@ -9,7 +9,7 @@
 # the project's profiling script copied to tools/gpu_step_profile.py beforehand (it lives in
 # shared/tools/, outside the checkout; skipped with a line when absent). DEVICE defaults to
 # cuda; `cpu` is the dry run (small step counts, no re-measurement, no campaign minutes).
-# Everything it writes goes under OUT: step.md, rings.md, server.md, devcheck.txt, results.tar.gz, removed.txt,
+# Everything it writes goes under OUT: step.md, rings.md, server.md, conv.md, devcheck.txt, results.tar.gz, removed.txt,
 # paper-scale.md, sitting.log.
 set -u
 out=${1:?usage: gpu_sitting.sh OUT MINUTES [DEVICE]}
@@ -43,6 +43,11 @@ cat "$out/rings.md"
 timeout 60 "$py" benchmarks/bench_server.py --device "$device" --repeats 3 > "$out/server.md" 2>&1 \
   || echo "bench_server: exit $? (see server.md)"
 cat "$out/server.md"
+if [ "$device" = cpu ]; then convrows="--rows 1 --repeats 1"; else convrows="--rows 1,8,32,100"; fi
+# shellcheck disable=SC2086
+timeout 90 "$py" benchmarks/bench_conv.py --device "$device" $convrows > "$out/conv.md" 2>&1 \
+  || echo "bench_conv: exit $? (see conv.md)"
+cat "$out/conv.md"
 used=$(( ($(date +%s) - start) / 60 ))
 left=$(python3 -c "print(max(0.5, $minutes - $used))")
 # shellcheck disable=SC2086
