@@ -227,9 +227,10 @@ class WeightedMean:
     accumulations (each a kernel launch or two on a GPU), and the memory it holds is bounded by
     `block_bytes` per name whatever the number of clients. Vectors on a CPU are summed as they
     come (`blocks_on_cpu`). The weight `w_i` is `D_i` (`weighting="samples"`) or 1
-    (`"uniform"`); `scale` multiplies a vector's weight on top (BHerd's `η_i τ_i`). Equal to `weighted_sum(sample_weights(...))` up to float64 rounding
-    (the terms are summed in another order); the same replies in the same order always give
-    the same bits, whichever executor produced them.
+    (`"uniform"`); `scale` multiplies a vector's weight on top (BHerd's `η_i τ_i`). Equal to
+    `weighted_sum(sample_weights(...))` up to float64 rounding (the terms are summed in another
+    order); the same replies in the same order always give the same bits, whichever executor
+    produced them.
     """
 
     block_bytes: ClassVar[int] = 64 * 2**20

@@ -229,8 +229,8 @@ class CohortTrainer:
         `(G, b)` of indices (all of one size). `loss` (with the rows' stacked `frozen` vectors,
         `(G, d)` each) replaces the model's objective for every row. The passes run in the model's
         precision (`FlatModel.passes`); gradients, losses and buffers come back float32."""
-        if self.program is not None and loss is None:
-            g, loss_values = self.program.gradients(w, self.x, self.y, batch)
+        if self.program is not None and (loss is None or self.program.runs(loss)):
+            g, loss_values = self.program.gradients(w, self.x, self.y, batch, loss, frozen)
             return g, loss_values, bufs
         x, y = self.x[batch], self.y[batch]
         if self.linear and loss is None:
