@@ -192,7 +192,7 @@ def herding_order_direct(x: torch.Tensor, criterion: Criterion = "greedy") -> to
     tol = TIE_TOLERANCE * float((z * z).sum(1).max()) if len(z) else 0.0
     s = torch.zeros(z.shape[1], dtype=torch.float64, device=z.device)
     left = list(range(z.shape[0]))
-    order = []
+    order: list[int] = []
     while left:
         t = len(order) if criterion == "grab-stale" else 1
         sq = [float(torch.linalg.vector_norm(t * s + z[j])) ** 2 - t * t * float(s @ s)

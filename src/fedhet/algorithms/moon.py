@@ -122,10 +122,11 @@ class ContrastiveLoss(StackableLoss):
         temperature: float, b_glob: torch.Tensor | None = None, b_prev: torch.Tensor | None = None,
     ) -> None:
         self.layers = layers
-        self.with_buffers = b_glob is not None and b_glob.numel() > 0
-        if self.with_buffers:
+        if b_glob is not None and b_glob.numel() > 0:
+            self.with_buffers = True
             self.frozen = (w_glob, b_glob, w_prev, b_glob if b_prev is None else b_prev)
         else:
+            self.with_buffers = False
             self.frozen = (w_glob, w_prev)
         self.mu = mu
         self.temperature = temperature

@@ -13,17 +13,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TypeVar
+from dataclasses import Field, dataclass, replace
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
-from fedhet.algorithms.base import Reply, ServerState, WeightedMean, weighted_sum
+from fedhet.algorithms.base import Reply, WeightedMean, weighted_sum
 from fedhet.training.flat import Layer
 
 KINDS = ("conv", "fc", "norm", "other")
-S = TypeVar("S", bound=ServerState)
-"""A server state with a `cum_move` field (`FedAvgState`, `FedNNNNState`)."""
+
+
+class MovingState(Protocol):
+    """A server state dataclass with a `cum_move` field (`FedAvgState`, `FedNNNNState`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def w(self) -> torch.Tensor: ...
+
+    @property
+    def cum_move(self) -> float: ...
+
+
+S = TypeVar("S", bound=MovingState)
+"""The state type `nwda_record` is given and returns."""
 
 
 # -- NWDA: pure functions on flat vectors ---------------------------------------------------

@@ -57,7 +57,7 @@ class ProjectionNet(nn.Module):
 def image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     """`(C, H, W)`; a flat input of square length (digits: 64) is read as one 8×8 channel."""
     if len(input_shape) == 3:
-        return input_shape  # type: ignore[return-value]
+        return input_shape
     if len(input_shape) == 2:
         return (1, *input_shape)
     side = math.isqrt(input_shape[0])
