@@ -215,8 +215,9 @@ class CohortTrainer:
                 inp = seen[owner]
                 dims = [0, *range(2, inp.dim())]
                 stat = inp.mean(dims) if kind == "running_mean" else inp.var(dims, unbiased=True)
-                m = self.norms[owner].momentum
-                old = old * (1 - m) + stat * m
+                momentum = self.norms[owner].momentum
+                assert momentum is not None  # cumulative averages run sequentially (docs/gpu.md)
+                old = old * (1 - momentum) + stat * momentum
             parts.append(old.flatten())
         new_bufs = torch.cat(parts) if parts else bufs
         return loss, (loss.detach(), new_bufs)
@@ -262,6 +263,7 @@ class CohortTrainer:
         model without a bias, e.g. `svm` with `model.bias=false`: the weight's only)."""
         module = self.model.module
         fc = module.fc
+        assert isinstance(fc, nn.Linear)  # the linear models' one layer (`self.linear`)
         k, dim_in = fc.weight.shape
         n_clients, b = y.shape
         xf = x.reshape(n_clients, b, dim_in)
@@ -454,8 +456,8 @@ class CohortTrainer:
                 raise _FirstStepOOMError from e
             raise
         g = stack.chain.gradient(g, w, t)
-        for r, e in stack.chain.failures():
-            jobs[stack.rows[r]].error = e
+        for r, error in stack.chain.failures():
+            jobs[stack.rows[r]].error = error
         for group in run.groups:
             group.step(t, w, g, stack.rows, jobs)
         if run.hooked:
