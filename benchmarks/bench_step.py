@@ -21,7 +21,9 @@ Random data of MNIST's shape; every figure is the median over `--repeats` timing
 steps each, after one warm-up, in this process's CPU time on a CPU (`time.process_time`: what
 other processes on a shared machine take is not counted) and in wall time on a GPU.
 `--path both` times the stacked program and the general `torch.func` (vmap) path on the same
-models in one run, so their ratio is measured under the same conditions.
+models in one run, so their ratio is measured under the same conditions. MOON's models
+(`moon-mlp`, `moon-cnn`) step with MOON's objective (`ContrastiveLoss`, each row with frozen
+global and previous models of its own), on the program through its rows form.
 
     python benchmarks/bench_step.py [--models mlp,cnn-fednnnn-mnist,cnn-mnist] [--device cpu]
         [--threads 1] [--steps 50] [--repeats 5] [--path auto|vmap|both] [--rows 1,8,32]
@@ -38,6 +40,8 @@ import time
 import numpy as np
 import torch
 
+from fedhet.algorithms.moon import ContrastiveLoss
+from fedhet.models.moon import ProjectionNet
 from fedhet.models.registry import MODELS, build_model
 from fedhet.training.allocator import keep_freed_memory
 from fedhet.training.cohort import CohortTrainer, SGDJob
@@ -45,8 +49,9 @@ from fedhet.training.flat import FlatModel
 from fedhet.training.local import BatchSchedule, LocalTrainer
 from fedhet.training.steps import SGDConfig
 
-PAPER_B = {"mlp": 50, "cnn-fednnnn-mnist": 50, "cnn-mnist": 50}
-"""The mini-batch the papers use with each model (FedSR's MLP, FedNNNN's and BHerd's CNNs)."""
+PAPER_B = {"mlp": 50, "cnn-fednnnn-mnist": 50, "cnn-mnist": 50, "moon-mlp": 50, "moon-cnn": 50}
+"""The mini-batch the papers use with each model (FedSR's MLP, FedNNNN's and BHerd's CNNs; MOON's
+models as FedSR's MNIST runs)."""
 
 
 def make(model_name: str, device: str, samples: int = 4096) -> tuple[CohortTrainer, FlatModel]:
@@ -92,12 +97,24 @@ def _schedule(n: int, batch: int, steps: int, seed: int) -> BatchSchedule:
     return BatchSchedule(torch.arange(n), batch, steps, np.random.default_rng(seed))
 
 
+def _loss(flat: FlatModel, row: int) -> ContrastiveLoss | None:
+    """MOON's objective for the MOON models (`moon-*`), with this row's own frozen global and
+    previous models; None (the model's cross-entropy) for the others."""
+    if not isinstance(flat.module, ProjectionNet):
+        return None
+    g = torch.Generator().manual_seed(row)
+    glob = flat.params + 0.01 * torch.randn(flat.params.shape, generator=g).to(flat.params.device)
+    prev = flat.params + 0.01 * torch.randn(flat.params.shape, generator=g).to(flat.params.device)
+    return ContrastiveLoss(flat.layers, glob, prev, mu=1.0, temperature=0.5)
+
+
 def time_steps(cohort: CohortTrainer, flat: FlatModel, rows: int, batch: int, steps: int,
                momentum: float = 0.0) -> float:
     """Seconds for `steps` stacked steps of `rows` clients at mini-batch `batch`."""
     n = len(cohort.y)
     cfg = SGDConfig(lr=0.01, momentum=momentum)
-    jobs = [SGDJob(flat.params.clone(), _schedule(n, batch, steps, r), cfg) for r in range(rows)]
+    jobs = [SGDJob(flat.params.clone(), _schedule(n, batch, steps, r), cfg, loss=_loss(flat, r))
+            for r in range(rows)]
     cuda = cohort.x.is_cuda
     start = _clock(cuda)
     cohort.sgd_many(jobs)
@@ -132,7 +149,7 @@ def sequential_ms(cohort: CohortTrainer, flat: FlatModel, batch: int, steps: int
 
     def once(k: int) -> float:
         start = _clock(cohort.x.is_cuda)
-        trainer.sgd(w0, _schedule(n, batch, k, 0), SGDConfig(lr=0.01))
+        trainer.sgd(w0, _schedule(n, batch, k, 0), SGDConfig(lr=0.01), loss_fn=_loss(flat, 0))
         return _clock(cohort.x.is_cuda) - start
 
     once(3)
@@ -142,7 +159,10 @@ def sequential_ms(cohort: CohortTrainer, flat: FlatModel, batch: int, steps: int
 def eager_ms(cohort: CohortTrainer, flat: FlatModel, steps: int, repeats: int) -> float:
     """The same step written as plain PyTorch: one `nn.Module` (a copy of the model), one
     sample, `cross_entropy(...).backward()` and `torch.optim.SGD`. On the miniature it is the
-    floor PyTorch itself sets for these layers on this device, whatever a framework adds."""
+    floor PyTorch itself sets for these layers on this device, whatever a framework adds.
+    NaN for MOON's models (their step carries MOON's objective, not this one)."""
+    if isinstance(flat.module, ProjectionNet):
+        return float("nan")
     module = copy.deepcopy(flat.module)
     x, y = cohort.x[:1], cohort.y[:1]
     if flat.channels_last and x.dim() == 4:
