@@ -1,4 +1,4 @@
-"""10,000 stateful clients: peak memory and seconds per round against 100 clients (issue 33).
+"""10,000 stateful clients: peak memory and seconds per round against 100 clients.
 
     OMP_NUM_THREADS=1 nice python benchmarks/bench_clients.py --rounds 100
 

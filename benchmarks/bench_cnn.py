@@ -1,4 +1,4 @@
-"""Samples per second of a CNN round on one CPU core: fedhet now, fedhet before, a bare loop.
+"""Samples per second of a CNN round on one CPU core: this checkout, another one, a bare loop.
 
 The papers' CNN workloads, one round of FedAvg each (10 clients × `--steps` local steps ×
 B = 50, random tensors of the dataset's shape, IID split, lr 0.01):

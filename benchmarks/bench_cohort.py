@@ -1,7 +1,7 @@
 """Seconds per round of the sequential and stacked executors (the cohort-engine workloads).
 
-Workloads (random data of the right shape, so nothing is downloaded; `--full` for the issue's
-sizes, small defaults otherwise):
+Workloads (random data of the right shape, so nothing is downloaded; `--full` for the sizes
+below, small defaults otherwise):
 
 - `fedavg-mlp`: FedAvg, MLP 784-200-200-10, MNIST-shaped, 100 clients, Dirichlet(0.5), E=1, B=32;
 - `fednnnn-cnn`: FedNNNN, its Table-3 MNIST CNN (`cnn-fednnnn-mnist`), 100 clients, E=5, B=50;
@@ -136,7 +136,7 @@ def machine() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--full", action="store_true", help="the issue's sizes (slow on a CPU)")
+    ap.add_argument("--full", action="store_true", help="the full sizes of the module doc (slow on a CPU)")
     ap.add_argument("--only", default="", help="comma-separated workload names")
     ap.add_argument("--devices", default="", help="cpu,cuda (default: cpu, and cuda if available)")
     ap.add_argument("--out", default="", help="also write the markdown table here")

@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/fedhet-bench")
     ap.add_argument("--simulation", action="store_true", help="Flower's simulation runtime (Ray)")
     ap.add_argument("--cold", action="store_true",
-                    help="stock SuperNodes: a new ClientApp process per message (the old default)")
+                    help="Flower's stock SuperNodes: a new ClientApp process per message")
     args = ap.parse_args()
 
     from fedhet.deploy.launch import LocalFederation

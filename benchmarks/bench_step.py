@@ -9,6 +9,8 @@ Two figures per model and device:
   `hidden` setting, a few thousand parameters), 1 and 4 rows, mini-batches of one sample; the
   full-size model's one-sample step (`B=1` columns) adds the arithmetic of its weights (the
   FedNNNN CNN's 431k-parameter gradient and two convolutions are not negligible on a CPU).
+  Beside them, `eager PyTorch`: the miniature's step as a plain module and optimizer
+  (`eager_ms`), the floor the layers' own kernels set on this device.
 - **ops**: the ATen operations one such step dispatches (`torch.profiler`), the device-free
   measure of that cost (each is a kernel launch on a GPU);
 - **per row**: steps at the papers' mini-batch (`B`) with 1, 8 and 32 rows stacked: the
@@ -19,7 +21,9 @@ Random data of MNIST's shape; every figure is the median over `--repeats` timing
 steps each, after one warm-up, in this process's CPU time on a CPU (`time.process_time`: what
 other processes on a shared machine take is not counted) and in wall time on a GPU.
 `--path both` times the stacked program and the general `torch.func` (vmap) path on the same
-models in one run, so their ratio is measured under the same conditions.
+models in one run, so their ratio is measured under the same conditions. MOON's models
+(`moon-mlp`, `moon-cnn`) step with MOON's objective (`ContrastiveLoss`, each row with frozen
+global and previous models of its own), on the program through its rows form.
 
     python benchmarks/bench_step.py [--models mlp,cnn-fednnnn-mnist,cnn-mnist] [--device cpu]
         [--threads 1] [--steps 50] [--repeats 5] [--path auto|vmap|both] [--rows 1,8,32]
@@ -28,6 +32,7 @@ models in one run, so their ratio is measured under the same conditions.
 from __future__ import annotations
 
 import argparse
+import copy
 import platform
 import statistics
 import time
@@ -35,6 +40,8 @@ import time
 import numpy as np
 import torch
 
+from fedhet.algorithms.moon import ContrastiveLoss
+from fedhet.models.moon import ProjectionNet
 from fedhet.models.registry import MODELS, build_model
 from fedhet.training.allocator import keep_freed_memory
 from fedhet.training.cohort import CohortTrainer, SGDJob
@@ -42,8 +49,9 @@ from fedhet.training.flat import FlatModel
 from fedhet.training.local import BatchSchedule, LocalTrainer
 from fedhet.training.steps import SGDConfig
 
-PAPER_B = {"mlp": 50, "cnn-fednnnn-mnist": 50, "cnn-mnist": 50}
-"""The mini-batch the papers use with each model (FedSR's MLP, FedNNNN's and BHerd's CNNs)."""
+PAPER_B = {"mlp": 50, "cnn-fednnnn-mnist": 50, "cnn-mnist": 50, "moon-mlp": 50, "moon-cnn": 50}
+"""The mini-batch the papers use with each model (FedSR's MLP, FedNNNN's and BHerd's CNNs; MOON's
+models as FedSR's MNIST runs)."""
 
 
 def make(model_name: str, device: str, samples: int = 4096) -> tuple[CohortTrainer, FlatModel]:
@@ -89,12 +97,24 @@ def _schedule(n: int, batch: int, steps: int, seed: int) -> BatchSchedule:
     return BatchSchedule(torch.arange(n), batch, steps, np.random.default_rng(seed))
 
 
+def _loss(flat: FlatModel, row: int) -> ContrastiveLoss | None:
+    """MOON's objective for the MOON models (`moon-*`), with this row's own frozen global and
+    previous models; None (the model's cross-entropy) for the others."""
+    if not isinstance(flat.module, ProjectionNet):
+        return None
+    g = torch.Generator().manual_seed(row)
+    glob = flat.params + 0.01 * torch.randn(flat.params.shape, generator=g).to(flat.params.device)
+    prev = flat.params + 0.01 * torch.randn(flat.params.shape, generator=g).to(flat.params.device)
+    return ContrastiveLoss(flat.layers, glob, prev, mu=1.0, temperature=0.5)
+
+
 def time_steps(cohort: CohortTrainer, flat: FlatModel, rows: int, batch: int, steps: int,
                momentum: float = 0.0) -> float:
     """Seconds for `steps` stacked steps of `rows` clients at mini-batch `batch`."""
     n = len(cohort.y)
     cfg = SGDConfig(lr=0.01, momentum=momentum)
-    jobs = [SGDJob(flat.params.clone(), _schedule(n, batch, steps, r), cfg) for r in range(rows)]
+    jobs = [SGDJob(flat.params.clone(), _schedule(n, batch, steps, r), cfg, loss=_loss(flat, r))
+            for r in range(rows)]
     cuda = cohort.x.is_cuda
     start = _clock(cuda)
     cohort.sgd_many(jobs)
@@ -129,8 +149,34 @@ def sequential_ms(cohort: CohortTrainer, flat: FlatModel, batch: int, steps: int
 
     def once(k: int) -> float:
         start = _clock(cohort.x.is_cuda)
-        trainer.sgd(w0, _schedule(n, batch, k, 0), SGDConfig(lr=0.01))
+        trainer.sgd(w0, _schedule(n, batch, k, 0), SGDConfig(lr=0.01), loss_fn=_loss(flat, 0))
         return _clock(cohort.x.is_cuda) - start
+
+    once(3)
+    return statistics.median(once(steps) * 1000 / steps for _ in range(repeats))
+
+
+def eager_ms(cohort: CohortTrainer, flat: FlatModel, steps: int, repeats: int) -> float:
+    """The same step written as plain PyTorch: one `nn.Module` (a copy of the model), one
+    sample, `cross_entropy(...).backward()` and `torch.optim.SGD`. On the miniature it is the
+    floor PyTorch itself sets for these layers on this device, whatever a framework adds.
+    NaN for MOON's models (their step carries MOON's objective, not this one)."""
+    if isinstance(flat.module, ProjectionNet):
+        return float("nan")
+    module = copy.deepcopy(flat.module)
+    x, y = cohort.x[:1], cohort.y[:1]
+    if flat.channels_last and x.dim() == 4:
+        module = module.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(module.parameters(), lr=0.01)
+
+    def once(k: int) -> float:
+        start = _clock(x.is_cuda)
+        for _ in range(k):
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(module(x), y).backward()
+            opt.step()
+        return _clock(x.is_cuda) - start
 
     once(3)
     return statistics.median(once(steps) * 1000 / steps for _ in range(repeats))
@@ -153,10 +199,11 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     print(f"device {args.device} ({name}), torch {torch.__version__}, {args.threads} thread(s), "
           f"path {args.path}")
-    print("| model | path | host ms/step, 1 row | host ms/step, 4 rows | ms/step, 1 row, B=1 | "
+    print("| model | path | host ms/step, 1 row | host ms/step, 4 rows | host ms/step, eager PyTorch | "
+          "ms/step, 1 row, B=1 | "
           "ms/step, 4 rows, B=1 | ops/step, 4 rows | " +
           " | ".join(f"ms/step/row, {r} rows" for r in rows) + " | ms/step, sequential |")
-    print("|---|---|---|---|---|---|---|" + "---|" * len(rows) + "---|")
+    print("|---|---|---|---|---|---|---|---|" + "---|" * len(rows) + "---|")
     for model_name in args.models.split(","):
         for path in ("auto", "vmap") if args.path == "both" else (args.path,):
             cohort, flat = make(model_name, args.device)
@@ -169,6 +216,7 @@ def main() -> None:
             if path == "vmap":
                 small.program = None
             host = [median_ms(small, small_flat, r, 1, args.steps, args.repeats) for r in (1, 4)]
+            eager = eager_ms(small, small_flat, args.steps, args.repeats)
             one = median_ms(cohort, flat, 1, 1, args.steps, args.repeats)
             four = median_ms(cohort, flat, 4, 1, args.steps, args.repeats)
             ops = ops_per_step(cohort, flat, 4)
@@ -176,8 +224,8 @@ def main() -> None:
             per_row = [median_ms(cohort, flat, r, b, max(5, args.steps // r), args.repeats) / r
                        for r in rows]
             seq = sequential_ms(cohort, flat, b, args.steps, args.repeats)
-            print(f"| {model_name} (B={b}) | {used} | {host[0]:.2f} | {host[1]:.2f} | {one:.2f} | "
-                  f"{four:.2f} | {ops:.0f} | "
+            print(f"| {model_name} (B={b}) | {used} | {host[0]:.2f} | {host[1]:.2f} | {eager:.2f} | "
+                  f"{one:.2f} | {four:.2f} | {ops:.0f} | "
                   + " | ".join(f"{v:.2f}" for v in per_row) + f" | {seq:.2f} |", flush=True)
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Probe of BHerd-SCAFFOLD's collapse (docs/bherd.md "BHerd-SCAFFOLD on the digits MLP").
 
-Runs one BHerd-family run in-process (default: issue 14's digits setting, MLP, half-IID, 5
+Runs one BHerd-family run in-process (default: docs/bherd.md's digits setting, MLP, half-IID, 5
 clients, B = 16, E = 2, 10 rounds, seed 0) and records, per round and client, what the herd
 saw: `τ_i`, `m_i`, `‖μ_i‖` (the mean of the gradients the client herded, SCAFFOLD-corrected for
 `bherd-scaffold`), `‖G_i − μ_i‖` (the herd's error), mean and max `‖z^λ‖ = ‖g^λ − μ_i‖` (the
@@ -25,8 +25,8 @@ from fedhet.engine.assembly import assemble
 from fedhet.engine.config import config_of
 from fedhet.training.steps import Correction
 
-ISSUE = {"dataset": "digits", "model": "mlp", "partition": "half-iid", "clients": 5, "rounds": 10,
-         "seed": 0, "batch_size": 16, "local_epochs": 2}
+DIGITS_MLP = {"dataset": "digits", "model": "mlp", "partition": "half-iid", "clients": 5, "rounds": 10,
+              "seed": 0, "batch_size": 16, "local_epochs": 2}
 
 
 def probe(settings: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[int, list[dict]], dict]:
@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--client", type=int, default=4, help="the client shown in detail (0-based)")
     args = ap.parse_args()
-    settings = {**ISSUE, "algorithm": args.algorithm}
+    settings = {**DIGITS_MLP, "algorithm": args.algorithm}
     for item in args.set:
         key, _, value = item.partition("=")
         settings[key] = value

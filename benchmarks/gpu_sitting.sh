@@ -9,7 +9,7 @@
 # the project's profiling script copied to tools/gpu_step_profile.py beforehand (it lives in
 # shared/tools/, outside the checkout; skipped with a line when absent). DEVICE defaults to
 # cuda; `cpu` is the dry run (small step counts, no re-measurement, no campaign minutes).
-# Everything it writes goes under OUT: step.md, rings.md, devcheck.txt, results.tar.gz, removed.txt,
+# Everything it writes goes under OUT: step.md, rings.md, server.md, conv.md, devcheck.txt, results.tar.gz, removed.txt,
 # paper-scale.md, sitting.log.
 set -u
 out=${1:?usage: gpu_sitting.sh OUT MINUTES [DEVICE]}
@@ -40,6 +40,14 @@ timeout 100 "$py" benchmarks/bench_rings.py --device "$device" --data-dir data $
   --algorithms ring --runs 8 --modes chains --repeats 1 >> "$out/rings.md" 2>&1 \
   || echo "bench_rings (8 runs): exit $? (see rings.md)"
 cat "$out/rings.md"
+timeout 60 "$py" benchmarks/bench_server.py --device "$device" --repeats 3 > "$out/server.md" 2>&1 \
+  || echo "bench_server: exit $? (see server.md)"
+cat "$out/server.md"
+if [ "$device" = cpu ]; then convrows="--rows 1 --repeats 1"; else convrows="--rows 1,8,32,100"; fi
+# shellcheck disable=SC2086
+timeout 90 "$py" benchmarks/bench_conv.py --device "$device" $convrows > "$out/conv.md" 2>&1 \
+  || echo "bench_conv: exit $? (see conv.md)"
+cat "$out/conv.md"
 used=$(( ($(date +%s) - start) / 60 ))
 left=$(python3 -c "print(max(0.5, $minutes - $used))")
 # shellcheck disable=SC2086

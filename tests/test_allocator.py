@@ -1,4 +1,4 @@
-"""The allocator settings of a CPU run (`fedhet.training.allocator`, issue 31): a step's
+"""The allocator settings of a CPU run (`fedhet.training.allocator`): a step's
 activations reuse the previous step's pages instead of fresh zero-filled ones, and
 `FEDHET_MALLOC` chooses, with one clear line for a wrong value. Each case runs in a process of
 its own, as the settings are per process and set once."""

@@ -273,9 +273,10 @@ def test_scaffold_option_two_with_momentum_is_the_weighted_mean_gradient():
         assert torch.allclose(sim.side.clients.states[i].c_i, e[i], atol=1e-5)
 
 
-def test_scaffold_with_momentum_learns_where_it_used_to_diverge():
-    """Digits MLP, 10 Dirichlet clients, momentum 0.9, 2 local epochs: the setting in which
-    dividing by τ_i η sent ‖c‖ to NaN by round 8; SCAFFOLD must now learn as well as FedAvg."""
+def test_scaffold_with_momentum_learns_as_well_as_fedavg():
+    """Digits MLP, 10 Dirichlet clients, momentum 0.9, 2 local epochs: a setting in which option
+    II divided by `τ_i η` instead of `a_i η` sends ‖c‖ to NaN by round 8 (scaffold.py's module
+    doc); SCAFFOLD must learn as well as FedAvg."""
     settings = {
         "clients": 10, "rounds": 12, "lr": 0.01, "momentum": 0.9, "batch_size": 16,
         "local_epochs": 2, "local_steps": 0, "model_params": {}, "eval_every": 12,
@@ -291,7 +292,7 @@ def test_scaffold_with_momentum_learns_where_it_used_to_diverge():
 
 @pytest.mark.parametrize("name", ["fedavgm", "fednnnn", "norm-norm"])
 def test_gamma_is_a_deprecated_alias_of_server_momentum(name, capsys):
-    """One name per quantity: the old spelling gives the same parameters with a note on stderr;
+    """One name per quantity: the deprecated `gamma` gives the same parameters with a note on stderr;
     giving both is an error."""
     from fedhet.registry import _WARNED
 

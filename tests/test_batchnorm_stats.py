@@ -1,4 +1,4 @@
-"""BatchNorm running statistics are aggregated as the model is (issue 14 items 3–4).
+"""BatchNorm running statistics are aggregated as the model is.
 
 A small MLP with one BatchNorm layer on digits; each test records what every device received
 and returned, and checks the engine's statistics against the hand-computed average.

@@ -230,9 +230,9 @@ def test_resume_from_a_checkpoint_continues_exactly(tmp_path, algorithm):
 
 
 def test_bherd_scaffold_keeps_learning_on_the_mlp_with_its_guard():
-    """Issue 14: digits, MLP, half-IID, 5 clients, B = 16, E = 2, 10 rounds, seed 0. Without the
-    guard (`max_herd_error = 0`) BHerd-SCAFFOLD fell to 0.27 (best 0.45 in round 4) while FedAvg
-    reached 0.73: the herd's error outgrew the small SCAFFOLD-corrected mean on the one-label
+    """Digits, MLP, half-IID, 5 clients, B = 16, E = 2, 10 rounds, seed 0. Without the guard
+    (`max_herd_error = 0`) BHerd-SCAFFOLD falls to 0.27 (best 0.45 in round 4) while FedAvg
+    reaches 0.73: the herd's error outgrew the small SCAFFOLD-corrected mean on the one-label
     clients (docs/bherd.md). With the guard (its default) it must end at FedAvg's level or above."""
     mlp = {"dataset": "digits", "model": "mlp", "partition": "half-iid", "clients": 5,
            "rounds": 10, "batch_size": 16, "local_epochs": 2, "seed": 0, "lr": 0.05}

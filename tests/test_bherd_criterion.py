@@ -1,4 +1,4 @@
-"""BHerd's herding criterion (`algorithm.criterion`, issue 26 item 2a), by hand.
+"""BHerd's herding criterion (`algorithm.criterion`), by hand.
 
 Five 1-D rows `x = (5, 2, 4, 3, −9)`, mean 1, centred `z = (4, 1, 3, 2, −10)`.
 

@@ -180,7 +180,7 @@ def test_guard_report_counts_fallbacks(tmp_path):
                         "| 1.0 ± 1.4 |")
 
 
-def test_issue26_studies_pair_against_fedavg_of_the_same_setup():
+def test_studies_pair_against_fedavg_of_the_same_setup():
     """2a-2c: the first method is FedAvg in the study's setup; ref40 runs get reference [40]'s
     settings, the batch study the paper's best B per case (Case 3's B = 50 run is the default
     run's directory, so it is shared with the other studies)."""

@@ -60,7 +60,7 @@ def _plan(tmp: Path, scale: str = "paper") -> list[tables.CampaignRun]:
 def test_headline_cells_first_then_their_seeds_then_the_rest(tmp_path: Path) -> None:
     plan = _plan(tmp_path)
     head = [(r.table, r.spec.group, r.spec.label, r.seed) for r in plan if r.tier == 0]
-    # the order: each paper's headline pair, seed 0, before anything else
+    # the campaign's order (papers/campaign/tables.py): each paper's headline pair, seed 0, first
     assert head == [
         ("fednnnn-mnist", "MNIST NonIID-UB", "FedAvg", 0), ("fednnnn-mnist", "MNIST NonIID-UB", "FedNNNN", 0),
         ("fedsr-mnist", "MNIST xi=2", "FedAvg", 0), ("fedsr-mnist", "MNIST xi=2", "FedSR", 0),

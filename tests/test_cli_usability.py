@@ -1,4 +1,4 @@
-"""The command line as researchers use it (issue 24): did-you-mean, names in any case, kebab
+"""The command line as researchers use it: did-you-mean, names in any case, kebab
 settings, `config show`, `list`'s engine settings, shipped files by name, a missing `--out`,
 progress in a log file and the Ctrl-C line. Every run here is digits with 1–3 rounds."""
 

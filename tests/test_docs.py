@@ -1,4 +1,4 @@
-"""Docs that travel (issue 32): the user docs are package data, `fedhet docs [TOPIC]` prints or
+"""Docs that travel: the user docs are package data, `fedhet docs [TOPIC]` prints or
 locates them, and every doc a help text, an error or a report page names is one an installed
 wheel has.
 

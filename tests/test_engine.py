@@ -45,7 +45,7 @@ def test_sampling_fraction_and_determinism():
 
 
 def test_a_simulation_holds_what_the_loop_changes_and_reads_the_rest_from_its_parts():
-    """Issue 39: the loop's own state is all a `Simulation` keeps; parts handed in after
+    """The loop's own state is all a `Simulation` keeps; parts handed in after
     assembly (`sim.parts.runner`, `sim.side.executor`) are the ones the loop then uses."""
     sim = assemble(config_of({"dataset": "digits", "clients": 3, "rounds": 2}), log=lambda _: None)
     runner, rounds = sim.parts.runner, []

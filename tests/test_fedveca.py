@@ -139,8 +139,8 @@ def test_beta_delta_on_quadratic_match_closed_form(h):
 
 def test_weight_decay_is_part_of_the_local_gradient_and_of_beta():
     """Local steps descend `½ h‖w − c‖² + (λ/2)‖w‖²`, so `∇F_i(w_k)` must include `λ w_k` and,
-    for an isotropic `h`, `β` is the curvature of that objective, `h + λ` (issue 14 item 2:
-    without `λ w_k` in `∇F_i`, β compared gradients of two different objectives)."""
+    for an isotropic `h`, `β` is the curvature of that objective, `h + λ` (without `λ w_k` in
+    `∇F_i`, β would compare gradients of two different objectives)."""
     h, c, w0 = torch.full((3,), 2.0), torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.4, 1.0, -3.0])
     eta, lam, tau = 0.05, 0.5, 6
     algo, _ = quadratic_client(h, c, w0, eta)
@@ -155,7 +155,7 @@ def test_weight_decay_is_part_of_the_local_gradient_and_of_beta():
 
 def test_server_step_and_A_use_the_rounds_learning_rate():
     """Under a schedule the clients step with `η_k`; the server's `w − η_k τ_k d_k` and
-    `A = η_k β² δ` must use the same `η_k`, not the run's initial `η` (issue 14 item 1)."""
+    `A = η_k β² δ` must use the same `η_k`, not the run's initial `η`."""
     info = RunInfo(2, 5, 0.1, 0.0, 0.0, 0, 2, ())
     algo = FedVeca(FedVecaParams(), info)
     state = dataclasses.replace(
@@ -374,7 +374,7 @@ def test_preset_structure():
         assert f"svm-mnist-even-odd-case{case}-s0" in keys
     assert {"cnn-mnist-mnist-case3-s9", "cnn-cifar-cifar10-case3-s9"} <= keys
     g = next(g for g in paper if g.key == "svm-mnist-even-odd-case3-s0")
-    # the default SVM setup is reference [40]'s (issue 26, 2b); `fedhet`: standardised pixels, B = 32
+    # the default SVM setup is reference [40]'s; `fedhet`: standardised pixels, B = 32
     assert g.settings | {"seed": 0} == {
         "dataset": "mnist-even-odd", "model": "svm", "partition": "half-iid", "clients": 5,
         "rounds": 100, "lr": 0.01, "batch_size": 100, "seed": 0, "train_loss": True,
@@ -421,8 +421,8 @@ def test_preset_settings_resolve():
 
 
 def test_fair_protocol_cli(tmp_path, capsys):
-    """`fedhet reproduce fedveca --protocol fair` on the user's settings; the former
-    `fedveca-compare` verb is gone (an unknown command)."""
+    """`fedhet reproduce fedveca --protocol fair` on the user's settings, and one error line for
+    each option it does not take."""
     out = tmp_path / "cli"
     assert main(["reproduce", "fedveca", "--protocol", "fair", "-a", "fedavg", "--out", str(out)]) == 2
     assert "drop --algorithm" in capsys.readouterr().err

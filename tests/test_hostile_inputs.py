@@ -1,5 +1,5 @@
 """Damaged files and hostile arguments: one `error:` line, exit 2, and nothing already saved
-changed (issue 33, item 5).
+changed.
 
 Every file fedhet reads back (a run's config.json, summary.json, metrics.csv, diagnostics.jsonl
 and checkpoints; a grid's grid.json and grid.toml; the result files of `paper-scale`; the
@@ -742,7 +742,7 @@ def test_an_unnamed_first_column_is_an_index_whatever_it_holds(capsys, tmp_path)
         assert not out.exists()
 
 
-# -- user code that raises mid-run (issue 40, item 2) ---------------------------------------------
+# -- user code that raises mid-run ---------------------------------------------------------------
 BAD_ALGORITHMS = '''\
 from pathlib import Path
 from dataclasses import dataclass, replace

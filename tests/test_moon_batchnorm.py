@@ -1,4 +1,4 @@
-"""MOON with a BatchNorm encoder (issue 26 item 5): the frozen global and previous models are
+"""MOON with a BatchNorm encoder: the frozen global and previous models are
 evaluated in eval mode with their own running statistics, and their passes leave the client's
 statistics alone, on the sequential path and in the cohort (stacked executor)."""
 

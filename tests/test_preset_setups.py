@@ -1,5 +1,5 @@
 """`fedhet reproduce fedveca|bherd --setup NAME`: the SVM runs of a preset in fedhet's setup or in
-reference [40]'s (issue 26, 2b), the other runs untouched, and one error line for a setup that
+reference [40]'s, the other runs untouched, and one error line for a setup that
 does not exist, a paper without setups, the smoke scale, `--protocol` and the campaign."""
 
 from __future__ import annotations

@@ -97,8 +97,53 @@ def test_only_a_sequence_that_is_the_forward_becomes_a_program():
     assert StackedProgram.of(FlatModel(nn.Sequential(nn.Linear(8, 4), nn.Softmax(1))), x) is None
     bn = build_model("cnn-fednnnn-cifar", (3, 32, 32), 10, MODELS.get("cnn-fednnnn-cifar").params())
     assert StackedProgram.of(FlatModel(bn), (3, 32, 32)) is None  # BatchNorm: the vmap path
-    moon = build_model("moon-mlp", (64,), 10, MODELS.get("moon-mlp").params())
-    assert StackedProgram.of(FlatModel(moon), (64,)) is None
+
+
+@pytest.mark.parametrize(("name", "shape"), [("moon-mlp", (64,)), ("moon-cnn", (1, 20, 20))])
+def test_moon_models_tap_z_after_the_projection(name, shape):
+    """MOON's models are programs whose tap is the projection's output: the tapped `(R, 256, B)`
+    equals `forward(x, with_z=True)`'s `z` of each row's model."""
+    model = _model(name, shape)
+    program = StackedProgram.of(model, shape)
+    assert program is not None and program.tap is not None
+    x = torch.rand(4, *shape, generator=torch.Generator().manual_seed(2))
+    w = torch.stack([_model(name, shape, seed=s).params for s in range(2)])
+    samples = x.unsqueeze(1).expand(4, 2, *shape) if program.image_input \
+        else x.unsqueeze(0).expand(2, *x.shape)
+    logits, z = program.forward_tapped(program.leaves(w), samples)
+    assert z is not None
+    for r in range(2):
+        model.params.copy_(w[r])
+        out, z_ref = model.module(x, with_z=True)
+        assert torch.allclose(z[r].t(), z_ref, rtol=1e-4, atol=1e-5)
+        assert torch.allclose(logits[r].t(), out, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "shape"), [("moon-mlp", (64,)), ("moon-cnn", (1, 20, 20))])
+def test_moons_objective_on_the_program_equals_vmap(name, shape):
+    """MOON's `CE + μ ℓ_con` with each row's own frozen global and previous models: the
+    program's gradients and losses equal the vmap path's (the loss's per-client form)."""
+    from fedhet.algorithms.moon import ContrastiveLoss
+
+    model = _model(name, shape)
+    x, y = _data(shape, n=48)
+    cohort = CohortTrainer(model, x, y, log=lambda s: None)
+    assert cohort.program is not None
+    rows = 3
+    w = torch.stack([_model(name, shape, seed=s).params for s in range(rows)])
+    glob = torch.stack([_model(name, shape, seed=10 + s).params for s in range(rows)])
+    prev = torch.stack([_model(name, shape, seed=20 + s).params for s in range(rows)])
+    loss = ContrastiveLoss(model.layers, glob[0], prev[0], mu=2.0, temperature=0.5)
+    assert cohort.program.runs(loss)
+    batch = torch.stack([torch.randperm(48, generator=torch.Generator().manual_seed(s))[:6]
+                         for s in range(rows)])
+    bufs = torch.zeros(rows, 0)
+    g_program, l_program, _ = cohort.gradients(w, bufs, batch, loss, (glob, prev))
+    program, cohort.program = cohort.program, None  # the general path, same inputs
+    g_vmap, l_vmap, _ = cohort.gradients(w, bufs, batch, loss, (glob, prev))
+    cohort.program = program
+    assert torch.allclose(g_program, g_vmap, rtol=1e-4, atol=1e-6)
+    assert torch.allclose(l_program, l_vmap, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn-mnist"])

@@ -1,4 +1,4 @@
-"""The setup of the papers' reference [40] (issue 26 item 2b): the squared SVM without a bias
+"""The setup of the papers' reference [40]: the squared SVM without a bias
 and from zero weights (`model.bias=false`, `model.init=zeros`), on the closed-form stacked path
 and through the engine."""
 

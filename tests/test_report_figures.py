@@ -1,4 +1,4 @@
-"""Report pages a reviewer can trust (issue 32): figures whose text all lies on the canvas at any
+"""Report pages a reviewer can trust: figures whose text all lies on the canvas at any
 grid size, per-client panels that never mix different clients, one FedVeca figure per cell, a
 16-run page under about 4 screens, settings that say what decided a value, no empty columns, a
 provenance block, and a note where the paper has no numbers.
@@ -47,7 +47,7 @@ seed = {seeds}
 """
 LONG = ('{ partition = "dirichlet", "partition.alpha" = 0.123456789, "partition.min_size" = 2, '
         '"partition.max_tries" = 5000 }')
-"""A partition whose name is long: its heatmap's title ran past the left edge before issue 32."""
+"""A partition whose name is long: its heatmap's title must be wrapped to stay on the canvas."""
 
 
 def text_outside(fig: Figure) -> list[str]:

@@ -1,4 +1,4 @@
-"""Report pages say what was compared (issue 24): a settings block with the runs' shared settings,
+"""Report pages say what was compared: a settings block with the runs' shared settings,
 column headers that name a varying setting in full, published numbers only beside runs of their
 setting, diagnostics without flat series and aggregated over seeds, captions that match the
 plots, accuracies in percent, wide tables that scroll, bold only where it means something."""

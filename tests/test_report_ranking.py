@@ -1,4 +1,4 @@
-"""Which cell is bold (issue 32): one rule, `results.RANKING_RULE`, tried on hand-made results.
+"""Which cell is bold: one rule, `results.RANKING_RULE`, tried on hand-made results.
 
 Reference lines are never ranked; every method is judged on the seeds all of them ran; a method
 that reached the target (or did not diverge) in more seeds ranks above one that did in fewer;

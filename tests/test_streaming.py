@@ -78,6 +78,55 @@ def test_weighted_mean_equals_weighted_sum(weighting):
     assert acc.scalar("train_loss") == pytest.approx(loss, rel=1e-12)
 
 
+def _streamed(replies, weighting="samples", scale=None):
+    """The weighted mean summed reply by reply in float64, the rule's plain reading."""
+    acc = torch.zeros(D, dtype=torch.float64)
+    total = 0.0
+    for r in replies:
+        w = 1.0 if weighting == "uniform" else r.message.scalars["num_samples"]
+        total += w
+        acc += w * (scale(r) if scale else 1.0) * r.message.tensors["delta"].double()
+    return acc, total
+
+
+@pytest.mark.parametrize("rows, block_bytes", [(1024, 0), (3, 10**9), (1024, 5 * D * 4), (1024, 10**9)])
+def test_blocks_of_any_size_give_the_streamed_sum(monkeypatch, rows, block_bytes):
+    """Summed one reply at a time (`block_bytes=0`), in blocks of 3 or of 5 replies, or all in
+    one stacked product: the float64 sums agree to float64 rounding, and the mean to float32."""
+    monkeypatch.setattr(WeightedMean, "blocks_on_cpu", True)
+    monkeypatch.setattr(WeightedMean, "block_rows", rows)
+    monkeypatch.setattr(WeightedMean, "block_bytes", block_bytes)
+    replies = random_replies(3, range(11))
+    scale = lambda r: r.message.scalars["steps"] * 0.5  # noqa: E731
+    acc = WeightedMean()
+    for r in replies:
+        acc.add(r, ("delta",))
+    want, total = _streamed(replies)
+    assert acc.total == total and acc.count == 11
+    assert torch.allclose(acc.sum("delta"), want, rtol=1e-13, atol=1e-13)
+    assert torch.allclose(acc.mean("delta"), (want / total).float(), rtol=1e-6, atol=1e-7)
+    scaled = WeightedMean("uniform")
+    for r in replies:
+        scaled.add(r, ("delta",), scale={"delta": scale(r)})
+    want, total = _streamed(replies, "uniform", scale)
+    assert torch.allclose(scaled.sum("delta"), want, rtol=1e-13, atol=1e-13)
+
+
+def test_a_block_holds_at_most_its_bytes(monkeypatch):
+    """Vectors wait in a block only up to `block_bytes` (bounded memory whatever the clients):
+    with room for 4 vectors, a 4th reply sums the block and nothing waits."""
+    monkeypatch.setattr(WeightedMean, "blocks_on_cpu", True)
+    monkeypatch.setattr(WeightedMean, "block_bytes", 4 * D * 4)
+    acc = WeightedMean()
+    replies = random_replies(5, range(9))
+    waiting = []
+    for r in replies:
+        acc.add(r, ("delta",))
+        waiting.append(len(acc._blocks.get("delta", ([], []))[0]))
+    assert waiting == [1, 2, 3, 0, 1, 2, 3, 0, 1]
+    assert "delta" in acc and "w" not in acc
+
+
 # -- each algorithm against the previous all-at-once rule ----------------------------------
 def reference(name: str, state: ServerState, replies: list[Reply]) -> dict[str, torch.Tensor]:
     """The rules as they were written over a list of replies (before streaming): the expected
@@ -169,3 +218,39 @@ def test_an_empty_stream_is_refused():
     algo = build("fedavg")
     with pytest.raises(ValueError, match="at least one reply"):
         algo.aggregate(algo.init(torch.zeros(D)), 0, iter(()))
+
+
+@pytest.mark.parametrize("block_bytes", [0, 4 * D * 4, 10**9])
+def test_nwda_layer_norms_in_blocks_equal_each_reply_alone(monkeypatch, block_bytes):
+    """FedNNNN's per-client layer norms `‖Δ_(i,ℓ)‖²` (eq. 5's inputs), stacked in blocks of any
+    size, equal the norms of each update taken alone, and the weights follow the replies."""
+    from fedhet.algorithms.nwda import LayerIndex, NWDACollector
+
+    monkeypatch.setattr(WeightedMean, "blocks_on_cpu", True)
+    monkeypatch.setattr(WeightedMean, "block_bytes", block_bytes)
+    index = LayerIndex(LAYERS, D)
+    replies = random_replies(11, range(9))
+    collect = NWDACollector(index)
+    acc = WeightedMean()
+    for r in replies:
+        collect(r, acc.add(r, ("delta",)))
+    stats = collect.stats(acc, acc.mean("delta"))
+    by_hand = torch.tensor([[float(r.message.tensors["delta"][layer.start:layer.stop].double().square().sum())
+                             for layer in LAYERS] for r in replies], dtype=torch.float64)
+    assert stats.client_sq.shape == (9, len(LAYERS))
+    assert torch.allclose(stats.client_sq, by_hand, rtol=1e-12, atol=0)
+    sizes = torch.tensor([r.message.scalars["num_samples"] for r in replies], dtype=torch.float64)
+    assert torch.allclose(stats.p, sizes / sizes.sum(), rtol=1e-15)
+
+
+def test_on_a_cpu_each_reply_is_summed_as_it_comes():
+    """By default a CPU vector never waits (`blocks_on_cpu` off): the sum after each reply is
+    `Σ_i w_i v_i` so far, bit for bit the fused float64 accumulation `S ← S + w_i v_i`."""
+    replies = random_replies(13, range(6))
+    acc = WeightedMean()
+    want = torch.zeros(D, dtype=torch.float64)
+    for r in replies:
+        acc.add(r, ("delta",))
+        assert not acc._blocks
+        want.add_(r.message.tensors["delta"].double(), alpha=r.message.scalars["num_samples"])
+        assert torch.equal(acc._sums["delta"], want)

@@ -1,4 +1,4 @@
-"""The errors a new user met on the way (issue 32), each one line that says what to do."""
+"""The errors a new user meets on the way, each one line that says what to do."""
 
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ def herding_order_direct(x: torch.Tensor, criterion: Criterion = "greedy") -> to
     tol = TIE_TOLERANCE * float((z * z).sum(1).max()) if len(z) else 0.0
     s = torch.zeros(z.shape[1], dtype=torch.float64, device=z.device)
     left = list(range(z.shape[0]))
-    order = []
+    order: list[int] = []
     while left:
         t = len(order) if criterion == "grab-stale" else 1
         sq = [float(torch.linalg.vector_norm(t * s + z[j])) ** 2 - t * t * float(s @ s)
@@ -526,7 +526,7 @@ class _BHerdBase(Algorithm):
 
 def _step(acc: WeightedMean, factor: float = 1.0) -> torch.Tensor:
     """`factor · Σ_i p_i scale_i G_i` (float64 until the end, as `weighted_sum`)."""
-    return (acc.sums["G"] * (factor / acc.total)).to(torch.float32)
+    return (acc.sum("G") * (factor / acc.total)).to(torch.float32)
 
 
 @ALGORITHMS.register("bherd", BHerdParams, "BHerd-FedAvg: herd local gradients, keep ⌊ατ⌋ (eq. 7)")

@@ -115,18 +115,20 @@ class FedNova(Algorithm):
         returned."""
         acc = WeightedMean(self.params.weighting)
         a: dict[int, float] = {}
-        lr = None
+        lr: float | None = None
         for r in replies:
             acc.add(r, ("d",), (*CLIENT_SCALARS, "a"))
             a[r.client_id] = r.message.scalars["a"]
             if lr is None:
                 lr = r.message.scalars["lr"]
         require_replies(acc.count)
+        assert lr is not None, "set by the first reply, and require_replies refused none"
         tau_eff = acc.scalar("a" if self.params.tau_eff == "normaliser" else "steps")
         step = acc.mean("d").mul_(tau_eff)
         u = state.u
         if self.params.server_momentum:
-            u = step = state.u.mul(self.params.server_momentum).add_(step)
+            assert u is not None, "init keeps a momentum buffer when server_momentum > 0"
+            u = step = u.mul(self.params.server_momentum).add_(step)
         new = replace(state, w=state.w - lr * step, u=u)
         diag: dict[str, Any] = client_diagnostics(acc)
         diag["tau_eff"] = tau_eff

@@ -339,7 +339,7 @@ class FedVeca(Algorithm):
         w_k = state.w
         A = [math.nan] * len(replies)
         L_k, L = math.nan, state.L
-        if round >= 1 and state.grad_last is not None:
+        if round >= 1 and state.grad_last is not None and state.w_last is not None:
             L_k = smoothness(state.grad_last, state.w_last, state.grad_last2, state.w_last2)
             if math.isfinite(L_k):
                 L = _nanmax(state.L, L_k)

@@ -138,7 +138,7 @@ def with_buffers(tensors: dict[str, torch.Tensor], buffers: torch.Tensor | None)
 
 def mean_buffers(acc: WeightedMean) -> torch.Tensor | None:
     """The `p`-weighted mean of the replies' BatchNorm statistics, None when they carry none."""
-    return acc.mean(BUFFERS) if BUFFERS in acc.sums else None
+    return acc.mean(BUFFERS) if BUFFERS in acc else None
 
 
 def buffer_names(reply: Reply) -> tuple[str, ...]:

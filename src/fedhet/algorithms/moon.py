@@ -23,7 +23,7 @@ frozen models, the gradient over their parameters).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -122,10 +122,11 @@ class ContrastiveLoss(StackableLoss):
         temperature: float, b_glob: torch.Tensor | None = None, b_prev: torch.Tensor | None = None,
     ) -> None:
         self.layers = layers
-        self.with_buffers = b_glob is not None and b_glob.numel() > 0
-        if self.with_buffers:
+        if b_glob is not None and b_glob.numel() > 0:
+            self.with_buffers = True
             self.frozen = (w_glob, b_glob, w_prev, b_glob if b_prev is None else b_prev)
         else:
+            self.with_buffers = False
             self.frozen = (w_glob, w_prev)
         self.mu = mu
         self.temperature = temperature
@@ -155,6 +156,30 @@ class ContrastiveLoss(StackableLoss):
         out, z = module(x, with_z=True)
         z_glob, z_prev = targets
         return objective(module, out, y) + self.mu * contrastive_loss(z, z_glob, z_prev, self.temperature)
+
+    @property
+    def on_program(self) -> bool:
+        """The rows form reads `z` from the program's tap; with BatchNorm statistics (which no
+        program has) the loss stays on vmap."""
+        return not self.with_buffers
+
+    def rows_targets(self, represent: Callable[[torch.Tensor], torch.Tensor], *frozen: torch.Tensor) -> tuple:
+        """`(z_glob, z_prev)` of every row, `(R, 256, B)`: the stacked frozen models' `z`."""
+        w_glob, w_prev = frozen
+        return represent(w_glob), represent(w_prev)
+
+    def rows_loss(self, logits: torch.Tensor, tapped: torch.Tensor, y: torch.Tensor,
+                  targets: tuple) -> torch.Tensor:
+        """Each row's `CE + μ ℓ_con` (MOON eq. 3) over its mini-batch: `logits (R, K, B)`, `z`
+        = `tapped (R, 256, B)`; `ℓ_con = −log(e^{s⁺} / (e^{s⁺} + e^{s⁻}))`, `s⁺ = cos(z, z_glob)/T`,
+        `s⁻ = cos(z, z_prev)/T` (`contrastive_loss` per row)."""
+        z_glob, z_prev = targets
+        ce = F.cross_entropy(logits, y, reduction="none").mean(dim=1)
+        pos = F.cosine_similarity(tapped, z_glob, dim=1) / self.temperature  # (R, B)
+        neg = F.cosine_similarity(tapped, z_prev, dim=1) / self.temperature
+        pair = torch.stack([pos, neg], dim=1)  # (R, 2, B): the positive is class 0
+        con = F.cross_entropy(pair, torch.zeros_like(y), reduction="none").mean(dim=1)
+        return ce + self.mu * con
 
 
 @ALGORITHMS.register("moon", MoonParams, "MOON: local CE + μ model-contrastive loss, FedAvg server",

@@ -13,17 +13,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TypeVar
+from dataclasses import Field, dataclass, replace
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 
-from fedhet.algorithms.base import Reply, ServerState, WeightedMean, weighted_sum
+from fedhet.algorithms.base import Reply, WeightedMean, weighted_sum
 from fedhet.training.flat import Layer
 
 KINDS = ("conv", "fc", "norm", "other")
-S = TypeVar("S", bound=ServerState)
-"""A server state with a `cum_move` field (`FedAvgState`, `FedNNNNState`)."""
+
+
+class MovingState(Protocol):
+    """A server state dataclass with a `cum_move` field (`FedAvgState`, `FedNNNNState`)."""
+
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+
+    @property
+    def w(self) -> torch.Tensor: ...
+
+    @property
+    def cum_move(self) -> float: ...
+
+
+S = TypeVar("S", bound=MovingState)
+"""The state type `nwda_record` is given and returns."""
 
 
 # -- NWDA: pure functions on flat vectors ---------------------------------------------------
@@ -57,8 +71,14 @@ class LayerIndex:
         return len(self.layers)
 
     def sq_norms(self, v: torch.Tensor) -> torch.Tensor:
-        """`‖v_ℓ‖²` for each layer `ℓ` (float64)."""
+        """`‖v_ℓ‖²` for each layer `ℓ` (float64): shape `(L,)` for a vector `(d,)` (one
+        segment sum over the layers' coordinates), `(n, L)` for `n` vectors stacked `(n, d)`
+        (a sum over each layer's slice of every row: contiguous reads, where a segment sum
+        along the rows would gather columns)."""
         v = v.to(torch.float64)
+        if v.dim() == 2:
+            return torch.stack([v[:, layer.start : layer.stop].square().sum(dim=1)
+                                for layer in self.layers], dim=1)
         out = torch.zeros(len(self), dtype=torch.float64, device=v.device)
         return out.index_add_(0, self._ids_on(v.device), v * v)
 
@@ -124,20 +144,37 @@ def nwda_diagnostics(
 
 class NWDACollector:
     """NWDA statistics gathered in one pass: per reply only its `L` squared layer norms are kept
-    (an `m × L` table of scalars), never the update itself; `Δ̄` comes from the streaming mean."""
+    (an `m × L` table of scalars); `Δ̄` comes from the streaming mean. The updates wait in
+    blocks as `WeightedMean`'s do (`WeightedMean.block_bytes`, `blocks_on_cpu`), and a
+    block's norms are one sum per layer over the stacked `(n, d)` updates."""
 
     def __init__(self, index: LayerIndex) -> None:
         self.index = index
         self.rows: list[torch.Tensor] = []
+        """`(n, L)` squared layer norms, one block of replies each."""
         self.weights: list[float] = []
+        self._waiting: list[torch.Tensor] = []
 
     def __call__(self, reply: Reply, weight: float) -> None:
-        self.rows.append(self.index.sq_norms(reply.message.tensors["delta"]))
+        delta = reply.message.tensors["delta"]
+        self._waiting.append(delta)
         self.weights.append(weight)
+        if len(self._waiting) >= WeightedMean.block_rows \
+                or len(self._waiting) * delta.numel() * 4 >= WeightedMean.block_bytes \
+                or (delta.device.type == "cpu" and not WeightedMean.blocks_on_cpu):
+            self._flush()
+
+    def _flush(self) -> None:
+        if len(self._waiting) == 1:
+            self.rows.append(self.index.sq_norms(self._waiting[0]).unsqueeze(0))
+        elif self._waiting:
+            self.rows.append(self.index.sq_norms(torch.stack(self._waiting)))
+        self._waiting = []
 
     def stats(self, acc: WeightedMean, delta_bar: torch.Tensor) -> NWDA:
+        self._flush()
         p = torch.tensor(self.weights, dtype=torch.float64, device=delta_bar.device) / acc.total
-        return NWDA(p, delta_bar, self.index.sq_norms(delta_bar), torch.stack(self.rows))
+        return NWDA(p, delta_bar, self.index.sq_norms(delta_bar), torch.cat(self.rows))
 
 
 def nwda_record(old: S, new: S, stats: NWDA, index: LayerIndex) -> tuple[S, dict[str, float]]:

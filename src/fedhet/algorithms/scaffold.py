@@ -116,7 +116,7 @@ def variate_step(acc: WeightedMean, num_clients: int) -> torch.Tensor:
     """The server's `c` increment `(|S|/N) Σ_S p_i Δc_i`, with the weights of the model mean
     (`acc` has accumulated `delta_c` over the `|S|` clients that returned)."""
     share = acc.count / num_clients
-    return (acc.sums["delta_c"] * (share / acc.total)).to(torch.float32)
+    return (acc.sum("delta_c") * (share / acc.total)).to(torch.float32)
 
 
 def corrected(c: torch.Tensor, c_i: torch.Tensor | None) -> Correction:

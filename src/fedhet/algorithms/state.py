@@ -22,7 +22,7 @@ The engine reaches states only through the functions at the end of this module.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import MISSING, Field, dataclass, fields, replace
 from typing import Any, ClassVar, Protocol, Self
 
 import numpy as np
@@ -67,6 +67,10 @@ class Record:
     RENAMED: ClassVar[dict[str, str]] = {}
     """Keys of older records → the fields they became."""
 
+    __dataclass_fields__: ClassVar[dict[str, Field[Any]]]
+    """Declared, not set: every state class derived from `Record` is a dataclass, which sets it
+    (so that `dataclasses.fields` accepts a `Record`)."""
+
     def to_record(self) -> dict[str, Any]:
         """`{field: value}` for every field; the values are checked to be plain (`PLAIN`)."""
         out = {}
@@ -83,7 +87,8 @@ class Record:
         if not isinstance(record, Mapping):
             return cls.from_legacy(record)
         known = {f.name: f for f in fields(cls)}
-        values = {cls.RENAMED.get(k, k): v for k, v in record.items()}
+        named: Mapping[str, Any] = record  # a record's keys are its fields' names
+        values = {cls.RENAMED.get(k, k): v for k, v in named.items()}
         unknown = sorted(set(values) - set(known))
         missing = sorted(
             n for n, f in known.items()

@@ -259,7 +259,7 @@ def from_arrays(
     ids_tr, ids_te, c, classes = class_ids(y_tr, y_te, num_classes)
     meta: dict[str, Any] = {"classes": classes}
     parts = None
-    if ids is not None:
+    if ids is not None and owner is not None:  # both set by `client_ids`, or neither
         meta["client_ids"], parts = ids, groups(owner, len(ids))
     return Dataset(
         name, torch.from_numpy(np.ascontiguousarray(x_tr)), torch.from_numpy(ids_tr),

@@ -282,14 +282,14 @@ def load_idx_arrays(
                 f"(offline: `{MNIST_PKL_HINT.format(folder)}`) or set dataset.source=idx"
             )
         return _read_mnist_pkl(pkl), str(pkl)
+    files = [p for p in paths if p is not None]
     if not have_idx:
         if not allow_download:
             raise _missing_idx_error(src, folder, "download disabled by dataset.download=false", pkl_ok)
         try:
-            paths = _download_idx(src, folder, paths)
+            files = _download_idx(src, folder, paths)
         except dl.DownloadError as e:
             raise _missing_idx_error(src, folder, f"download failed: {e}", pkl_ok) from None
-    files = [p for p in paths if p is not None]
     return _read_idx_set(src, files), str(folder)
 
 

@@ -174,8 +174,12 @@ class LocalFederation:
         self.gpus_per_node = gpus_per_node
         self.ray_address = ray_address
         self.start_timeout = start_timeout
-        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="fedhet-flower-")
-        self.workdir = Path(workdir or self._tmp.name)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if workdir:
+            self.workdir = Path(workdir)
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="fedhet-flower-")
+            self.workdir = Path(self._tmp.name)
         self.flwr_home = self.workdir / "flwr-home"
         self.logs = self.workdir / "logs"
         self.logs_to = Path(logs_to) if logs_to else None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 
 PULL_BACKOFF_S = (0.05, 0.5)
 """First and longest wait between tries to pull a message part that is not there yet."""
@@ -33,7 +33,16 @@ def shorten_pull_backoff() -> None:
     from flwr.supercore.inflatable import inflatable_utils
 
     for fn in (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree):
-        fn.__kwdefaults__["initial_backoff"], fn.__kwdefaults__["backoff_cap"] = PULL_BACKOFF_S
+        defaults = fn.__kwdefaults__
+        assert defaults is not None, "both take their back-off as keyword-only arguments"
+        defaults["initial_backoff"], defaults["backoff_cap"] = PULL_BACKOFF_S
+
+
+def _patch(module: ModuleType, name: str, value: object) -> None:
+    """Set `module.name` to `value`, whose type is not the one the module declares for it (a
+    float interval for an int constant, a stand-in for the `time` module): a patch of Flower's
+    globals, which its types do not describe, hence `setattr`."""
+    setattr(module, name, value)
 
 
 def main() -> None:
@@ -46,12 +55,13 @@ def main() -> None:
     cap = float(os.environ.get("FEDHET_NODE_POLL_S", "0.2"))
     # both modules read the interval through their module global (the sender and the value
     # sent to the SuperLink with each heartbeat)
-    heartbeat.HEARTBEAT_DEFAULT_INTERVAL = fleet.HEARTBEAT_DEFAULT_INTERVAL = float(
-        os.environ.get("FEDHET_NODE_HEARTBEAT_S", "10"))
+    interval = float(os.environ.get("FEDHET_NODE_HEARTBEAT_S", "10"))
+    for module in (heartbeat, fleet):
+        _patch(module, "HEARTBEAT_DEFAULT_INTERVAL", interval)
     # `start_client_internal` calls `time.sleep` through its module global `time`
     shim = {k: getattr(time, k) for k in dir(time) if not k.startswith("_")}
     shim["sleep"] = lambda s: time.sleep(min(s, cap))
-    internal.time = SimpleNamespace(**shim)
+    _patch(internal, "time", SimpleNamespace(**shim))
     shorten_pull_backoff()
     sys.argv[0] = "flower-supernode"
     flower_supernode()

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, ConfigRecordValues, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 
 from fedhet.algorithms import Algorithm, ClientState, Message, client_record, restore_client
@@ -43,9 +43,12 @@ def to_record(message: Message, **meta: int | float | str) -> RecordDict:
         name: Array(t.detach().cpu().contiguous().numpy())
         for name, t in message.tensors.items()
     }
-    scalars = {name: _scalar(name, v) for name, v in message.scalars.items()}
+    scalars: dict[str, ConfigRecordValues] = {
+        name: _scalar(name, v) for name, v in message.scalars.items()
+    }
+    meta_values: dict[str, ConfigRecordValues] = dict(meta)
     return RecordDict({
-        TENSORS: ArrayRecord(arrays), SCALARS: ConfigRecord(scalars), META: ConfigRecord(dict(meta)),
+        TENSORS: ArrayRecord(arrays), SCALARS: ConfigRecord(scalars), META: ConfigRecord(meta_values),
     })
 
 
@@ -73,8 +76,10 @@ def unpack_state(record: ConfigRecord, algorithm: Algorithm, client_id: int) -> 
     """The state `pack_state` stored, as `algorithm`'s client state. It never crosses the
     network, and is still unpickled with `weights_only` (tensors, containers and NumPy values
     only), as checkpoints are."""
+    packed = record["state"]
+    assert isinstance(packed, bytes), "pack_state stores the state as bytes"
     with torch.serialization.safe_globals(SAFE_GLOBALS):
-        plain = torch.load(io.BytesIO(record["state"]), map_location="cpu", weights_only=True)
+        plain = torch.load(io.BytesIO(packed), map_location="cpu", weights_only=True)
     return restore_client(algorithm, plain, client_id)
 
 

@@ -310,7 +310,7 @@ class FlowerExecutor:
         """The bytes on the wire since the last row, their running total, and the clients that
         missed the round."""
         self.wire["total"] += self.wire["down"] + self.wire["up"]
-        columns = {
+        columns: dict[str, float] = {
             "wire_downlink_bytes": self.wire["down"], "wire_uplink_bytes": self.wire["up"],
             "cum_wire_bytes": self.wire["total"], "clients_dropped": self.dropped,
         }
@@ -400,7 +400,8 @@ def run_experiment(grid: Grid, context: Context, out: Path) -> dict[str, Any]:
     store = RunStore(out, provenance.of_run)
     store.write_config(cfg.to_dict())
     sim = server_run(cfg, store, grid, float(context.run_config.get(ROUND_TIMEOUT_KEY, 600.0)))
-    flower: FlowerExecutor = sim.side.executor
+    flower = sim.side.executor
+    assert isinstance(flower, FlowerExecutor), "server_run builds the run on a FlowerExecutor"
     if context.run_config.get(NODE_EVENTS_KEY):
         flower.roster.events_file = Path(str(context.run_config[NODE_EVENTS_KEY]))
     t0 = time.perf_counter()

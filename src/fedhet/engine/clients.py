@@ -30,6 +30,7 @@ from fedhet.engine.config import ConfigFields
 from fedhet.engine.failures import Diverged
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import LocalTrainer, SGDConfig, stream_seed
+from fedhet.training.steps import ClientOptimizer
 
 _UNSET = object()
 
@@ -53,7 +54,7 @@ class LocalWork(ConfigFields):
     epochs_max: int
     momentum: float
     weight_decay: float
-    client_optimizer: str
+    client_optimizer: ClientOptimizer
     adam_beta1: float
     adam_beta2: float
     adam_eps: float

@@ -101,6 +101,7 @@ class Evaluator:
                 )
             self._score(list(jobs.values()))
             for (loss, accuracy), job in jobs.items():
+                assert job.result is not None, "_score sets every result or raises"
                 row[loss], row[accuracy] = job.result
             if self.metrics:
                 row.update(test_metrics(self.model, models[""], buffers, data.x_test,

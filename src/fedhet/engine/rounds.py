@@ -66,18 +66,35 @@ from fedhet.engine.faults import (
 
 
 class RoundContext(Protocol):
-    algorithm: Algorithm
-    comm: CommLedger
-    faults: FaultModel
-    """Optional (`NO_FAULTS` when absent): which sampled clients drop out of a round."""
-    log: Callable[[str], None]
-    """Optional (`print` when absent): one line per failed client or empty round."""
-    round_failures: list[ClientFailure]
-    """Optional: the round's client failures are appended here, first one first."""
-    client_chains: Callable[[int, Sequence[Chain]], None] | None
-    """Optional (None when absent): runs independent chains of client halves (ring walks,
-    HierFAVG edges) as the executor pleases (`StackedExecutor.chains`); without it they go in
-    lockstep."""
+    """What a round runner reads of the run (read-only: `RunnerContext` is frozen)."""
+
+    @property
+    def algorithm(self) -> Algorithm: ...
+
+    @property
+    def comm(self) -> CommLedger: ...
+
+    @property
+    def faults(self) -> FaultModel:
+        """Optional (`NO_FAULTS` when absent): which sampled clients drop out of a round."""
+        ...
+
+    @property
+    def log(self) -> Callable[[str], None]:
+        """Optional (`print` when absent): one line per failed client or empty round."""
+        ...
+
+    @property
+    def round_failures(self) -> list[ClientFailure]:
+        """Optional: the round's client failures are appended here, first one first."""
+        ...
+
+    @property
+    def client_chains(self) -> Callable[[int, Sequence[Chain]], None] | None:
+        """Optional (None when absent): runs independent chains of client halves (ring walks,
+        HierFAVG edges) as the executor pleases (`StackedExecutor.chains`); without it they go
+        in lockstep."""
+        ...
 
     def configure(self, state: ServerState, client_id: int, round: int) -> Message:
         """`algorithm.configure` plus what the engine adds to every downlink (BN statistics)."""
@@ -119,7 +136,10 @@ class RunnerContext:
     HierFAVG edge), when it has one (`StackedExecutor.chains`); otherwise they go in lockstep."""
 
 
-RoundRunner = Callable[[RoundContext, ServerState, int, Sequence[int]], tuple[ServerState, dict]]
+RoundRunner = Callable[[RunnerContext, ServerState, int, Sequence[int]], tuple[ServerState, dict]]
+"""A round runner as the engine calls it: with the `RunnerContext` of its `Simulation`. The
+built-in runners take any `RoundContext`; a runner that drives the executor itself (Flower's
+star round) reads `RunnerContext.executor`."""
 
 class ChainClients(Protocol):
     """How a chain runs its clients' halves (`RoundContext.client_chains`)."""

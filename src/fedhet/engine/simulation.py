@@ -190,7 +190,7 @@ class Simulation:
         return self.side.executor.update(client_id, message, round)
 
     def client_updates(
-        self, round: int, requests: list[tuple[int, Message]]
+        self, round: int, requests: Sequence[tuple[int, Message]]
     ) -> Iterator[tuple[int, Message | ClientFailure]]:
         """The run's executor over independent clients; yields `(client_id, reply)` in request
         order, or `(client_id, ClientFailure)` for a client that raised."""
@@ -245,7 +245,8 @@ class Simulation:
         callbacks = Callbacks([*self.callbacks, *([ProgressBar()] if progress else [])])
         callbacks.start(RunView(
             self.store.out if self.store is not None else None, self.parts.config, self.parts.loop.rounds,
-            start, lambda: self.side.algorithm.eval_params(self.state), self.global_state_dict,
+            start, lambda: self.side.algorithm.eval_params(self._current_state()),
+            self.global_state_dict,
         ))
         summary = None
         try:
@@ -442,10 +443,16 @@ class Simulation:
             out["notes"] = list(self.notes)
         return out
 
+    def _current_state(self) -> states.ServerState:
+        """`state`, which `run` sets before any callback or view can ask for it."""
+        if self.state is None:
+            raise RuntimeError("the run has not started: it has no server state yet")
+        return self.state
+
     def global_state_dict(self) -> dict[str, torch.Tensor]:
         """The global model (`algorithm.eval_params` of the current state, and the server's
         BatchNorm statistics) by parameter and buffer name, as CPU copies (`RunView`)."""
-        w = self.side.algorithm.eval_params(self.state).detach().to("cpu", torch.float32)
+        w = self.side.algorithm.eval_params(self._current_state()).detach().to("cpu", torch.float32)
         out = {layer.name: w[layer.start : layer.stop].view(layer.shape).clone()
                for layer in self.side.model.layers}
         offset = 0

@@ -37,6 +37,7 @@ import signal
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.pool import AsyncResult
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -183,10 +184,14 @@ class SharedDownlink:
             slot_of[id(t)] = _Slot(k)
         if not slot_of:
             return list(requests)
-        return [
-            (c, Message({n: slot_of.get(id(t), t) for n, t in m.tensors.items()}, m.scalars))
-            for c, m in requests
-        ]
+        return [(c, _with_slots(m, slot_of)) for c, m in requests]
+
+
+def _with_slots(message: Message, slot_of: dict[int, _Slot]) -> Message:
+    """`message` with each tensor that went into a slot replaced by its `_Slot`, which stands
+    for the tensor until `_unpack` (so the message's tensors are typed `Any` here)."""
+    tensors: dict[str, Any] = {n: slot_of.get(id(t), t) for n, t in message.tensors.items()}
+    return Message(tensors, message.scalars)
 
 
 def _unpack(message: Message) -> Message:
@@ -255,7 +260,7 @@ class ProcessExecutor(SequentialExecutor):
         super().__init__(host)
         self.workers = workers
         self.pool: Any = None
-        self.pending: deque[tuple[int, Any]] = deque()
+        self.pending: deque[tuple[int, AsyncResult[Any], tuple[int, ...]]] = deque()
         """`(client_id, AsyncResult, reply slots)` of the tasks submitted and not yet handed to
         the server."""
         self.interrupted = False

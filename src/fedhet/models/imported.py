@@ -93,9 +93,9 @@ def import_factory(spec: str, module_name: str, attr: str) -> Callable[..., Any]
 
 
 def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
-    for kwargs in ({"eval_str": True}, {}):
+    for eval_str in (True, False):
         try:
-            return inspect.signature(fn, **kwargs)
+            return inspect.signature(fn, eval_str=eval_str)
         except (NameError, TypeError, ValueError):
             continue
     return None

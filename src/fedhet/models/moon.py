@@ -16,6 +16,7 @@ from torch import nn
 
 from fedhet.errors import FedhetError
 from fedhet.models.registry import MODELS
+from fedhet.models.sequence import ImageView
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,19 @@ class ProjectionNet(nn.Module):
         out = self.classifier(z)
         return (out, z) if with_z else out
 
+    def stacked_layers(self) -> list[nn.Module]:
+        """The steps of `forward` (`fedhet.models.sequence`)."""
+        return [self.encoder, self.projection, self.classifier]
+
+    def stacked_tap(self) -> nn.Module:
+        """The part whose output is `z` (`fedhet.models.sequence`)."""
+        return self.projection
+
 
 def image_shape(input_shape: tuple[int, ...]) -> tuple[int, int, int]:
     """`(C, H, W)`; a flat input of square length (digits: 64) is read as one 8×8 channel."""
     if len(input_shape) == 3:
-        return input_shape  # type: ignore[return-value]
+        return input_shape
     if len(input_shape) == 2:
         return (1, *input_shape)
     side = math.isqrt(input_shape[0])
@@ -77,6 +86,10 @@ class ConvEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.conv(x.view(-1, *self.shape)))
+
+    def stacked_layers(self) -> list[nn.Module | ImageView]:
+        """The steps of `forward` (`fedhet.models.sequence`)."""
+        return [ImageView(self.shape), self.conv, self.fc]
 
 
 @MODELS.register("moon-mlp", MoonParams, "FedSR's MLP encoder + MOON projection head (z ∈ R^256)")

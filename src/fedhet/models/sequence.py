@@ -6,6 +6,10 @@ the order the forward applies them, with `ImageView(shape)` where it reshapes ea
 image. `fedhet.training.program` reads the list and checks it against the forward before using
 it; a module without the method (or an `nn.Sequential`, which is its own list) runs on the
 general stacked path.
+
+A module may also say which of the listed parts gives the representation a replacement loss
+reads (MOON's projection `z`), with `stacked_tap() -> nn.Module`: the program then returns that
+part's output beside the logits (`StackedProgram.forward(..., tap=True)`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ missing methods).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -30,7 +31,7 @@ class TableClaim:
     """The labels each cell's best winner must beat."""
     groups: tuple[str, ...]
     """The table cells (the presets' group names) the claim is read in."""
-    paper: dict[str, dict[str, float]] = field(default_factory=dict)
+    paper: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     """The paper's own values, `{group: {label: value}}` (accuracy in %, or transfers)."""
     metric: str = "accuracy"
     """`accuracy` (final test accuracy, higher wins), `transfers` (model transfers up to the

@@ -307,7 +307,8 @@ def read_claim(claim: TableClaim, cs: list[Cell], missing: Callable[[str, tuple[
             row.diff = f"over {claim.reference}: {beats(claim, values[best], values[claim.reference])[1]}"
         holds = all(v[0] for v in verdicts.values())
         row.holds = yes(holds) + (" (single run)" if n == 1 else "")
-        row.run = found[best].exp.run_info() if found[best] is not None else "—"
+        best_cell = found[best]
+        row.run = best_cell.exp.run_info() if best_cell is not None else "—"
         out.append(ClaimCell(group, holds, row))
     return out
 

@@ -13,7 +13,7 @@ import shlex
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO, cast
 
 from fedhet.engine import RunConfig, config_of, load
 from fedhet.errors import FedhetError
@@ -42,6 +42,12 @@ from fedhet.runs import (
 )
 
 
+class _SetupFactory(Protocol):
+    """The preset factory of a paper with setups (`SETUPS`): `(scale, setup=None) -> Preset`."""
+
+    def __call__(self, scale: str, setup: str | None = None) -> Preset: ...
+
+
 def load_preset(paper: str, scale: str, setup: str | None = None) -> Preset:
     """`paper`'s preset at `scale`, in its default setup or in `setup` (`SETUPS[paper]`)."""
     if scale not in SCALES:
@@ -56,7 +62,9 @@ def load_preset(paper: str, scale: str, setup: str | None = None) -> Preset:
     if setup not in names:
         raise FedhetError(f"--setup {setup!r}: preset {paper}'s setups are {', '.join(names)} "
                           f"(default {names[0]}){did_you_mean(setup, names)}")
-    return factory(scale, setup=setup)
+    # a paper listed in SETUPS registered a factory that takes `setup` too; the registry holds
+    # every paper's factory under one type, so it cannot say which do
+    return cast(_SetupFactory, factory)(scale, setup=setup)
 
 
 def default_out(paper: str, scale: str, setup: str | None = None) -> Path:
@@ -203,8 +211,12 @@ def _html_report(out: Path, stream: TextIO | None) -> None:
     """Also render report.html; a plotting problem is reported, never fatal to the results."""
 
     err = stream or sys.stderr
+
+    def warn(message: str) -> None:
+        err.write(message + "\n")
+
     try:
-        write_report(out, warn=lambda m: err.write(m + "\n"))
+        write_report(out, warn=warn)
     except Exception as e:  # noqa: BLE001
         err.write(f"warning: report.html not written ({type(e).__name__}: {e}); "
                   f"try `fedhet report {out}`\n")

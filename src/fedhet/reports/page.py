@@ -70,7 +70,7 @@ DOCS_HINT = "fedhet docs grids"
 
 
 # -- figures -----------------------------------------------------------------------------------
-def partition_counts(config: dict[str, Any]):
+def partition_counts(config: dict[str, Any]) -> tuple[np.ndarray, str] | None:
     """`(counts[client, class], title)` recomputed from a run's config, or None (centralised)."""
 
     # the split needs no metrics
@@ -85,7 +85,7 @@ def partition_counts(config: dict[str, Any]):
     return counts, title
 
 
-def plot_partition(counts, title: str, path: Path) -> None:
+def plot_partition(counts: np.ndarray, title: str, path: Path) -> None:
     plt = pyplot()
     from matplotlib.ticker import MaxNLocator  # slow import (matplotlib): only when drawing
 

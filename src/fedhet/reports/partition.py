@@ -113,7 +113,7 @@ def save_heatmap(counts: np.ndarray, path: Path, title: str) -> None:
     if n_clients <= 30 and n_labels <= 20:
         threshold = counts.max(initial=0) / 2
         for i in range(n_clients):
-            for c in np.flatnonzero(counts[i]):
+            for c in np.flatnonzero(counts[i]).tolist():
                 colour = "black" if counts[i, c] > threshold else "white"
                 ax.text(i, c, str(counts[i, c]), ha="center", va="center", fontsize=7, color=colour)
     top = fit_suptitle(fig, title, 10)  # wrapped to the figure: a long partition is never cut

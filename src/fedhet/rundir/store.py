@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import importlib
 import io
 import json
 import math
@@ -30,6 +31,7 @@ import tempfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -39,15 +41,24 @@ from fedhet.rundir.ownership import fsync_dir
 from fedhet.rundir.reading import read_csv, read_json
 
 MAGIC = b"FEDHET-CHECKPOINT-1\n"
-try:  # NumPy ≥ 2 (1.26 has it too, as an alias of numpy.core's, but only once imported)
-    from numpy._core import multiarray as _multiarray
-except ImportError:
-    from numpy.core import multiarray as _multiarray
-SAFE_GLOBALS = [
+
+
+def _numpy_multiarray() -> ModuleType:
+    """NumPy's `multiarray` module: `numpy._core`'s from NumPy 2 (1.26 has it too, as an alias
+    of `numpy.core`'s, but only once imported), else `numpy.core`'s."""
+    try:
+        return importlib.import_module("numpy._core.multiarray")
+    except ImportError:
+        return importlib.import_module("numpy.core.multiarray")
+
+
+_multiarray = _numpy_multiarray()
+SAFE_GLOBALS: list[Callable[..., Any] | tuple[Callable[..., Any], str]] = [
     _multiarray._reconstruct, np.ndarray, np.dtype, _multiarray.scalar,
     *{type(np.dtype(t)) for t in ("f4", "f8", "i4", "i8", "u4", "u8", "bool", "u1", "i1", "i2", "f2")},
 ]
-"""NumPy types that algorithm states hold (arrays, scalars), allowed by `weights_only` loading."""
+"""NumPy types that algorithm states hold (arrays, scalars), allowed by `weights_only` loading
+(typed as the list `torch.serialization.safe_globals` takes)."""
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)

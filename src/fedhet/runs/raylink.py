@@ -137,11 +137,12 @@ def connect(ray: Any, flag: str | None, requested: threading.Event | None = None
         return Link(ray, release, local)
     target = address
     if address == "auto":
-        target = auto_address()
-        if target is None:
+        found = auto_address()
+        if found is None:
             raise FedhetError(f"{source} auto: no Ray cluster was started on this machine "
                               f"({address_file()} is missing); start one (`ray start --head`) "
                               "or name its head as HOST:PORT")
+        target = found
     named = address if target == address else f"{address} ({target}, from {address_file()})"
     probe_port(target, named, source)
 

@@ -20,7 +20,7 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from fedhet.rundir import atomic_write_text, format_value, metric_columns, read_metrics, read_summary
 from fedhet.runs.presets import RunSpec
@@ -174,18 +174,19 @@ def rank(outcomes: dict[str, dict[Any, float | None]], higher: bool, fmt: str,
     seeds = sorted(common, key=str)
     note = "" if common == every else (
         f"ranked on seed(s) {', '.join(map(str, seeds)) or 'none'}: the ones every method ran")
-    reached = {m: {s for s in common if v[s] is not None} for m, v in outcomes.items()}
+    reached = {m: {s: x for s, x in v.items() if s in common and x is not None}
+               for m, v in outcomes.items()}
     most = max(len(r) for r in reached.values())
     if most == 0:
         return Ranking(set(), seeds, note)
     top = [m for m, r in reached.items() if len(r) == most]
     if len(top) == 1:
         return Ranking(set(top), seeds, note)
-    shared = sorted(set.intersection(*(reached[m] for m in top)), key=str)
+    shared = sorted(set.intersection(*(set(reached[m]) for m in top)), key=str)
     if not shared:
         return Ranking(set(), seeds, (note + "; " if note else "") + "no seed where the leaders "
                        "all have a value: none bold")
-    score = {m: float(fmt.format(center([float(outcomes[m][s]) for s in shared]))) for m in top}
+    score = {m: float(fmt.format(center([float(reached[m][s]) for s in shared]))) for m in top}
     pick = max(score.values()) if higher else min(score.values())
     best = {m for m, v in score.items() if v == pick}
     if best == set(outcomes):
@@ -267,7 +268,8 @@ def summary_tables(rows: list[dict[str, Any]], target: float | None) -> list[Tab
     return tables
 
 
-def _finite(v: Any) -> bool:
+def _finite(v: Any) -> TypeGuard[int | float]:
+    """Whether `v` is a finite number (not a bool, not text)."""
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 

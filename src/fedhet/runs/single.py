@@ -96,7 +96,7 @@ def execute_together(
             for (settings, out, resume), hook in zip(items, hooks, strict=True)
         ]
         live = [r for r in runs if r.summary is None]
-        results = iter(run_together([r.sim for r in live], [r.kwargs for r in live], on_step))
+        results = iter(run_together([_simulation(r) for r in live], [r.kwargs for r in live], on_step))
         return [r.summary if r.summary is not None else next(results) for r in runs]
 
 
@@ -123,6 +123,12 @@ def opened(
         store.write_config(cfg.to_dict())
         with replacing(out, sim):
             yield Opened(sim, {})
+
+
+def _simulation(run: Opened) -> Simulation:
+    """The simulation of a run that is not finished yet (`Opened.summary` is None)."""
+    assert run.sim is not None, "`opened` gives every run that is not finished its simulation"
+    return run.sim
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -62,7 +63,7 @@ from fedhet.training.graphs import StepGraphs, capturable
 from fedhet.training.jobs import Continue, EvalJob, GradJob, SGDJob, joinable
 from fedhet.training.losses import StackableLoss
 from fedhet.training.program import StackedProgram
-from fedhet.training.rows import BatchTable, Rows, rows_that_fit, stack_hooks
+from fedhet.training.rows import BatchTable, HookGroup, Rows, rows_that_fit, stack_hooks
 from fedhet.training.scoring import evaluate_many, stacks_evaluation
 
 FULL_GRADIENT_SAMPLES = 16384
@@ -214,8 +215,9 @@ class CohortTrainer:
                 inp = seen[owner]
                 dims = [0, *range(2, inp.dim())]
                 stat = inp.mean(dims) if kind == "running_mean" else inp.var(dims, unbiased=True)
-                m = self.norms[owner].momentum
-                old = old * (1 - m) + stat * m
+                momentum = self.norms[owner].momentum
+                assert momentum is not None  # cumulative averages run sequentially (docs/gpu.md)
+                old = old * (1 - momentum) + stat * momentum
             parts.append(old.flatten())
         new_bufs = torch.cat(parts) if parts else bufs
         return loss, (loss.detach(), new_bufs)
@@ -228,8 +230,8 @@ class CohortTrainer:
         `(G, b)` of indices (all of one size). `loss` (with the rows' stacked `frozen` vectors,
         `(G, d)` each) replaces the model's objective for every row. The passes run in the model's
         precision (`FlatModel.passes`); gradients, losses and buffers come back float32."""
-        if self.program is not None and loss is None:
-            g, loss_values = self.program.gradients(w, self.x, self.y, batch)
+        if self.program is not None and (loss is None or self.program.runs(loss)):
+            g, loss_values = self.program.gradients(w, self.x, self.y, batch, loss, frozen)
             return g, loss_values, bufs
         x, y = self.x[batch], self.y[batch]
         if self.linear and loss is None:
@@ -261,6 +263,7 @@ class CohortTrainer:
         model without a bias, e.g. `svm` with `model.bias=false`: the weight's only)."""
         module = self.model.module
         fc = module.fc
+        assert isinstance(fc, nn.Linear)  # the linear models' one layer (`self.linear`)
         k, dim_in = fc.weight.shape
         n_clients, b = y.shape
         xf = x.reshape(n_clients, b, dim_in)
@@ -375,8 +378,34 @@ class CohortTrainer:
         the call). A job leaves the stack when its batches run out or it fails; `next_jobs`
         then hands in what its client does next, which joins at step `t` when every stream is
         a `BatchTable`'s (`joinable`, `BatchTable.fits`)."""
-        jobs = list(jobs)
         self.model.module.train()
+        run = self._start(list(jobs), next_jobs)
+        stack, schedule = run.stack, run.schedule
+        t = 0
+        while stack.rows:
+            batches: list[torch.Tensor] | torch.Tensor
+            if schedule is not None:
+                keep = [r for r, c in enumerate(stack.rows)
+                        if run.jobs[c].error is None and t < schedule.ends[c]]
+            else:
+                batches, keep = self._next_batches(run.jobs, stack.rows)
+            if len(keep) < len(stack.rows):
+                self._turnover(run, keep, t)
+                if schedule is not None:
+                    continue  # the joined rows may have no step to take
+                if not stack.rows:
+                    break
+            if schedule is not None:
+                batches = schedule.batches(t)
+                if run.graphs is not None and run.graphs.step(
+                        stack, batches, partial(schedule.steps_left, stack.rows, t)):
+                    t += 1
+                    continue
+            self._eager_step(run, batches, t)
+            t += 1
+
+    def _start(self, jobs: list[SGDJob], next_jobs: Continue | None) -> _Pass:
+        """The stack of `jobs` and what steps it: hook groups, schedule, captured graphs."""
         stack = Rows(jobs, self.model, self.model.params.device)
         try:
             groups = stack_hooks(jobs)
@@ -384,66 +413,57 @@ class CohortTrainer:
             raise _FirstStepOOMError from e
         stacked = {c for group in groups for c in group.jobs}
         hooked = any(j.on_step is not None and c not in stacked for c, j in enumerate(jobs))
-        frozen: dict[tuple, tuple[torch.Tensor, ...]] = {}
-        """Stacked `StackableLoss.frozen` vectors per (key, member jobs), while those rows last."""
         schedule = BatchTable.of(jobs, self.x.device)
         graphs = self.graphs if (
             schedule is not None and not groups and not hooked and not stack.has_bufs
             and all(j.loss is None for j in jobs)) else None
-        t = 0
-        while stack.rows:
-            batches: list[torch.Tensor] | torch.Tensor
-            if schedule is not None:
-                keep = [r for r, c in enumerate(stack.rows)
-                        if jobs[c].error is None and t < schedule.ends[c]]
-            else:
-                batches, keep = self._next_batches(jobs, stack.rows)
-            if len(keep) < len(stack.rows):
-                if graphs is not None:
-                    graphs.flush(stack)
-                gone = stack.leave(keep, t)
-                frozen.clear()  # stacked for the rows that were
-                kept = set(stack.rows)
-                for group in groups:
-                    group.leave([c for c in group.jobs if c not in kept], t, jobs)
-                if schedule is not None:
-                    schedule.select(keep)
-                after = next_jobs(gone) if next_jobs is not None else []
-                if schedule is not None:
-                    joining = [j for j in after if joinable(j) and schedule.fits(j)]
-                    if joining:
-                        stack.join(joining, t)
-                        schedule.add(joining, t)
-                    continue  # the joined rows may have no step to take
-                if not stack.rows:
-                    break
-            if schedule is not None:
-                batches = schedule.batches(t)
-                if graphs is not None and graphs.step(
-                        stack, batches, partial(schedule.steps_left, stack.rows, t)):
-                    t += 1
-                    continue
-            w = stack.w
-            try:
-                g, loss, stack.bufs = self._gradients(w, stack.bufs, batches,
-                                                      [jobs[c] for c in stack.rows], frozen)
-            except torch.cuda.OutOfMemoryError as e:
-                if t == 0 and not (next_jobs is not None and stack.left):  # no client moved on
-                    if schedule is None:  # put them back for the retry (a schedule was not read)
-                        for c, batch in zip(stack.rows, batches, strict=True):
-                            jobs[c].batches = itertools.chain([batch], jobs[c].batches)
-                    raise _FirstStepOOMError from e
-                raise
-            g = stack.chain.gradient(g, w, t)
-            for r, e in stack.chain.failures():
-                jobs[stack.rows[r]].error = e
-            for group in groups:
-                group.step(t, w, g, stack.rows, jobs)
-            if hooked:
-                self._row_hooks(t, w, g, loss, stack.rows, jobs, stacked)
-            stack.chain.update(w, g, stack.v)
-            stack.add_losses(loss)
-            t += 1
+        return _Pass(jobs, stack, groups, stacked, hooked, schedule, graphs, next_jobs)
+
+    @staticmethod
+    def _turnover(run: _Pass, keep: list[int], t: int) -> None:
+        """The rows not in `keep` leave the stack (and their hook groups); what `next_jobs`
+        hands in for their clients joins at step `t` where it fits the schedule."""
+        stack, schedule = run.stack, run.schedule
+        if run.graphs is not None:
+            run.graphs.flush(stack)
+        gone = stack.leave(keep, t)
+        run.frozen.clear()  # stacked for the rows that were
+        kept = set(stack.rows)
+        for group in run.groups:
+            group.leave([c for c in group.jobs if c not in kept], t, run.jobs)
+        if schedule is not None:
+            schedule.select(keep)
+        after = run.next_jobs(gone) if run.next_jobs is not None else []
+        if schedule is not None:
+            joining = [j for j in after if joinable(j) and schedule.fits(j)]
+            if joining:
+                stack.join(joining, t)
+                schedule.add(joining, t)
+
+    def _eager_step(self, run: _Pass, batches: list[torch.Tensor] | torch.Tensor, t: int) -> None:
+        """One stacked step `t` on `batches`, operation by operation: the gradients, the
+        chain's corrections, the hooks, the update and the loss sums."""
+        stack, jobs = run.stack, run.jobs
+        w = stack.w
+        try:
+            g, loss, stack.bufs = self._gradients(w, stack.bufs, batches,
+                                                  [jobs[c] for c in stack.rows], run.frozen)
+        except torch.cuda.OutOfMemoryError as e:
+            if t == 0 and not (run.next_jobs is not None and stack.left):  # no client moved on
+                if run.schedule is None:  # put them back for the retry (a schedule was not read)
+                    for c, batch in zip(stack.rows, batches, strict=True):
+                        jobs[c].batches = itertools.chain([batch], jobs[c].batches)
+                raise _FirstStepOOMError from e
+            raise
+        g = stack.chain.gradient(g, w, t)
+        for r, error in stack.chain.failures():
+            jobs[stack.rows[r]].error = error
+        for group in run.groups:
+            group.step(t, w, g, stack.rows, jobs)
+        if run.hooked:
+            self._row_hooks(t, w, g, loss, stack.rows, jobs, run.stacked)
+        stack.chain.update(w, g, stack.v)
+        stack.add_losses(loss)
 
     @staticmethod
     def _row_hooks(t: int, w: torch.Tensor, g: torch.Tensor, loss: torch.Tensor, rows: list[int],
@@ -539,6 +559,24 @@ def _first_sentence(error: BaseException) -> str:
     text = " ".join(str(error).split())
     head = text.split(". ", 1)[0].rstrip(".")
     return f"{type(error).__name__}: {head}" if head else type(error).__name__
+
+
+@dataclass
+class _Pass:
+    """One `CohortTrainer._run`: the jobs, their stack and what steps it."""
+
+    jobs: list[SGDJob]
+    stack: Rows
+    groups: list[HookGroup]
+    stacked: set[int]
+    """Jobs whose hooks run stacked (in `groups`)."""
+    hooked: bool
+    """Some job has a hook that runs row by row."""
+    schedule: BatchTable | None
+    graphs: StepGraphs | None
+    next_jobs: Continue | None
+    frozen: dict[tuple, tuple[torch.Tensor, ...]] = field(default_factory=dict)
+    """Stacked `StackableLoss.frozen` vectors per (key, member jobs), while those rows last."""
 
 
 class _FirstStepOOMError(Exception):

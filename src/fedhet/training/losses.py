@@ -13,12 +13,16 @@ over the clients of a stack:
 Alone, `__call__` runs the two in order; stacked, the cohort (`fedhet.training.cohort`)
 vmaps `targets` over the rows' `frozen` vectors and `grad(loss)` over the rows' parameters,
 grouping rows whose `key` is equal (the same hyper-parameters).
+
+A loss that also has a rows form (`on_program`: `rows_targets`, `rows_loss`) runs on the
+model's stacked program (`fedhet.training.program`) where the model taps the representation
+it reads (`stacked_tap`): the whole stack's objective as a few stacked operations, no vmap.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 
 import torch
 
@@ -43,6 +47,26 @@ class StackableLoss(ABC):
     @abstractmethod
     def loss(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, targets: tuple) -> torch.Tensor:
         """The mini-batch objective at `module`'s parameters (a scalar)."""
+
+    @property
+    def on_program(self) -> bool:
+        """Whether `rows_targets` and `rows_loss` are written (the stacked program's form)."""
+        return False
+
+    def rows_targets(
+        self, represent: Callable[[torch.Tensor], torch.Tensor], *frozen: torch.Tensor,
+    ) -> tuple:
+        """`targets` for every row of a stack at once: `frozen` are the rows' vectors stacked
+        `(R, d)`, and `represent(w)` gives the tapped representation `(R, F, B)` of a stack `w`
+        on the rows' mini-batches (no gradient)."""
+        raise NotImplementedError
+
+    def rows_loss(
+        self, logits: torch.Tensor, tapped: torch.Tensor, y: torch.Tensor, targets: tuple,
+    ) -> torch.Tensor:
+        """Each row's mini-batch objective `(R,)` from its logits `(R, K, B)`, its tapped
+        representation `(R, F, B)` and labels `(R, B)`."""
+        raise NotImplementedError
 
     def __call__(self, module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():

@@ -17,9 +17,12 @@ operation per layer, the rows kept apart by the operations themselves:
 - `Flatten` moves the image activations to `(R, C·H·W, B)` in the model's own (C, H, W) order.
 
 The loss is the model's cross-entropy (a model with a `loss` or `predict` of its own is not a
-program), the mean over each row's mini-batch; the rows' losses are summed and differentiated
-once by autograd, which gives each row the gradient of its own loss, since no row's loss depends
-on another row's weights: `∂(Σ_r ℓ_r)/∂w_r = ∂ℓ_r/∂w_r`.
+program), the mean over each row's mini-batch, or a replacement objective with a rows form
+(`StackableLoss.on_program`: MOON's `CE + μ ℓ_con`) reading the representation the model taps
+(`stacked_tap`, e.g. MOON's projection `z`, returned by `forward_tapped` beside the logits);
+the rows' losses are summed and differentiated once by autograd, which gives each row the
+gradient of its own loss, since no row's loss depends on another row's weights:
+`∂(Σ_r ℓ_r)/∂w_r = ∂ℓ_r/∂w_r`.
 
 A sequence is what the module's forward does when `layer_sequence` can read it: an
 `nn.Sequential` of known layers, or a module that lists its steps in `stacked_layers()` (the
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -40,6 +44,7 @@ from torch.nn import functional as F
 
 from fedhet.models.sequence import ImageView
 from fedhet.training.flat import FlatModel
+from fedhet.training.losses import StackableLoss
 
 ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity)
 """Parameter-free layers that act on each value alone: they apply to any stacked layout."""
@@ -87,12 +92,27 @@ class _Op:
     image: tuple[int, int, int] = (0, 0, 0)
 
 
+def _tap(module: nn.Module, steps: list[Step]) -> int | None:
+    """The number of leading steps whose output is the part `module.stacked_tap()` names
+    (`fedhet.models.sequence`), or None when it names none of the sequence's parts."""
+    named = getattr(module, "stacked_tap", None)
+    if not callable(named):
+        return None
+    part = layer_sequence(named())
+    if not part:
+        return None
+    last = next((k for k, step in enumerate(steps) if step is part[-1]), None)
+    return None if last is None else last + 1
+
+
 class StackedProgram:
     """The stacked forward and gradient of a sequence of known layers (module docstring)."""
 
-    def __init__(self, model: FlatModel, ops: list[_Op]) -> None:
+    def __init__(self, model: FlatModel, ops: list[_Op], tap: int | None = None) -> None:
         self.model = model
         self.ops = ops
+        self.tap = tap
+        """How many ops give the model's tapped representation (`stacked_tap`), or None."""
         self.slices = [(layer.start, layer.stop, layer.shape) for layer in model.layers]
         self.starts_on_images = ops[0].kind == "conv" or (
             ops[0].kind == "pointwise" and isinstance(ops[0].module, CHANNELWISE))
@@ -139,14 +159,21 @@ class StackedProgram:
                 ops.append(_Op("pointwise", step))
         if used != set(range(len(model.layers))):
             return None  # a parameter the sequence does not use: not the module's forward
-        program = cls(model, ops)
+        program = cls(model, ops, _tap(module, steps))
         return program if program._agrees(sample_shape) else None
 
     # -- the forward ---------------------------------------------------------------------
     def forward(self, leaves: Sequence[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """Logits `(R, K, B)` of the rows' weights `leaves` (one `(R, *shape)` tensor per
         parameter layer) on their own samples `x`: `(B, R, *sample)` when the program starts
-        on images (`image_input`), else `(R, B, *sample)`.
+        on images (`image_input`), else `(R, B, *sample)`."""
+        return self.forward_tapped(leaves, x)[0]
+
+    def forward_tapped(
+        self, leaves: Sequence[torch.Tensor], x: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`'s logits and the tapped representation `(R, F, B)` (the output of the
+        module's `stacked_tap()` part; None without one).
 
         Activations are images `(B, R·C, H, W)` or feature-major vectors `(R, F, B)`: a linear
         layer is then `W x + b` per row (`baddbmm`), whose weight gradient `∂ℓ/∂y xᵀ` comes out
@@ -159,7 +186,11 @@ class StackedProgram:
             h, mode = x, "samples"  # (B, R, *sample), until the image view
         else:
             h, mode = x.reshape(rows, size, -1).transpose(1, 2), "vectors"
-        for op in self.ops:
+        tapped = None
+        for k, op in enumerate(self.ops):
+            if k == self.tap:
+                assert mode == "vectors"
+                tapped = h
             if op.kind == "image":
                 c, hh, ww = op.image
                 if mode == "vectors":  # (R, F, B) → (B, R, F)
@@ -187,7 +218,7 @@ class StackedProgram:
                 else:
                     h = torch.bmm(weight, h)
         assert mode == "vectors"
-        return h
+        return h, (h if self.tap == len(self.ops) else tapped)
 
     def _as_image(self, h: torch.Tensor) -> torch.Tensor:
         return h.contiguous(memory_format=torch.channels_last) if self.channels_last else h
@@ -202,18 +233,40 @@ class StackedProgram:
         return x[batch.t()] if self.image_input else x[batch]
 
     # -- the gradient --------------------------------------------------------------------
+    def runs(self, loss: StackableLoss) -> bool:
+        """Whether a replacement objective runs on this program: it has a rows form
+        (`StackableLoss.on_program`) and the model taps the representation it reads."""
+        return loss.on_program and self.tap is not None
+
     def gradients(
         self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor, batch: torch.Tensor,
+        loss: StackableLoss | None = None, frozen: tuple[torch.Tensor, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Mini-batch gradients `(R, d)` and losses `(R,)` (float32) of the stacked weights `w`
-        on index batches `batch` `(R, B)`: `∇ℓ_r(w_r)`, `ℓ_r = (1/B) Σ_j CE(f(w_r; x_rj), y_rj)`."""
+        on index batches `batch` `(R, B)`: `∇ℓ_r(w_r)`, `ℓ_r = (1/B) Σ_j CE(f(w_r; x_rj), y_rj)`;
+        with `loss` (where `runs(loss)`), its objective `loss.rows_loss` instead, whose targets
+        come from the rows' `frozen` stacks `(R, d)` (`loss.rows_targets`, no gradient)."""
         rows, size = batch.shape
         leaves = [t.detach().requires_grad_() for t in self.leaves(w)]
+        samples, labels = self.gather(x, batch), y[batch]
         with torch.enable_grad(), self.model.passes():
-            logits = self.forward(leaves, self.gather(x, batch))  # (R, K, B)
-            losses = F.cross_entropy(logits, y[batch], reduction="none").mean(dim=1)
+            if loss is None:
+                logits = self.forward(leaves, samples)  # (R, K, B)
+                losses = F.cross_entropy(logits, labels, reduction="none").mean(dim=1)
+            else:
+                with torch.no_grad():
+                    targets = loss.rows_targets(partial(self._represent, samples), *frozen)
+                logits, tapped = self.forward_tapped(leaves, samples)
+                assert tapped is not None
+                losses = loss.rows_loss(logits, tapped, labels, targets)
         grads = torch.autograd.grad(losses.sum(), leaves)
         return torch.cat([layer.reshape(rows, -1) for layer in grads], dim=1), losses.detach().float()
+
+    def _represent(self, samples: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """The tapped representation `(R, F, B)` of the stack `w` `(R, d)` on `samples`."""
+        tapped = self.forward_tapped(self.leaves(w), samples)[1]
+        assert tapped is not None
+        return tapped
 
     def scores(
         self, w: torch.Tensor, x: torch.Tensor, y: torch.Tensor,

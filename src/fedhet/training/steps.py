@@ -263,7 +263,13 @@ class Custom(Transform):
 
     @classmethod
     def stack(cls, links: Sequence[Custom | None], device: Device = None) -> Custom:
-        return cls([t.fn if t is not None else None for t in links])
+        return cls([None if t is None else t.row_fn() for t in links])
+
+    def row_fn(self) -> GradTransform:
+        """The one callable of a row's `Custom` (what `stack` lines up)."""
+        if not callable(self.fn):
+            raise TypeError("a stacked Custom is made of one-row Customs")
+        return self.fn
 
     def select(self, keep: Sequence[int], device: Device = None) -> Custom:
         assert not callable(self.fn)
@@ -316,7 +322,8 @@ class Adam:
     `w ← (1 − η λ) w` before it. Rows that share their coefficients step as one group."""
 
     def __init__(self, rows: Sequence[AdamRow], device: Device = None) -> None:
-        self.rows = tuple(tuple(float(c) for c in r) for r in rows)
+        self.rows: tuple[AdamRow, ...] = tuple(
+            (float(r[0]), float(r[1]), float(r[2]), float(r[3]), float(r[4])) for r in rows)
         distinct = tuple(dict.fromkeys(self.rows))
         self.groups: list[tuple[tuple[float, ...], torch.Tensor | None]] = (
             [(distinct[0], None)] if len(distinct) == 1 else [
@@ -410,7 +417,7 @@ class LocalStep:
         """One client's chain: `WeightDecay(cfg.weight_decay)` (0 for AdamW, whose decay is
         decoupled), `transforms` in order (a bare callable is wrapped in `Custom`), then
         `Momentum(cfg.momentum)` and the step `cfg.lr`, or Adam's step (`cfg.optimizer`)."""
-        links = [WeightDecay(0.0 if cfg.optimizer == "adamw" else cfg.weight_decay)]
+        links: list[Transform] = [WeightDecay(0.0 if cfg.optimizer == "adamw" else cfg.weight_decay)]
         links += [t if isinstance(t, Transform) else Custom(t) for t in transforms]
         return cls(links, Momentum(cfg.momentum), (cfg.lr,), adam=(adam_row(cfg),))
 

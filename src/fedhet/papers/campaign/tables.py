@@ -188,17 +188,17 @@ def plan_runs(scale: str, tables: tuple[Table, ...], records: Callable[[Table], 
         if seed not in seeds[t.key]:
             seeds[t.key].append(seed)
     ranked = []
-    for i, (ti, t, s, serves, after) in enumerate(staged):
+    for i, (ti, t, s, served, after) in enumerate(staged):
         rank = sorted(seeds[t.key]).index(int(s.settings.get("seed", 0)))
         head = t.headline(s)
         tier = 3 if (t.key, s.name) in alternative else \
             (0 if rank == 0 else 1) if head and rank < t.paper_seeds else \
             1 if beside_head.get((t.key, s.name)) and rank < t.paper_seeds else \
             2 if rank < t.paper_seeds else 3
-        ranked.append(((tier, 0 if head else 1, ti, rank, i), t, s, serves, after, head))
+        ranked.append(((tier, 0 if head else 1, ti, rank, i), t, s, served, after, head))
     ranked.sort(key=lambda r: r[0])
-    return [CampaignRun(t.key, s, key[0], n, head, serves, after, (t.key, s.name) in beside_head)
-            for n, (key, t, s, serves, after, head) in enumerate(ranked)]
+    return [CampaignRun(t.key, s, key[0], n, head, served, after, (t.key, s.name) in beside_head)
+            for n, (key, t, s, served, after, head) in enumerate(ranked)]
 
 
 __all__ = ["DEBIAN_DATASETS", "FASHION_MNIST", "LABEL_CUT", "NO_DATA", "TABLES", "CampaignRun", "Table",

@@ -70,23 +70,25 @@ SCALED = {
 def partition_settings(scenario: str) -> dict[str, Any]:
     """Partition of a scenario: `iid`, `shards` (ξ = 2), or `unbalanced` (power-law sizes) with
     IID or 2-class labels."""
-    return {
+    scenarios: dict[str, dict[str, Any]] = {
         "IID-B": {"partition": "iid"},
         "NonIID-B": {"partition": "shards", "partition.xi": 2},
         "IID-UB": {"partition": "unbalanced", "partition.labels": "iid"},
         "NonIID-UB": {"partition": "unbalanced", "partition.labels": "shards", "partition.xi": 2},
-    }[scenario]
+    }
+    return scenarios[scenario]
 
 
 def method_settings(method: str, hp: dict[str, float], unbalanced: bool) -> dict[str, Any]:
     """Algorithm and its Table 5 parameters; uniform server weights `1/m` when unbalanced."""
-    algorithm, params = {
+    methods: dict[str, tuple[str, dict[str, Any]]] = {
         "FedAvg": ("fedavg", {}),
         "FedProx": ("fedprox", {"mu": hp["mu"]}),
         "Norm-Norm": ("norm-norm", {"beta": hp["nn_beta"], "server_momentum": 0.0}),
         "Momentum": ("fedavgm", {"server_momentum": hp["m_gamma"]}),
         "FedNNNN": ("fednnnn", {"beta": hp["beta"], "server_momentum": hp["gamma"]}),
-    }[method]
+    }
+    algorithm, params = methods[method]
     params["weighting"] = "uniform" if unbalanced else "samples"
     if "nwda" in _param_names(algorithm):
         params["nwda"] = True  # N/E diagnostics for Figs. 3, 7–9 and 11–33

@@ -27,6 +27,7 @@ import math
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -42,7 +43,9 @@ from fedhet.rundir import RunStore, read_metrics
 from fedhet.runs import git_commit
 
 MODEL = "fednova-quadratic"
-METHODS = (("fedavg", {}), ("fednova", {}), ("fedprox", {"algorithm.mu": 1.0}))
+METHODS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("fedavg", {}), ("fednova", {}), ("fedprox", {"algorithm.mu": 1.0}),
+)
 LABELS = {"fedavg": "fedavg", "fednova": "fednova", "fedprox": "fedprox[mu=1]"}
 SETTING = "quadratic"
 

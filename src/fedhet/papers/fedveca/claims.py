@@ -62,16 +62,22 @@ def method_label(curves: Curves, case: str, method: str) -> str | None:
     return None
 
 
+def _labels(curves: Curves, case: str) -> dict[str, str]:
+    """`method_label` of each of `METHODS` that `case` has, by method."""
+    found = {m: method_label(curves, case, m) for m in METHODS}
+    return {m: label for m, label in found.items() if label is not None}
+
+
 def _per_seed(
-    curves: Curves, case: str, labels: dict[str, str | None],
+    curves: Curves, case: str, labels: dict[str, str],
     row_of: Callable[[dict[str, list[float]], dict[str, list[float]]], dict[str, float]],
 ) -> dict[str, dict[int, dict[str, float]]]:
     """`row_of(central run, method run)` for each seed of the three federated methods of `case`
     that the centralized run has too, by method and seed."""
-    central = curves[(case, str(labels["central"]))]
+    central = curves[(case, labels["central"])]
     per: dict[str, dict[int, dict[str, float]]] = {}
     for m in METHODS[:3]:
-        label = labels[m]
+        label = labels.get(m)
         if label is None:
             continue
         per[m] = {seed: row_of(central[seed], cols)
@@ -90,8 +96,8 @@ def claims_table(curves: Curves) -> str:
              f"Δ rounds to loss ≤ central + {LOSS_MARGINS[0]:g} vs FedVeca"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in cases:
-        labels = {m: method_label(curves, case, m) for m in METHODS}
-        if labels["central"] is None or labels["fedveca"] is None:
+        labels = _labels(curves, case)
+        if "central" not in labels or "fedveca" not in labels:
             continue
         def margins(ref: dict[str, list[float]], cols: dict[str, list[float]]) -> dict[str, float]:
             c_acc, c_loss = ref["test_accuracy"][-1], ref["train_loss"][-1]
@@ -137,8 +143,8 @@ def reach_table(curves: Curves, reach: float = REACH) -> str:
             "Δ rounds to acc vs FedVeca", "Δ rounds to loss vs FedVeca"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in sorted({s for s, _ in curves}):
-        labels = {m: method_label(curves, case, m) for m in METHODS}
-        if labels["central"] is None or labels["fedveca"] is None:
+        labels = _labels(curves, case)
+        if "central" not in labels or "fedveca" not in labels:
             continue
         def reached(ref: dict[str, list[float]], cols: dict[str, list[float]]) -> dict[str, float]:
             row = {"c0a": ref["test_accuracy"][0], "ca": ref["test_accuracy"][-1],

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fedhet.papers.page_cells import (
     REACH,
@@ -139,14 +139,20 @@ def fedveca_case3(cs: list[Cell]) -> list[tuple[str, Verdict]]:
 
 
 
+def _same_setup(partner: str) -> Callable[[list[Cell], Cell], list[Cell]]:
+    """The partner of the same setup as A: `fedavg[N=50,ref40]` for `fedveca[N=50,ref40]`."""
+
+    def select(c: list[Cell], a: Cell) -> list[Cell]:
+        return [x for x in pick(c, partner, 3) if x.variants == a.variants] or plain(pick(c, partner, 3))
+
+    return select
+
+
 def fedveca_n50(cs: list[Cell]) -> list[tuple[str, Verdict]]:
     """At 50 clients FedVeca converges faster than FedAvg and FedNova (both with 50)."""
     out = []
     for partner in ("fedavg", "fednova"):
-        # the partner of the same setup: `fedavg[N=50,ref40]` for `fedveca[N=50,ref40]`
-        out += faster(lambda c: pick(c, "fedveca", 3, clients="50"),
-                      lambda c, a, p=partner: [x for x in pick(c, p, 3) if x.variants == a.variants]
-                      or plain(pick(c, p, 3)))(cs)
+        out += faster(lambda c: pick(c, "fedveca", 3, clients="50"), _same_setup(partner))(cs)
     return out
 
 

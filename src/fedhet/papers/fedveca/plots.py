@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ def _band(ax: Any, x: np.ndarray, ys: np.ndarray, **style: Any) -> Any:
     return line
 
 
-def plot_eta_tau_L(runs: dict[str, Path | list[Path]], out_path: Path) -> Path:
+def plot_eta_tau_L(runs: Mapping[str, Path | list[Path]], out_path: Path) -> Path:
     """Fig. 4: `η τ_k L` per round for FedVeca runs; round 0 is blank (L is one round late).
     A value that is a list of runs (a grid cell's seeds) is drawn as their mean with a band."""
     plt = _pyplot()

@@ -309,12 +309,12 @@ def _run_fair(settings: dict[str, Any], out: Path, *, baselines: Sequence[str] |
                           "(and name baselines with --baselines)")
     table = compare(settings, out, list(baselines or DEFAULT_BASELINES), force=force, progress=progress,
                     lines=lines)
-    lines = []
+    said = []
     for row in table:
         reach = row.get("rounds_to_central_accuracy", "-")
-        lines.append(f"{row['method']:<16} final accuracy {row['final_accuracy']:.4f}  final loss "
-                     f"{row['final_loss']:.4f}  rounds to centralized accuracy: {reach or 'not reached'}")
-    return [*lines, f"table in {out / 'comparison.md'}"]
+        said.append(f"{row['method']:<16} final accuracy {row['final_accuracy']:.4f}  final loss "
+                    f"{row['final_loss']:.4f}  rounds to centralized accuracy: {reach or 'not reached'}")
+    return [*said, f"table in {out / 'comparison.md'}"]
 
 
 register_protocol("fedveca", "fair", Protocol(
