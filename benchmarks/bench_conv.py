@@ -4,8 +4,8 @@ The stacked program (`fedhet.training.program`) runs a convolution for `R` rows 
 one grouped convolution: the rows' activations side by side as channels, `(B, R·C, H, W)`,
 their kernels `(R·O, C, k, k)`, `groups = R`. The other way is im2col: unfold each row's
 patches, `(R, C·k·k, B·L)`, and multiply by the row's kernel matrix `(R, O, C·k·k)` in one
-stacked matmul (`bmm`). Which is faster depends on the device's kernels (a grouped convolution may run
-as `R` small ones; im2col writes the patches out), so it is measured, not assumed.
+stacked matmul (`bmm`). Which is faster depends on the device's kernels (a grouped convolution
+may run as `R` small ones; im2col writes the patches out), so it is measured, not assumed.
 
 For each convolution of the models (`--models`; shapes read from a forward pass on one
 sample) and each row count, this times the forward and backward of both (the weight and, past
