@@ -296,7 +296,7 @@ def test_grid_progress_lines_in_a_log_file(tmp_path, monkeypatch):
     import io
 
     from fedhet.runs.comparison import compare
-    from fedhet.runs.grid import Changes
+    from fedhet.runs.grid_document import Changes
 
     monkeypatch.setenv("FEDHET_PROGRESS_SECONDS", "0")
     stream = io.StringIO()
