@@ -7,7 +7,8 @@
 - `runner`: many `RunSpec`s over processes, finished runs skipped, partial ones resumed; `jobs`:
   a grid's runs still to do and their batches; `processes`: the worker processes they run in;
   `grid_status`: the grid's status lines and outcomes;
-- `cluster`, `raylink`: the same runs as Ray tasks over a cluster's nodes;
+- `cluster`, `raylink`, `raynodes`, `raytask`: the same runs as Ray tasks over a cluster's nodes
+  (the driver, the connection, the nodes and their file probe, the task on a node);
 - `presets`: what a paper preset is (`Preset`, `RunSpec`); the presets live with the papers;
 - `results`: a set of runs' `results.csv` and `summary.md`;
 - `progress`, `tensorboard`: progress lines for a log file, TensorBoard scalars;
