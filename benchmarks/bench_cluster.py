@@ -58,10 +58,10 @@ import fedhet.runs.runner; mark("import fedhet's runner")
 import ray; mark("import ray")
 ray.init(address="127.0.0.1:6379", logging_level=logging.ERROR, log_to_driver=False); mark("ray.init")
 from pathlib import Path
-from fedhet.runs import cluster
-nodes = cluster.alive_nodes(ray)
+from fedhet.runs import raynodes
+nodes = raynodes.alive_nodes(ray)
 control = Path(sys.argv[1]); (control / "where").mkdir(parents=True, exist_ok=True)
-cluster.check_nodes(ray, nodes, control, os.getcwd()); mark("the file probe")
+raynodes.check_nodes(ray, nodes, control, os.getcwd()); mark("the file probe")
 def first():
     import fedhet.runs.runner
     return os.getpid()

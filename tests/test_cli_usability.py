@@ -211,7 +211,8 @@ def test_shipped_files_resolve_by_name_from_any_directory(tmp_path, capsys, monk
 
 def test_every_shipped_run_file_builds():
     from fedhet.configs import is_grid, shipped
-    from fedhet.engine.config import config_of, read_toml
+    from fedhet.engine.config import config_of
+    from fedhet.engine.toml_files import read_toml
 
     runs = {n: p for n, p in shipped().items() if not is_grid(p)}
     assert len(runs) >= 3
@@ -296,7 +297,7 @@ def test_grid_progress_lines_in_a_log_file(tmp_path, monkeypatch):
     import io
 
     from fedhet.runs.comparison import compare
-    from fedhet.runs.grid import Changes
+    from fedhet.runs.grid_document import Changes
 
     monkeypatch.setenv("FEDHET_PROGRESS_SECONDS", "0")
     stream = io.StringIO()

@@ -30,7 +30,7 @@ from cluster_harness import harness_output
 from fedhet.cli import main
 from fedhet.errors import FedhetError
 from fedhet.rundir.store import TIME_COLUMNS
-from fedhet.runs.cluster import check_resources
+from fedhet.runs.raynodes import check_resources
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray is not installed (pip install 'fedhet[cluster]')")
@@ -199,7 +199,8 @@ def test_cuda_runs_without_a_gpu_share_are_refused_before_ray_starts(tmp_path, c
 
 
 def test_capacity_counts_units_per_node_with_gpu_shares():
-    from fedhet.runs.cluster import ClusterOptions, capacity
+    from fedhet.runs.cluster import ClusterOptions
+    from fedhet.runs.raynodes import capacity
 
     nodes = [{"Resources": {"CPU": 16.0, "GPU": 4.0}}, {"Resources": {"CPU": 8.0}},
              {"Resources": {"CPU": 0.0, "GPU": 0.0}}]  # e.g. a head started with --num-cpus 0
@@ -215,7 +216,7 @@ def test_capacity_counts_units_per_node_with_gpu_shares():
 
 
 def test_node_labels_are_host_names_made_unique():
-    from fedhet.runs.cluster import node_labels
+    from fedhet.runs.raynodes import node_labels
 
     nodes = [{"NodeID": "aa11" * 7, "NodeManagerHostname": "gpu1"},
              {"NodeID": "bb22" * 7, "NodeManagerHostname": "cpu"},
@@ -224,8 +225,8 @@ def test_node_labels_are_host_names_made_unique():
 
 
 def test_a_retried_job_resumes_what_its_lost_task_began(tmp_path):
-    from fedhet.runs.cluster import refreshed
     from fedhet.runs.jobs import Job
+    from fedhet.runs.raytask import refreshed
 
     job = Job("r", {"dataset": "digits"}, str(tmp_path / "r"), resume=False)
     assert refreshed(job) is job  # nothing there yet: a fresh start
@@ -281,7 +282,7 @@ class _ProbeRay:
 
 @needs_ray
 def test_a_node_that_joins_is_probed_and_kept_from_runs_until_it_answers_yes(tmp_path):
-    from fedhet.runs.cluster import Members
+    from fedhet.runs.raynodes import Members
 
     ray = _ProbeRay(["head"], {})
     notes: list[str] = []
@@ -312,14 +313,14 @@ def test_a_node_that_joins_is_probed_and_kept_from_runs_until_it_answers_yes(tmp
 
 @needs_ray
 def test_a_probe_that_never_answers_refuses_its_node(tmp_path, monkeypatch):
-    from fedhet.runs import cluster
+    from fedhet.runs import raynodes
 
     ray = _ProbeRay(["head", "slow"], {"slow": None})
     notes: list[str] = []
-    members = cluster.Members(ray, ray.nodes()[:1], tmp_path, "t", str(tmp_path), notes.append)
+    members = raynodes.Members(ray, ray.nodes()[:1], tmp_path, "t", str(tmp_path), notes.append)
     members.look()
     assert not ray.cancelled and not notes
-    monkeypatch.setattr(cluster, "PROBE_TIMEOUT_S", -1.0)
+    monkeypatch.setattr(raynodes, "PROBE_TIMEOUT_S", -1.0)
     members.look()
     assert ray.cancelled == ["slow"] and ID["slow"] in members.refused
     assert notes[0].startswith("cluster: no run goes to node slow: it did not answer the file probe")

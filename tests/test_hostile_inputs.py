@@ -917,7 +917,7 @@ def test_a_failed_run_has_no_accuracy_and_reports_list_it_as_failed(capsys, bad_
     import csv
     import re
 
-    from fedhet.runs.grid import read_manifest
+    from fedhet.runs.grid_manifest import read_manifest
     from fedhet.runs.presets import RunSpec
     from fedhet.runs.results import collect
 

@@ -12,7 +12,8 @@ import pytest
 from test_partitions import balanced, make_data
 
 from fedhet.cli import main
-from fedhet.data.partition import PARTITIONS, partition_dataset, read_index_map, write_index_map
+from fedhet.data.index_map import read_index_map, write_index_map
+from fedhet.data.partition import PARTITIONS, partition_dataset
 from fedhet.engine import simulation
 from fedhet.engine.config import config_of
 from fedhet.engine.federation import federate

@@ -290,10 +290,10 @@ def test_schemes_are_registered():
 def test_shards_cut_by_label_never_straddle_two_labels():
     """`cut=label`: 2 labels of 10 and 30 samples, 4 shards: the labels get 1 and 3 shards (∝
     their sizes), every shard 10 samples of one label; 2 clients × ξ = 2 each hold ≤ 2 labels."""
-    from fedhet.data.partition import _label_shards
+    from fedhet.data.shards import label_shards
 
     labels = np.array([0] * 10 + [1] * 30)
-    pieces = _label_shards(labels, 4, np.random.default_rng(0))
+    pieces = label_shards(labels, 4, np.random.default_rng(0))
     assert sorted(len(p) for p in pieces) == [10, 10, 10, 10]
     assert sorted(len(set(labels[p])) for p in pieces) == [1, 1, 1, 1]
     assert sorted(int(labels[p][0]) for p in pieces) == [0, 1, 1, 1]

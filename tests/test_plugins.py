@@ -244,7 +244,7 @@ UNGUARDED = '''
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg, FedAvgParams
 from fedhet.runs.comparison import compare
-from fedhet.runs.grid import Changes
+from fedhet.runs.grid_document import Changes
 
 
 @ALGORITHMS.register("script-avg", FedAvgParams, "FedAvg, defined in the script")

@@ -205,7 +205,7 @@ def test_provenance_is_shown_when_recorded(tmp_path):
 
 
 def test_a_paper_without_numbers_says_so(tmp_path):
-    from fedhet.runs.grid import write_manifest
+    from fedhet.runs.grid_manifest import write_manifest
     from fedhet.runs.presets import RunSpec
 
     execute({"dataset": "digits", "clients": 3, "rounds": 1, "lr": 0.1}, tmp_path / "runs" / "a",

@@ -113,59 +113,21 @@ def source_of(factory: Any) -> str:
 
 
 def coerce(value: Any, hint: Any, where: str) -> Any:
-    """Turn `value` (from TOML or a `key=value` string) into the type `hint` names."""
+    """Turn `value` (from TOML or a `key=value` string) into the type `hint` names: a union's
+    first member that takes it (`none`/`null` for None), a literal's choice in any case, a list
+    or tuple (also from `a, b` text), a bool, int, float or str; any other hint leaves it as it
+    is. A value that does not fit is one `FedhetError` naming `where`."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            return None
-        errors = []
-        for arg in args:
-            try:
-                return coerce(value, arg, where)
-            except FedhetError as e:
-                errors.append(str(e))
-        raise FedhetError(errors[0])
+        return _coerce_union(value, hint, where)
     if origin is typing.Literal:
-        choices = typing.get_args(hint)
-        if value in choices:
-            return value
-        if isinstance(value, str):  # any case: `Cosine` is `cosine`
-            folded = {fold(c): c for c in choices if isinstance(c, str)}
-            if fold(value) in folded:
-                return folded[fold(value)]
-        hint_text = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
-        raise FedhetError(
-            f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}{hint_text}"
-        )
+        return _coerce_literal(value, typing.get_args(hint), where)
     if origin in (tuple, list):
-        if isinstance(value, str):
-            value = [v.strip() for v in value.replace("[", "").replace("]", "").split(",")
-                     if v.strip()]
-        if not isinstance(value, list | tuple):
-            raise FedhetError(f"{where} must be a list, got {value!r}")
-        (item,) = typing.get_args(hint)[:1] or (Any,)
-        items = [coerce(v, item, where) for v in value]
-        return tuple(items) if origin is tuple else items
+        return _coerce_sequence(value, hint, where)
     if hint is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
-            return True
-        if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
-            return False
-        raise FedhetError(f"{where} must be true or false, got {value!r}")
+        return _coerce_bool(value, where)
     if hint is int:
-        if isinstance(value, bool):
-            raise FedhetError(f"{where} must be an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        try:
-            return int(str(value))
-        except ValueError:
-            raise FedhetError(f"{where} must be an integer, got {value!r}") from None
+        return _coerce_int(value, where)
     if hint is float:
         if isinstance(value, bool):
             raise FedhetError(f"{where} must be a number, got {value!r}")
@@ -178,6 +140,73 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
             raise FedhetError(f"{where} must be a string, got {value!r}")
         return str(value)
     return value
+
+
+def _coerce_union(value: Any, hint: Any, where: str) -> Any:
+    """`value` as the first member of the union `hint` that takes it; None from `none`/`null`;
+    else the first member's error."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        return None
+    errors = []
+    for arg in args:
+        try:
+            return coerce(value, arg, where)
+        except FedhetError as e:
+            errors.append(str(e))
+    raise FedhetError(errors[0])
+
+
+def _coerce_literal(value: Any, choices: tuple[Any, ...], where: str) -> Any:
+    """One of `choices`, a string matched in any case (`Cosine` is `cosine`)."""
+    if value in choices:
+        return value
+    if isinstance(value, str):
+        folded = {fold(c): c for c in choices if isinstance(c, str)}
+        if fold(value) in folded:
+            return folded[fold(value)]
+    hint_text = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
+    raise FedhetError(
+        f"{where} must be one of {', '.join(map(str, choices))}, got {value!r}{hint_text}"
+    )
+
+
+def _coerce_sequence(value: Any, hint: Any, where: str) -> list[Any] | tuple[Any, ...]:
+    """A list or tuple (`hint`'s origin) of its item type, from a list, a tuple or `[a, b]` /
+    `a, b` text."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.replace("[", "").replace("]", "").split(",")
+                 if v.strip()]
+    if not isinstance(value, list | tuple):
+        raise FedhetError(f"{where} must be a list, got {value!r}")
+    (item,) = typing.get_args(hint)[:1] or (Any,)
+    items = [coerce(v, item, where) for v in value]
+    return tuple(items) if typing.get_origin(hint) is tuple else items
+
+
+def _coerce_bool(value: Any, where: str) -> bool:
+    """A bool, or its words: true/1/yes/on and false/0/no/off, in any case."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise FedhetError(f"{where} must be true or false, got {value!r}")
+
+
+def _coerce_int(value: Any, where: str) -> int:
+    """An int, a whole float, or the text of an int; never a bool."""
+    if isinstance(value, bool):
+        raise FedhetError(f"{where} must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    try:
+        return int(str(value))
+    except ValueError:
+        raise FedhetError(f"{where} must be an integer, got {value!r}") from None
 
 
 def fold(name: str) -> str:

@@ -8,7 +8,8 @@ name in the package is internal to it (tests/test_architecture.py).
 
 from fedhet.data.base import Dataset
 from fedhet.data.files import absolute, is_data_path
-from fedhet.data.partition import label_counts, write_index_map
+from fedhet.data.index_map import write_index_map
+from fedhet.data.partition import label_counts
 from fedhet.registry import import_all
 
 import_all(__name__, __path__)

@@ -2,22 +2,24 @@
 
 Each partitioner is `(labels, n_clients, params, rng) -> list[np.ndarray]` and is deterministic
 given `rng`. Unless its docstring says otherwise, every sample goes to exactly one client.
-Impossible requests raise `FedhetError` with what to change.
+Impossible requests raise `FedhetError` with what to change. Every partitioner registers here;
+the rules they share live beside it: Dirichlet's (`dirichlet`), the shards' (`shards`) and the
+index-map file's (`index_map`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from fedhet.data.base import Dataset
 from fedhet.data.dirichlet import class_members, floor_split, redraw_split
+from fedhet.data.index_map import read_index_map
+from fedhet.data.shards import exact_labels, label_shards, label_sorted
 from fedhet.errors import FedhetError
 from fedhet.registry import NoParams, Registry
 
@@ -236,44 +238,12 @@ def _check_xi(labels: np.ndarray, xi: int) -> None:
         raise FedhetError(f"partition.xi={xi} exceeds the {n_classes} classes; choose xi ≤ {n_classes}")
 
 
-def _label_sorted(labels: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """All indices sorted by label, in random order within each label."""
-    perm = rng.permutation(len(labels))
-    return perm[np.argsort(labels[perm], kind="stable")]
-
-
-def _label_shards(labels: np.ndarray, n_shards: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """`n_shards` shards, none straddling two labels: label c gets `k_c` of them, `k_c ∝ |c|`
-    by largest remainders (at least one each), its shuffled samples cut into `k_c` near-equal
-    pieces."""
-    classes, sizes = np.unique(labels, return_counts=True)
-    if n_shards < len(classes):
-        raise FedhetError(
-            f"partition.cut=label needs a shard per label: {n_shards} shards for {len(classes)} "
-            "labels; use more clients or a larger partition.xi, or partition.cut=sorted"
-        )
-    exact = n_shards * sizes / sizes.sum()
-    k = np.maximum(1, np.floor(exact).astype(np.int64))
-    while k.sum() > n_shards:  # the floor of one shard each took more than the shares gave
-        k[np.argmax(np.where(k > 1, k - exact, -np.inf))] -= 1
-    k[np.argsort(-(exact - k), kind="stable")[: n_shards - int(k.sum())]] += 1
-    if (k > sizes).any():
-        c = int(np.flatnonzero(k > sizes)[0])
-        raise FedhetError(f"label {classes[c]} has {sizes[c]} samples for {k[c]} shards; use "
-                          "fewer clients or a smaller partition.xi, or partition.cut=sorted")
-    pieces: list[np.ndarray] = []
-    for c, kc in zip(classes, k, strict=True):
-        members = rng.permutation(np.flatnonzero(labels == c))
-        pieces += np.array_split(members, int(kc))
-    return pieces
-
-
 @PARTITIONS.register("shards", ShardsParams, "pathological ξ: each client takes ξ label-sorted shards")
 def shards(labels: np.ndarray, n_clients: int, params: ShardsParams, rng: np.random.Generator):
     """FedSR §V (pathological ξ): sort by label, cut into `N ξ` equal shards (sizes differ by ≤ 1),
     each client takes ξ random shards. A shard can straddle two labels when class sizes are not
     multiples of the shard size, so "most" clients hold ξ labels, none more than 2ξ.
-    `cut="label"`: each label cut into its own shards (`_label_shards`), at most ξ labels a
+    `cut="label"`: each label cut into its own shards (`fedhet.data.shards.label_shards`), at most ξ labels a
     client."""
     _check_clients(labels, n_clients)
     _check_xi(labels, params.xi)
@@ -286,9 +256,9 @@ def shards(labels: np.ndarray, n_clients: int, params: ShardsParams, rng: np.ran
             f"at most {n // params.xi} clients with xi={params.xi}{smaller_xi}"
         )
     if params.cut == "label":
-        pieces = _label_shards(labels, n_shards, rng)
+        pieces = label_shards(labels, n_shards, rng)
     else:
-        pieces = np.array_split(_label_sorted(labels, rng), n_shards)
+        pieces = np.array_split(label_sorted(labels, rng), n_shards)
     owners = rng.permutation(n_shards).reshape(n_clients, params.xi)
     return [np.sort(np.concatenate([pieces[j] for j in row])) for row in owners]
 
@@ -305,7 +275,7 @@ class UnbalancedParams:
     """With `labels="shards"`: `sorted` lays every client's ξ shards along the label-sorted data
     (a large client's shards span several labels); `label` **[choice]**, the other reading of
     FedNNNN's "only 2 classes": every client, large or small, holds exactly ξ labels
-    (`_exact_labels`)."""
+    (`fedhet.data.shards.exact_labels`)."""
 
     def validate(self) -> None:
         if not (self.exponent >= 0 and math.isfinite(self.exponent)):
@@ -332,51 +302,6 @@ def power_law_sizes(n_samples: int, n_clients: int, exponent: float, min_size: i
     return sizes + min_size
 
 
-def _apportion(total: int, weights: np.ndarray) -> np.ndarray:
-    """`total` cut in proportion to `weights` (largest remainders), at least 1 each; needs
-    `total ≥ len(weights)`."""
-    exact = total * weights / weights.sum()
-    k = np.maximum(1, np.floor(exact).astype(np.int64))
-    while k.sum() > total:  # the floor of one each took more than the shares gave
-        k[np.argmax(np.where(k > 1, k - exact, -np.inf))] -= 1
-    k[np.argsort(-(exact - k), kind="stable")[: total - int(k.sum())]] += 1
-    return k
-
-
-def _exact_labels(labels: np.ndarray, sizes: np.ndarray, xi: int,
-                  rng: np.random.Generator) -> list[np.ndarray]:
-    """Every client holds exactly ξ labels, about `sizes[i]/ξ` samples of each.
-
-    **[choice]** Clients from the largest down (ties in random order) take the ξ labels with the
-    most samples not yet asked for (ties in random order), asking `sizes[i]/ξ` of each (split as
-    `shards` splits a size). Each label's shuffled samples then go to its holders in proportion
-    to what they asked (largest remainders, at least 1 each), so every sample goes to exactly one
-    client and a client's size is its power-law size up to its labels' excess or shortfall (MNIST's
-    class sizes, 100 clients, seeds 0-4: within 1.1 %; `tests/test_partitions.py` holds it to 2 %).
-    """
-    classes, supply = np.unique(labels, return_counts=True)
-    asks = sizes[:, None] // xi + (np.arange(xi) < sizes[:, None] % xi)
-    left = supply.astype(np.int64)
-    held = np.zeros((len(sizes), xi), dtype=np.int64)
-    for i in np.lexsort((rng.random(len(sizes)), -sizes)):
-        pick = np.lexsort((rng.random(len(classes)), -left))[:xi]
-        held[i] = pick
-        left[pick] -= asks[i]
-    parts: list[list[np.ndarray]] = [[] for _ in sizes]
-    for c in range(len(classes)):
-        who, slot = np.nonzero(held == c)
-        if len(who) == 0:
-            continue
-        if len(who) > supply[c]:
-            raise FedhetError(f"label {classes[c]} has {supply[c]} samples for {len(who)} clients; "
-                              "use fewer clients, or partition.cut=sorted")
-        counts = _apportion(int(supply[c]), asks[who, slot].astype(np.float64))
-        members = rng.permutation(np.flatnonzero(labels == classes[c]))
-        for i, piece in zip(who, np.split(members, np.cumsum(counts)[:-1]), strict=True):
-            parts[i].append(piece)
-    return [np.sort(np.concatenate(p)) for p in parts]
-
-
 @PARTITIONS.register("unbalanced", UnbalancedParams, "power-law client sizes; labels IID or shards")
 def unbalanced(labels: np.ndarray, n_clients: int, params: UnbalancedParams, rng: np.random.Generator):
     """FedNNNN's unbalanced (UB) setting: a few clients hold most samples.
@@ -385,7 +310,7 @@ def unbalanced(labels: np.ndarray, n_clients: int, params: UnbalancedParams, rng
     permutation cut at those sizes. `labels="shards"`: each client's size is cut into ξ near-equal
     shards; all shards, in random order, are laid along the label-sorted samples, so a small
     client holds ≤ ξ labels (plus straddles) while a large client's shards span more labels.
-    `cut="label"`: every client holds exactly ξ labels (`_exact_labels`).
+    `cut="label"`: every client holds exactly ξ labels (`fedhet.data.shards.exact_labels`).
     """
     _check_clients(labels, n_clients)
     sizes = rng.permutation(power_law_sizes(len(labels), n_clients, params.exponent, params.min_size))
@@ -393,13 +318,13 @@ def unbalanced(labels: np.ndarray, n_clients: int, params: UnbalancedParams, rng
         return [np.sort(p) for p in np.split(rng.permutation(len(labels)), np.cumsum(sizes)[:-1])]
     _check_xi(labels, params.xi)
     if params.cut == "label":
-        return _exact_labels(labels, sizes, params.xi, rng)
+        return exact_labels(labels, sizes, params.xi, rng)
     xi = params.xi
     shard_sizes = sizes[:, None] // xi + (np.arange(xi) < sizes[:, None] % xi)
     owner = np.repeat(np.arange(n_clients), xi)
     order = rng.permutation(n_clients * xi)
     flat_sizes = shard_sizes.reshape(-1)[order]
-    pieces = np.split(_label_sorted(labels, rng), np.cumsum(flat_sizes)[:-1])
+    pieces = np.split(label_sorted(labels, rng), np.cumsum(flat_sizes)[:-1])
     parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
     for k, piece in zip(order, pieces, strict=True):
         parts[owner[k]].append(piece)
@@ -418,128 +343,6 @@ NO_USERS = (
 def natural(labels: np.ndarray, n_clients: int, params: Any, rng: np.random.Generator):
     """Placeholder: `partition_dataset` takes the dataset's `natural_partition` itself."""
     raise FedhetError(f"the natural partition needs a dataset that has users; {NO_USERS}")
-
-
-class _Pairs(list):
-    """A JSON object as its (key, value) pairs in file order, so a repeated key stays visible."""
-
-
-def _json_kind(value: Any) -> str:
-    if isinstance(value, _Pairs):
-        return "an object"
-    return {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(value), "a number"
-    )
-
-
-def _read_json(path: str) -> Any:
-    where = f"partition.path={path}"
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")  # a BOM (Windows tools) is fine
-    except FileNotFoundError:
-        raise FedhetError(f"{where}: no such file; give the JSON file of client → sample indices") from None
-    except OSError as e:
-        raise FedhetError(f"{where}: cannot read it ({e.strerror}); give a readable JSON file") from None
-    except UnicodeDecodeError:
-        raise FedhetError(f"{where} is not UTF-8 text; give a JSON file of client → sample indices") from None
-    try:
-        return json.loads(text, object_pairs_hook=_Pairs)
-    except json.JSONDecodeError as e:
-        raise FedhetError(
-            f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); write "
-            '{"0": [indices], "1": [...], ...} or [[indices], [...], ...]'
-        ) from None
-
-
-def _client_lists(raw: Any, where: str) -> list[Any]:
-    """The file's per-client entries in client order, from `{"0": [...], ...}` or `[[...], ...]`."""
-    if isinstance(raw, _Pairs):
-        by_id: dict[int, Any] = {}
-        for key, value in raw:
-            if not (key.isdecimal() and str(int(key)) == key):
-                raise FedhetError(
-                    f"{where}: key {key!r} is not a client number; number the clients 0, 1, 2, ... "
-                    "(no signs, spaces or leading zeros)"
-                )
-            if int(key) in by_id:
-                raise FedhetError(f"{where}: client {key} appears twice; give each client one entry")
-            by_id[int(key)] = value
-        missing = sorted(set(range(len(by_id))) - set(by_id))
-        if missing:
-            raise FedhetError(
-                f"{where}: the keys of its {len(by_id)} clients must be exactly 0..{len(by_id) - 1} "
-                f"but {missing[0]} is missing; number the clients from 0 without gaps"
-            )
-        return [by_id[i] for i in range(len(by_id))]
-    if isinstance(raw, list):
-        return raw
-    raise FedhetError(
-        f"{where} holds {_json_kind(raw)}; it must be an object "
-        '{"0": [indices], ...} or a list of lists [[indices], ...]'
-    )
-
-
-def _client_indices(value: Any, i: int, n_samples: int | None, where: str) -> np.ndarray:
-    """Client i's entry as sorted int64 indices, refusing what is not a set of sample indices."""
-    if not isinstance(value, list) or isinstance(value, _Pairs):
-        raise FedhetError(f"{where}: client {i} maps to {_json_kind(value)}, not a list of sample indices")
-    if not value:
-        raise FedhetError(
-            f"{where}: client {i} has no samples; give every client at least one, or drop it and "
-            "renumber the rest"
-        )
-    bad = [v for v in value if type(v) is not int]
-    if bad:
-        raise FedhetError(
-            f"{where}: client {i} lists {json.dumps(bad[0])}, not a sample index; indices are "
-            "integers (0-based positions in the training set)"
-        )
-    top = n_samples if n_samples is not None else 2**63
-    out = [v for v in value if not 0 <= v < top]
-    if out:
-        span = "[0, N)" if n_samples is None else f"[0, {n_samples}), the {n_samples} training samples"
-        raise FedhetError(f"{where}: client {i} lists sample {out[0]}, outside {span}; indices count from 0")
-    idx = np.sort(np.array(value, dtype=np.int64))
-    repeated = idx[1:][np.diff(idx) == 0]
-    if len(repeated):
-        raise FedhetError(f"{where}: client {i} lists sample {repeated[0]} twice; list each sample once")
-    return idx
-
-
-def read_index_map(path: str, allow_overlap: bool = False, n_samples: int | None = None) -> list[np.ndarray]:
-    """The client → sample-indices mapping in the JSON file `path`, one sorted array per client.
-
-    Accepts `{"0": [i, ...], "1": [...], ...}` (keys exactly 0..n-1; NIID-Bench's and FedLab's
-    `net_dataidx_map` dumped as JSON) or `[[i, ...], [...], ...]`. Each client needs ≥ 1 sample,
-    listed once; a sample held by two clients is refused unless `allow_overlap`; with
-    `n_samples`, indices must lie in `[0, n_samples)`. Every problem is a one-line `FedhetError`.
-    """
-    where = f"partition.path={path}"
-    clients = _client_lists(_read_json(path), where)
-    if not clients:
-        raise FedhetError(f"{where} holds no clients; give at least one client's sample indices")
-    parts = [_client_indices(v, i, n_samples, where) for i, v in enumerate(clients)]
-    if not allow_overlap:
-        everything = np.sort(np.concatenate(parts))
-        shared = everything[1:][np.diff(everything) == 0]
-        if len(shared):
-            s = int(shared[0])
-            a, b = [i for i, p in enumerate(parts) if (p == s).any()][:2]
-            raise FedhetError(
-                f"{where}: sample {s} is given to clients {a} and {b}; give each sample to one client "
-                "or set partition.allow_overlap=true"
-            )
-    return parts
-
-
-def write_index_map(parts: list[np.ndarray], path: str | Path) -> None:
-    """Write `parts` as `{"0": [i, ...], ...}`, one client a line: what `read_index_map` reads."""
-    lines = ",\n".join(f'"{i}": {json.dumps(np.asarray(p).tolist())}' for i, p in enumerate(parts))
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text("{\n" + lines + "\n}\n", encoding="utf-8")
-    except OSError as e:
-        raise FedhetError(f"cannot write the indices to {path}: {e.strerror}") from None
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedhet.deploy.project import write_app
 from fedhet.engine import config_of
 from fedhet.errors import FedhetError
 from fedhet.procs import handling
 from fedhet.rundir import prepare_out
+
+if TYPE_CHECKING:
+    from fedhet.deploy.launch import LocalFederation
 
 
 def deploy_app(values: dict[str, Any], out: Path, app_dir: Path, round_timeout: float,
@@ -111,24 +114,38 @@ def deploy_local(values: dict[str, Any], out: Path, round_timeout: float, node_w
         write_app(app_dir, values, out, round_timeout=round_timeout, node_wait_timeout=node_wait,
                   fast_pulls=not simulation, node_events=None if simulation else fed.events_file,
                   supernode_auth=auth)
-        nodes = "simulated (Ray) " if simulation else ""
-        cluster = f" on the Ray cluster at {fed.env['RAY_ADDRESS']}" \
-            if simulation and fed.env["RAY_ADDRESS"] != "local" else ""
-        where = f"{fed.logs} (copied to {logs_to} at the end)" if logs_to else str(fed.logs)
-        admitted = (f" (TLS; only registered SuperNodes join: {len(fed.registered)} public keys "
-                    "registered)") if auth else ""
-        print(f"SuperLink on 127.0.0.1:{fed.port} with {cfg.clients} {nodes}SuperNodes{cluster}"
-              f"{admitted}; logs in {where}", flush=True)
+        print(_started_line(fed, cfg.clients, simulation, logs_to, auth), flush=True)
         echo = Echo()
         try:
             summary = fed.run(app_dir, out, timeout=timeout, echo=echo)
         finally:
             echo.close()
     summary["deploy_wall_s"] = time.perf_counter() - t0
-    deploy = json.loads((out / "deploy.json").read_text())
-    summary["supernodes_finished"] = deploy.get("supernodes_finished", len(deploy.get("nodes", {})))
+    summary["supernodes_finished"] = _supernodes_finished(out)
     print(f"{summary['supernodes_finished']} of {cfg.clients} SuperNodes finished the run")
     return summary
+
+
+def _started_line(fed: LocalFederation, clients: int, simulation: bool, logs_to: Path | None,
+                  auth: bool) -> str:
+    """The line `deploy local` prints once the federation `fed` is up: where the SuperLink
+    listens, how many SuperNodes (simulated, on which Ray cluster; admitted by key) and where
+    Flower's logs are."""
+    nodes = "simulated (Ray) " if simulation else ""
+    cluster = f" on the Ray cluster at {fed.env['RAY_ADDRESS']}" \
+        if simulation and fed.env["RAY_ADDRESS"] != "local" else ""
+    where = f"{fed.logs} (copied to {logs_to} at the end)" if logs_to else str(fed.logs)
+    admitted = (f" (TLS; only registered SuperNodes join: {len(fed.registered)} public keys "
+                "registered)") if auth else ""
+    return (f"SuperLink on 127.0.0.1:{fed.port} with {clients} {nodes}SuperNodes{cluster}"
+            f"{admitted}; logs in {where}")
+
+
+def _supernodes_finished(out: Path) -> int:
+    """The SuperNodes still in the run at its end, as the server app recorded in `deploy.json`
+    (every node it saw where it records no count)."""
+    deploy = json.loads((out / "deploy.json").read_text())
+    return deploy.get("supernodes_finished", len(deploy.get("nodes", {})))
 
 
 @contextlib.contextmanager

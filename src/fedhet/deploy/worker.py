@@ -27,6 +27,12 @@ import os
 import select
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flwr.proto.runtime_pb2 import AcquireTaskResponse
+    from flwr.supercore.runtime import RuntimeHttpClient
 
 POLL_S = float(os.environ.get("FEDHET_WORKER_POLL_S", "0.1"))
 """Seconds between two requests for a task (each is an HTTP call to the SuperNode)."""
@@ -81,21 +87,13 @@ def serve(address: str, insecure: bool = True, max_wait: float = 60.0,
     import torch  # noqa: F401  (imported once here, inherited by every child)
     from flwr.proto.runtime_pb2 import AcquireTaskRequest
     from flwr.supercore.constant import TaskType
-    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-    from flwr.supercore.retry import make_simple_http_retry_invoker
-    from flwr.supercore.runtime import RuntimeHttpClient
 
     # needs the optional extra fedhet[flower]
     from fedhet.deploy import client_app
     from fedhet.deploy.node import shorten_pull_backoff
 
     shorten_pull_backoff()
-    invoker = make_simple_http_retry_invoker()
-    invoker.max_tries = 1
-    client = RuntimeHttpClient.from_server_address(
-        server_address=address, insecure=insecure, root_certificates=None, retry_invoker=invoker,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-    )
+    client = _runtime_client(address, insecure)
     read_fd, write_fd = os.pipe()
     pending = b""
     last_ok = time.monotonic()
@@ -114,28 +112,57 @@ def serve(address: str, insecure: bool = True, max_wait: float = 60.0,
             time.sleep(0.5)
             continue
         if res.HasField("task") and res.token:
-            pid = os.fork()
-            if pid == 0:  # child
-                os.close(read_fd)
-                code = 1
-                try:
-                    code = _run_task(address, res.token, insecure, write_fd)
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-            t0 = time.monotonic()
-            _, status = os.waitpid(pid, 0)
-            print(f"fedhet worker: task {res.task.task_id} ran in PID {pid} for "
-                  f"{time.monotonic() - t0:.2f} s (wait status {status})", file=sys.stderr, flush=True)
-        # the parent learns the settings of new runs and builds their partition once
-        while select.select([read_fd], [], [], 0)[0]:
-            pending += os.read(read_fd, 65536)
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            with contextlib.suppress(Exception):  # a bad world fails in the task, not here
-                client_app.build_world(json.loads(line))
+            _fork_task(address, res, insecure, read_fd, write_fd)
+        pending = _learn_worlds(read_fd, pending, client_app.build_world)
         time.sleep(POLL_S)
+
+
+def _runtime_client(address: str, insecure: bool) -> RuntimeHttpClient:
+    """A client of the SuperNode's Runtime API at `address` that tries each call once (the
+    poll loop of `serve` is the retry)."""
+    # needs the optional extra fedhet[flower]
+    from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+    from flwr.supercore.retry import make_simple_http_retry_invoker
+    from flwr.supercore.runtime import RuntimeHttpClient
+
+    invoker = make_simple_http_retry_invoker()
+    invoker.max_tries = 1
+    return RuntimeHttpClient.from_server_address(
+        server_address=address, insecure=insecure, root_certificates=None, retry_invoker=invoker,
+        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+    )
+
+
+def _fork_task(address: str, res: AcquireTaskResponse, insecure: bool, read_fd: int, write_fd: int) -> None:
+    """Run the task `res` acquired in a child forked from this warm parent (`_run_task`: Flower's
+    own `run_clientapp`), wait for it and say how long it ran."""
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(read_fd)
+        code = 1
+        try:
+            code = _run_task(address, res.token, insecure, write_fd)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    t0 = time.monotonic()
+    _, status = os.waitpid(pid, 0)
+    print(f"fedhet worker: task {res.task.task_id} ran in PID {pid} for "
+          f"{time.monotonic() - t0:.2f} s (wait status {status})", file=sys.stderr, flush=True)
+
+
+def _learn_worlds(read_fd: int, pending: bytes, build_world: Callable[[Any], Any]) -> bytes:
+    """The parent learns the settings of new runs that children announced on the pipe and
+    builds their partition once (`build_world`), so later children inherit it; returns the
+    start of a line not yet complete."""
+    while select.select([read_fd], [], [], 0)[0]:
+        pending += os.read(read_fd, 65536)
+    while b"\n" in pending:
+        line, pending = pending.split(b"\n", 1)
+        with contextlib.suppress(Exception):  # a bad world fails in the task, not here
+            build_world(json.loads(line))
+    return pending
 
 
 def main(argv: list[str] | None = None) -> int:

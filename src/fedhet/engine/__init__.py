@@ -6,9 +6,10 @@ other name in `fedhet.engine` is internal to it (tests/test_architecture.py chec
 layers above import nothing else), as a user's code reaches fedhet only through
 `fedhet/__init__.py`:
 
-- **settings** (`config`): `parse` → `build` → `RunConfig`, with `config_of`, `flatten`,
-  `path_of`, `canonical_config`, `config_sources`, `engine_defaults`, `read_toml_file`, and
-  `current_value`/`current_record` (values an earlier release spelt otherwise, `spellings`); the
+- **settings** (`config`, `setting_sources`, `toml_files`, `spellings`): `parse` → `build` →
+  `RunConfig`, with `config_of`, `flatten`, `path_of`, `canonical_config`, `config_sources`,
+  `engine_defaults`, `read_toml_file`, and `current_value`/`current_record` (values an earlier
+  release spelt otherwise); the
   schema's tables `ENGINE_FIELDS`, `FIELD_DOCS`, `RECORD_KEYS`, `RESUMABLE`, `RUNTIME`,
   `COMPONENTS`, `REGISTRIES`;
 - **building and running** (`assembly`, `simulation`, `federation`, `stacked_runs`, `dry`):
@@ -46,21 +47,21 @@ if TYPE_CHECKING:
         canonical_config,
         chosen_components,
         config_of,
-        config_sources,
         engine_defaults,
         flatten,
         parse,
         path_of,
-        read_toml_file,
     )
     from fedhet.engine.dry import dry_check
     from fedhet.engine.failures import ClientFailure, UserCodeFailed
     from fedhet.engine.federation import federate, load
     from fedhet.engine.plan import ClusterOptions, describe_plan, host_port, ray_address, would_stack
     from fedhet.engine.rounds import RunnerContext
+    from fedhet.engine.setting_sources import config_sources
     from fedhet.engine.simulation import Simulation, check_resumable
     from fedhet.engine.spellings import current_record, current_value
     from fedhet.engine.stacked_runs import run_together
+    from fedhet.engine.toml_files import read_toml_file
     from fedhet.engine.workers import CORES_ENV, usable_cores
 
 __all__ = [

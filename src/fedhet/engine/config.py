@@ -12,26 +12,27 @@ One representation, one parser, one serialiser:
   result is a frozen `RunConfig` whose `algorithm_params` etc. are those typed objects.
 - `RunConfig.to_dict()` is `config.json`; `RunConfig.flat()` is the same as paths, which is
   what grids vary, tables print and `build` reads back (`build(cfg.flat()) == cfg`).
+
+Beside it: settings files read as TOML (`toml_files`), the hint an unknown setting gets
+(`setting_hints`) and where each setting of a run came from (`setting_sources`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
-import tomllib
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Self
 
 from fedhet.components import COMPONENTS, REGISTRIES
 from fedhet.data.files import absolute, is_data_path
+from fedhet.engine.setting_hints import suggest_setting
 from fedhet.engine.spellings import RENAMED, current_record, current_value
 from fedhet.errors import FedhetError
 from fedhet.metrics import check_metrics
-from fedhet.registry import build_params, coerce, did_you_mean, params_dict
+from fedhet.registry import build_params, coerce, params_dict
 from fedhet.rundir.store import RECORD_KEYS
 
 RUNTIME = {"device", "executor", "cohort_chunk", "workers", "data_dir", "checkpoint_every",
@@ -168,7 +169,23 @@ class RunConfig:
             object.__setattr__(self, key, current_value(key, getattr(self, key)))
 
     def validate(self) -> None:
-        checks = [
+        """Refuse settings no run can have, in one line (`FedhetError`): the first check that
+        fails, in the order of `_checks`, then an unknown metric."""
+        for ok, message in self._checks():
+            if not ok:
+                raise FedhetError(message)
+        if self.metrics:
+            check_metrics(self.metrics)
+
+    def _checks(self) -> list[tuple[bool, str]]:
+        """Every check as `(holds, what to change)`, in the order they are reported."""
+        return [*self._size_checks(), *self._local_work_checks(), *self._optimizer_checks(),
+                *self._cadence_checks(), *self._execution_checks(), *self._evaluation_checks(),
+                *self._fault_checks()]
+
+    def _size_checks(self) -> list[tuple[bool, str]]:
+        """Clients, rounds, seed, learning rate and batch size."""
+        return [
             (self.clients >= 1, "--clients must be ≥ 1"),
             (self.rounds >= 1, "--rounds must be ≥ 1"),
             (
@@ -180,6 +197,11 @@ class RunConfig:
             (self.lr > 0 and math.isfinite(self.lr), f"lr must be a positive number, got {self.lr}"),
             (self.lr_min >= 0, "lr_min must be ≥ 0"),
             (self.batch_size >= 1, "batch_size must be ≥ 1"),
+        ]
+
+    def _local_work_checks(self) -> list[tuple[bool, str]]:
+        """Local epochs and steps: positive, bounded, one `client_steps` entry per client."""
+        return [
             (self.local_epochs > 0, f"local_epochs must be > 0, got {self.local_epochs}"),
             (
                 self.local_epochs <= MAX_LOCAL_EPOCHS and self.epochs_max <= MAX_LOCAL_EPOCHS,
@@ -201,6 +223,11 @@ class RunConfig:
                 self.epochs_max == 0 or 1 <= self.epochs_min <= self.epochs_max,
                 "random local epochs need 1 ≤ epochs_min ≤ epochs_max",
             ),
+        ]
+
+    def _optimizer_checks(self) -> list[tuple[bool, str]]:
+        """The clients' optimizer: momentum, weight decay, Adam's β and ε."""
+        return [
             (0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}"),
             (self.weight_decay >= 0, "weight_decay must be ≥ 0"),
             (
@@ -221,11 +248,21 @@ class RunConfig:
                 f"momentum is SGD's heavy ball; client_optimizer={self.client_optimizer} has its "
                 f"own (adam_beta1): set momentum=0 (got {self.momentum})",
             ),
+        ]
+
+    def _cadence_checks(self) -> list[tuple[bool, str]]:
+        """The share of clients sampled each round, and how often the model is evaluated."""
+        return [
             (
                 0 < self.sample_fraction <= 1,
                 f"sample_fraction must be in (0, 1], got {self.sample_fraction}",
             ),
             (self.eval_every >= 1, "eval_every must be ≥ 1"),
+        ]
+
+    def _execution_checks(self) -> list[tuple[bool, str]]:
+        """Where and how a run computes (device, executor, precision, workers, checkpoints)."""
+        return [
             (
                 self.device in ("auto", "cpu", "cuda"),
                 f"device must be auto, cpu or cuda, got {self.device!r}",
@@ -246,6 +283,11 @@ class RunConfig:
                 "client_state_memory_mb must be a number of MiB ≥ 0 (0: keep no client state in "
                 f"memory between updates), got {self.client_state_memory_mb}",
             ),
+        ]
+
+    def _evaluation_checks(self) -> list[tuple[bool, str]]:
+        """The validation hold-out and the per-client evaluation."""
+        return [
             (
                 0 <= self.validation_fraction < 1,
                 f"validation_fraction must be in [0, 1), got {self.validation_fraction}",
@@ -265,6 +307,11 @@ class RunConfig:
                 "client_eval_finetune_steps scores each client on its held-out share: set "
                 "client_eval_fraction too (e.g. 0.2)",
             ),
+        ]
+
+    def _fault_checks(self) -> list[tuple[bool, str]]:
+        """The simulated faults: dropout and stragglers, each a probability."""
+        return [
             (
                 0 <= self.client_dropout <= 1,
                 f"client_dropout must be a probability in [0, 1], got {self.client_dropout}",
@@ -274,11 +321,6 @@ class RunConfig:
                 f"straggler_fraction must be a probability in [0, 1], got {self.straggler_fraction}",
             ),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise FedhetError(message)
-        if self.metrics:
-            check_metrics(self.metrics)
 
     @property
     def model_name(self) -> str:
@@ -378,28 +420,13 @@ def parse(source: Mapping[str, Any] | Sequence[str], where: str,
         elif key in ENGINE_FIELDS:
             out[key] = _engine_value(key, value, f"{where}: {key}")
         else:
+            hint = suggest_setting(key, chosen, ENGINE_FIELDS)
             raise FedhetError(
-                f"{where}: unknown setting {key!r}{_suggest_setting(key, chosen)}; valid settings: "
+                f"{where}: unknown setting {key!r}{hint}; valid settings: "
                 f"{', '.join(sorted(ENGINE_FIELDS))}, "
                 "or algorithm.<param>, dataset.<param>, partition.<param>, model.<param>"
             )
     return out
-
-
-SYNONYMS = {
-    "learning_rate": "lr", "learningrate": "lr", "eta": "lr", "step_size": "lr",
-    "batch": "batch_size", "batchsize": "batch_size", "bs": "batch_size",
-    "epochs": "local_epochs", "num_epochs": "local_epochs", "e": "local_epochs",
-    "steps": "local_steps", "tau": "local_steps", "num_steps": "local_steps",
-    "num_clients": "clients", "n_clients": "clients", "nodes": "clients",
-    "num_rounds": "rounds", "n_rounds": "rounds", "iterations": "rounds",
-    "fraction": "sample_fraction", "client_fraction": "sample_fraction", "frac": "sample_fraction",
-    "wd": "weight_decay", "random_seed": "seed", "dropout": "client_dropout",
-    "algo": "algorithm", "method": "algorithm", "data": "dataset", "split": "partition",
-    "net": "model", "arch": "model", "gpu": "device", "jobs": "workers",
-}
-"""Other names researchers use for a setting: an unknown setting spelt so is answered
-with the setting's own name (never accepted silently)."""
 
 
 def chosen_components(*sources: Mapping[str, Any]) -> dict[str, str]:
@@ -417,31 +444,6 @@ def chosen_components(*sources: Mapping[str, Any]) -> dict[str, str]:
                 out[kind] = value
     return {kind: REGISTRIES[kind].canonical(v) for kind, v in out.items()
             if isinstance(v, str) and REGISTRIES[kind].canonical(v) in REGISTRIES[kind]}
-
-
-def _suggest_setting(key: str, chosen: Mapping[str, str | tuple[str, ...]]) -> str:
-    """The hint of an unknown setting: a parameter of that name of the run's chosen components
-    (`mu` → `algorithm.mu` for fedprox; a grid's kind may name several, a tuple), a synonym
-    (`learning_rate` → `lr`) or a close spelling; a parameter only other components have is
-    named with them, not suggested."""
-    def has(kind: str, name: str) -> bool:
-        return key in {f.name for f in dataclasses.fields(REGISTRIES[kind].get(name).params)}
-
-    names = {kind: (v,) if isinstance(v, str) else tuple(v) for kind, v in chosen.items()}
-    owners = [kind for kind, these in names.items() if any(has(kind, n) for n in these)]
-    if owners:
-        return " (did you mean " + " or ".join(repr(f"{kind}.{key}") for kind in owners) + "?)"
-    near = did_you_mean(key, ENGINE_FIELDS, SYNONYMS)
-    if near:
-        return near
-    for kind, these in names.items():
-        others = [entry.name for entry in REGISTRIES[kind] if entry.name not in these
-                  and key in {f.name for f in dataclasses.fields(entry.params)}]
-        if others and these:
-            shown = ", ".join(others[:4]) + (", …" if len(others) > 4 else "")
-            return (f" ({' and '.join(these)} {'has' if len(these) == 1 else 'have'} no parameter "
-                    f"{key}; {kind}.{key} is a parameter of {shown})")
-    return ""
 
 
 AUTO = {"workers": 0}
@@ -482,64 +484,6 @@ def build(*layers: Mapping[str, Any], only: Sequence[str] = COMPONENTS) -> RunCo
         raw = {k.partition(".")[2]: v for k, v in merged.items() if k.startswith(f"{kind}.")}
         built[f"{kind}_params"] = build_params(REGISTRIES[kind].get(names[kind]).params, raw, kind)
     return dataclasses.replace(cfg, model=cfg.model_name, **built)
-
-
-def read_toml(text: str, where: str) -> dict[str, Any]:
-    """A TOML document; a syntax error is one `FedhetError` naming `where` (the caller's
-    wording, e.g. `config file run.toml is`), with a hint for the common mistakes
-    (`toml_hint`)."""
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise FedhetError(f"{where} not valid TOML: {e}{toml_hint(text, str(e))}") from None
-
-
-def read_toml_file(path: Path, what: str) -> tuple[str, dict[str, Any]]:
-    """A settings file's text and TOML document; a missing file, a directory or a file that is
-    not UTF-8 text is one `FedhetError` naming it (`what`: `config file`, `grid file`)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FedhetError(f"{what} {path} not found") from None
-    except IsADirectoryError:
-        raise FedhetError(f"{what} {path} is a directory; give a .toml file") from None
-    except UnicodeDecodeError:
-        raise FedhetError(f"{what} {path} is not a text file (TOML is UTF-8 text)") from None
-    return text, read_toml(text, f"{what} {path} is")
-
-
-_KEY_AT = re.compile(r"""^\s*(\[\[?)?\s*([A-Za-z0-9_.\-"' ]+?)\s*(\]\]?|=)""")
-
-
-def toml_hint(text: str, message: str) -> str:
-    """`; <how to fix it>` for TOML's `Cannot overwrite a value` (a key given twice, or a name
-    given a value and then used as a table, `algorithm = "fedprox"` beside `[algorithm]` or
-    `algorithm.mu = 0.1`); `` for other errors."""
-    m = re.search(r"at line (\d+)", message)
-    if "Cannot overwrite a value" not in message or not m:
-        return ""
-    lines = text.splitlines()
-    n = int(m.group(1))
-    k = _KEY_AT.match(lines[n - 1]) if 0 < n <= len(lines) else None
-    if not k:
-        return ""
-    key = k.group(2).replace('"', "").replace("'", "").strip()
-    head = key.split(".")[0]
-    for i, line in enumerate(lines[: n - 1], 1):
-        earlier = _KEY_AT.match(line)
-        if earlier and not earlier.group(1) and earlier.group(3) == "=" and \
-                earlier.group(2).strip() == head and (k.group(1) or head != key):
-            value = line.split("=", 1)[1].split("#")[0].strip()
-            said = f"; line {i} gives {head} a value, so line {n} cannot also make it a table"
-            if k.group(1):  # a [header]
-                return (f"{said} ([{key}]): remove line {i} and write name = {value} as the "
-                        f"table's first line, or name the table [{head}_params]")
-            return (f"{said} ({key}): quote the key (\"{key}\" = ...), or write the name inside "
-                    f"the table, [{head}] name = {value} followed by its parameters, or put the "
-                    f"parameters under [{head}_params]")
-    if k.group(3) == "=":
-        return f"; {key} is given twice (line {n} repeats it): keep one"
-    return ""
 
 
 def config_of(settings: Mapping[str, Any], where: str = "settings") -> RunConfig:
@@ -611,27 +555,3 @@ FIELD_DOCS: dict[str, str] = {
 def engine_defaults() -> dict[str, Any]:
     """Each engine setting's default (`RunConfig`'s field defaults)."""
     return {f.name: f.default for f in dataclasses.fields(RunConfig) if f.name in ENGINE_FIELDS}
-
-
-DEFAULT = "default"
-
-
-def config_sources(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[RunConfig, dict[str, str]]:
-    """The run `build` makes of `layers` (`(source, parse(...))` pairs, later wins) and, for
-    each of its settings (`RunConfig.flat`'s paths), where its value came from: the source of
-    the last layer that set it, else `DEFAULT` (`model` left at `auto` is `default (auto)`).
-
-    Old parameter names (`ALIASES`) count as their current name."""
-    cfg = build(*(values for _, values in layers))
-    sources: dict[str, str] = {}
-    for source, values in layers:
-        for key in values:
-            head, dot, name = key.partition(".")
-            if dot and head in REGISTRIES:
-                name = REGISTRIES[head].aliases().get(name, name)
-                key = f"{head}.{name}"
-            sources[key] = source
-    out = {path: sources.get(path, DEFAULT) for path in cfg.flat()}
-    if out["model"] == DEFAULT:
-        out["model"] = f"{DEFAULT} (auto for {cfg.dataset})"
-    return cfg, out

@@ -208,39 +208,7 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
     cmap = plt.get_cmap("viridis")
     shared_legend: dict[str, Any] = {}
     for ax, panel in zip(axes.flat, items, strict=False):
-        name, ylabel = diagnostic_axes(panel.family)
-        scale = ACCURACY_SCALE if "accuracy" in panel.family else 1.0
-        per_method = panel.per_method
-        n = len(panel.lines)
-        for j, (legend, col, mine) in enumerate(panel.lines):
-            got = seed_band(mine, "round", col, scale)
-            if got is None:
-                continue
-            x, mean, lo, hi = got
-            if per_method:
-                style = dict(styles[legend]) if isinstance(styles.get(legend), dict) else {"color": f"C{j}"}
-                style.setdefault("marker", ".")
-            else:
-                style = {"color": cmap(j / max(n - 1, 1)) if n > 1 else "C0",
-                         "marker": "." if len(x) < 40 else None}
-            style.setdefault("lw", 1.0 if n > 8 else 1.5)
-            ax.plot(x, mean, markevery=markevery(len(x)), label=legend, **style)
-            if len(mine) > 1 and (per_method or n <= 2):
-                ax.fill_between(x, lo, hi, color=style["color"], alpha=0.15, lw=0)
-        if per_method:
-            for handle, legend_name in zip(*ax.get_legend_handles_labels(), strict=True):
-                shared_legend.setdefault(legend_name, handle)
-        elif 1 < n <= 8:
-            ax.legend(fontsize=7)
-        elif n > 8:
-            ax.text(0.99, 0.02, f"{n} clients", transform=ax.transAxes, ha="right", fontsize=7)
-        where = ", ".join(str(x) for x in (panel.label, None if panel.seed is None else f"seed {panel.seed}")
-                          if x is not None)
-        fit_title(ax, name + (f" — {where}" if where else ""), 9)
-        ax.set_xlabel("round", fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
-        integer_ticks(ax)
-        ax.grid(alpha=0.3)
+        _draw_panel(ax, panel, styles, cmap, shared_legend)
     for ax in list(axes.flat)[len(items):]:
         ax.set_visible(False)
     seeds = max(sum(1 for r in runs if r.label == label) for label in {r.label for r in runs})
@@ -251,3 +219,44 @@ def plot_diagnostics(runs: RunData | list[RunData], path: Path, title: str = "",
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return True
+
+
+def _draw_panel(ax: Any, panel: Panel, styles: dict[str, Any], cmap: Any,
+                shared_legend: dict[str, Any]) -> None:
+    """One panel on `ax`: each line the mean over seeds with a band min–max, coloured by method
+    (`styles`, and its handles kept in `shared_legend` for the figure's legend) or along
+    `cmap` (one line per client, with a legend of its own when there are few), then its title,
+    axis labels and grid."""
+    name, ylabel = diagnostic_axes(panel.family)
+    scale = ACCURACY_SCALE if "accuracy" in panel.family else 1.0
+    per_method = panel.per_method
+    n = len(panel.lines)
+    for j, (legend, col, mine) in enumerate(panel.lines):
+        got = seed_band(mine, "round", col, scale)
+        if got is None:
+            continue
+        x, mean, lo, hi = got
+        if per_method:
+            style = dict(styles[legend]) if isinstance(styles.get(legend), dict) else {"color": f"C{j}"}
+            style.setdefault("marker", ".")
+        else:
+            style = {"color": cmap(j / max(n - 1, 1)) if n > 1 else "C0",
+                     "marker": "." if len(x) < 40 else None}
+        style.setdefault("lw", 1.0 if n > 8 else 1.5)
+        ax.plot(x, mean, markevery=markevery(len(x)), label=legend, **style)
+        if len(mine) > 1 and (per_method or n <= 2):
+            ax.fill_between(x, lo, hi, color=style["color"], alpha=0.15, lw=0)
+    if per_method:
+        for handle, legend_name in zip(*ax.get_legend_handles_labels(), strict=True):
+            shared_legend.setdefault(legend_name, handle)
+    elif 1 < n <= 8:
+        ax.legend(fontsize=7)
+    elif n > 8:
+        ax.text(0.99, 0.02, f"{n} clients", transform=ax.transAxes, ha="right", fontsize=7)
+    where = ", ".join(str(x) for x in (panel.label, None if panel.seed is None else f"seed {panel.seed}")
+                      if x is not None)
+    fit_title(ax, name + (f" — {where}" if where else ""), 9)
+    ax.set_xlabel("round", fontsize=8)
+    ax.set_ylabel(ylabel, fontsize=8)
+    integer_ticks(ax)
+    ax.grid(alpha=0.3)

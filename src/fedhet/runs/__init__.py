@@ -1,12 +1,14 @@
 """Runs: one run, a grid of runs, and what carries them (above the engine, below the reports).
 
 - `single`: one run from settings to a finished run directory (`execute`);
-- `grid`, `sweep`: a grid TOML file, or one from the command line, as `RunSpec`s;
+- `grid`, `sweep`: a grid TOML file, or one from the command line, as `RunSpec`s (`grid_document`,
+  `grid_lines`, `grid_cells`: its document, key lines and cells; `grid_manifest`: `grid.json`);
 - `comparison`: `fedhet compare` (`compare`), a grid run and tabulated;
 - `runner`: many `RunSpec`s over processes, finished runs skipped, partial ones resumed; `jobs`:
   a grid's runs still to do and their batches; `processes`: the worker processes they run in;
   `grid_status`: the grid's status lines and outcomes;
-- `cluster`, `raylink`: the same runs as Ray tasks over a cluster's nodes;
+- `cluster`, `raylink`, `raynodes`, `raytask`: the same runs as Ray tasks over a cluster's nodes
+  (the driver, the connection, the nodes and their file probe, the task on a node);
 - `presets`: what a paper preset is (`Preset`, `RunSpec`); the presets live with the papers;
 - `results`: a set of runs' `results.csv` and `summary.md`;
 - `progress`, `tensorboard`: progress lines for a log file, TensorBoard scalars;
@@ -28,15 +30,10 @@ if TYPE_CHECKING:
     from fedhet.runs.cluster import session as cluster_session
     from fedhet.runs.comparison import compare
     from fedhet.runs.demo import run_demo
-    from fedhet.runs.grid import (
-        Changes,
-        Grid,
-        cell_key,
-        duplicate_groups,
-        load_grid,
-        read_manifest,
-        write_manifest,
-    )
+    from fedhet.runs.grid import Grid, load_grid
+    from fedhet.runs.grid_cells import cell_key, duplicate_groups
+    from fedhet.runs.grid_document import Changes
+    from fedhet.runs.grid_manifest import read_manifest, write_manifest
     from fedhet.runs.jobs import DEFAULT_STACK_RUNS, Job, plan_jobs, stack_key, with_overrides
     from fedhet.runs.presets import PAPER_SEEDS, SCALES, Preset, PresetFactory, RunSpec, with_seeds
     from fedhet.runs.progress import RoundLines

@@ -17,7 +17,9 @@ from fedhet.errors import FedhetError
 from fedhet.rundir import atomic_write_text, read_config
 from fedhet.rundir import ownership as rundir
 from fedhet.runs.cluster import run_units
-from fedhet.runs.grid import Changes, load_grid, write_manifest
+from fedhet.runs.grid import load_grid
+from fedhet.runs.grid_document import Changes
+from fedhet.runs.grid_manifest import write_manifest
 from fedhet.runs.jobs import DEFAULT_STACK_RUNS, plan_jobs, with_overrides
 from fedhet.runs.results import collect
 from fedhet.runs.runner import run_specs

@@ -3,8 +3,13 @@
 A grid has `[base]` settings shared by every run, `[axes]` whose lists are crossed, and
 optional `[[variant]]` tables, each one method (an algorithm with its own settings; lists in a
 variant expand within it). `axes.algorithm` lists plain methods. Every expanded run is resolved
-with `fedhet.engine.config.resolve` before anything runs; an error names the grid file and the
+with `fedhet.engine.config_of` before anything runs; an error names the grid file and the
 line of the offending key.
+
+The grid's parts, each in its own module: the document before expansion (command-line
+changes, plugins, paths, TOML out: `grid_document`), where each key was written
+(`grid_lines`), what makes two runs one cell (`grid_cells`) and the grid directory's
+`grid.json` (`grid_manifest`).
 
 This module imports no torch at import time, so pool workers can limit threads first.
 """
@@ -13,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,11 +26,9 @@ from typing import Any
 
 from fedhet import plugins
 from fedhet.algorithms import ALGORITHMS
-from fedhet.data import absolute, is_data_path
 from fedhet.engine import (
     ENGINE_FIELDS,
     REGISTRIES,
-    RUNTIME,
     chosen_components,
     config_of,
     flatten,
@@ -35,8 +37,15 @@ from fedhet.engine import (
     read_toml_file,
 )
 from fedhet.errors import FedhetError
-from fedhet.rundir import atomic_write_text, damaged, read_json, to_json
-from fedhet.rundir import ownership as rundir
+from fedhet.runs.grid_cells import cell_key, check_duplicates
+from fedhet.runs.grid_document import (
+    Changes,
+    absolute_paths,
+    apply_changes,
+    load_recorded_plugins,
+    to_toml,
+)
+from fedhet.runs.grid_lines import Locator, Setting, key_lines
 from fedhet.runs.presets import RunSpec
 
 TOP_KEYS = ("title", "target_accuracy", "columns", "plugins", "base", "axes", "variant")
@@ -54,99 +63,8 @@ class Grid:
     """The grid as TOML: the file's text, or (with command-line changes) the grid they make."""
 
 
-@dataclass(frozen=True)
-class Changes:
-    """A grid changed on the command line (`fedhet compare`), Hydra-style.
-
-    `fixed`: settings every run gets (`--set`, `-r`, ...): each replaces the grid's value and
-    any axis or variant list of that setting, so `--set seed=0` runs one seed of a three-seed
-    grid. `sweeps`: axes (`--sweep lr=0.01,0.1`), added to the grid's or replacing its axis of
-    that setting. `sources`: path → what the user typed (`--set lr`), named in errors."""
-
-    fixed: Mapping[str, Any] = field(default_factory=dict)
-    sweeps: Mapping[str, list[Any]] = field(default_factory=dict)
-    sources: Mapping[str, str] = field(default_factory=dict)
-    title: str | None = None
-    """The title of a grid made on the command line alone."""
-
-    def __bool__(self) -> bool:
-        return bool(self.fixed or self.sweeps)
-
-
-# -- locating keys in the TOML text --------------------------------------------------------
-_HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_KEY = re.compile(r"""^\s*("(?:[^"\\]|\\.)*"|'[^']*'|[A-Za-z0-9_.\-]+)\s*=""")
-
-
-def _unquote(key: str) -> str:
-    parts = re.findall(r'"(?:[^"\\]|\\.)*"|\'[^\']*\'|[^.\s]+', key)
-    return ".".join(p[1:-1] if p[:1] in "\"'" else p for p in parts)
-
-
-def key_lines(text: str) -> dict[str, dict[str, int]]:
-    """`{section: {flat key: line}}`; sections are `""`, `base`, `axes`, `variant#0`, ...
-
-    Sub-tables (`[base.algorithm_params]`) fold into their section with a dotted key prefix.
-    """
-    out: dict[str, dict[str, int]] = {"": {}}
-    section, prefix, variants = "", "", 0
-    for lineno, line in enumerate(text.splitlines(), 1):
-        m = _HEADER.match(line)
-        if m and not _KEY.match(line):
-            name = _unquote(m.group(2))
-            head, _, rest = name.partition(".")
-            if m.group(1) == "[[" and head == "variant":
-                section, variants = f"variant#{variants}", variants + 1
-            else:
-                section = head
-            prefix = f"{rest}." if rest else ""
-            out.setdefault(section, {}).setdefault(rest, lineno)
-            continue
-        k = _KEY.match(line)
-        if k:
-            out.setdefault(section, {}).setdefault(prefix + _unquote(k.group(1)), lineno)
-    return out
-
-
-# -- parsing and expansion -----------------------------------------------------------------
-class _Locator:
-    def __init__(self, path: Path, lines: dict[str, dict[str, int]],
-                 given: Mapping[str, str] | None = None) -> None:
-        self.path, self.lines, self.given = path, lines, dict(given or {})
-
-    def line(self, section: str, key: str) -> int | None:
-        table = self.lines.get(section, {})
-        for k in (key, path_of(key)):
-            if k in table:
-                return table[k]
-        for k, n in table.items():
-            if path_of(k) == path_of(key):
-                return n
-        return None
-
-    def where(self, section: str, key: str = "") -> str:
-        if key and section in ("base", "axes") and path_of(key) in self.given:
-            return self.given[path_of(key)]  # a setting typed on the command line
-        n = self.line(section, key) if key else None
-        if n is None and not section and key:  # a top-level table: its [header] line
-            n = self.lines.get(key, {}).get("") or self.lines.get(f"{key}#0", {}).get("")
-        if n is None and section:
-            n = self.lines.get(section, {}).get("")
-        return f"{self.path}:{n}" if n else str(self.path)
-
-    def fail(self, section: str, key: str, message: str) -> FedhetError:
-        return FedhetError(f"{self.where(section, key)}: {message}")
-
-
-@dataclass
-class _Setting:
-    value: Any
-    section: str
-    key: str
-
-
-def _methods(doc: dict[str, Any], axes: dict[str, Any], loc: _Locator) -> list[dict[str, Any]]:
-    """Each method: `{"label": str | None, "settings": {key: _Setting}, "axes": {key: [...]}}`."""
+def _methods(doc: dict[str, Any], axes: dict[str, Any], loc: Locator) -> list[dict[str, Any]]:
+    """Each method: `{"label": str | None, "settings": {key: Setting}, "axes": {key: [...]}}`."""
     variants = doc.get("variant", [])
     if not isinstance(variants, list) or not all(isinstance(v, dict) for v in variants):
         raise loc.fail("", "variant", "variants are written as [[variant]] tables")
@@ -158,7 +76,7 @@ def _methods(doc: dict[str, Any], axes: dict[str, Any], loc: _Locator) -> list[d
         label = flat.pop("label", None)
         if label is not None and not isinstance(label, str):
             raise loc.fail(section, "label", f"label must be a string, got {label!r}")
-        fixed = {k: _Setting(v, section, k) for k, v in flat.items() if not isinstance(v, list)}
+        fixed = {k: Setting(v, section, k) for k, v in flat.items() if not isinstance(v, list)}
         lists = {k: (v, section) for k, v in flat.items() if isinstance(v, list)}
         for k, (v, _) in lists.items():
             if not v:
@@ -169,21 +87,21 @@ def _methods(doc: dict[str, Any], axes: dict[str, Any], loc: _Locator) -> list[d
     for name in axes.pop("algorithm", ([], "axes"))[0]:
         if _canonical("algorithm", name) not in named:
             methods.append({
-                "label": None, "settings": {"algorithm": _Setting(name, "axes", "algorithm")},
+                "label": None, "settings": {"algorithm": Setting(name, "axes", "algorithm")},
                 "axes": {},
             })
     return methods or [{"label": None, "settings": {}, "axes": {}}]
 
 
-def _product(axes: dict[str, tuple[list[Any], str]]) -> list[dict[str, _Setting]]:
+def _product(axes: dict[str, tuple[list[Any], str]]) -> list[dict[str, Setting]]:
     """Every combination; an axis value that is a table sets several keys together."""
     keys = list(axes)
     out = []
     for combo in itertools.product(*(axes[k][0] for k in keys)):
-        settings: dict[str, _Setting] = {}
+        settings: dict[str, Setting] = {}
         for k, v in zip(keys, combo, strict=True):
             bundle = flatten(v) if isinstance(v, dict) else {k: v}
-            settings.update({path_of(kk): _Setting(vv, axes[k][1], k) for kk, vv in bundle.items()})
+            settings.update({path_of(kk): Setting(vv, axes[k][1], k) for kk, vv in bundle.items()})
         out.append(settings)
     return out
 
@@ -217,7 +135,7 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
         text, raw = read_toml_file(path, "grid file")
         doc = absolute_paths(raw, path.resolve().parent)  # the file's paths: beside it
         file_moved = doc is not raw
-        doc = _load_recorded_plugins(doc, path)
+        doc = load_recorded_plugins(doc, path)
     recorded = list(doc.get("plugins") or [])
     now = plugins.loaded()
     if now and not set(now) <= set(recorded):  # the saved grid names every plugin its runs use
@@ -227,7 +145,7 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
         doc = apply_changes(doc, changes)
     if not text and changes.title:
         doc = {"title": changes.title, **doc}
-    loc = _Locator(path, key_lines(text), changes.sources)
+    loc = Locator(path, key_lines(text), changes.sources)
     grid = _grid(doc, path, loc)
     travelling = absolute_paths(doc)  # the command line's: from the current directory
     moved = ", its data paths made absolute and its plugins recorded" \
@@ -242,68 +160,7 @@ def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
     return grid
 
 
-def _load_recorded_plugins(doc: dict[str, Any], path: Path) -> dict[str, Any]:
-    """Import the plugins a grid file records (`plugins = ["my_nets.py", "mypkg.algos"]`, a
-    file relative to the grid file; fedhet saves them absolute in a grid directory's
-    grid.toml), so its components are known; returns `doc` with the files absolute."""
-    specs = doc.get("plugins")
-    if specs is None:
-        return doc
-    if not isinstance(specs, list) or not all(isinstance(s, str) for s in specs):
-        raise FedhetError(f"{path}: plugins must be a list of plugin files or modules, e.g. "
-                          f'plugins = ["my_algos.py"], got {specs!r}')
-    here = path.resolve().parent
-    specs = [str(here / Path(s).expanduser()) if plugins.is_file_spec(s) else s for s in specs]
-    plugins.ensure(specs, f"grid file {path}")
-    return {**doc, "plugins": [plugins.canonical(s) for s in specs]}
-
-
-PATH_SETTINGS = ("dataset", "dataset.test", "partition.path", "data_dir")
-"""Settings whose value may be a file or folder: in a grid file, relative to the file's
-directory; on the command line, to the current one."""
-
-
-def absolute_paths(doc: dict[str, Any], base: Path | None = None) -> dict[str, Any]:
-    """The grid document with each path in `PATH_SETTINGS` (in `[base]`, `[axes]` and every
-    variant) made absolute, relative to `base` (None: the current directory), as the saved
-    `grid.toml` records it: the grid then runs again from any directory, as its runs'
-    `config.json` do. `doc` itself when none is relative."""
-    moved = False
-
-    def is_path(key: str, value: str) -> bool:
-        if key.startswith("dataset"):  # a registered name, or a file
-            datasets = REGISTRIES["dataset"]
-            beside = base is not None and (base / Path(value).expanduser()).exists()
-            return datasets.canonical(value) not in datasets and (is_data_path(value) or beside)
-        return bool(value)
-
-    def fix(key: str, value: Any) -> Any:
-        nonlocal moved
-        if isinstance(value, list):
-            return [fix(key, v) for v in value]
-        if isinstance(value, str) and is_path(key, value):
-            here = Path(value).expanduser()
-            whole = absolute(str(here if base is None or here.is_absolute() else base / here))
-            moved = moved or whole != value
-            return whole
-        return value
-
-    def table(section: Any) -> Any:
-        if not isinstance(section, dict):
-            return section
-        flat = flatten(section)
-        return {k: fix(path_of(k), v) if path_of(k) in PATH_SETTINGS else v for k, v in flat.items()}
-
-    out = dict(doc)
-    for name in ("base", "axes"):
-        if name in out:
-            out[name] = table(out[name])
-    if isinstance(out.get("variant"), list):
-        out["variant"] = [table(v) for v in out["variant"]]
-    return out if moved else doc
-
-
-def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:
+def _grid(doc: dict[str, Any], path: Path, loc: Locator) -> Grid:
     for key in doc:
         if key not in TOP_KEYS:
             hint = (f" ({path.name} reads like a run file: run it with `fedhet run --config {path}`, "
@@ -317,7 +174,7 @@ def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:
     for name, table in (("base", base_raw), ("axes", axes_raw)):
         if not isinstance(table, dict):
             raise loc.fail("", name, f"{name} must be a table: [{name}]")
-    base = {k: _Setting(v, "base", k) for k, v in flatten(base_raw).items()}
+    base = {k: Setting(v, "base", k) for k, v in flatten(base_raw).items()}
     axes: dict[str, tuple[list[Any], str]] = {}
     for key, values in flatten(axes_raw).items():
         if not isinstance(values, list) or not values:
@@ -347,71 +204,11 @@ def _grid(doc: dict[str, Any], path: Path, loc: _Locator) -> Grid:
                                f"choose from: {', '.join(sorted(used))}")
         columns = [path_of(c) for c in columns]
     specs = _to_specs(runs, methods, axes, columns, loc)
-    _check_duplicates(runs, keys, specs, methods, axes, loc)
+    check_duplicates(runs, keys, specs, methods, axes, loc)
     return Grid(path, str(title), specs, float(target) if target is not None else None, loc.lines)
 
 
-def apply_changes(doc: dict[str, Any], changes: Changes) -> dict[str, Any]:
-    """The grid document with `changes` made (`Changes`): a fixed setting goes into `[base]`
-    and out of `[axes]` and every variant; a sweep becomes `[axes]`' list of that setting."""
-    if not all(isinstance(doc.get(name, {}), dict) for name in ("base", "axes")):
-        return doc  # not a grid's shape: `load_grid` says so, naming the line
-    doc = dict(doc)
-    base = {path_of(k): v for k, v in flatten(doc.get("base", {})).items()}
-    axes = {path_of(k): v for k, v in flatten(doc.get("axes", {})).items()}
-    variants = [{path_of(k): v for k, v in flatten(v).items()} if isinstance(v, dict) else v
-                for v in doc.get("variant", [])] if isinstance(doc.get("variant"), list) else None
-    for key, value in changes.fixed.items():
-        key = path_of(key)
-        axes.pop(key, None)
-        for v in variants or []:
-            if isinstance(v, dict):
-                v.pop(key, None)
-        base[key] = value
-    for key, values in changes.sweeps.items():
-        axes[path_of(key)] = list(values)
-    doc["base"], doc["axes"] = base, axes
-    if variants is not None:
-        doc["variant"] = variants
-    return doc
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
-    return json.dumps(str(value), ensure_ascii=False)
-
-
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
-
-
-def to_toml(doc: Mapping[str, Any], comment: str = "") -> str:
-    """A grid document as TOML text that `load_grid` reads back to the same runs (dotted
-    setting names quoted, one table per section, `[[variant]]` for each variant)."""
-    lines = [f"# {comment}"] if comment else []
-    for key, value in doc.items():
-        if key not in ("base", "axes", "variant"):
-            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
-    for name in ("base", "axes"):
-        if doc.get(name):
-            lines += ["", f"[{name}]"]
-            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in doc[name].items()]
-    for variant in doc.get("variant", []) or []:
-        lines += ["", "[[variant]]"]
-        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in flatten(variant).items()]
-    return "\n".join(lines) + "\n"
-
-
-def _check_keys(base: dict[str, _Setting], axes: dict[str, tuple[list[Any], str]], loc: _Locator,
+def _check_keys(base: dict[str, Setting], axes: dict[str, tuple[list[Any], str]], loc: Locator,
                 chosen: Mapping[str, str | tuple[str, ...]] | None = None) -> None:
     """Each setting name and (top-level) value type on its own, so the error has its line;
     `chosen`: the grid's components (`_grid_components`), for the hint of an unknown one."""
@@ -444,7 +241,7 @@ def _grid_components(doc: Mapping[str, Any]) -> dict[str, str | tuple[str, ...]]
     return out
 
 
-def _expand(base, axes, methods, loc, chosen=None) -> list[tuple[int, dict[str, _Setting]]]:
+def _expand(base, axes, methods, loc, chosen=None) -> list[tuple[int, dict[str, Setting]]]:
     """`(method index, settings)` for every run: base ← method ← method axes ← grid axes."""
     runs = []
     for m, method in enumerate(methods):
@@ -459,7 +256,7 @@ def _expand(base, axes, methods, loc, chosen=None) -> list[tuple[int, dict[str, 
     return runs
 
 
-def _validate_run(settings: dict[str, _Setting], loc: _Locator) -> str:
+def _validate_run(settings: dict[str, Setting], loc: Locator) -> str:
     """Resolve one run (its error names the line of the culprit); returns its `cell_key`."""
 
     try:
@@ -482,7 +279,7 @@ def _names(message: str, key: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", message) is not None
 
 
-def _culprit(message: str, settings: dict[str, _Setting]) -> _Setting | None:
+def _culprit(message: str, settings: dict[str, Setting]) -> Setting | None:
     """The setting an error message is about: the longest key named in it, else a value."""
     aliases = ALGORITHMS.aliases()  # a setting spelt the old way is named in its current spelling
 
@@ -497,84 +294,6 @@ def _culprit(message: str, settings: dict[str, _Setting]) -> _Setting | None:
         if isinstance(s.value, str) and repr(s.value) in message:
             return s
     return None
-
-
-# -- duplicate cells ---------------------------------------------------------------------------
-NOT_A_CELL = frozenset(RUNTIME)
-"""Settings that do not change what a run computes; two runs that differ only here are one cell."""
-
-
-def cell_key(config: dict[str, Any]) -> str:
-    """What makes a run distinct: its resolved config (defaults filled in, values coerced, so
-    `lr = 1` and `lr = 1.0`, or a parameter given at its default and left out, are the same),
-    less `NOT_A_CELL`."""
-    return json.dumps({k: v for k, v in config.items() if k not in NOT_A_CELL}, sort_keys=True,
-                      default=str)
-
-
-def duplicate_groups(keys: list[str]) -> list[list[int]]:
-    """Indices of the runs that share a key, one list per key that occurs more than once."""
-    where: dict[str, list[int]] = {}
-    for i, key in enumerate(keys):
-        where.setdefault(key, []).append(i)
-    return [ix for ix in where.values() if len(ix) > 1]
-
-
-def _check_duplicates(runs, keys, specs, methods, axes, loc) -> None:
-    """Refuse a grid in which two runs are the same cell (it would run it twice and report the
-    seeds' spread as ± 0): repeated axis values, a method listed twice, a bundle or variant that
-    repeats another one, or two spellings of one value."""
-    groups = duplicate_groups(keys)
-    if not groups:
-        return
-    cells = "; ".join(" = ".join(specs[i].name for i in ix) for ix in groups[:3])
-    more = f" (and {len(groups) - 3} more)" if len(groups) > 3 else ""
-    first = groups[0]
-    a, b = runs[first[0]][1], runs[first[1]][1]
-    differ = sorted(k for k in set(a) | set(b)
-                    if k not in a or k not in b or _same(a[k].value) != _same(b[k].value))
-    if differ:
-        # e.g. `lr = [1, 1.0]`, or a value that only restates the default
-        k = differ[0]
-        s = a.get(k) or b[k]
-        shown = ", ".join(f"{d}: {_show(a, d)} vs {_show(b, d)}" for d in differ[:3])
-        why = f"their settings differ only in spelling or defaults ({shown})"
-    else:
-        s, why = _repeated(methods, axes, a)
-    where = loc.where(s.section, s.key) if s is not None else str(loc.path)
-    raise FedhetError(
-        f"{where}: duplicate runs, the same cell twice: {cells}{more}; {why}; remove the repeat"
-    )
-
-
-def _same(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)
-
-
-def _show(settings: dict[str, _Setting], key: str) -> str:
-    return repr(settings[key].value) if key in settings else "(default)"
-
-
-def _repeated(methods, axes, settings: dict[str, _Setting]) -> tuple[_Setting | None, str]:
-    """Where two identical runs come from, and why: an axis (grid or method) whose list holds
-    one value twice, two axes that set the same setting, or a method listed twice."""
-    tables = [(k, v) for k, (v, _) in axes.items()]
-    for m in methods:
-        tables += [(k, v) for k, (v, _) in m["axes"].items()]
-    setters: dict[str, list[str]] = {}
-    for key, values in tables:
-        bundles = [{path_of(kk): vv for kk, vv in
-                    (flatten(v) if isinstance(v, dict) else {key: v}).items()} for v in values]
-        seen = [_same(b) for b in bundles]
-        if len(set(seen)) < len(seen):
-            return settings.get(path_of(key)) or _Setting(None, "axes", key), (
-                f"{key} lists one value twice")
-        for k in {k for b in bundles for k in b}:
-            setters.setdefault(k, []).append(key)
-    for k, keys in setters.items():
-        if len(keys) > 1:
-            return settings.get(k), f"{' and '.join(keys)} both set {k}, so one hides the other"
-    return settings.get("algorithm"), "a method is listed twice"
 
 
 def _to_specs(runs, methods, axes, columns, loc) -> list[RunSpec]:
@@ -609,7 +328,7 @@ def _to_specs(runs, methods, axes, columns, loc) -> list[RunSpec]:
     return specs
 
 
-def _varying_keys(runs: list[dict[str, _Setting]]) -> list[str]:
+def _varying_keys(runs: list[dict[str, Setting]]) -> list[str]:
     keys: list[str] = []
     for settings in runs:
         keys.extend(k for k in settings if k not in keys)
@@ -625,43 +344,3 @@ def _auto_label(values: dict[str, Any], varying: list[str], columns: list[str], 
         for k in varying if k in values and k not in columns and k not in ("seed", "algorithm")
     ]
     return f"{name} ({', '.join(extra)})" if extra else name
-
-
-def write_manifest(out: Path, title: str, specs: list[RunSpec], target: float | None, **extra: Any) -> None:
-    """`DIR/grid.json`: what `report` and re-runs need to rebuild the tables."""
-
-    atomic_write_text(out / "grid.json", to_json({
-        "title": title, "target_accuracy": target, **extra,
-        "runs": [{"name": s.name, "group": s.group, "label": s.label, "settings": s.settings} for s in specs],
-    }))
-
-
-MANIFEST_FIX = ("fedhet writes it as {\"title\", \"runs\": [{\"name\", \"group\", \"label\", "
-                "\"settings\"}, ...]}; run the grid again (`fedhet compare --config GRID.toml --out "
-                "DIR`, or `fedhet reproduce`) to write it anew")
-
-
-def read_manifest(out: Path) -> dict[str, Any] | None:
-    """`DIR/grid.json` checked (`MANIFEST_FIX`'s shape: each run a plain directory name under
-    `DIR/runs/`), or None when there is none; a damaged one, or a grid directory (its marker
-    says so) without one, is one `FedhetError`."""
-    path = out / "grid.json"
-    if not path.exists():
-        if rundir.kind(out) == "grid":
-            raise damaged(path, "is missing", MANIFEST_FIX)
-        return None
-    manifest = read_json(path, MANIFEST_FIX)
-    runs = manifest.get("runs")
-    if not isinstance(runs, list):
-        raise damaged(path, "has no list of runs", MANIFEST_FIX)
-    for i, run in enumerate(runs):
-        fields = [run.get(k) for k in ("name", "group", "label")] if isinstance(run, dict) else [None]
-        if not all(isinstance(f, str) for f in fields) or not _plain_name(run["name"]):
-            raise damaged(path, f"run {i} is not {{\"name\", \"group\", \"label\"}} with a plain "
-                          "directory name", MANIFEST_FIX)
-    return manifest
-
-
-def _plain_name(name: str) -> bool:
-    return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name \
-        and "\x00" not in name

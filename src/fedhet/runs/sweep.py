@@ -1,10 +1,10 @@
 """A grid from the command line (`fedhet compare`), as Hydra's multirun writes one.
 
-`changes` turns the setting flags, `--set` and `--sweep` into a `grid.Changes`: a flag or
-`--set` fixes a setting in every run, a comma list in `-a/-d/-p/-m` or a `--sweep KEY=V1,V2` is
-an axis. `dir_name` names the directory of a grid without `--out`, and `dry_run` lists what a
-grid would run. The grid machinery itself (expansion, duplicate cells, lock, resume) is
-`fedhet.runs.grid` and `compare`'s, unchanged.
+`changes` turns the setting flags, `--set` and `--sweep` into a `Changes`
+(`fedhet.runs.grid_document`): a flag or `--set` fixes a setting in every run, a comma list in
+`-a/-d/-p/-m` or a `--sweep KEY=V1,V2` is an axis. `dir_name` names the directory of a grid
+without `--out`, and `dry_run` lists what a grid would run. The grid machinery itself
+(expansion, duplicate cells, lock, resume) is `fedhet.runs.grid` and `compare`'s, unchanged.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 
 from fedhet.engine import REGISTRIES, path_of
 from fedhet.errors import FedhetError
-from fedhet.runs.grid import Changes, Grid
+from fedhet.runs.grid import Grid
+from fedhet.runs.grid_document import Changes
 
 AXIS_FLAGS = ("algorithm", "dataset", "partition", "model")
 """Flags whose value may be a comma list: one axis value each (`-a fedavg,fedprox`)."""

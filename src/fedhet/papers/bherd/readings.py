@@ -92,36 +92,46 @@ def methods(study: str, reading: str, setup: str = "default") -> dict[str, dict[
     """Label → algorithm settings for one study (`reading` for the `alpha` and `grab` studies).
     Keys starting with `_` are not algorithm settings: `_setup` (`preset.SETUPS`), `_batch`
     (`"best"`: `preset.BEST_BATCH` of the case)."""
-    fedavg = {FEDAVG: {"algorithm": "fedavg"}}
+    if study in ("criterion", "ref40", "batch"):
+        return _variants(study, reading)
+    if setup != "default":
+        tag = {"_setup": setup}
+        return {f"{label} {setup}": {**m, **tag} for label, m in methods(study, reading).items()}
+    return {FEDAVG: {"algorithm": "fedavg"}, **_compared(study, reading)}
+
+
+def _variants(study: str, reading: str) -> dict[str, dict[str, Any]]:
+    """BHerd `reading` against a variant of itself or of its setting: the `grab-stale`
+    criterion (`criterion`), and with it the `ref40` setup (`ref40`), or FedAvg and BHerd at the
+    case's best batch size (`batch`)."""
     stale = {"algorithm.criterion": "grab-stale"}
     if study == "criterion":
-        return {**fedavg, f"BHerd {reading}": bherd(reading),
+        return {FEDAVG: {"algorithm": "fedavg"}, f"BHerd {reading}": bherd(reading),
                 f"BHerd {reading} grab-stale": {**bherd(reading), **stale}}
     if study == "ref40":
         tag = {"_setup": "ref40"}
         return {f"{FEDAVG} ref40": {"algorithm": "fedavg", **tag},
                 f"BHerd {reading} ref40": {**bherd(reading), **tag},
                 f"BHerd {reading} ref40 grab-stale": {**bherd(reading), **stale, **tag}}
-    if study == "batch":
-        tag = {"_batch": "best"}
-        return {f"{FEDAVG} B=best": {"algorithm": "fedavg", **tag},
-                f"BHerd {reading} B=best": {**bherd(reading), **tag}}
-    if setup != "default":
-        tag = {"_setup": setup}
-        return {f"{label} {setup}": {**m, **tag} for label, m in methods(study, reading).items()}
+    tag = {"_batch": "best"}
+    return {f"{FEDAVG} B=best": {"algorithm": "fedavg", **tag},
+            f"BHerd {reading} B=best": {**bherd(reading), **tag}}
+
+
+def _compared(study: str, reading: str) -> dict[str, dict[str, Any]]:
+    """The methods a study sets beside FedAvg: BHerd's readings, its α, GraB, Fig. 2's
+    methods, the uncropped fixed point, or BHerd-SCAFFOLD with its herd-error guard."""
     if study == "readings":
         return {
-            **fedavg,
             "BHerd mean-tau": bherd("mean-tau"),
             "BHerd sum": bherd("sum"),
             "BHerd fixed-point ηg=1": bherd("fixed-point"),
             f"BHerd fixed-point ηg={FIXED_POINT_LR}": bherd("fixed-point", server_lr=FIXED_POINT_LR),
         }
     if study == "alpha":
-        return {**fedavg, **{f"BHerd {reading} α={a}": bherd(reading, a) for a in (0.1, 0.3, 0.5, 1.0)}}
+        return {f"BHerd {reading} α={a}": bherd(reading, a) for a in (0.1, 0.3, 0.5, 1.0)}
     if study == "grab":
         return {
-            **fedavg,
             "GraB-FedAvg": {"algorithm": "grab-fedavg"},
             f"GraB-FedAvg crop α=0.5 {reading}": {
                 "algorithm": "grab-fedavg", "algorithm.alpha": 0.5, "algorithm.reading": reading,
@@ -129,7 +139,6 @@ def methods(study: str, reading: str, setup: str = "default") -> dict[str, dict[
         }
     if study == "methods":  # Fig. 2's methods at the preset's defaults (centralized SGD aside)
         return {
-            **fedavg,
             f"BHerd {reading}": bherd(reading),
             "GraB-FedAvg": {"algorithm": "grab-fedavg"},
             "FedNova": {"algorithm": "fednova"},
@@ -138,11 +147,10 @@ def methods(study: str, reading: str, setup: str = "default") -> dict[str, dict[
             f"BHerd-SCAFFOLD {reading}": {**bherd(reading), "algorithm": "bherd-scaffold"},
         }
     if study == "control":  # fixed-point without cropping, at the same step as α = 0.5
-        return {**fedavg, f"fixed-point α=1 ηg={FIXED_POINT_LR / 2}": bherd(
+        return {f"fixed-point α=1 ηg={FIXED_POINT_LR / 2}": bherd(
             "fixed-point", 1.0, server_lr=FIXED_POINT_LR / 2)}
     if study == "scaffold":  # BHerd-SCAFFOLD with its herd-error guard
         return {
-            **fedavg,
             SCAFFOLD: {"algorithm": "scaffold"},
             f"BHerd-SCAFFOLD {reading} ρ={GUARD}": {
                 **bherd(reading, max_herd_error=GUARD), "algorithm": "bherd-scaffold",
