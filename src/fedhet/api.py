@@ -190,13 +190,7 @@ def compare(
     checked against `RunConfig`'s fields; the same key in `base` too is refused. `batch_runs`
     is an earlier release's name of `stack_runs`, read as it this release with a warning."""
     plugins.startup()
-    if batch_runs is not None:
-        if stack_runs is not None:
-            raise FedhetError("fedhet.compare: stack_runs and batch_runs (its earlier name) are "
-                              "both given; give stack_runs alone")
-        deprecated("fedhet.compare: `batch_runs` is now `stack_runs`; the old name goes in the "
-                   "next release (docs/cli.md)")
-        stack_runs = batch_runs
+    stack_runs = _stack_runs(stack_runs, batch_runs)
     given = checked_keywords(keywords, "fedhet.compare", {**(base or {}), **keywords})
     twice = sorted(set(given) & set(base or {}))
     if twice:
@@ -220,6 +214,19 @@ def compare(
                     overrides=dict(runtime) if runtime else None, changes=changes or None,
                     hint=hint or f"fedhet.compare(..., out={str(target)!r})", cluster=cluster,
                     extend=extend, **extra)
+
+
+def _stack_runs(stack_runs: int | None, batch_runs: int | None) -> int | None:
+    """`compare`'s `stack_runs`, or `batch_runs`, its name in an earlier release, with the
+    warning that says so (docs/cli.md, migration); both given is an error."""
+    if batch_runs is None:
+        return stack_runs
+    if stack_runs is not None:
+        raise FedhetError("fedhet.compare: stack_runs and batch_runs (its earlier name) are both "
+                          "given; give stack_runs alone")
+    deprecated("fedhet.compare: `batch_runs` is now `stack_runs`; the old name goes in the next "
+               "release (docs/cli.md)")
+    return batch_runs
 
 
 def checked_keywords(keywords: Mapping[str, Any], where: str,
