@@ -111,11 +111,16 @@ def test_a_client_state_packed_before_states_were_typed_still_unpacks():
     assert torch.equal(back.c_i, c_i)
 
 
-def test_generated_app_is_a_valid_flower_app(tmp_path):
+def test_generated_app_is_a_valid_flower_app(tmp_path, monkeypatch):
+    """The app's settings are the run's (no plugin loaded in this process: an earlier test's
+    plugin would be recorded too, for the SuperNodes to import)."""
     import tomllib
 
     from flwr.common.config import validate_config
 
+    from fedhet import plugins
+
+    monkeypatch.setattr(plugins, "loaded", lambda: [])
     settings = {"algorithm": "fedavgm", "algorithm.gamma": 0.5, "clients": 4, "note": 'a "q"'}
     text = app_pyproject(settings, tmp_path / "out", round_timeout=30)
     config = tomllib.loads(text)
