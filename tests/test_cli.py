@@ -32,7 +32,7 @@ def test_run_writes_config_metrics_summary(tmp_path: Path):
 
 
 def test_cli_fedavg_learns_digits_dirichlet(tmp_path: Path):
-    """The issue's end-to-end check: digits, 10 clients, Dirichlet 0.5, FedAvg above 90 %."""
+    """End to end from the command line: digits, 10 clients, Dirichlet 0.5, FedAvg above 90 %."""
     out = tmp_path / "run"
     r = fedhet("run", "-a", "fedavg", "-d", "digits", "-p", "dirichlet", "-n", "10", "-r", "30",
                "--set", "partition.alpha=0.5", "--set", "lr=0.1", "--set", "local_epochs=2",

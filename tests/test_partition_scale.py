@@ -33,7 +33,7 @@ def assert_exact_cover(parts: list[np.ndarray], n_samples: int) -> None:
 @pytest.mark.parametrize("alpha", [0.01, 0.1, 1.0])
 @pytest.mark.parametrize(("n_clients", "min_size"), [(100, 10), (10_000, 6)])
 def test_floor_fits_every_client_at_scale(alpha, n_clients, min_size):
-    """The issue's settings: 10,000 clients (as many as 60,000 samples allow at min_size 6) for
+    """At scale: 10,000 clients (as many as 60,000 samples allow at min_size 6) for
     any α; each sample once, each client ≥ min_size, the same split for the same seed."""
     parts = split(MNIST_LIKE, "dirichlet", n_clients, 3, alpha=alpha, min_size=min_size)
     assert len(parts) == n_clients
@@ -46,7 +46,7 @@ def test_floor_fits_every_client_at_scale(alpha, n_clients, min_size):
 
 
 def test_floor_serves_the_case_the_redraw_rule_gave_up_on():
-    """`-n 1000 α=0.05 min_size=1` failed after 1000 draws of the old rule; `floor` fits it."""
+    """`-n 1000 α=0.05 min_size=1` fails after 1000 draws of the redraw rule; `floor` fits it."""
     with pytest.raises(FedhetError, match="fewer than 1 samples in 50 draws"):
         split(MNIST_LIKE, "dirichlet", 1000, alpha=0.05, min_size=1, method="redraw", max_tries=50)
     parts = split(MNIST_LIKE, "dirichlet", 1000, alpha=0.05, min_size=1)
@@ -76,7 +76,7 @@ def test_small_alpha_leaves_most_clients_dominated_by_one_class(n_clients):
 
 
 def test_floor_keeps_the_redraw_rules_label_skew_where_both_apply():
-    """10 clients, α = 0.3: the old rule seldom redraws here, so both give about the same law."""
+    """10 clients, α = 0.3: the redraw rule seldom redraws here, so both give about the same law."""
     def mean_top(method: str) -> float:
         tops = [label_counts(MNIST_LIKE, split(MNIST_LIKE, "dirichlet", 10, s, alpha=0.3, method=method), 10)
                 for s in range(15)]
@@ -114,9 +114,9 @@ def test_cut_rounds_each_cumulative_share_down():
     np.testing.assert_array_equal(cut(q, np.array([10, 3])), [[2, 3, 5], [2, 1, 0]])
 
 
-# -- the old rule, split for split -----------------------------------------------------------
-def old_dirichlet(labels, n_clients, alpha, min_size, max_tries, balance, rng):
-    """fedhet's `dirichlet` before `method` existed (commit 0c29e4f), kept here as the reference."""
+# -- the redraw rule, split for split -----------------------------------------------------------
+def redraw_dirichlet(labels, n_clients, alpha, min_size, max_tries, balance, rng):
+    """The redraw rule written out on its own: the reference `method="redraw"` must match."""
     def draw():
         parts = [[] for _ in range(n_clients)]
         sizes = np.zeros(n_clients, dtype=np.int64)
@@ -144,15 +144,16 @@ def old_dirichlet(labels, n_clients, alpha, min_size, max_tries, balance, rng):
 
 @pytest.mark.parametrize("balance", ["none", "niid-bench"])
 @pytest.mark.parametrize(("n_clients", "alpha", "min_size"), [(7, 0.5, 10), (30, 0.1, 5), (60, 0.3, 10)])
-def test_redraw_is_the_old_rule_split_for_split(balance, n_clients, alpha, min_size):
+def test_redraw_is_the_reference_rule_split_for_split(balance, n_clients, alpha, min_size):
     labels = np.random.default_rng(9).integers(0, 10, 3000)
     redraws = 0
     for seed in range(4):
-        old = old_dirichlet(labels, n_clients, alpha, min_size, 1000, balance, np.random.default_rng(seed))
+        want = redraw_dirichlet(labels, n_clients, alpha, min_size, 1000, balance,
+                                np.random.default_rng(seed))
         new = split(labels, "dirichlet", n_clients, seed, alpha=alpha, min_size=min_size,
                     method="redraw", balance=balance)
-        assert all(np.array_equal(a, b) for a, b in zip(old, new, strict=True))
-        first = old_dirichlet(labels, n_clients, alpha, min_size, 1, balance, np.random.default_rng(seed))
+        assert all(np.array_equal(a, b) for a, b in zip(want, new, strict=True))
+        first = redraw_dirichlet(labels, n_clients, alpha, min_size, 1, balance, np.random.default_rng(seed))
         redraws += first is None
     if (n_clients, alpha) == (60, 0.3):
         assert redraws > 0  # the comparison covers draws after a rejected one

@@ -157,8 +157,8 @@ def test_dirichlet_min_size_and_concentration():
 
 
 def test_dirichlet_redraw_draw_is_unchanged():
-    """`method="redraw"` is the draw fedhet made by default before `method` (and `balance`)
-    existed: the same split, pinned (the default is now `floor`, tests/test_partition_scale.py)."""
+    """`method="redraw"` (draw the proportions again until every client has `min_size`) gives
+    this split, pinned; the default `floor` is tested in tests/test_partition_scale.py."""
     parts = split(balanced(), "dirichlet", 7, 0, method="redraw")
     assert [len(p) for p in parts] == [84, 65, 111, 54, 65, 96, 125]
     digest = hashlib.sha256(b"".join(p.astype(np.int64).tobytes() for p in parts)).hexdigest()
