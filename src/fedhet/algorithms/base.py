@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
 import numpy as np
 import torch
@@ -111,8 +111,18 @@ class ClientContext:
         return self.trainer.batches(self.indices, self.batch_size, steps, rng, order)
 
 
-class Algorithm:
-    """Base class: FedAvg's messages and defaults; subclasses override what differs."""
+S = TypeVar("S", bound=ServerState)
+"""The server state an algorithm keeps (its `state_class`)."""
+C = TypeVar("C", bound=ClientState | None)
+"""A client's state (its `client_state_class`); None where clients keep nothing."""
+
+
+class Algorithm(Generic[S, C]):
+    """Base class: FedAvg's messages and defaults; subclasses override what differs.
+
+    Generic in the server state `S` and the client state `C` it keeps, so a subclass's halves
+    are typed with its own states: `class Scaffold(Algorithm[ScaffoldState,
+    ScaffoldClientState])`; a family that others extend stays generic (`FedAvg[S, C]`)."""
 
     name: ClassVar[str] = ""
     topology: ClassVar[str] = "star"
@@ -136,15 +146,16 @@ class Algorithm:
             )
 
     # -- server half ----------------------------------------------------------------------
-    def init(self, w0: torch.Tensor) -> ServerState:
-        return self.state_class(w=w0.clone())
+    def init(self, w0: torch.Tensor) -> S:
+        # `state_class` is S's class: a class variable cannot name the type variable
+        return cast(S, self.state_class(w=w0.clone()))
 
-    def configure(self, state: ServerState, client_id: int, round: int) -> Message:
+    def configure(self, state: S, client_id: int, round: int) -> Message:
         return Message({"w": state.w})
 
     def aggregate(
-        self, state: ServerState, round: int, replies: Iterable[Reply]
-    ) -> tuple[ServerState, dict[str, Any]]:
+        self, state: S, round: int, replies: Iterable[Reply]
+    ) -> tuple[S, dict[str, Any]]:
         """The new server state and the round's diagnostics from the replies that came back.
         `round` is the round's index from 0 (`ClientContext.round`): the state returned by
         `aggregate(state, k - 1, ...)` is what metrics.csv reports as round k.
@@ -159,7 +170,7 @@ class Algorithm:
         client returned); its clients are the ones that returned (partial participation)."""
         raise NotImplementedError
 
-    def eval_params(self, state: ServerState) -> torch.Tensor:
+    def eval_params(self, state: S) -> torch.Tensor:
         return state.w
 
     def check_local_steps(self, steps: Sequence[int]) -> None:
@@ -172,22 +183,22 @@ class Algorithm:
         in the summary's `notes`. Default: none."""
         return None
 
-    def extra_eval_params(self, state: ServerState) -> dict[str, torch.Tensor]:
+    def extra_eval_params(self, state: S) -> dict[str, torch.Tensor]:
         """Further models to evaluate each round, by metric suffix (FedNNNN's plain average)."""
         return {}
 
     # -- client half ----------------------------------------------------------------------
-    def client_init(self, client_id: int) -> ClientState | None:
+    def client_init(self, client_id: int) -> C:
         """A client's state before its first round (None: it keeps none, or builds it then)."""
-        return None
+        return cast(C, None)  # an algorithm whose clients keep a state overrides this
 
     def client_update(
-        self, message: Message, ctx: ClientContext, state: ClientState | None
-    ) -> tuple[Message, ClientState | None]:
+        self, message: Message, ctx: ClientContext, state: C
+    ) -> tuple[Message, C]:
         raise NotImplementedError
 
 
-ALGORITHMS: Registry[type[Algorithm]] = Registry("algorithm")
+ALGORITHMS: Registry[type[Algorithm[Any, Any]]] = Registry("algorithm")
 """Every algorithm module registers its classes here; importing `fedhet.algorithms` (which any
 import of this module does first) imports them all.
 

@@ -60,7 +60,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import torch
 
@@ -466,10 +466,16 @@ def reading_scale(params: BHerdParams) -> bool:
     return params.reading == "mean-tau" and params.rescale
 
 
-class _BHerdBase(Algorithm):
+BS = TypeVar("BS", bound=ServerState)
+"""A BHerd variant's server state."""
+BC = TypeVar("BC", bound=BHerdClientState)
+"""A BHerd variant's client state (its place in the fixed batch order, and SCAFFOLD's `c_i`)."""
+
+
+class _BHerdBase(Algorithm[BS, BC]):
     """The BHerd client half and shared server pieces."""
 
-    client_state_class: ClassVar[type[BHerdClientState]] = BHerdClientState
+    client_state_class: ClassVar[type[ClientState] | None] = BHerdClientState
     plain_sgd = (
         "it herds the raw mini-batch gradients and the server steps w − η Σ p_i τ_i G_i with "
         "them (eq. 7), the plain SGD update"
@@ -490,14 +496,14 @@ class _BHerdBase(Algorithm):
                     "samples / batch_size < 1); raise local_epochs or lower batch_size"
                 )
 
-    def client_init(self, client_id: int) -> BHerdClientState:
-        return BHerdClientState()
+    def client_init(self, client_id: int) -> BC:
+        return cast(BC, BHerdClientState())  # BHerd-SCAFFOLD's clients build their own
 
     @property
     def fixed_point(self) -> bool:
         return getattr(self.params, "reading", "mean-tau") == "fixed-point"
 
-    def client_update(self, message: Message, ctx: ClientContext, state: BHerdClientState):
+    def client_update(self, message: Message, ctx: ClientContext, state: BC):
         batches, cursor = local_batches(ctx, self.params.order, state.cursor)
         hp = herd_local_pass(
             message.tensors["w"], ctx, batches, self.params.alpha, fixed_point=self.fixed_point,
@@ -530,7 +536,7 @@ def _step(acc: WeightedMean, factor: float = 1.0) -> torch.Tensor:
 
 
 @ALGORITHMS.register("bherd", BHerdParams, "BHerd-FedAvg: herd local gradients, keep ⌊ατ⌋ (eq. 7)")
-class BHerd(_BHerdBase):
+class BHerd(_BHerdBase[ServerState, BHerdClientState]):
     name = "bherd"
 
     def aggregate(self, state: ServerState, round: int, replies: Iterable[Reply]):
@@ -541,7 +547,7 @@ class BHerd(_BHerdBase):
 
 
 @ALGORITHMS.register("bherd-fednova", BHerdFedNovaParams, "BHerd-FedNova: FedNova's τ_eff with G_i")
-class BHerdFedNova(_BHerdBase):
+class BHerdFedNova(_BHerdBase[ServerState, BHerdClientState]):
     name = "bherd-fednova"
 
     def aggregate(self, state: ServerState, round: int, replies: Iterable[Reply]):
@@ -555,7 +561,7 @@ class BHerdFedNova(_BHerdBase):
 @ALGORITHMS.register(
     "bherd-scaffold", BHerdScaffoldParams, "BHerd-SCAFFOLD: herd SCAFFOLD-corrected gradients"
 )
-class BHerdScaffold(_BHerdBase):
+class BHerdScaffold(_BHerdBase[ScaffoldState, BHerdScaffoldClientState]):
     name = "bherd-scaffold"
     state_class = ScaffoldState
     client_state_class = BHerdScaffoldClientState

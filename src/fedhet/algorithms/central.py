@@ -24,7 +24,7 @@ from fedhet.algorithms.fedavg import local_sgd_update
 
 
 @ALGORITHMS.register("central", NoParams, "centralized SGD on the pooled data (reference line)")
-class Central(Algorithm):
+class Central(Algorithm[ServerState, None]):
     name = "central"
     centralized = True
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 
@@ -21,6 +21,7 @@ from fedhet.algorithms.base import (
     ALGORITHMS,
     Algorithm,
     ClientContext,
+    ClientState,
     Message,
     Reply,
     ServerState,
@@ -102,16 +103,25 @@ class FedAvgParams:
     """Log FedNNNN's NWDA columns (N, E per layer kind, server movement; `fednnnn.py`)."""
 
 
+FS = TypeVar("FS", bound=FedAvgState)
+"""The server state of a FedAvg-family algorithm."""
+FC = TypeVar("FC", bound=ClientState | None)
+"""A FedAvg-family client's state (None for FedAvg's own)."""
+
+
 @ALGORITHMS.register("fedavg", FedAvgParams, "FedAvg: w ← w + Σ p_i Δ_i")
-class FedAvg(Algorithm):
+class FedAvg(Algorithm[FS, FC]):
+    """FedAvg; the family (FedAvgM, FedProx, MOON, GraB, FedOpt) extends it with its own
+    states."""
+
     name = "fedavg"
-    state_class = FedAvgState
+    state_class: ClassVar[type[ServerState]] = FedAvgState
 
     def client_update(self, message: Message, ctx: ClientContext, state: Any):
         _, _, reply = local_sgd_update(message, ctx)
         return reply, state
 
-    def aggregate(self, state: FedAvgState, round: int, replies: Iterable[Reply]):
+    def aggregate(self, state: FS, round: int, replies: Iterable[Reply]):
         """Single pass over `replies` (a generator from the round runner is fine)."""
         nwda = self.nwda_collector()
         acc, delta = mean_delta(replies, self.params.weighting, nwda)
@@ -151,7 +161,7 @@ class FedAvgMParams:
 
 
 @ALGORITHMS.register("fedavgm", FedAvgMParams, "FedAvgM: server momentum d ← γd + Σ p_i Δ_i")
-class FedAvgM(FedAvg):
+class FedAvgM(FedAvg[FedAvgMState, None]):
     name = "fedavgm"
     state_class = FedAvgMState
 

@@ -116,7 +116,7 @@ class NormNormParams(FedNNNNParams):
 
 
 @ALGORITHMS.register("fednnnn", FedNNNNParams, "FedNNNN: d ← γd + β(E/N)Δ̄, w ← w + d (eqs. 12–13)")
-class FedNNNN(Algorithm):
+class FedNNNN(Algorithm[FedNNNNState, None]):
     """Server of Algorithm 3; the client is FedAvg's (Algorithm 2)."""
 
     name = "fednnnn"

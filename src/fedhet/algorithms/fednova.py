@@ -97,7 +97,7 @@ class FedNovaParams:
 
 
 @ALGORITHMS.register("fednova", FedNovaParams, "FedNova: w ← w − η τ_eff Σ p_i d_i, d_i = −Δ_i/(η a_i)")
-class FedNova(Algorithm):
+class FedNova(Algorithm[FedNovaState, None]):
     name = "fednova"
     state_class = FedNovaState
     plain_sgd = (

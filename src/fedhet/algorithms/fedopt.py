@@ -41,7 +41,7 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from fedhet.algorithms.base import ALGORITHMS, Reply
-from fedhet.algorithms.fedavg import FedAvgState
+from fedhet.algorithms.fedavg import FedAvg, FedAvgState
 from fedhet.algorithms.fedprox import FedProx
 from fedhet.errors import FedhetError
 
@@ -155,13 +155,13 @@ class FedAdamParams(_Checked):
     """`p_i` of the pseudo-gradient `Δ_t = Σ_i p_i Δ_i`."""
 
 
-class AdaptiveServer:
+class AdaptiveServer(FedAvg[FedOptState, Any]):
     """The server half of Algorithm 2 over a FedAvg-family aggregate (module docstring). Put it
-    before the family's class: `class FedAdam(AdaptiveServer, FedProx)`."""
+    before the family's class, whose client half and aggregate it builds on:
+    `class FedAdam(AdaptiveServer, FedProx)`."""
 
     rule: ClassVar[Rule]
-    state_class: ClassVar[type[FedOptState]] = FedOptState
-    params: Any
+    state_class = FedOptState
 
     def init(self, w0: torch.Tensor) -> FedOptState:
         p = self.params
@@ -169,7 +169,7 @@ class AdaptiveServer:
         return FedOptState(w=w0.clone(), m=torch.zeros_like(w0), v=torch.full_like(w0, v0))
 
     def aggregate(self, state: FedOptState, round: int, replies: Iterable[Reply]):
-        averaged, diag = super().aggregate(state, round, replies)  # type: ignore[misc]
+        averaged, diag = super().aggregate(state, round, replies)
         delta = averaged.w - state.w
         p = self.params
         w, m, v = server_step(
@@ -182,20 +182,20 @@ class AdaptiveServer:
 
 @ALGORITHMS.register("fedadagrad", FedAdagradParams,
                      "FedAdagrad: server Adagrad on Δ = Σ p_i Δ_i (Reddi et al. 2021)")
-class FedAdagrad(AdaptiveServer, FedProx):
+class FedAdagrad(AdaptiveServer, FedProx[FedOptState, None]):
     name = "fedadagrad"
     rule = "adagrad"
 
 
 @ALGORITHMS.register("fedyogi", FedYogiParams,
                      "FedYogi: server Yogi on Δ = Σ p_i Δ_i (Reddi et al. 2021)")
-class FedYogi(AdaptiveServer, FedProx):
+class FedYogi(AdaptiveServer, FedProx[FedOptState, None]):
     name = "fedyogi"
     rule = "yogi"
 
 
 @ALGORITHMS.register("fedadam", FedAdamParams,
                      "FedAdam: server Adam on Δ = Σ p_i Δ_i (Reddi et al. 2021)")
-class FedAdam(AdaptiveServer, FedProx):
+class FedAdam(AdaptiveServer, FedProx[FedOptState, None]):
     name = "fedadam"
     rule = "adam"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, Message
-from fedhet.algorithms.fedavg import FedAvg, local_sgd_update
+from fedhet.algorithms.fedavg import FC, FS, FedAvg, local_sgd_update
 from fedhet.errors import FedhetError
 from fedhet.training.steps import Proximal
 
@@ -35,7 +35,7 @@ class FedProxParams:
 
 
 @ALGORITHMS.register("fedprox", FedProxParams, "FedProx: local steps on F_i + (μ/2)‖w − w_k‖²")
-class FedProx(FedAvg):
+class FedProx(FedAvg[FS, FC]):
     name = "fedprox"
 
     def client_update(self, message: Message, ctx: ClientContext, state: Any):

@@ -282,7 +282,7 @@ def _nanmax(a: float, b: float) -> float:
 
 # -- the algorithm --------------------------------------------------------------------------
 @ALGORITHMS.register("fedveca", FedVecaParams, "FedVeca: FedNova update with adaptive τ_(k,i) (eq. 15)")
-class FedVeca(Algorithm):
+class FedVeca(Algorithm[FedVecaState, None]):
     name = "fedveca"
     state_class = FedVecaState
     plain_sgd = (

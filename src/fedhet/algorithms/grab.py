@@ -30,7 +30,7 @@ import torch
 
 from fedhet.algorithms.base import ALGORITHMS, ClientContext, ClientState, Message, RunInfo
 from fedhet.algorithms.bherd import check_alpha, kept_count, row_mean
-from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedavg import FedAvg, FedAvgState
 from fedhet.errors import FedhetError
 from fedhet.training.hooks import GradientStore, StackableHook, StackedHook
 
@@ -225,7 +225,7 @@ class GraBParams:
 
 
 @ALGORITHMS.register("grab-fedavg", GraBParams, "GraB-FedAvg: GraB online balancing order, FedAvg")
-class GraBFedAvg(FedAvg):
+class GraBFedAvg(FedAvg[FedAvgState, GraBState | None]):
     name = "grab-fedavg"
     client_state_class = GraBState
 

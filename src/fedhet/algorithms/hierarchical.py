@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -166,7 +166,13 @@ class EdgeParams:
             raise FedhetError(f"algorithm.cluster_size must be ≥ 0, got {self.cluster_size}")
 
 
-class EdgeRole(Algorithm):
+ES = TypeVar("ES", bound=ServerState)
+"""A hierarchical algorithm's server (cloud) state."""
+EC = TypeVar("EC", bound=ClientState | None)
+"""A hierarchical algorithm's device state."""
+
+
+class EdgeRole(Algorithm[ES, EC]):
     """Grouping of devices and the edge server's half, shared by the hierarchical algorithms.
 
     The edge state is a dict: `w0` (the model the cloud sent), `w` (the edge model), `extra`
@@ -272,7 +278,7 @@ class RingParams:
 
 
 @ALGORITHMS.register("ring", RingParams, "ring-optimization: one ring of all devices (FedSR eqs. 8-9)")
-class RingOptimization(EdgeRole):
+class RingOptimization(EdgeRole[RingState, None]):
     """Ring-optimization (eqs. 8–9). The server state `w` is the last device's model."""
 
     name = "ring"
@@ -316,7 +322,7 @@ class FedSRParams(EdgeParams):
 
 @ALGORITHMS.register("fedsr", FedSRParams, "FedSR: rings under edge servers, cloud averages edges",
                      example={"algorithm.clusters": 2})
-class FedSR(EdgeRole):
+class FedSR(EdgeRole[ServerState, RingVisits]):
     """FedSR (Algorithm 1): `R` ring passes per edge from `w_glob`, then eq. 15 at the cloud."""
 
     name = "fedsr"
@@ -382,7 +388,7 @@ class HierFAVGParams(EdgeParams):
 
 @ALGORITHMS.register("hierfavg", HierFAVGParams, "HierFAVG: edge averages every κ1 steps, cloud every κ2",
                      example={"algorithm.clusters": 2})
-class HierFAVG(EdgeRole):
+class HierFAVG(EdgeRole[ServerState, None]):
     """HierFAVG: sample-weighted edge averaging after each `κ1` local steps, cloud after `κ2`.
 
     Edges accumulate their change `Δ^m = w^m − w_glob` and report it; the cloud sets

@@ -33,7 +33,7 @@ from torch.func import functional_call
 from torch.nn import functional as F
 
 from fedhet.algorithms.base import ALGORITHMS, BUFFERS, ClientContext, ClientState, Message, RunInfo
-from fedhet.algorithms.fedavg import FedAvg
+from fedhet.algorithms.fedavg import FedAvg, FedAvgState
 from fedhet.errors import FedhetError
 from fedhet.models.registry import objective
 from fedhet.training.flat import Layer
@@ -184,7 +184,7 @@ class ContrastiveLoss(StackableLoss):
 
 @ALGORITHMS.register("moon", MoonParams, "MOON: local CE + μ model-contrastive loss, FedAvg server",
                      example={"model": "moon-mlp"})
-class Moon(FedAvg):
+class Moon(FedAvg[FedAvgState, MoonClientState]):
     name = "moon"
     client_state_class = MoonClientState
 

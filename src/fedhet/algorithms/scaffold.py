@@ -125,7 +125,7 @@ def corrected(c: torch.Tensor, c_i: torch.Tensor | None) -> Correction:
 
 
 @ALGORITHMS.register("scaffold", ScaffoldParams, "SCAFFOLD: control variates c, c_i correct client drift")
-class Scaffold(Algorithm):
+class Scaffold(Algorithm[ScaffoldState, ScaffoldClientState]):
     name = "scaffold"
     state_class = ScaffoldState
     client_state_class = ScaffoldClientState
