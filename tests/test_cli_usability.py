@@ -297,12 +297,12 @@ def test_grid_progress_lines_in_a_log_file(tmp_path, monkeypatch):
     import io
 
     from fedhet.runs.comparison import compare
-    from fedhet.runs.grid_document import Changes
+    from fedhet.runs.grid_document import GridChanges
 
     monkeypatch.setenv("FEDHET_PROGRESS_SECONDS", "0")
     stream = io.StringIO()
     compare(None, tmp_path / "g", jobs=1, stream=stream,
-            changes=Changes({"clients": 3, "rounds": 2}, {"algorithm": ["fedavg", "fedprox"]}))
+            changes=GridChanges({"clients": 3, "rounds": 2}, {"algorithm": ["fedavg", "fedprox"]}))
     status = [ln for ln in stream.getvalue().splitlines() if " rounds] " in ln]
     assert any(ln.startswith("[0/2 runs, 1/4 rounds]") and "fedavg__seed0 round 1/2 acc 0." in ln
                and " loss " in ln for ln in status), status

@@ -244,7 +244,7 @@ UNGUARDED = '''
 from fedhet.algorithms.base import ALGORITHMS
 from fedhet.algorithms.fedavg import FedAvg, FedAvgParams
 from fedhet.runs.comparison import compare
-from fedhet.runs.grid_document import Changes
+from fedhet.runs.grid_document import GridChanges
 
 
 @ALGORITHMS.register("script-avg", FedAvgParams, "FedAvg, defined in the script")
@@ -252,7 +252,7 @@ class ScriptAvg(FedAvg):
     pass
 
 
-rows = compare(None, {out!r}, jobs=2, stack_runs=1, changes=Changes(
+rows = compare(None, {out!r}, jobs=2, stack_runs=1, changes=GridChanges(
     fixed={{"dataset": "digits", "rounds": 2, "clients": 4}},
     sweeps={{"algorithm": ["script-avg", "fedavg"]}}, title="script"))
 print("statuses", sorted(r["status"] for r in rows))

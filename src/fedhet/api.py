@@ -33,7 +33,7 @@ from fedhet.components import name_of
 from fedhet.engine import ENGINE_FIELDS, RunConfig, chosen_components, parse, read_toml_file
 from fedhet.errors import FedhetError, deprecated
 from fedhet.rundir import RunResult, open_run
-from fedhet.runs import Changes, execute
+from fedhet.runs import GridChanges, execute
 from fedhet.runs import compare as run_grid
 
 
@@ -207,7 +207,7 @@ def compare(
     said |= {k: f"sweeps[{k!r}]" for k in axes}
     said.update(sources or {})
     named = title if title is not None else (None if config else _title(fixed, axes))
-    changes = Changes(fixed, axes, said, named)
+    changes = GridChanges(fixed, axes, said, named)
     target = Path(out) if out is not None else new_run_dir(_dir_name(fixed, axes))
     extra = {"stack_runs": stack_runs} if stack_runs else {}
     return run_grid(config, target, jobs, force, tensorboard, stream=stream,

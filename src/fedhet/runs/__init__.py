@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from fedhet.runs.demo import run_demo
     from fedhet.runs.grid import Grid, load_grid
     from fedhet.runs.grid_cells import cell_key, duplicate_groups
-    from fedhet.runs.grid_document import Changes
+    from fedhet.runs.grid_document import GridChanges
     from fedhet.runs.grid_manifest import read_manifest, write_manifest
     from fedhet.runs.jobs import DEFAULT_STACK_RUNS, Job, plan_jobs, stack_key, with_overrides
     from fedhet.runs.presets import PAPER_SEEDS, SCALES, Preset, PresetFactory, RunSpec, with_seeds
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from fedhet.runs.tensorboard import TensorBoardLogger, require_tensorboard
 
 __all__ = [
-    "Changes",
+    "GridChanges",
     "DEFAULT_STACK_RUNS",
     "Grid",
     "Job",

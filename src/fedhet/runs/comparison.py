@@ -18,7 +18,7 @@ from fedhet.rundir import atomic_write_text, read_config
 from fedhet.rundir import ownership as rundir
 from fedhet.runs.cluster import run_units
 from fedhet.runs.grid import load_grid
-from fedhet.runs.grid_document import Changes
+from fedhet.runs.grid_document import GridChanges
 from fedhet.runs.grid_manifest import write_manifest
 from fedhet.runs.jobs import DEFAULT_STACK_RUNS, plan_jobs, with_overrides
 from fedhet.runs.results import collect
@@ -28,12 +28,12 @@ from fedhet.runs.runner import run_specs
 def compare(
     config: str | Path | None, out: str | Path, jobs: int | None = None, force: bool = False,
     tensorboard: bool = False, stream: TextIO | None = None, overrides: dict[str, Any] | None = None,
-    stack_runs: int = DEFAULT_STACK_RUNS, changes: Changes | None = None, hint: str | None = None,
+    stack_runs: int = DEFAULT_STACK_RUNS, changes: GridChanges | None = None, hint: str | None = None,
     cluster: Any = None, extend: bool = False,
 ) -> list[dict[str, Any]]:
     """Validate the whole grid, run what is not finished, write results; returns the rows.
 
-    The grid is the file `config` with the command line's `changes` (`grid.Changes`: settings
+    The grid is the file `config` with the command line's `changes` (`grid.GridChanges`: settings
     fixed in every run, sweeps), or with `config` None the grid `changes` alone make; it is
     saved as `out/grid.toml`. `hint` is the command that resumes it (named after a Ctrl-C).
     `out` is marked as fedhet's grid directory and locked for the whole call, so a second

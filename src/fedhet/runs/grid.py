@@ -39,7 +39,7 @@ from fedhet.engine import (
 from fedhet.errors import FedhetError
 from fedhet.runs.grid_cells import cell_key, check_duplicates
 from fedhet.runs.grid_document import (
-    Changes,
+    GridChanges,
     absolute_paths,
     apply_changes,
     load_recorded_plugins,
@@ -122,10 +122,10 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=+-]+", "_", text).strip("_") or "run"
 
 
-def load_grid(path: str | Path | None, changes: Changes | None = None) -> Grid:
+def load_grid(path: str | Path | None, changes: GridChanges | None = None) -> Grid:
     """Parse, expand and validate a grid file (or, with `path` None, the grid `changes` alone
     make); raises `FedhetError` naming the line, or the flag, of the culprit."""
-    changes = changes or Changes()
+    changes = changes or GridChanges()
     file_moved = False
     if path is None:
         text, path = "", Path("command line")

@@ -1,5 +1,5 @@
 """The grid document (a grid file's TOML as a dict) before it is expanded into runs: changed
-on the command line (`Changes`, `apply_changes`), its recorded plugins imported
+on the command line (`GridChanges`, `apply_changes`), its recorded plugins imported
 (`load_recorded_plugins`), its paths made absolute (`absolute_paths`), and written back as TOML
 (`to_toml`) for the grid directory's `grid.toml`.
 """
@@ -21,7 +21,7 @@ from fedhet.errors import FedhetError
 
 
 @dataclass(frozen=True)
-class Changes:
+class GridChanges:
     """A grid changed on the command line (`fedhet compare`), Hydra-style.
 
     `fixed`: settings every run gets (`--set`, `-r`, ...): each replaces the grid's value and
@@ -39,8 +39,8 @@ class Changes:
         return bool(self.fixed or self.sweeps)
 
 
-def apply_changes(doc: dict[str, Any], changes: Changes) -> dict[str, Any]:
-    """The grid document with `changes` made (`Changes`): a fixed setting goes into `[base]`
+def apply_changes(doc: dict[str, Any], changes: GridChanges) -> dict[str, Any]:
+    """The grid document with `changes` made (`GridChanges`): a fixed setting goes into `[base]`
     and out of `[axes]` and every variant; a sweep becomes `[axes]`' list of that setting."""
     if not all(isinstance(doc.get(name, {}), dict) for name in ("base", "axes")):
         return doc  # not a grid's shape: `load_grid` says so, naming the line

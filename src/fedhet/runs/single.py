@@ -44,7 +44,7 @@ from fedhet.rundir import ownership as rundir
 
 
 @dataclass
-class Opened:
+class ReadyRun:
     """A run ready to go: its simulation and `Simulation.run` arguments, or (`summary` set) a
     resumed run that is already finished."""
 
@@ -105,7 +105,7 @@ def opened(
     settings: dict[str, Any] | None, out: Path, *, resume: bool = False, force: bool = False,
     log: Callable[[str], None] = print, callbacks: Sequence[CallbackLike] = (),
     data_cache: bool = False,
-) -> Iterator[Opened]:
+) -> Iterator[ReadyRun]:
     """The run directory locked and ready, and the run's simulation: a fresh run's directory is
     checked before anything is built and prepared (`prepare_out`) once the settings, data and
     partition are known to be valid; a resumed run's saved settings are read under the lock."""
@@ -122,11 +122,11 @@ def opened(
         prepare_out(out, force, log, keep_replaced=True)
         store.write_config(cfg.to_dict())
         with replacing(out, sim):
-            yield Opened(sim, {})
+            yield ReadyRun(sim, {})
 
 
-def _simulation(run: Opened) -> Simulation:
-    """The simulation of a run that is not finished yet (`Opened.summary` is None)."""
+def _simulation(run: ReadyRun) -> Simulation:
+    """The simulation of a run that is not finished yet (`ReadyRun.summary` is None)."""
     assert run.sim is not None, "`opened` gives every run that is not finished its simulation"
     return run.sim
 
@@ -228,7 +228,7 @@ def _handed_in(out: Path, record: dict[str, Any], error: FedhetError) -> FedhetE
 def _resumed(
     changes: dict[str, Any] | None, out: Path, log: Callable[[str], None],
     callbacks: Sequence[CallbackLike], data_cache: bool,
-) -> Iterator[Opened]:
+) -> Iterator[ReadyRun]:
     if not (out / "config.json").is_file():
         raise FedhetError(f"{out} has no config.json: it is not a fedhet run directory")
     with rundir.exclusive(out, "run"):
@@ -248,7 +248,7 @@ def _resumed(
                 check_resumable(ckpt.get("config"), cfg.to_dict())
             if ckpt is None or int(ckpt["round"]) >= cfg.rounds:
                 log(f"{out} is already finished; nothing to do")
-                yield Opened(None, {}, store.read_summary())
+                yield ReadyRun(None, {}, store.read_summary())
                 return
         data = load(cfg, cache=True) if data_cache else None
         sim = assemble(cfg, store=store, data=data, log=log, callbacks=callbacks)
@@ -259,7 +259,7 @@ def _resumed(
         # config.json changes only once the checkpoint has accepted the new settings
         accepted = (lambda: store.write_config(cfg.to_dict())) if changes else None
         with replacing(out, sim):  # a replacement killed before it saved a round, resumed
-            yield Opened(sim, {"resume": True, "accepted": accepted})
+            yield ReadyRun(sim, {"resume": True, "accepted": accepted})
 
 
 def _say_damaged(out: Path, log: Callable[[str], None]) -> None:

@@ -1,6 +1,6 @@
 """A grid from the command line (`fedhet compare`), as Hydra's multirun writes one.
 
-`changes` turns the setting flags, `--set` and `--sweep` into a `Changes`
+`changes` turns the setting flags, `--set` and `--sweep` into a `GridChanges`
 (`fedhet.runs.grid_document`): a flag or `--set` fixes a setting in every run, a comma list in
 `-a/-d/-p/-m` or a `--sweep KEY=V1,V2` is an axis. `dir_name` names the directory of a grid
 without `--out`, and `dry_run` lists what a grid would run. The grid machinery itself
@@ -17,7 +17,7 @@ from typing import Any
 from fedhet.engine import REGISTRIES, path_of
 from fedhet.errors import FedhetError
 from fedhet.runs.grid import Grid
-from fedhet.runs.grid_document import Changes
+from fedhet.runs.grid_document import GridChanges
 
 AXIS_FLAGS = ("algorithm", "dataset", "partition", "model")
 """Flags whose value may be a comma list: one axis value each (`-a fedavg,fedprox`)."""
@@ -42,7 +42,7 @@ def _pair(pair: str, flag: str, example: str) -> tuple[str, str]:
 
 
 def changes(flags: Mapping[str, Any], sets: Sequence[str], sweeps: Sequence[str],
-            title: bool = False) -> Changes:
+            title: bool = False) -> GridChanges:
     """The command line's grid changes: `flags` (`{"algorithm": "fedavg,fedprox", "rounds": 5}`,
     given flags only), `--set` pairs and `--sweep` pairs. Component names are registered
     spellings (`-a FedAvg` names its runs as `-a fedavg`); with `title`, the grid (made on the
@@ -91,10 +91,10 @@ def changes(flags: Mapping[str, Any], sets: Sequence[str], sweeps: Sequence[str]
         methods = axes.get("algorithm") or [fixed.get("algorithm", "fedavg")]
         data = axes.get("dataset") or [fixed.get("dataset", "digits")]
         named = f"{' vs '.join(map(str, methods))} on {', '.join(map(str, data))}"
-    return Changes(fixed, axes, sources, named)
+    return GridChanges(fixed, axes, sources, named)
 
 
-def dir_name(grid: Changes) -> str:
+def dir_name(grid: GridChanges) -> str:
     """A command-line grid's directory name from its methods and data (`fedavg+fedprox-digits`)."""
     methods = "+".join(map(str, grid.sweeps.get("algorithm") or [grid.fixed.get("algorithm", "fedavg")]))
     data = "+".join(map(str, grid.sweeps.get("dataset") or [grid.fixed.get("dataset", "digits")]))
