@@ -283,13 +283,20 @@ class WeightedMean:
             vectors, coefficients = self._blocks.setdefault(name, ([], []))
             vectors.append(v)
             coefficients.append(w * (scale or {}).get(name, 1.0))
-            if len(vectors) >= self.block_rows or len(vectors) * v.numel() * 4 >= self.block_bytes \
-                    or (v.device.type == "cpu" and not self.blocks_on_cpu):
+            if self.block_full(len(vectors), v):
                 self._flush(name)
         for name in scalars:
             value = reply.message.scalars.get(name, float("nan"))
             self.scalar_sums[name] = self.scalar_sums.get(name, 0.0) + w * value
         return w
+
+    @classmethod
+    def block_full(cls, count: int, vector: torch.Tensor) -> bool:
+        """Whether a block of `count` vectors like `vector` is to be summed now: it holds
+        `block_rows` of them or `block_bytes` of float32, or they are on a CPU and
+        `blocks_on_cpu` is off (then every vector is summed as it comes)."""
+        return count >= cls.block_rows or count * vector.numel() * 4 >= cls.block_bytes \
+            or (vector.device.type == "cpu" and not cls.blocks_on_cpu)
 
     def _flush(self, name: str) -> None:
         """`S_name ← S_name + cᵀ V` for the waiting block (one stacked product, float64; one

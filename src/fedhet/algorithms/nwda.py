@@ -159,9 +159,7 @@ class NWDACollector:
         delta = reply.message.tensors["delta"]
         self._waiting.append(delta)
         self.weights.append(weight)
-        if len(self._waiting) >= WeightedMean.block_rows \
-                or len(self._waiting) * delta.numel() * 4 >= WeightedMean.block_bytes \
-                or (delta.device.type == "cpu" and not WeightedMean.blocks_on_cpu):
+        if WeightedMean.block_full(len(self._waiting), delta):
             self._flush()
 
     def _flush(self) -> None:
