@@ -78,10 +78,19 @@ def contrastive_loss(
     """`ℓ_con` averaged over the batch; 0 when there is no previous model."""
     if z_prev is None:
         return z.new_zeros(())
+    logits = contrastive_logits(z, z_glob, z_prev, temperature)
+    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+
+
+def contrastive_logits(
+    z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """The two-class logits of `ℓ_con = −log(e^{s⁺} / (e^{s⁺} + e^{s⁻}))`, the positive as class
+    0: `s⁺ = cos(z, z_glob)/T`, `s⁻ = cos(z, z_prev)/T`, the features along dim 1 (`(B, P)`
+    gives `(B, 2)`; a stack of rows `(R, P, B)` gives `(R, 2, B)`)."""
     pos = F.cosine_similarity(z, z_glob, dim=1) / temperature
     neg = F.cosine_similarity(z, z_prev, dim=1) / temperature
-    logits = torch.stack([pos, neg], dim=1)
-    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+    return torch.stack([pos, neg], dim=1)
 
 
 def named_params(layers: tuple[Layer, ...], flat: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -175,9 +184,7 @@ class ContrastiveLoss(StackableLoss):
         `s⁻ = cos(z, z_prev)/T` (`contrastive_loss` per row)."""
         z_glob, z_prev = targets
         ce = F.cross_entropy(logits, y, reduction="none").mean(dim=1)
-        pos = F.cosine_similarity(tapped, z_glob, dim=1) / self.temperature  # (R, B)
-        neg = F.cosine_similarity(tapped, z_prev, dim=1) / self.temperature
-        pair = torch.stack([pos, neg], dim=1)  # (R, 2, B): the positive is class 0
+        pair = contrastive_logits(tapped, z_glob, z_prev, self.temperature)  # (R, 2, B)
         con = F.cross_entropy(pair, torch.zeros_like(y), reduction="none").mean(dim=1)
         return ce + self.mu * con
 
