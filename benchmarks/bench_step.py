@@ -5,10 +5,12 @@ Two figures per model and device:
 - **host**: a step whose arithmetic is negligible, so the time is what the step costs to
   issue: Python, autograd and dispatch, index gathers, the chain's updates. It bounds how fast
   any stacked step can run, whatever the device. Measured on the model's miniature (`mini`:
-  the same layers at the smallest input the model takes, 8 hidden units where it has a
-  `hidden` setting, a few thousand parameters), 1 and 4 rows, mini-batches of one sample; the
-  full-size model's one-sample step (`B=1` columns) adds the arithmetic of its weights (the
-  FedNNNN CNN's 431k-parameter gradient and two convolutions are not negligible on a CPU).
+  the same layers in the same order at the smallest input the model takes, every hidden layer
+  at most `MINI_WIDTH` wide, units or channels, the classes kept: a few hundred parameters),
+  1 and 4 rows, mini-batches of one sample; the full-size model's one-sample step (`B=1`
+  columns) adds the arithmetic of its weights (the FedNNNN CNN's 431k-parameter gradient and
+  two convolutions of 20 and 50 channels are not negligible on a CPU). MOON's models keep their
+  widths (their projection head is what MOON's objective reads).
   Beside them, `eager PyTorch`: the miniature's step as a plain module and optimizer
   (`eager_ms`), the floor the layers' own kernels set on this device.
 - **ops**: the ATen operations one such step dispatches (`torch.profiler`), the device-free
@@ -39,14 +41,17 @@ import time
 
 import numpy as np
 import torch
+from torch import nn
 
 from fedhet.algorithms.moon import ContrastiveLoss
 from fedhet.models.moon import ProjectionNet
 from fedhet.models.registry import MODELS, build_model
+from fedhet.models.sequence import ImageView
 from fedhet.training.allocator import keep_freed_memory
 from fedhet.training.cohort import CohortTrainer, SGDJob
 from fedhet.training.flat import FlatModel
 from fedhet.training.local import BatchSchedule, LocalTrainer
+from fedhet.training.program import layer_sequence
 from fedhet.training.steps import SGDConfig
 
 PAPER_B = {"mlp": 50, "cnn-fednnnn-mnist": 50, "cnn-mnist": 50, "moon-mlp": 50, "moon-cnn": 50}
@@ -65,20 +70,73 @@ def make(model_name: str, device: str, samples: int = 4096) -> tuple[CohortTrain
     return CohortTrainer(flat, x, y, log=lambda s: None), flat
 
 
+MINI_WIDTH = 8
+"""The widest hidden layer of a miniature (units of a linear layer, channels of a convolution)."""
+
+
+class Narrow(nn.Module):
+    """A sequence of layers (`net`) on samples viewed as `image` first (when not None)."""
+
+    def __init__(self, steps: list[nn.Module], image: tuple[int, int, int] | None) -> None:
+        super().__init__()
+        self.image = image
+        self.net = nn.Sequential(*steps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x if self.image is None else x.reshape(len(x), *self.image))
+
+    def stacked_layers(self) -> list[nn.Module | ImageView]:
+        return ([] if self.image is None else [ImageView(self.image)]) + [self.net]
+
+
+def narrowed(module: nn.Module, sample: tuple[int, ...], width: int = MINI_WIDTH) -> nn.Module | None:
+    """`module`'s layers in order with every hidden linear layer and convolution at most `width`
+    wide (the last linear layer keeps its outputs, the classes), on samples of shape `sample`;
+    None for a model that is not a plain sequence (`layer_sequence`) or that taps a part (MOON)."""
+    steps = layer_sequence(module)
+    if steps is None or callable(getattr(module, "stacked_tap", None)):
+        return None
+    last = max(k for k, s in enumerate(steps) if isinstance(s, nn.Linear))
+    image = None
+    out: list[nn.Module] = []
+    h = torch.zeros(2, *sample)
+    for k, step in enumerate(steps):
+        if isinstance(step, ImageView):
+            if k:
+                return None
+            image, h = step.shape, h.reshape(2, *step.shape)
+            continue
+        if isinstance(step, nn.Conv2d):
+            if step.groups != 1:
+                return None
+            new: nn.Module = nn.Conv2d(h.shape[1], min(step.out_channels, width), step.kernel_size,
+                                       step.stride, step.padding, step.dilation,
+                                       bias=step.bias is not None)
+        elif isinstance(step, nn.Linear):
+            new = nn.Linear(h.shape[-1], step.out_features if k == last else min(step.out_features, width),
+                            bias=step.bias is not None)
+        else:
+            new = copy.deepcopy(step)
+        out.append(new)
+        h = new(h)
+    return Narrow(out, image)
+
+
 def mini(model_name: str, device: str) -> tuple[CohortTrainer, FlatModel]:
-    """The model's miniature (module doc): the same layers on the smallest square input it
-    builds and runs on, of 4, 8, …, 28 pixels."""
+    """The model's miniature (module doc): its layers `narrowed` on the smallest square input
+    it builds and runs on, of 4, 8, …, 28 pixels."""
     spec = MODELS.get(model_name)
     fields = getattr(spec.params, "__dataclass_fields__", {})
     params = spec.params(hidden=8) if "hidden" in fields else spec.params()
     for side in (4, 8, 12, 16, 20, 24, 28):
         torch.manual_seed(0)
         try:
-            module = build_model(model_name, (1, side, side), 10, params).to(device)
+            module = build_model(model_name, (1, side, side), 10, params)
             with torch.no_grad():
-                module(torch.rand(2, 1, side, side, device=device))
+                module(torch.rand(2, 1, side, side))
         except Exception:  # noqa: BLE001  (too small for this model: try a larger input)
             continue
+        module = (narrowed(module, (1, side, side)) or module).to(device)
         flat = FlatModel(module, channels_last=bool(spec.trait("channels_last")))
         x = torch.rand(256, 1, side, side, device=device)
         y = torch.randint(0, 10, (256,), device=device)
