@@ -108,6 +108,30 @@ def test_batch_runs_is_stack_runs_on_every_command_that_takes_it():
     assert "--stack-runs" in help_text and "--batch-runs" not in help_text
 
 
+
+@pytest.mark.parametrize(("module", "runner", "argv"), [
+    ("fedhet.papers.bherd.readings", "run_study", ["run", "--seeds", "0"]),
+    ("fedhet.papers.fedveca.study", "run_part", ["--parts", "cases", "--seeds", "0"]),
+], ids=["bherd-readings", "fedveca-study"])
+def test_the_research_scripts_take_batch_runs_as_stack_runs_with_the_note(module, runner, argv, monkeypatch):
+    """`python -m fedhet.papers.bherd.readings run --batch-runs N` (and FedVeca's study) runs as
+    `--stack-runs N`, with the same one-line warning as the CLI's flags."""
+    import importlib
+
+    script = importlib.import_module(module)
+    got: list[int] = []
+
+    def ran(*args, stack_runs=None, **kwargs):  # run_study takes it by name, run_part third
+        got.append(args[2] if stack_runs is None else stack_runs)
+
+    monkeypatch.setattr(script, runner, ran)
+    with pytest.warns(FedhetDeprecationWarning, match="`--batch-runs` is now `--stack-runs`"):
+        script.main([*argv, "--batch-runs", "3"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        script.main([*argv, "--stack-runs", "4"])
+    assert got == [3, 4]
+
 GRID = ('[base]\ndataset = "digits"\npartition = "dirichlet"\nclients = 5\nrounds = 2\n'
         'model = "logreg"\nlocal_epochs = 1\nlr = 0.1\n[axes]\nseed = [0, 1, 2]\n')
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from fedhet.configs import resolve as resolve_config
-from fedhet.engine import current_value
-from fedhet.errors import FedhetError, deprecated
+from fedhet.engine import OldFlag, current_value
+from fedhet.errors import FedhetError
 from fedhet.registry import did_you_mean
 
 if TYPE_CHECKING:
@@ -251,21 +251,6 @@ def add_stack_runs_flag(p: argparse.ArgumentParser) -> None:
                         "each run on its own)")
     p.add_argument("--batch-runs", type=positive, dest="stack_runs", action=OldFlag,
                    new="--stack-runs", help=argparse.SUPPRESS)
-
-
-class OldFlag(argparse.Action):
-    """A flag an earlier release spelt otherwise (`--batch-runs`, now `--stack-runs`): its value
-    goes where the new flag's goes, with a note (docs/cli.md, migration); left out of `--help`."""
-
-    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.new = new
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        deprecated(f"`{option_string}` is now `{self.new}`; the old spelling goes in the next "
-                   "release (docs/cli.md)")
-        setattr(namespace, self.dest, values)
 
 
 def add_pool_flags(p: argparse.ArgumentParser) -> None:

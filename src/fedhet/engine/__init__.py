@@ -8,8 +8,8 @@ layers above import nothing else), as a user's code reaches fedhet only through
 
 - **settings** (`config`, `setting_sources`, `toml_files`, `spellings`): `parse` → `build` →
   `RunConfig`, with `config_of`, `flatten`, `path_of`, `canonical_config`, `config_sources`,
-  `engine_defaults`, `read_toml_file`, and `current_value`/`current_record` (values an earlier
-  release spelt otherwise); the
+  `engine_defaults`, `read_toml_file`, and `current_value`/`current_record`/`OldFlag` (values
+  and flags an earlier release spelt otherwise); the
   schema's tables `ENGINE_FIELDS`, `FIELD_DOCS`, `RECORD_KEYS`, `RESUMABLE`, `RUNTIME`,
   `COMPONENTS`, `REGISTRIES`;
 - **building and running** (`assembly`, `simulation`, `federation`, `stacked_runs`, `dry`):
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from fedhet.engine.rounds import RunnerContext
     from fedhet.engine.setting_sources import config_sources
     from fedhet.engine.simulation import Simulation, check_resumable
-    from fedhet.engine.spellings import current_record, current_value
+    from fedhet.engine.spellings import OldFlag, current_record, current_value
     from fedhet.engine.stacked_runs import run_together
     from fedhet.engine.toml_files import read_toml_file
     from fedhet.engine.workers import CORES_ENV, usable_cores
@@ -75,6 +75,7 @@ __all__ = [
     "ENGINE_FIELDS",
     "FIELD_DOCS",
     "LINKS",
+    "OldFlag",
     "RECORD_KEYS",
     "REGISTRIES",
     "RESUMABLE",

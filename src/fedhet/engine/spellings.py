@@ -16,6 +16,7 @@ for the mini-batch). They reach fedhet two ways, read differently:
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from typing import Any
 
@@ -51,3 +52,20 @@ def current_record(saved: Mapping[str, Any]) -> dict[str, Any]:
         if new is not None:
             out[key] = new
     return out
+
+
+class OldFlag(argparse.Action):
+    """A flag an earlier release spelt otherwise (`--batch-runs`, now `--stack-runs`): its value
+    goes where the new flag's goes, with a note (docs/cli.md, migration); left out of `--help`:
+    `add_argument("--batch-runs", dest="stack_runs", action=OldFlag, new="--stack-runs",
+    help=argparse.SUPPRESS)`."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        deprecated(f"`{option_string}` is now `{self.new}`; the old spelling goes in the next "
+                   "release (docs/cli.md)")
+        setattr(namespace, self.dest, values)

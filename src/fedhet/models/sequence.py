@@ -9,7 +9,7 @@ general stacked path.
 
 A module may also say which of the listed parts gives the representation a replacement loss
 reads (MOON's projection `z`), with `stacked_tap() -> nn.Module`: the program then returns that
-part's output beside the logits (`StackedProgram.forward(..., tap=True)`).
+part's output beside the logits (`StackedProgram.forward_tapped`).
 """
 
 from __future__ import annotations

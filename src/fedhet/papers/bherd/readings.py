@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from fedhet import provenance
-from fedhet.engine import assemble, config_of, load
+from fedhet.engine import OldFlag, assemble, config_of, load
 from fedhet.errors import FedhetError
 from fedhet.papers.bherd.plots import arrays, rounds_to_reach
 from fedhet.papers.bherd.preset import BEST_BATCH, CASES, SETUPS, common
@@ -467,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--stack-runs", type=int, default=1,
                     help="run: step up to N runs as one cohort (stacked executor); 1: one at a time")
     ap.add_argument("--batch-runs", type=int, dest="stack_runs", default=argparse.SUPPRESS,
-                    help=argparse.SUPPRESS)  # this release still reads the earlier spelling
+                    action=OldFlag, new="--stack-runs", help=argparse.SUPPRESS)
     ap.add_argument("--paired", action="store_true",
                     help="report: the paired table (accuracy and training loss, rounds "
                     "1-10 and final) for any study")

@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedhet.engine import OldFlag
 from fedhet.papers.base import SVM_SETUPS
 from fedhet.papers.fedveca.preset import Group, baseline_specs, fedveca_specs, groups
 from fedhet.runs import run_specs
@@ -66,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--seeds", default="0-9", help="e.g. 0-9 or 0,1")
     ap.add_argument("--stack-runs", type=int, default=30)
     ap.add_argument("--batch-runs", type=int, dest="stack_runs", default=argparse.SUPPRESS,
-                    help=argparse.SUPPRESS)  # this release still reads the earlier spelling
+                    action=OldFlag, new="--stack-runs", help=argparse.SUPPRESS)
     ap.add_argument("--setup", choices=list(SVM_SETUPS), default="default",
                     help="ref40: reference [40]'s SVM setup (use another --out)")
     args = ap.parse_args(argv)
