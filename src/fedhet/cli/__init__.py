@@ -176,7 +176,7 @@ def _interrupted(args: argparse.Namespace | None) -> str:
     """The Ctrl-C line: how to continue, naming the run directory (`run`), or that nothing was
     saved yet."""
     out = getattr(args, "run_dir", None)
-    if out is None:
+    if args is None or out is None:
         return "interrupted"
     if not (Path(out) / "config.json").is_file():
         return f"interrupted before the run saved anything in {out}"

@@ -16,7 +16,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from fedhet.configs import resolve as resolve_config
 from fedhet.engine import OldFlag, current_value
@@ -55,7 +55,7 @@ class Parser(argparse.ArgumentParser):
         more = self.more_help() + "\n" if self.more_help is not None else ""
         return super().format_help() + ("\n" + more if more else "")
 
-    def error(self, message: str) -> None:  # one line, exit 2, no usage dump
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, no usage dump
         m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if m:  # `fedhet rnu`, `--device cdua`: the nearest choice
             choices = [c.strip().strip("'") for c in m.group(2).split(",")]

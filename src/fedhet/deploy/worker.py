@@ -47,7 +47,7 @@ def _run_task(address: str, token: str, insecure: bool, announce_fd: int) -> int
     from fedhet.deploy import client_app
 
     client_app.announce = lambda settings: os.write(announce_fd, (json.dumps(settings) + "\n").encode())
-    profile_dir = os.environ.get("FEDHET_WORKER_PROFILE")  # a directory: one profile per task
+    profile_dir = os.environ.get("FEDHET_WORKER_PROFILE", "")  # a directory: one profile per task
     profiler = None
     if profile_dir:
         # opt-in profiling only

@@ -408,6 +408,7 @@ class StackedExecutor(InProcess):
             self.host.model.buffers.copy_(client.buffers)
         client.yielded.clear()
         if start:
+            assert client.thread is not None, "start() makes every client's thread first"
             client.thread.start()
         else:
             client.baton.set()

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fedhet.engine.executors import StackedExecutor
 from fedhet.errors import FedhetError
 from fedhet.training.cohort import CohortTrainer, rows_that_fit, stacks_evaluation
 from fedhet.training.jobs import Continue, EvalJob, SGDJob
@@ -130,6 +131,13 @@ class _Member:
     thread: threading.Thread | None = field(default=None, repr=False)
 
 
+def _stacked(m: _Member) -> StackedExecutor:
+    """`m`'s executor, a stacked one (`can_share` stacks only those)."""
+    executor = m.sim.side.executor
+    assert isinstance(executor, StackedExecutor)
+    return executor
+
+
 def can_share(sims: Sequence[Simulation]) -> list[int]:
     """Positions of the runs that can step in one cohort with the first stacked one: the stacked
     executor, the same model architecture on the same device, computing alike (memory format and
@@ -178,21 +186,22 @@ def run_together(
         shared = SharedCohort(cohort)
         stack = [members[i] for i in shared_ix]
         for m in stack:
-            m.sim.side.executor.shared = shared
+            _stacked(m).shared = shared
             if stacks_evaluation(first.plan.device):
                 m.sim.parts.evaluator.stacked = shared.evaluate_many
             shared.join()
-        for m in stack:
-            m.thread = threading.Thread(target=_member_main, args=(m, shared), daemon=True,
-                                        name=f"fedhet-run-{m.sim.parts.loop.seed}")
-            m.thread.start()
-        for m in stack:
-            while m.thread.is_alive():
-                m.thread.join(timeout=0.2)
+        threads = [threading.Thread(target=_member_main, args=(m, shared), daemon=True,
+                                    name=f"fedhet-run-{m.sim.parts.loop.seed}") for m in stack]
+        for m, thread in zip(stack, threads, strict=True):
+            m.thread = thread
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.2)
                 if on_step is not None:
                     on_step()
         for m in stack:
-            m.sim.side.executor.shared = None
+            _stacked(m).shared = None
             m.sim.parts.evaluator.stacked = None
     alone = [m for i, m in enumerate(members) if i not in shared_ix or len(shared_ix) == 1]
     for m in alone:

@@ -294,7 +294,7 @@ def report(root: Path, study: str, reading: str, cases: Sequence[str] = tuple(CA
     if baseline not in table:
         raise FedhetError(f"--baseline {baseline!r}: the study's methods are {', '.join(table)}")
     for case in cases:
-        runs = {label: {} for label in table}
+        runs: dict[str, dict[int, dict[str, Any]]] = {label: {} for label in table}
         for label, method in table.items():
             for d in sorted((Path(root) / case / slug(method, case)).glob("seed*")):
                 if seeds is not None and int(d.name[4:]) not in seeds:
