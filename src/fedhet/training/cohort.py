@@ -397,8 +397,7 @@ class CohortTrainer:
                     break
             if schedule is not None:
                 batches = schedule.batches(t)
-                if run.graphs is not None and run.graphs.step(
-                        stack, batches, partial(schedule.steps_left, stack.rows, t)):
+                if run.graphs is not None and self._replayed(run, batches, t):
                     t += 1
                     continue
             self._eager_step(run, batches, t)
@@ -414,10 +413,53 @@ class CohortTrainer:
         stacked = {c for group in groups for c in group.jobs}
         hooked = any(j.on_step is not None and c not in stacked for c, j in enumerate(jobs))
         schedule = BatchTable.of(jobs, self.x.device)
-        graphs = self.graphs if (
-            schedule is not None and not groups and not hooked and not stack.has_bufs
-            and all(j.loss is None for j in jobs)) else None
+        graphs = self.graphs
+        if graphs is not None:
+            why = self._not_captured(jobs, groups, hooked, stack.has_bufs)
+            if why is not None:
+                graphs.note(why)
+            if why is not None or schedule is None:
+                graphs = None
         return _Pass(jobs, stack, groups, stacked, hooked, schedule, graphs, next_jobs)
+
+    def _not_captured(self, jobs: list[SGDJob], groups: list[HookGroup], hooked: bool,
+                      has_bufs: bool) -> str | None:
+        """Why the steps of `jobs` cannot be replayed from a graph whatever their rows
+        (`fedhet.training.graphs`), in words for the cohort's note; None when they may be."""
+        if groups or hooked:
+            names = sorted({getattr(j.on_step, "__qualname__", type(j.on_step).__name__)
+                            .split(".<locals>.")[-1] for j in jobs if j.on_step is not None})
+            return f"per-step hooks: {', '.join(names)}"
+        if has_bufs:
+            return "BatchNorm running statistics"
+        assert self.program is not None  # graphs are made only for a program
+        for j in jobs:
+            if j.loss is not None and not self.program.runs(j.loss):
+                return (f"the objective {type(j.loss).__name__} does not run on the model's "
+                        "stacked program")
+        return None
+
+    def _replayed(self, run: _Pass, batches: torch.Tensor, t: int) -> bool:
+        """Step `t` of the stack through its captured graph (`StepGraphs.step`) where its rows
+        share one objective; False when it is to be taken eagerly."""
+        assert run.graphs is not None and run.schedule is not None
+        if run.objective is None:
+            run.objective = self._objective(run)
+        if isinstance(run.objective, str):
+            run.graphs.note(run.objective)
+            return False
+        loss, frozen = run.objective
+        return run.graphs.step(run.stack, batches, partial(run.schedule.steps_left, run.stack.rows, t),
+                               loss, frozen)
+
+    def _objective(self, run: _Pass) -> _Objective:
+        """The stack's rows' shared objective and their stacked frozen vectors (those the eager
+        step stacks, `_frozen`), or why there is none."""
+        jobs = [run.jobs[c] for c in run.stack.rows]
+        if len({None if j.loss is None else (type(j.loss), j.loss.key) for j in jobs}) > 1:
+            return "rows of different objectives in one stack"
+        loss = jobs[0].loss if jobs else None
+        return (None, ()) if loss is None else (loss, self._frozen(run.frozen, jobs))
 
     @staticmethod
     def _turnover(run: _Pass, keep: list[int], t: int) -> None:
@@ -428,6 +470,7 @@ class CohortTrainer:
             run.graphs.flush(stack)
         gone = stack.leave(keep, t)
         run.frozen.clear()  # stacked for the rows that were
+        run.objective = None
         kept = set(stack.rows)
         for group in run.groups:
             group.leave([c for c in group.jobs if c not in kept], t, run.jobs)
@@ -533,12 +576,19 @@ class CohortTrainer:
         loss = jobs[0].loss
         if loss is None:
             return self.gradients(w, bufs, idx)
-        cache_key = (loss.key, tuple(id(j) for j in jobs))
-        if cache_key not in frozen:
-            frozen[cache_key] = tuple(
-                torch.stack([j.loss.frozen[i] for j in jobs]) for i in range(len(loss.frozen))
-            )
-        return self.gradients(w, bufs, idx, loss, frozen[cache_key])
+        return self.gradients(w, bufs, idx, loss, self._frozen(frozen, jobs))
+
+    @staticmethod
+    def _frozen(cache: dict[tuple, tuple[torch.Tensor, ...]], jobs: list[SGDJob]) -> tuple[torch.Tensor, ...]:
+        """The frozen vectors of `jobs` (rows of one `StackableLoss` key) stacked, `(R, d)`
+        each, kept in `cache` while those rows last."""
+        losses = [j.loss for j in jobs if j.loss is not None]
+        assert len(losses) == len(jobs)
+        cache_key = (losses[0].key, tuple(id(j) for j in jobs))
+        if cache_key not in cache:
+            cache[cache_key] = tuple(torch.stack([loss.frozen[i] for loss in losses])
+                                     for i in range(len(losses[0].frozen)))
+        return cache[cache_key]
 
 
 def stacks_full_gradients(model: FlatModel) -> bool:
@@ -577,6 +627,13 @@ class _Pass:
     next_jobs: Continue | None
     frozen: dict[tuple, tuple[torch.Tensor, ...]] = field(default_factory=dict)
     """Stacked `StackableLoss.frozen` vectors per (key, member jobs), while those rows last."""
+    objective: _Objective | None = None
+    """The rows' shared objective for the graph (`CohortTrainer._objective`), while those rows
+    last; None until asked."""
+
+
+_Objective = tuple[StackableLoss | None, tuple[torch.Tensor, ...]] | str
+"""A stack's shared objective and frozen stacks, or why its rows have none."""
 
 
 class _FirstStepOOMError(Exception):

@@ -36,7 +36,9 @@ class StackableLoss(ABC):
     @property
     @abstractmethod
     def key(self) -> Hashable:
-        """Equal for losses that differ only in `frozen` (they share one stacked call)."""
+        """Equal for losses that differ only in `frozen` (they share one stacked call, and on
+        CUDA one captured step, `fedhet.training.graphs`): it holds every Python number the
+        loss reads (MOON's μ and temperature)."""
 
     @abstractmethod
     def targets(self, module: torch.nn.Module, x: torch.Tensor, *frozen: torch.Tensor) -> tuple:
