@@ -59,8 +59,18 @@ from fedhet.errors import FedhetError
 from fedhet.models.linear import LogisticRegression, SquaredSVM
 from fedhet.models.registry import objective
 from fedhet.training.flat import FlatModel
-from fedhet.training.graphs import StepGraphs, capturable
-from fedhet.training.jobs import Continue, EvalJob, GradJob, SGDJob, joinable
+from fedhet.training.graphs import StepGraphs, capturable, not_captured
+from fedhet.training.jobs import (
+    Continue,
+    EvalJob,
+    GradJob,
+    Objective,
+    SGDJob,
+    joinable,
+    next_batches,
+    shared_objective,
+    stacked_frozen,
+)
 from fedhet.training.losses import StackableLoss
 from fedhet.training.program import StackedProgram
 from fedhet.training.rows import BatchTable, HookGroup, Rows, rows_that_fit, stack_hooks
@@ -388,7 +398,7 @@ class CohortTrainer:
                 keep = [r for r, c in enumerate(stack.rows)
                         if run.jobs[c].error is None and t < schedule.ends[c]]
             else:
-                batches, keep = self._next_batches(run.jobs, stack.rows)
+                batches, keep = next_batches(run.jobs, stack.rows)
             if len(keep) < len(stack.rows):
                 self._turnover(run, keep, t)
                 if schedule is not None:
@@ -415,51 +425,26 @@ class CohortTrainer:
         schedule = BatchTable.of(jobs, self.x.device)
         graphs = self.graphs
         if graphs is not None:
-            why = self._not_captured(jobs, groups, hooked, stack.has_bufs)
+            assert self.program is not None  # graphs are made only for a program
+            why = not_captured(self.program, jobs, bool(groups) or hooked, stack.has_bufs)
             if why is not None:
                 graphs.note(why)
             if why is not None or schedule is None:
                 graphs = None
         return _Pass(jobs, stack, groups, stacked, hooked, schedule, graphs, next_jobs)
 
-    def _not_captured(self, jobs: list[SGDJob], groups: list[HookGroup], hooked: bool,
-                      has_bufs: bool) -> str | None:
-        """Why the steps of `jobs` cannot be replayed from a graph whatever their rows
-        (`fedhet.training.graphs`), in words for the cohort's note; None when they may be."""
-        if groups or hooked:
-            names = sorted({getattr(j.on_step, "__qualname__", type(j.on_step).__name__)
-                            .split(".<locals>.")[-1] for j in jobs if j.on_step is not None})
-            return f"per-step hooks: {', '.join(names)}"
-        if has_bufs:
-            return "BatchNorm running statistics"
-        assert self.program is not None  # graphs are made only for a program
-        for j in jobs:
-            if j.loss is not None and not self.program.runs(j.loss):
-                return (f"the objective {type(j.loss).__name__} does not run on the model's "
-                        "stacked program")
-        return None
-
     def _replayed(self, run: _Pass, batches: torch.Tensor, t: int) -> bool:
         """Step `t` of the stack through its captured graph (`StepGraphs.step`) where its rows
         share one objective; False when it is to be taken eagerly."""
         assert run.graphs is not None and run.schedule is not None
         if run.objective is None:
-            run.objective = self._objective(run)
+            run.objective = shared_objective([run.jobs[c] for c in run.stack.rows], run.frozen)
         if isinstance(run.objective, str):
             run.graphs.note(run.objective)
             return False
         loss, frozen = run.objective
         return run.graphs.step(run.stack, batches, partial(run.schedule.steps_left, run.stack.rows, t),
                                loss, frozen)
-
-    def _objective(self, run: _Pass) -> _Objective:
-        """The stack's rows' shared objective and their stacked frozen vectors (those the eager
-        step stacks, `_frozen`), or why there is none."""
-        jobs = [run.jobs[c] for c in run.stack.rows]
-        if len({None if j.loss is None else (type(j.loss), j.loss.key) for j in jobs}) > 1:
-            return "rows of different objectives in one stack"
-        loss = jobs[0].loss if jobs else None
-        return (None, ()) if loss is None else (loss, self._frozen(run.frozen, jobs))
 
     @staticmethod
     def _turnover(run: _Pass, keep: list[int], t: int) -> None:
@@ -523,25 +508,6 @@ class CohortTrainer:
             except Exception as e:  # noqa: BLE001  (one client's hook failed: drop it)
                 job.error = e
 
-    @staticmethod
-    def _next_batches(jobs: list[SGDJob], rows: list[int]) -> tuple[list[torch.Tensor], list[int]]:
-        """Each row's next mini-batch from its job's stream, and the rows that have one (a
-        stream that raises fails its job)."""
-        batches: list[torch.Tensor] = []
-        keep: list[int] = []
-        for r, c in enumerate(rows):
-            job = jobs[c]
-            if job.error is not None:
-                continue
-            try:
-                batches.append(next(job.batches))
-                keep.append(r)
-            except StopIteration:
-                pass
-            except Exception as e:  # noqa: BLE001  (a client's batch stream failed)
-                job.error = e
-        return batches, keep
-
     def _gradients(
         self, w: torch.Tensor, bufs: torch.Tensor, batches: list[torch.Tensor] | torch.Tensor,
         jobs: list[SGDJob], frozen: dict[tuple, tuple[torch.Tensor, ...]],
@@ -576,19 +542,7 @@ class CohortTrainer:
         loss = jobs[0].loss
         if loss is None:
             return self.gradients(w, bufs, idx)
-        return self.gradients(w, bufs, idx, loss, self._frozen(frozen, jobs))
-
-    @staticmethod
-    def _frozen(cache: dict[tuple, tuple[torch.Tensor, ...]], jobs: list[SGDJob]) -> tuple[torch.Tensor, ...]:
-        """The frozen vectors of `jobs` (rows of one `StackableLoss` key) stacked, `(R, d)`
-        each, kept in `cache` while those rows last."""
-        losses = [j.loss for j in jobs if j.loss is not None]
-        assert len(losses) == len(jobs)
-        cache_key = (losses[0].key, tuple(id(j) for j in jobs))
-        if cache_key not in cache:
-            cache[cache_key] = tuple(torch.stack([loss.frozen[i] for loss in losses])
-                                     for i in range(len(losses[0].frozen)))
-        return cache[cache_key]
+        return self.gradients(w, bufs, idx, loss, stacked_frozen(frozen, jobs))
 
 
 def stacks_full_gradients(model: FlatModel) -> bool:
@@ -627,13 +581,9 @@ class _Pass:
     next_jobs: Continue | None
     frozen: dict[tuple, tuple[torch.Tensor, ...]] = field(default_factory=dict)
     """Stacked `StackableLoss.frozen` vectors per (key, member jobs), while those rows last."""
-    objective: _Objective | None = None
+    objective: Objective | None = None
     """The rows' shared objective for the graph (`CohortTrainer._objective`), while those rows
     last; None until asked."""
-
-
-_Objective = tuple[StackableLoss | None, tuple[torch.Tensor, ...]] | str
-"""A stack's shared objective and frozen stacks, or why its rows have none."""
 
 
 class _FirstStepOOMError(Exception):

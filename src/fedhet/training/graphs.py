@@ -40,7 +40,7 @@ are no graphs and nothing is said. `FEDHET_CUDA_GRAPHS=0` turns them off.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,6 +48,7 @@ import torch
 from fedhet.training.steps import Custom, LocalStep
 
 if TYPE_CHECKING:
+    from fedhet.training.jobs import SGDJob
     from fedhet.training.losses import StackableLoss
     from fedhet.training.program import StackedProgram
     from fedhet.training.rows import Rows
@@ -253,10 +254,28 @@ class StepGraphs:
         return False
 
 
+def not_captured(program: StackedProgram, jobs: Sequence[SGDJob], hooked: bool,
+                 has_bufs: bool) -> str | None:
+    """Why the steps of `jobs` cannot be replayed from a graph whatever their rows (module
+    doc), in words for the cohort's note (`StepGraphs.note`); None when they may be.
+    `hooked`: per-step hooks, stacked or not; `has_bufs`: BatchNorm running statistics."""
+    if hooked:
+        names = sorted({getattr(j.on_step, "__qualname__", type(j.on_step).__name__)
+                        .split(".<locals>.")[-1] for j in jobs if j.on_step is not None})
+        return f"per-step hooks: {', '.join(names)}"
+    if has_bufs:
+        return "BatchNorm running statistics"
+    for j in jobs:
+        if j.loss is not None and not program.runs(j.loss):
+            return f"the objective {type(j.loss).__name__} does not run on the model's stacked program"
+    return None
+
+
 def capturable(program: StackedProgram | None, precision: str, x: torch.Tensor) -> bool:
     """Whether a cohort on `x`'s device may replay its steps (module doc): the stacked program
     on CUDA in fp32 or tf32, graphs `enabled`."""
     return program is not None and x.is_cuda and precision in ("fp32", "tf32") and enabled()
 
 
-__all__ = ["MIN_STEPS", "Capture", "StepGraphs", "capturable", "cuda_capture", "enabled", "signature"]
+__all__ = ["MIN_STEPS", "Capture", "StepGraphs", "capturable", "cuda_capture", "enabled", "not_captured",
+           "signature"]

@@ -44,6 +44,52 @@ class SGDJob:
         return self.result is not None or self.error is not None
 
 
+def next_batches(jobs: list[SGDJob], rows: list[int]) -> tuple[list[torch.Tensor], list[int]]:
+    """Each row's next mini-batch from its job's stream, and the rows that have one (a
+    stream that raises fails its job)."""
+    batches: list[torch.Tensor] = []
+    keep: list[int] = []
+    for r, c in enumerate(rows):
+        job = jobs[c]
+        if job.error is not None:
+            continue
+        try:
+            batches.append(next(job.batches))
+            keep.append(r)
+        except StopIteration:
+            pass
+        except Exception as e:  # noqa: BLE001  (a client's batch stream failed)
+            job.error = e
+    return batches, keep
+
+
+Objective = tuple[StackableLoss | None, tuple[torch.Tensor, ...]] | str
+"""A stack's shared objective (None: the model's own) with its rows' stacked frozen vectors,
+or, in words, why its rows have none."""
+
+
+def stacked_frozen(cache: dict[tuple, tuple[torch.Tensor, ...]],
+                   jobs: list[SGDJob]) -> tuple[torch.Tensor, ...]:
+    """The `StackableLoss.frozen` vectors of `jobs` (rows of one loss key) stacked, `(R, d)`
+    each, kept in `cache` under the key and the jobs while those rows last."""
+    losses = [j.loss for j in jobs if j.loss is not None]
+    assert len(losses) == len(jobs)
+    cache_key = (losses[0].key, tuple(id(j) for j in jobs))
+    if cache_key not in cache:
+        cache[cache_key] = tuple(torch.stack([loss.frozen[i] for loss in losses])
+                                 for i in range(len(losses[0].frozen)))
+    return cache[cache_key]
+
+
+def shared_objective(jobs: list[SGDJob], cache: dict[tuple, tuple[torch.Tensor, ...]]) -> Objective:
+    """The objective every job of a stack's rows shares, with their `stacked_frozen` vectors,
+    or why they share none (rows of different objectives)."""
+    if len({None if j.loss is None else (type(j.loss), j.loss.key) for j in jobs}) > 1:
+        return "rows of different objectives in one stack"
+    loss = jobs[0].loss if jobs else None
+    return (None, ()) if loss is None else (loss, stacked_frozen(cache, jobs))
+
+
 @dataclass
 class GradJob:
     """One parked `LocalTrainer.full_gradient` call."""
@@ -92,4 +138,5 @@ def joinable(job: SGDJob) -> bool:
     )
 
 
-__all__ = ["Continue", "EvalJob", "GradJob", "SGDJob", "joinable"]
+__all__ = ["Continue", "EvalJob", "GradJob", "Objective", "SGDJob", "joinable", "next_batches",
+           "shared_objective", "stacked_frozen"]
