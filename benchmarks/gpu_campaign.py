@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         from fedhet.papers.paper_scale import write_page
 
-        page = ROOT / "docs" / "paper-scale.md"
+        page = a.results.parent / "docs" / "paper-scale.md"  # the checkout's, beside its results/
         try:
+            page.parent.mkdir(parents=True, exist_ok=True)
             write_page(a.results, page)
             a.out.mkdir(parents=True, exist_ok=True)
             shutil.copy2(page, a.out / "paper-scale.md")

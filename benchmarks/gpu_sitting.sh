@@ -8,7 +8,8 @@
 # Run from the checkout on the lent machine, MNIST carried in the git-ignored data/mnist/, and
 # the project's profiling script copied to tools/gpu_step_profile.py beforehand (it lives in
 # shared/tools/, outside the checkout; skipped with a line when absent). DEVICE defaults to
-# cuda; `cpu` is the dry run (small step counts, no re-measurement, no campaign minutes).
+# cuda; `cpu` is the dry run (small step counts, no re-measurement, no campaign minutes, the
+# campaign's records copied to a temporary folder first so the checkout's stay untouched).
 # Everything it writes goes under OUT: step.md, rings.md, server.md, conv.md, devcheck.txt, results.tar.gz, removed.txt,
 # paper-scale.md, sitting.log.
 set -u
@@ -50,6 +51,10 @@ timeout 90 "$py" benchmarks/bench_conv.py --device "$device" $convrows > "$out/c
 cat "$out/conv.md"
 used=$(( ($(date +%s) - start) / 60 ))
 left=$(python3 -c "print(max(0.5, $minutes - $used))")
+records=results
+if [ "$device" = cpu ]; then  # the dry run works on a copy: the checkout's records stay as they are
+  records=$(mktemp -d)/results && cp -r results "$records"; fi
 # shellcheck disable=SC2086
 "$py" benchmarks/gpu_campaign.py --out "$out" --minutes "$left" --device "$device" $remeasure \
-  --data-dir data 2>&1 | tee "$out/sitting.log" | tail -40
+  --data-dir data --results "$records" 2>&1 | tee "$out/sitting.log" | tail -40
+[ "$device" = cpu ] && rm -rf "$(dirname "$records")"
