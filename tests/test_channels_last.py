@@ -55,6 +55,38 @@ def test_convolutions_see_channels_last_inputs(shape):
     assert torch.allclose(out, plain(x), rtol=1e-5, atol=1e-6)
 
 
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("shape", [(1, 28, 28), (3, 32, 32)])
+def test_the_stacked_programs_convolutions_see_channels_last_inputs(shape, rows, monkeypatch):
+    """The stacked program of a channels-last model hands every convolution channels-last
+    strides, also where one input channel and one row make the first layer's input contiguous
+    in both orders (the convolution picks its output's order from them, and the layers after it
+    would run channels-first); its gradients stay those of the model."""
+    from fedhet.training.program import StackedProgram
+
+    name = "cnn-fednnnn-mnist" if shape[0] == 1 else "cnn-cifar"
+    torch.manual_seed(0)
+    flat = FlatModel(build_model(name, shape, 10, NoParams()), channels_last=True)
+    program = StackedProgram.of(flat, shape)
+    assert program is not None
+    seen: list[torch.Tensor] = []
+    conv2d = F.conv2d
+
+    def spy(x, *args, **kwargs):
+        seen.append(x)
+        return conv2d(x, *args, **kwargs)
+
+    monkeypatch.setattr(F, "conv2d", spy)
+    x, y = torch.rand(20, *shape), torch.randint(0, 10, (20,))
+    w = flat.params.unsqueeze(0).repeat(rows, 1)
+    batch = torch.arange(rows * 4).reshape(rows, 4)
+    g, _ = program.gradients(w, x, y, batch)
+    assert len(seen) >= 2 and all(t.stride(1) == 1 for t in seen)  # channels innermost
+    monkeypatch.undo()
+    ref, _ = LocalTrainer(flat, x, y).gradient(batch[0])
+    assert torch.allclose(g[0], ref, rtol=1e-4, atol=1e-6)
+
 def _run(model_factory, data: Dataset, executor: str = "sequential", **extra):
     cfg = config_of({"algorithm": "fedavg", "clients": 4, "rounds": 3, "batch_size": 12,
                      "local_steps": 3, "lr": 0.05, "partition": "iid", "momentum": 0.5,

@@ -221,7 +221,12 @@ class StackedProgram:
         return h, (h if self.tap == len(self.ops) else tapped)
 
     def _as_image(self, h: torch.Tensor) -> torch.Tensor:
-        return h.contiguous(memory_format=torch.channels_last) if self.channels_last else h
+        """`h` in channels-last order where the model asks for it, with channels-last strides
+        even where one channel makes both orders contiguous (`to`, not `contiguous`, which
+        would keep the NCHW strides there): oneDNN and cuDNN pick a convolution's output order
+        from its input's strides, so a first layer of one input channel would otherwise hand
+        every later layer NCHW activations."""
+        return h.to(memory_format=torch.channels_last) if self.channels_last else h
 
     def leaves(self, w: torch.Tensor) -> list[torch.Tensor]:
         """The per-layer views `(R, *shape)` of the stack `w` `(R, d)`."""
