@@ -144,7 +144,8 @@ class RunConfig:
     """How a round's clients run (`fedhet.engine.executors`): one after another, or stacked;
     `auto` = stacked on CUDA or for the linear models, else sequential (docs/gpu.md)."""
     cohort_chunk: int = 0
-    """Stacked executor: clients stacked at a time (0 = as many as fit ~1 GiB of stacked state)."""
+    """Stacked executor: clients stacked at a time (0 = as many as fit half the free GPU memory, or
+    ~1 GiB of stacked state on a CPU: `fedhet.training.rows.rows_that_fit`)."""
     precision: Literal["fp32", "bf16", "tf32"] = "fp32"
     """Arithmetic of the local forward and backward passes (`fedhet.training.precision`): `fp32`,
     `bf16` (autocast; the flat weights, the local step, aggregation and the server stay float32)
@@ -544,7 +545,8 @@ FIELD_DOCS: dict[str, str] = {
     "straggler_policy": "what happens to a straggler's work (drop)",
     "device": "auto (CUDA when present), cpu or cuda",
     "executor": "auto, sequential (one client after another) or stacked (all as one computation)",
-    "cohort_chunk": "stacked executor: clients stacked at a time (0: fit ~1 GiB)",
+    "cohort_chunk": "stacked executor: clients stacked at a time (0: fit half the free GPU memory, "
+                    "~1 GiB on a CPU)",
     "precision": "fp32, bf16 (autocast local passes; float32 weights) or tf32 (CUDA only)",
     "workers": "CPU processes a round's clients are spread over (0: auto)",
     "client_state_memory_mb": "MiB of client states (SCAFFOLD's c_i, …) in memory; the rest wait on disk",
