@@ -545,8 +545,7 @@ FIELD_DOCS: dict[str, str] = {
     "straggler_policy": "what happens to a straggler's work (drop)",
     "device": "auto (CUDA when present), cpu or cuda",
     "executor": "auto, sequential (one client after another) or stacked (all as one computation)",
-    "cohort_chunk": "stacked executor: clients stacked at a time (0: fit half the free GPU memory, "
-                    "~1 GiB on a CPU)",
+    "cohort_chunk": "stacked executor: clients stacked at a time (0: fit the memory)",
     "precision": "fp32, bf16 (autocast local passes; float32 weights) or tf32 (CUDA only)",
     "workers": "CPU processes a round's clients are spread over (0: auto)",
     "client_state_memory_mb": "MiB of client states (SCAFFOLD's c_i, …) in memory; the rest wait on disk",
