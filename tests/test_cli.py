@@ -120,3 +120,24 @@ def test_list_shows_parameters():
     assert r.returncode == 0
     assert "fedavgm" in r.stdout and "dirichlet" in r.stdout
     assert "server_momentum=0.9 (formerly gamma)" in r.stdout
+
+
+def test_an_error_line_reaches_stderr_in_one_write(monkeypatch):
+    """The error line and its newline go out in one write, so another thread's log on the same
+    stream (Ray's C++ logger) cannot land between them and glue itself onto the line."""
+    import io
+    import sys
+
+    from fedhet.cli import main
+
+    writes: list[str] = []
+
+    class Recorder(io.StringIO):
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return super().write(text)
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    assert main(["run", "--set", "rounds=-1"]) != 0
+    errors = [w for w in writes if w.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].endswith("\n") and errors[0].count("\n") == 1

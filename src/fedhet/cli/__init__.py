@@ -150,26 +150,33 @@ def _main(argv: list[str], notes: list[str]) -> int:
             _load_plugins(args)
             code = args.func(args)
     except DivergedRunError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _say(f"error: {e}")
         return EXIT_DIVERGED
     except FedhetError as e:
         if debugging():
             traceback.print_exception(e, file=sys.stderr)
-        print(f"error: {e}" + "".join(f"; note: {n}" for n in notes), file=sys.stderr)
+        _say(f"error: {e}" + "".join(f"; note: {n}" for n in notes))
         return EXIT_ERROR
     except BrokenPipeError:  # `fedhet list | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except OSError as e:  # the file system said no: unwritable, not a directory, disk full
-        print(f"error: {_os_error(e)}", file=sys.stderr)
+        _say(f"error: {_os_error(e)}")
         return EXIT_ERROR
     except KeyboardInterrupt as e:
         if not getattr(e, "reported", False):  # compare/reproduce print their own line
-            print(_interrupted(args), file=sys.stderr)
+            _say(_interrupted(args))
         return 130
     for n in notes:
-        print(f"note: {n}", file=sys.stderr)
+        _say(f"note: {n}")
     return code
+
+
+def _say(line: str) -> None:
+    """`line` and its newline to stderr in one write: a library's thread writing its own log to
+    the same stream (Ray's) cannot land between the two, as it can between `print`'s."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _interrupted(args: argparse.Namespace | None) -> str:
