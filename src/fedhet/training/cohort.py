@@ -68,6 +68,7 @@ from fedhet.training.jobs import (
     SGDJob,
     joinable,
     next_batches,
+    objective_key,
     shared_objective,
     stacked_frozen,
 )
@@ -517,8 +518,7 @@ class CohortTrainer:
         model's, or a `StackableLoss` key)."""
         sizes = [batches.shape[1]] * len(jobs) if isinstance(batches, torch.Tensor) \
             else [len(b) for b in batches]
-        keys = [(n, None if j.loss is None else (type(j.loss), j.loss.key))
-                for n, j in zip(sizes, jobs, strict=True)]
+        keys = [(n, objective_key(j)) for n, j in zip(sizes, jobs, strict=True)]
         if len(set(keys)) == 1:
             return self._group_gradients(w, bufs, batches, jobs, frozen)
         g = torch.empty_like(w)

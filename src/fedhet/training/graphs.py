@@ -137,7 +137,8 @@ class StepGraphs:
         self.chain: LocalStep | None = None
         """The chain the graph was captured with (its tensors must outlive the graph)."""
         self.loss: StackableLoss | None = None
-        """The replacement objective the graph was captured with (None: the model's)."""
+        """The replacement objective the graph was captured with (None: the model's), kept
+        with the chain for as long as the graph is."""
 
     def step(self, stack: Rows, batch: torch.Tensor, horizon: Callable[[], int],
              loss: StackableLoss | None = None, frozen: tuple[torch.Tensor, ...] = ()) -> bool:

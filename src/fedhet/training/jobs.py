@@ -68,6 +68,12 @@ Objective = tuple[StackableLoss | None, tuple[torch.Tensor, ...]] | str
 or, in words, why its rows have none."""
 
 
+def objective_key(job: SGDJob) -> tuple | None:
+    """What a job's objective is, for stacking: None for the model's own, else the replacement's
+    type and `StackableLoss.key`; rows of one key step in one stacked call."""
+    return None if job.loss is None else (type(job.loss), job.loss.key)
+
+
 def stacked_frozen(cache: dict[tuple, tuple[torch.Tensor, ...]],
                    jobs: list[SGDJob]) -> tuple[torch.Tensor, ...]:
     """The `StackableLoss.frozen` vectors of `jobs` (rows of one loss key) stacked, `(R, d)`
@@ -84,7 +90,7 @@ def stacked_frozen(cache: dict[tuple, tuple[torch.Tensor, ...]],
 def shared_objective(jobs: list[SGDJob], cache: dict[tuple, tuple[torch.Tensor, ...]]) -> Objective:
     """The objective every job of a stack's rows shares, with their `stacked_frozen` vectors,
     or why they share none (rows of different objectives)."""
-    if len({None if j.loss is None else (type(j.loss), j.loss.key) for j in jobs}) > 1:
+    if len({objective_key(j) for j in jobs}) > 1:
         return "rows of different objectives in one stack"
     loss = jobs[0].loss if jobs else None
     return (None, ()) if loss is None else (loss, stacked_frozen(cache, jobs))
@@ -139,4 +145,4 @@ def joinable(job: SGDJob) -> bool:
 
 
 __all__ = ["Continue", "EvalJob", "GradJob", "Objective", "SGDJob", "joinable", "next_batches",
-           "shared_objective", "stacked_frozen"]
+           "objective_key", "shared_objective", "stacked_frozen"]
