@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedhet.engine.executors import StackedExecutor
@@ -128,7 +128,6 @@ class _Member:
     kwargs: dict[str, Any]
     result: Any = None
     error: BaseException | None = None
-    thread: threading.Thread | None = field(default=None, repr=False)
 
 
 def _stacked(m: _Member) -> StackedExecutor:
@@ -192,8 +191,7 @@ def run_together(
             shared.join()
         threads = [threading.Thread(target=_member_main, args=(m, shared), daemon=True,
                                     name=f"fedhet-run-{m.sim.parts.loop.seed}") for m in stack]
-        for m, thread in zip(stack, threads, strict=True):
-            m.thread = thread
+        for thread in threads:
             thread.start()
         for thread in threads:
             while thread.is_alive():
